@@ -1,0 +1,5 @@
+"""`python -m qlactors` is the `qlactors` command."""
+
+from .cli import entry
+
+entry()

@@ -1,0 +1,161 @@
+"""What each `qlactors` command does: turn parsed arguments into repository calls and output."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+from ..domain.model import Command, TaskSpec, parse_env_pairs, seconds_to_ms
+from ..domain.retry import RetryPolicy
+from ..errors import BadInput
+from ..store.repository import Repository
+from . import render
+
+
+def _whole(option: str, text: str) -> int:
+    try:
+        return int(text, 10)
+    except (TypeError, ValueError):
+        raise BadInput(f"{option}: {text!r} is not a whole number") from None
+
+
+def _timeout(text: str) -> int | None:
+    ms = seconds_to_ms("--timeout", text)
+    return None if ms == 0 else ms
+
+
+def _backoff(text: str) -> dict[str, int]:
+    base, _, top = text.partition(",")
+    values = {"backoff_base_ms": seconds_to_ms("--backoff", base)}
+    if top:
+        values["backoff_max_ms"] = seconds_to_ms("--backoff", top)
+    return values
+
+
+# option name -> (TaskSpec field, parser of the user's text)
+_SIMPLE = {
+    "timeout": ("timeout_ms", _timeout),
+    "stop_grace": ("stop_grace_ms", lambda t: seconds_to_ms("--stop-grace", t)),
+    "max_concurrent": ("max_concurrent", lambda t: _whole("--max-concurrent", t)),
+    "cwd": ("cwd", os.path.abspath),
+    "env": ("env", parse_env_pairs),
+}
+_RETRY = {
+    "retry_on_lost": lambda v: {"retry_on_lost": bool(v)},
+    "max_attempts": lambda t: {"max_attempts": _whole("--max-attempts", t)},
+    "safety": lambda t: {"safety": t},
+    "backoff": _backoff,
+}
+
+
+def _changes(args: argparse.Namespace, base_retry: RetryPolicy) -> dict[str, Any]:
+    """The TaskSpec fields the user set (options not given are absent from `args` on update)."""
+    given = vars(args)
+    changes = {field: parse(given[opt]) for opt, (field, parse) in _SIMPLE.items()
+               if given.get(opt) is not None}
+    retry: dict[str, Any] = {}
+    for opt, parse in _RETRY.items():
+        if given.get(opt) is not None:
+            retry.update(parse(given[opt]))
+    if retry:
+        current = {f: getattr(base_retry, f) for f in RetryPolicy.__dataclass_fields__}
+        changes["retry"] = RetryPolicy(**{**current, **retry})
+    return changes
+
+
+def task_add(repo: Repository, args: argparse.Namespace, words: list[str] | None) -> int:
+    if not words:
+        raise BadInput("no command given: put it after `--`, e.g. "
+                       f"`qlactors task add {args.name} -- echo hello`")
+    changes = _changes(args, RetryPolicy())
+    spec = TaskSpec(name=args.name, command=Command.from_words(words), **changes)
+    view = repo.tasks.add(spec)
+    print(f"task {view.name} added (revision {view.revision})")
+    return 0
+
+
+def task_update(repo: Repository, args: argparse.Namespace, words: list[str] | None) -> int:
+    current = repo.tasks.get(args.name)
+    changes = _changes(args, current.spec.retry)
+    if words:
+        changes["command"] = Command.from_words(words)
+    view = repo.tasks.update(args.name, **changes)
+    print(f"task {view.name} at revision {view.revision}"
+          + ("" if view.revision != current.revision else " (nothing changed)"))
+    return 0
+
+
+def task_enable(repo: Repository, args: argparse.Namespace, enabled: bool) -> int:
+    view = repo.tasks.set_enabled(args.name, enabled)
+    print(f"task {view.name} {'enabled' if view.enabled else 'disabled'}")
+    return 0
+
+
+def task_list(repo: Repository, args: argparse.Namespace) -> int:
+    views = repo.tasks.list()
+    if args.json:
+        render.dump_json([v.to_json() for v in views])
+    else:
+        render.table(render.task_rows(views), render.TASK_HEADER)
+    return 0
+
+
+def task_show(repo: Repository, args: argparse.Namespace) -> int:
+    view = repo.tasks.get(args.name)
+    if args.json:
+        render.dump_json(view.to_json())
+    else:
+        render.task_detail(view)
+    return 0
+
+
+def task_rm(repo: Repository, args: argparse.Namespace) -> int:
+    removal = repo.remove_task(args.name, force=args.force)
+    for run_id in removal.cancelled:
+        print(f"run {run_id} cancelled")
+    for run_id in removal.requested:
+        print(f"run {run_id}: cancel requested, the runtime stops it")
+    print(f"task {removal.task} removed (its runs stay readable)")
+    return 0
+
+
+def run(repo: Repository, args: argparse.Namespace) -> int:
+    admission = repo.runs.request(args.name)
+    print(admission.run.id)
+    return 0
+
+
+def runs(repo: Repository, args: argparse.Namespace) -> int:
+    page = repo.runs.list(task=args.task, state=args.state, limit=args.limit, cursor=args.after)
+    if args.json:
+        render.dump_json([r.to_json(detail=False) for r in page.runs])
+    else:
+        render.table(render.run_rows(page.runs), render.RUN_HEADER)
+        if page.next_cursor:
+            print(f"more: qlactors runs --after {page.next_cursor}", file=sys.stderr)
+    return 0
+
+
+def show(repo: Repository, args: argparse.Namespace) -> int:
+    view = repo.runs.get(args.run_id)
+    if args.json:
+        render.dump_json(view.to_json())
+    else:
+        render.run_detail(view)
+    return 0
+
+
+_CANCEL_TEXT = {
+    "cancelled": "cancelled",
+    "requested": "cancel requested: the runtime stops the job and the run ends cancelled",
+    "already_requested": "cancel already requested",
+    "already_terminal": "already finished ({state}): nothing to cancel",
+}
+
+
+def cancel(repo: Repository, args: argparse.Namespace) -> int:
+    result = repo.runs.cancel(args.run_id)
+    print(f"run {result.run.id}: " + _CANCEL_TEXT[result.outcome].format(state=result.run.state))
+    return 0

@@ -1,0 +1,81 @@
+"""The `qlactors` argument grammar (ARCHITECTURE.md "Command line"); no behaviour lives here."""
+
+from __future__ import annotations
+
+import argparse
+
+from .. import __version__
+from ..domain.states import RunStatus
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but usage errors exit 2 with one line (argparse's own habit, kept explicit)."""
+
+
+def _task_options(p: argparse.ArgumentParser, *, update: bool) -> None:
+    d = argparse.SUPPRESS if update else None
+    p.add_argument("--timeout", metavar="SEC", default=d,
+                   help="stop the job after SEC seconds (0 = no timeout)")
+    p.add_argument("--stop-grace", metavar="SEC", default=d,
+                   help="seconds between TERM and KILL when stopping (default 1, max 30)")
+    p.add_argument("--max-concurrent", metavar="N", type=str, default=d,
+                   help="how many runs of this task may run at once (default 1)")
+    p.add_argument("--cwd", metavar="DIR", default=d, help="working directory of the job")
+    p.add_argument("--env", metavar="K=V", action="append", default=d,
+                   help="environment variable for the job (repeatable; on update, replaces them all)")
+    retry = p.add_mutually_exclusive_group()
+    retry.add_argument("--retry-on-lost", dest="retry_on_lost", action="store_true", default=d,
+                       help="re-run automatically when an attempt is lost (needs --safety)")
+    if update:
+        retry.add_argument("--no-retry-on-lost", dest="retry_on_lost", action="store_false",
+                           default=d, help="stop automatic re-runs")
+    p.add_argument("--max-attempts", metavar="N", default=d, help="attempts in all, 1..16")
+    p.add_argument("--safety", choices=("unknown", "idempotent", "deduplicated"), default=d,
+                   help="whether the job may safely run twice")
+    p.add_argument("--backoff", metavar="BASE_SEC[,MAX_SEC]", default=d,
+                   help="retry delay: BASE*2^(n-1), at most MAX (default 1,300)")
+
+
+def build() -> Parser:
+    top = Parser(prog="qlactors", description="A durable job runtime: run commands as OS processes, keep every result.")
+    top.add_argument("--version", action="version", version=f"qlactors {__version__}")
+    top.add_argument("--home", metavar="DIR", help="data directory (default $QLACTORS_HOME or $XDG_DATA_HOME/qlactors)")
+    top.add_argument("--config", metavar="FILE", help="TOML settings (default <home>/qlactors.toml if present)")
+    sub = top.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=Parser)
+
+    task = sub.add_parser("task", help="add, change, list and remove tasks")
+    tsub = task.add_subparsers(dest="task_command", metavar="ACTION", required=True, parser_class=Parser)
+    add = tsub.add_parser("add", help="add a task: task add NAME [options] -- COMMAND [ARG]...")
+    add.add_argument("name")
+    _task_options(add, update=False)
+    upd = tsub.add_parser("update", help="change a task (a new revision): task update NAME [options] [-- COMMAND...]")
+    upd.add_argument("name")
+    _task_options(upd, update=True)
+    for action, text in (("enable", "allow cron admission again"), ("disable", "stop cron admission (run still works)")):
+        tsub.add_parser(action, help=text).add_argument("name")
+    lst = tsub.add_parser("list", help="list tasks")
+    lst.add_argument("--json", action="store_true")
+    show = tsub.add_parser("show", help="show one task")
+    show.add_argument("name")
+    show.add_argument("--json", action="store_true")
+    rm = tsub.add_parser("rm", help="remove a task (history is kept)")
+    rm.add_argument("name")
+    rm.add_argument("--force", action="store_true", help="cancel its active runs instead of refusing")
+
+    run = sub.add_parser("run", help="request a run now; prints the run id")
+    run.add_argument("name")
+
+    runs = sub.add_parser("runs", help="list runs, newest first")
+    runs.add_argument("--task", metavar="NAME")
+    runs.add_argument("--state", choices=[s.value for s in RunStatus])
+    runs.add_argument("--limit", type=int, default=20, metavar="N", help="at most N runs (default 20, max 500)")
+    runs.add_argument("--after", metavar="CURSOR", help="continue from a previous page's cursor")
+    runs.add_argument("--json", action="store_true")
+
+    show_run = sub.add_parser("show", help="a run with its attempts and events")
+    show_run.add_argument("run_id")
+    show_run.add_argument("--json", action="store_true")
+
+    cancel = sub.add_parser("cancel", help="cancel a run")
+    cancel.add_argument("run_id")
+    return top

@@ -1,0 +1,91 @@
+"""Human-readable output for the CLI: times in UTC, one fact per column, no job output."""
+
+from __future__ import annotations
+
+import json
+import sys
+from datetime import datetime, timezone
+from typing import Any, Iterable, TextIO
+
+from ..store.views import RunView, TaskView
+
+
+def when(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
+
+
+def seconds(ms: int | None) -> str:
+    return "-" if ms is None else f"{ms / 1000:g}s"
+
+
+def dump_json(data: Any, out: TextIO = sys.stdout) -> None:
+    json.dump(data, out, indent=2, sort_keys=False)
+    out.write("\n")
+
+
+def table(rows: Iterable[tuple[str, ...]], header: tuple[str, ...], out: TextIO = sys.stdout,
+          indent: str = "") -> None:
+    rows = [header, *rows]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    for r in rows:
+        out.write(indent + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() + "\n")
+
+
+def task_rows(views: Iterable[TaskView]) -> list[tuple[str, ...]]:
+    return [(v.name, str(v.revision), "yes" if v.enabled else "no", str(v.spec.max_concurrent),
+             seconds(v.spec.timeout_ms), str(v.active_runs), v.spec.command.display()[:60]) for v in views]
+
+
+TASK_HEADER = ("NAME", "REV", "ENABLED", "MAX", "TIMEOUT", "ACTIVE", "COMMAND")
+
+
+def task_detail(v: TaskView, out: TextIO = sys.stdout) -> None:
+    s = v.spec
+    r = s.retry
+    lines = [
+        ("name", s.name), ("id", v.id), ("revision", str(v.revision)),
+        ("enabled", "yes" if v.enabled else "no"),
+        ("command", s.command.display() if s.command.shell is not None else json.dumps(list(s.command.argv))),
+        ("shell", "yes" if s.command.shell is not None else "no"),
+        ("cwd", s.cwd or "-"), ("env", ", ".join(sorted(s.env)) or "-"),
+        ("timeout", seconds(s.timeout_ms)), ("stop grace", seconds(s.stop_grace_ms)),
+        ("max concurrent", str(s.max_concurrent)),
+        ("retry on lost", f"yes, {r.max_attempts} attempts, {r.safety.value}, backoff "
+                          f"{seconds(r.backoff_base_ms)}..{seconds(r.backoff_max_ms)}" if r.retry_on_lost else "no"),
+        ("active runs", str(v.active_runs)), ("updated", when(v.updated_at_ms)),
+    ]
+    for k, val in lines:
+        out.write(f"{k + ':':<16}{val}\n")
+
+
+def exit_of(run: RunView) -> str:
+    last = run.attempts[-1] if run.attempts else None
+    return "-" if last is None or last.exit_code is None else str(last.exit_code)
+
+
+def run_rows(runs: Iterable[RunView]) -> list[tuple[str, ...]]:
+    return [(r.id, r.task, r.state, r.trigger_type, when(r.created_at_ms), when(r.finished_at_ms),
+             r.error_code or "-") for r in runs]
+
+
+RUN_HEADER = ("ID", "TASK", "STATE", "TRIGGER", "CREATED", "FINISHED", "ERROR")
+
+
+def run_detail(run: RunView, out: TextIO = sys.stdout) -> None:
+    for k, val in (("run", run.id), ("task", f"{run.task} (revision {run.task_revision})"),
+                   ("state", run.state), ("trigger", run.trigger_type),
+                   ("scheduled for", when(run.scheduled_for_ms)), ("created", when(run.created_at_ms)),
+                   ("started", when(run.started_at_ms)), ("finished", when(run.finished_at_ms)),
+                   ("exit code", exit_of(run)), ("error", run.error_code or "-"),
+                   ("cancel", run.cancel_reason or "-"), ("retry of", run.retry_of_run_id or "-")):
+        out.write(f"{k + ':':<15}{val}\n")
+    out.write("\nattempts:\n")
+    table([(str(a.number), a.state, "-" if a.exit_code is None else str(a.exit_code), when(a.started_at_ms),
+            when(a.finished_at_ms), a.error_code or "-") for a in run.attempts],
+          ("#", "STATE", "EXIT", "STARTED", "FINISHED", "ERROR"), out, indent="  ")
+    out.write("\nevents:\n")
+    table([(str(e.seq), e.type, when(e.at_ms), e.actor_type,
+            json.dumps(e.payload, sort_keys=True) if e.payload else "") for e in run.events],
+          ("SEQ", "TYPE", "AT", "ACTOR", "PAYLOAD"), out, indent="  ")

@@ -1,0 +1,160 @@
+"""Task definitions and their validation: what a user may ask qlactors to run, and within which bounds."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+from typing import Any, Mapping
+
+from ..errors import BadInput
+from .retry import RetryPolicy
+
+MAX_TIMEOUT_MS = 365 * 24 * 3600 * 1000  # a year; anything longer is a typo, not a timeout
+MAX_STOP_GRACE_MS = 30_000
+DEFAULT_STOP_GRACE_MS = 1_000
+MAX_CONCURRENT_LIMIT = 1024
+MAX_ENV_ENTRIES = 256
+MAX_ENV_VALUE_BYTES = 64 * 1024
+MAX_COMMAND_BYTES = 128 * 1024
+MAX_LABELS = 32
+RESERVED_ENV_PREFIX = "QLACTORS_"
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,255}$")
+
+
+class TaskSpecError(BadInput):
+    """A task definition outside the allowed shape or bounds."""
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    """What to execute: an argv list, or one shell string run by `/bin/sh -c`."""
+
+    argv: tuple[str, ...] = ()
+    shell: str | None = None
+
+    @classmethod
+    def from_words(cls, words: list[str] | tuple[str, ...]) -> "Command":
+        """One word containing white space is a shell string; several words are an argv."""
+        words = tuple(words)
+        if not words:
+            raise TaskSpecError("no command given: put it after `--`, e.g. `-- echo hello`")
+        if len(words) == 1 and any(c.isspace() for c in words[0]):
+            return cls(shell=words[0])
+        return cls(argv=words)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"shell": self.shell} if self.shell is not None else {"argv": list(self.argv)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "Command":
+        if "shell" in data:
+            return cls(shell=data["shell"])
+        return cls(argv=tuple(data["argv"]))
+
+    def display(self) -> str:
+        return self.shell if self.shell is not None else " ".join(self.argv)
+
+    def validate(self) -> None:
+        if self.shell is not None:
+            if self.argv:
+                raise TaskSpecError("a command is either an argv or a shell string, not both")
+            text = self.shell
+            if not text.strip():
+                raise TaskSpecError("the shell command is empty")
+        else:
+            if not self.argv or not self.argv[0]:
+                raise TaskSpecError("no command given: put it after `--`, e.g. `-- echo hello`")
+            text = "\0".join(self.argv)
+        if "\0" in (self.shell or "") or any("\0" in a for a in self.argv):
+            raise TaskSpecError("the command contains a NUL byte")
+        if len(text.encode("utf-8", "surrogateescape")) > MAX_COMMAND_BYTES:
+            raise TaskSpecError(f"the command is longer than {MAX_COMMAND_BYTES} bytes")
+
+
+@dataclass(frozen=True, slots=True)
+class TaskSpec:
+    """One revision's worth of a task: everything a run pins when it is admitted."""
+
+    name: str
+    command: Command
+    cwd: str | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    timeout_ms: int | None = None
+    stop_grace_ms: int = DEFAULT_STOP_GRACE_MS
+    max_concurrent: int = 1
+    retry: RetryPolicy = field(default_factory=RetryPolicy)  # validated when built
+    labels: tuple[str, ...] = ()
+
+    def validated(self) -> "TaskSpec":
+        """Return self when every field is within bounds, else raise TaskSpecError naming the field."""
+        validate_name(self.name)
+        self.command.validate()
+        if self.cwd is not None and not self.cwd.startswith("/"):
+            raise TaskSpecError(f"--cwd must be an absolute path, got {self.cwd!r}")
+        _check_env(self.env)
+        if self.timeout_ms is not None:
+            _check_int("--timeout", self.timeout_ms, 1, MAX_TIMEOUT_MS, "milliseconds",
+                       hint="give seconds between 0.001 and 31536000 (a year)")
+        _check_int("--stop-grace", self.stop_grace_ms, 0, MAX_STOP_GRACE_MS, "milliseconds",
+                   hint="give seconds between 0 and 30")
+        _check_int("--max-concurrent", self.max_concurrent, 1, MAX_CONCURRENT_LIMIT, "runs",
+                   hint=f"give a whole number between 1 and {MAX_CONCURRENT_LIMIT}")
+        if len(self.labels) > MAX_LABELS:
+            raise TaskSpecError(f"at most {MAX_LABELS} labels")
+        return self
+
+    def with_changes(self, **changes: Any) -> "TaskSpec":
+        return replace(self, **changes).validated()
+
+
+def validate_name(name: str) -> str:
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise TaskSpecError(
+            f"invalid task name {name!r}: use 1-128 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit")
+    return name
+
+
+def _check_int(option: str, value: Any, low: int, high: int, unit: str, *, hint: str) -> None:
+    if type(value) is not int or not low <= value <= high:
+        raise TaskSpecError(f"{option} out of range ({value} {unit}): {hint}")
+
+
+def _check_env(env: Mapping[str, str]) -> None:
+    if len(env) > MAX_ENV_ENTRIES:
+        raise TaskSpecError(f"at most {MAX_ENV_ENTRIES} --env entries")
+    for key, value in env.items():
+        if not _ENV_NAME.match(key):
+            raise TaskSpecError(f"--env {key!r}: not a valid variable name (letters, digits, '_')")
+        if key.startswith(RESERVED_ENV_PREFIX):
+            raise TaskSpecError(f"--env {key}: names starting with {RESERVED_ENV_PREFIX} are reserved")
+        if "\0" in value or len(value.encode("utf-8", "surrogateescape")) > MAX_ENV_VALUE_BYTES:
+            raise TaskSpecError(f"--env {key}: value has a NUL byte or is over {MAX_ENV_VALUE_BYTES} bytes")
+
+
+def parse_env_pairs(pairs: list[str]) -> dict[str, str]:
+    """Turn `K=V` words into a mapping; a later repeat of a name replaces the earlier one."""
+    env: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise TaskSpecError(f"--env {pair!r}: expected NAME=VALUE")
+        env[key] = value
+    return env
+
+
+def seconds_to_ms(option: str, text: str) -> int:
+    """Parse a user's seconds (may be fractional) into whole milliseconds, rejecting junk."""
+    try:
+        seconds = float(text)
+    except (TypeError, ValueError):
+        raise TaskSpecError(f"{option}: {text!r} is not a number of seconds") from None
+    if seconds != seconds or seconds in (float("inf"), float("-inf")):
+        raise TaskSpecError(f"{option}: {text!r} is not a number of seconds")
+    if seconds < 0:
+        raise TaskSpecError(f"{option}: {text} is negative; give a number of seconds >= 0")
+    if seconds > MAX_TIMEOUT_MS / 1000:
+        raise TaskSpecError(f"{option}: {text} seconds is absurd; the limit is 31536000 (a year)")
+    return round(seconds * 1000)

@@ -1,0 +1,312 @@
+"""Pure transition builders: given a run (and its current attempt) they return the planned change.
+
+A plan names the new statuses, the events to append (one version and one event-sequence step
+each) and the error code; the store applies it with compare-and-set. Nothing here reads a clock
+or touches I/O: times and ids are passed in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from .states import (
+    ATTEMPT_TRANSITIONS,
+    RUN_CANCEL_REQUESTED,
+    RUN_CREATED,
+    RUN_RETRY_SCHEDULED,
+    RUN_TRANSITIONS,
+    AttemptStatus,
+    CancelReason,
+    RunStatus,
+    attempt_event,
+    run_event,
+)
+
+R, A = RunStatus, AttemptStatus
+
+
+class InvalidTransition(ValueError):
+    """A change the state machine does not allow (the caller's data or request is stale or wrong)."""
+
+
+class ErrorCode:
+    """Stable error codes recorded on runs and attempts."""
+
+    EXIT_NONZERO = "EXIT_NONZERO"
+    EXECUTOR_START_FAILED = "EXECUTOR_START_FAILED"
+    EXECUTION_CANCELLED = "EXECUTION_CANCELLED"
+    EXECUTION_TIMED_OUT = "EXECUTION_TIMED_OUT"
+    RECOVERY_UNSTARTED_CLAIM = "RECOVERY_UNSTARTED_CLAIM"
+    RECOVERY_PROCESS_EXITED_WITHOUT_RECEIPT = "RECOVERY_PROCESS_EXITED_WITHOUT_RECEIPT"
+    RECOVERY_IDENTITY_MISSING = "RECOVERY_IDENTITY_MISSING"
+    RUN_LOST_RETRY_DISABLED = "RUN_LOST_RETRY_DISABLED"
+    RUN_LOST_RETRY_UNSAFE = "RUN_LOST_RETRY_UNSAFE"
+    RUN_LOST_RETRY_EXHAUSTED = "RUN_LOST_RETRY_EXHAUSTED"
+
+
+@dataclass(frozen=True, slots=True)
+class RunSnapshot:
+    """What a transition needs to know about a run, as read inside the transaction."""
+
+    id: str
+    status: RunStatus
+    version: int
+    event_sequence: int
+    cancel_reason: CancelReason | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptSnapshot:
+    """What a transition needs to know about the run's current attempt."""
+
+    id: str
+    number: int
+    status: AttemptStatus
+    callback_sequence: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedEvent:
+    """One event to append: its per-run sequence, type, attempt and small payload."""
+
+    sequence: int
+    type: str
+    attempt_id: str | None = None
+    payload: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """A planned change of one run (and at most one attempt) in one transaction."""
+
+    run_id: str
+    run_from: RunStatus | None
+    run_to: RunStatus
+    attempt_id: str | None
+    attempt_from: AttemptStatus | None
+    attempt_to: AttemptStatus | None
+    expected_version: int
+    version: int
+    event_sequence: int
+    events: tuple[PlannedEvent, ...]
+    error_code: str | None = None
+    cancel_reason: CancelReason | None = None
+
+    @property
+    def changes_run(self) -> bool:
+        return self.run_from != self.run_to
+
+    @property
+    def changes_attempt(self) -> bool:
+        return self.attempt_from != self.attempt_to
+
+
+def check_run(frm: RunStatus, to: RunStatus) -> None:
+    """Raise InvalidTransition unless the run table allows `frm -> to`."""
+    if to not in RUN_TRANSITIONS[R(frm)]:
+        raise InvalidTransition(f"run cannot go from {R(frm).value} to {R(to).value}")
+
+
+def check_attempt(frm: AttemptStatus, to: AttemptStatus) -> None:
+    """Raise InvalidTransition unless the attempt table allows `frm -> to`."""
+    if to not in ATTEMPT_TRANSITIONS[A(frm)]:
+        raise InvalidTransition(f"attempt cannot go from {A(frm).value} to {A(to).value}")
+
+
+def _events(start_seq: int, specs: list[tuple[str, str | None, Mapping[str, Any]]]) -> tuple[PlannedEvent, ...]:
+    return tuple(
+        PlannedEvent(sequence=start_seq + i + 1, type=t, attempt_id=a, payload=dict(p))
+        for i, (t, a, p) in enumerate(specs)
+    )
+
+
+def transition(
+    run: RunSnapshot,
+    attempt: AttemptSnapshot | None,
+    *,
+    run_to: RunStatus | None = None,
+    attempt_to: AttemptStatus | None = None,
+    error_code: str | None = None,
+    cancel_reason: CancelReason | None = None,
+    payload: Mapping[str, Any] | None = None,
+    lead_events: tuple[str, ...] = (),
+) -> Plan:
+    """The general builder: validate both changes and plan one event per change.
+
+    `lead_events` are appended before the status events (e.g. `run.cancel_requested`).
+    Attempt events come before the run event: the attempt ends, then the run does.
+    """
+    run_to = R(run_to) if run_to is not None else run.status
+    if run_to != run.status:
+        check_run(run.status, run_to)
+    elif run.status.terminal:
+        raise InvalidTransition(f"run is already {run.status.value}")
+    attempt_from = attempt.status if attempt else None
+    if attempt_to is not None:
+        if attempt is None:
+            raise InvalidTransition("no attempt to change")
+        attempt_to = A(attempt_to)
+        if attempt_to != attempt.status:
+            check_attempt(attempt.status, attempt_to)
+    else:
+        attempt_to = attempt_from
+    body = dict(payload or {})
+    specs: list[tuple[str, str | None, Mapping[str, Any]]] = [
+        (t, attempt.id if attempt else None, body) for t in lead_events
+    ]
+    if attempt is not None and attempt_to != attempt_from:
+        specs.append((attempt_event(attempt_to), attempt.id, body))
+    if run_to != run.status:
+        specs.append((run_event(run_to), attempt.id if attempt else None, body))
+    if not specs:
+        raise InvalidTransition("a transition must change something")
+    events = _events(run.event_sequence, specs)
+    return Plan(
+        run_id=run.id,
+        run_from=run.status,
+        run_to=run_to,
+        attempt_id=attempt.id if attempt else None,
+        attempt_from=attempt_from,
+        attempt_to=attempt_to,
+        expected_version=run.version,
+        version=run.version + len(events),
+        event_sequence=run.event_sequence + len(events),
+        events=events,
+        error_code=error_code,
+        cancel_reason=cancel_reason,
+    )
+
+
+def plan_admission(run_id: str, attempt_id: str, payload: Mapping[str, Any] | None = None) -> Plan:
+    """A new run: `run.created`, `run.queued` and Attempt 1 `attempt.claimed`, version 3."""
+    body = dict(payload or {})
+    events = _events(0, [(RUN_CREATED, None, body), (run_event(R.QUEUED), None, {}),
+                         (attempt_event(A.CLAIMED), attempt_id, {})])
+    return Plan(run_id=run_id, run_from=None, run_to=R.QUEUED, attempt_id=attempt_id,
+                attempt_from=None, attempt_to=A.CLAIMED, expected_version=0,
+                version=len(events), event_sequence=len(events), events=events)
+
+
+def outcome_of_cancel(reason: CancelReason) -> tuple[RunStatus, AttemptStatus, str]:
+    """What a committed cancel intent turns a run into, and its error code."""
+    if CancelReason(reason) is CancelReason.TIMEOUT:
+        return R.TIMED_OUT, A.TIMED_OUT, ErrorCode.EXECUTION_TIMED_OUT
+    return R.CANCELLED, A.CANCELLED, ErrorCode.EXECUTION_CANCELLED
+
+
+def has_live_process(run: RunSnapshot, attempt: AttemptSnapshot | None) -> bool:
+    """True when the run's attempt may own a process (so a cancel must wait for it to stop)."""
+    return (run.status in (R.DISPATCHING, R.RUNNING)
+            and attempt is not None and attempt.status in (A.STARTING, A.RUNNING))
+
+
+def plan_cancel(run: RunSnapshot, attempt: AttemptSnapshot | None, reason: CancelReason) -> Plan | None:
+    """Record a cancel intent; end the run at once when no process can be running.
+
+    Returns None when there is nothing to do: the run is terminal, or an intent is already
+    recorded (the first committed reason sticks, and a second cancel adds no event).
+    """
+    reason = CancelReason(reason)
+    if run.status.terminal or run.cancel_reason is not None:
+        return None
+    payload = {"reason": reason.value}
+    if has_live_process(run, attempt):
+        return transition(run, attempt, cancel_reason=reason, payload=payload,
+                          lead_events=(RUN_CANCEL_REQUESTED,))
+    run_to, attempt_to, code = outcome_of_cancel(reason)
+    live_attempt = attempt if attempt is not None and not attempt.status.terminal else None
+    return transition(run, live_attempt, run_to=run_to,
+                      attempt_to=attempt_to if live_attempt else None,
+                      error_code=code, cancel_reason=reason, payload=payload,
+                      lead_events=(RUN_CANCEL_REQUESTED,))
+
+
+def plan_end_by_intent(run: RunSnapshot, attempt: AttemptSnapshot) -> Plan:
+    """End a run whose process is conclusively gone, as its committed cancel intent says."""
+    if run.cancel_reason is None:
+        raise InvalidTransition("no cancel intent recorded")
+    run_to, attempt_to, code = outcome_of_cancel(run.cancel_reason)
+    return transition(run, attempt, run_to=run_to,
+                      attempt_to=None if attempt.status.terminal else attempt_to,
+                      error_code=code)
+
+
+def plan_completion(
+    run: RunSnapshot,
+    attempt: AttemptSnapshot,
+    *,
+    exit_code: int,
+    finished_at_ms: int,
+    deadline_at_ms: int | None,
+) -> Plan:
+    """Complete from a verified receipt (SEMANTICS.md §5): the cancel intent decides first.
+
+    A `timeout` intent yields `timed_out` unless the job finished by its deadline, in which case
+    only the observation was late and it completes normally.
+    """
+    reason = run.cancel_reason
+    finished_in_time = deadline_at_ms is None or finished_at_ms <= deadline_at_ms
+    if reason is not None and not (reason is CancelReason.TIMEOUT and finished_in_time):
+        run_to, attempt_to, code = outcome_of_cancel(reason)
+    elif exit_code == 0:
+        run_to, attempt_to, code = R.SUCCEEDED, A.SUCCEEDED, None
+    else:
+        run_to, attempt_to, code = R.FAILED, A.FAILED, ErrorCode.EXIT_NONZERO
+    return transition(run, attempt, run_to=run_to, attempt_to=attempt_to, error_code=code,
+                      payload={"exit_code": exit_code})
+
+
+def plan_offer(run: RunSnapshot, attempt: AttemptSnapshot) -> Plan:
+    """An offer made: run `queued -> dispatching`, the attempt stays `claimed`."""
+    if attempt.status is not A.CLAIMED:
+        raise InvalidTransition(f"attempt is {attempt.status.value}, not claimed")
+    return transition(run, attempt, run_to=R.DISPATCHING)
+
+
+def plan_activate(run: RunSnapshot, attempt: AttemptSnapshot) -> Plan:
+    """Activation: attempt `claimed -> starting` while the run is `dispatching`."""
+    if run.status is not R.DISPATCHING:
+        raise InvalidTransition(f"run is {run.status.value}, not dispatching")
+    if run.cancel_reason is not None:
+        raise InvalidTransition("run has a cancel intent")
+    return transition(run, attempt, attempt_to=A.STARTING)
+
+
+def plan_started(run: RunSnapshot, attempt: AttemptSnapshot) -> Plan:
+    """The process runs: attempt and run -> `running`."""
+    return transition(run, attempt, run_to=R.RUNNING, attempt_to=A.RUNNING)
+
+
+def plan_start_failed(run: RunSnapshot, attempt: AttemptSnapshot) -> Plan:
+    """The launcher could not be spawned: attempt and run `failed`."""
+    return transition(run, attempt, run_to=R.FAILED, attempt_to=A.FAILED,
+                      error_code=ErrorCode.EXECUTOR_START_FAILED)
+
+
+def plan_lost(run: RunSnapshot, attempt: AttemptSnapshot, error_code: str) -> Plan:
+    """The attempt can no longer be vouched for: attempt and run `lost`."""
+    return transition(run, attempt, run_to=R.LOST, attempt_to=A.LOST, error_code=error_code)
+
+
+def plan_retry_wait(run: RunSnapshot, attempt: AttemptSnapshot, next_attempt_at_ms: int) -> Plan:
+    """A lost run that its policy allows to retry waits for its backoff."""
+    return transition(run, attempt, run_to=R.RETRY_WAIT,
+                      payload={"next_attempt_at_ms": next_attempt_at_ms},
+                      lead_events=(RUN_RETRY_SCHEDULED,))
+
+
+def plan_lost_failed(run: RunSnapshot, attempt: AttemptSnapshot, error_code: str) -> Plan:
+    """A lost run that may not be retried ends `failed` with the reason's code."""
+    return transition(run, attempt, run_to=R.FAILED, error_code=error_code)
+
+
+def plan_requeue(run: RunSnapshot, new_attempt_id: str, number: int) -> Plan:
+    """Backoff over: run `retry_wait -> queued` with a fresh Attempt N+1 `claimed`."""
+    check_run(run.status, R.QUEUED)
+    events = _events(run.event_sequence, [(attempt_event(A.CLAIMED), new_attempt_id, {"number": number}),
+                                          (run_event(R.QUEUED), new_attempt_id, {})])
+    return Plan(run_id=run.id, run_from=run.status, run_to=R.QUEUED, attempt_id=new_attempt_id,
+                attempt_from=None, attempt_to=A.CLAIMED, expected_version=run.version,
+                version=run.version + len(events), event_sequence=run.event_sequence + len(events),
+                events=events)

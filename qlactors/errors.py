@@ -1,0 +1,31 @@
+"""The error vocabulary users meet; each error knows its exit status (2 bad input, 1 runtime)."""
+
+from __future__ import annotations
+
+
+class QlactorsError(Exception):
+    """A runtime failure: the request was sound but could not be carried out (exit status 1)."""
+
+    exit_status = 1
+
+
+class BadInput(QlactorsError, ValueError):
+    """The request itself is wrong; nothing was written (exit status 2)."""
+
+    exit_status = 2
+
+
+class NotFound(BadInput):
+    """A named task or run does not exist."""
+
+
+class AlreadyExists(BadInput):
+    """A name that must be unique is taken."""
+
+
+class SchemaError(BadInput):
+    """The database is corrupt, foreign, or from a newer qlactors; it was left untouched."""
+
+
+class Conflict(QlactorsError):
+    """A compare-and-set matched no row: someone else changed the state first. Never retried blindly."""

@@ -1,0 +1,1 @@
+"""The durable store: one schema on SQLite and PostgreSQL and the repository that owns every state change."""

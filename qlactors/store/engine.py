@@ -1,0 +1,92 @@
+"""Opening a store: the engine for a URL, dialect wiring, short transactions and driver-error translation."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+from sqlalchemy import create_engine, exc
+from sqlalchemy.engine import Connection, Engine, make_url
+
+from ..errors import QlactorsError, SchemaError
+from . import postgres, sqlite
+
+
+class StoreUnavailable(QlactorsError):
+    """The database could not be reached or stayed locked; nothing was changed."""
+
+
+class Store:
+    """An engine plus the one way qlactors talks to it: `write()` and `read()` transactions."""
+
+    def __init__(self, url: str, *, echo: bool = False) -> None:
+        parsed = make_url(url)
+        self.url = parsed
+        self.dialect_name = parsed.get_backend_name()
+        if self.dialect_name == "sqlite":
+            self._dialect = sqlite
+            self.engine: Engine = create_engine(parsed, echo=echo, pool_size=2, max_overflow=2)
+        elif self.dialect_name == "postgresql":
+            if parsed.get_driver_name() != "psycopg":
+                raise QlactorsError("PostgreSQL URLs must use psycopg 3: postgresql+psycopg://...")
+            self._dialect = postgres
+            self.engine = create_engine(parsed, echo=echo, isolation_level="READ COMMITTED",
+                                        pool_pre_ping=True, pool_size=4, max_overflow=4)
+        else:
+            raise QlactorsError(f"unsupported database {self.dialect_name!r}: use sqlite or postgresql+psycopg")
+        self._dialect.configure(self.engine)
+
+    @property
+    def is_postgres(self) -> bool:
+        return self._dialect is postgres
+
+    def insert(self, table):
+        """A dialect INSERT that supports `on_conflict_do_nothing()`."""
+        return self._dialect.insert(table)
+
+    def now_ms(self, conn: Connection) -> int:
+        """The time every decision in this transaction uses (SQLite: system clock; PostgreSQL: database)."""
+        return self._dialect.now_ms(conn)
+
+    def advisory_lock(self, conn: Connection, key: str) -> None:
+        """Serialise on a key for the rest of the transaction (PostgreSQL); SQLite already has one writer."""
+        if self._dialect is postgres:
+            postgres.advisory_lock(conn, key)
+
+    @contextlib.contextmanager
+    def write(self) -> Iterator[Connection]:
+        """One short write transaction (SQLite: `BEGIN IMMEDIATE`); commits on success."""
+        with translate_errors(self), self.engine.begin() as conn:
+            yield conn
+
+    @contextlib.contextmanager
+    def read(self) -> Iterator[Connection]:
+        """One read transaction (a consistent snapshot); never takes the SQLite write lock."""
+        with translate_errors(self), self.engine.connect() as conn:
+            conn = conn.execution_options(**{sqlite.READ_ONLY_OPTION: True})
+            with conn.begin():
+                yield conn
+
+    def describe(self) -> str:
+        return self.url.render_as_string(hide_password=True)
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+
+@contextlib.contextmanager
+def translate_errors(store: Store) -> Iterator[None]:
+    """Turn driver errors into qlactors errors at the store boundary; actors never see a driver."""
+    try:
+        yield
+    except exc.DatabaseError as err:
+        message = str(getattr(err, "orig", err))
+        if "file is not a database" in message or "malformed" in message:
+            raise SchemaError(
+                f"{store.describe()} is not a readable qlactors database ({message}); it was left "
+                "untouched: move it aside or point --home elsewhere") from err
+        if isinstance(err, exc.OperationalError):
+            raise StoreUnavailable(
+                f"database {store.describe()} is unavailable: {message.strip()}; nothing was changed, "
+                "try again") from err
+        raise

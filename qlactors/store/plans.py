@@ -1,0 +1,109 @@
+"""Applying a domain Plan inside a transaction: compare-and-set on run and attempt, events appended."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Mapping
+
+from sqlalchemy import select
+from sqlalchemy.engine import Connection
+
+from ..domain.states import AttemptStatus, CancelReason, RunStatus
+from ..domain.transitions import AttemptSnapshot, Plan, RunSnapshot
+from ..errors import Conflict
+from ..ids import new_id
+from .schema import run_attempts, run_events, runs
+
+MAX_EVENT_PAYLOAD_BYTES = 16 * 1024
+
+
+def load_run(conn: Connection, run_id: str, *, lock: bool = True):
+    """The run row (locked for update on PostgreSQL when `lock`) or None."""
+    query = select(runs).where(runs.c.id == run_id)
+    if lock:
+        query = query.with_for_update()
+    return conn.execute(query).first()
+
+
+def current_attempt(conn: Connection, run_id: str):
+    """The run's newest attempt row (the one a transition acts on), or None."""
+    query = (select(run_attempts).where(run_attempts.c.run_id == run_id)
+             .order_by(run_attempts.c.number.desc()).limit(1))
+    return conn.execute(query).first()
+
+
+def run_snapshot(row) -> RunSnapshot:
+    return RunSnapshot(id=row.id, status=RunStatus(row.status), version=row.version,
+                       event_sequence=row.event_sequence,
+                       cancel_reason=CancelReason(row.cancel_reason) if row.cancel_reason else None)
+
+
+def attempt_snapshot(row) -> AttemptSnapshot | None:
+    if row is None:
+        return None
+    return AttemptSnapshot(id=row.id, number=row.number, status=AttemptStatus(row.status),
+                           callback_sequence=row.callback_sequence)
+
+
+def encode_payload(payload: Mapping[str, Any]) -> str:
+    text = json.dumps(dict(payload), sort_keys=True, separators=(",", ":"))
+    if len(text.encode()) > MAX_EVENT_PAYLOAD_BYTES:
+        raise ValueError(f"event payload over {MAX_EVENT_PAYLOAD_BYTES} bytes")
+    return text
+
+
+def append_events(conn: Connection, plan: Plan, now_ms: int, actor_type: str) -> None:
+    if not plan.events:
+        return
+    conn.execute(run_events.insert(), [
+        {"id": new_id(), "run_id": plan.run_id, "sequence": e.sequence, "type": e.type,
+         "actor_type": actor_type, "attempt_id": e.attempt_id,
+         "payload_json": encode_payload(e.payload), "created_at_ms": now_ms}
+        for e in plan.events
+    ])
+
+
+def apply_plan(
+    conn: Connection,
+    plan: Plan,
+    now_ms: int,
+    *,
+    actor_type: str,
+    expected_callback_sequence: int | None = None,
+    run_values: Mapping[str, Any] | None = None,
+    attempt_values: Mapping[str, Any] | None = None,
+) -> None:
+    """Write a plan for an existing run: guarded updates, then its events. Zero rows -> Conflict.
+
+    The run update is guarded by the expected version and status; the attempt update by its
+    expected status and callback sequence. Nothing is retried here: a conflict means someone
+    else changed the state first, and the caller decides what that means.
+    """
+    if plan.run_from is None:
+        raise ValueError("apply_plan is for existing runs; admission inserts instead")
+    values: dict[str, Any] = {"status": plan.run_to.value, "version": plan.version,
+                              "event_sequence": plan.event_sequence, "updated_at_ms": now_ms}
+    if plan.cancel_reason is not None:
+        values.update(cancel_reason=plan.cancel_reason.value, cancel_requested_at_ms=now_ms)
+    if plan.error_code is not None and plan.changes_run:
+        values["error_code"] = plan.error_code
+    if plan.run_to.terminal:
+        values["finished_at_ms"] = now_ms
+    values.update(run_values or {})
+    guard = (runs.c.id == plan.run_id) & (runs.c.version == plan.expected_version) & (
+        runs.c.status == plan.run_from.value)
+    if conn.execute(runs.update().where(guard).values(**values)).rowcount != 1:
+        raise Conflict(f"run {plan.run_id} changed meanwhile (expected version {plan.expected_version})")
+    if plan.attempt_id is not None and plan.attempt_from is not None and (plan.changes_attempt or attempt_values):
+        a_values: dict[str, Any] = {"status": plan.attempt_to.value, "updated_at_ms": now_ms}
+        if plan.attempt_to.terminal and plan.changes_attempt:
+            a_values["finished_at_ms"] = now_ms
+            if plan.error_code is not None:
+                a_values["error_code"] = plan.error_code
+        a_values.update(attempt_values or {})
+        a_guard = (run_attempts.c.id == plan.attempt_id) & (run_attempts.c.status == plan.attempt_from.value)
+        if expected_callback_sequence is not None:
+            a_guard &= run_attempts.c.callback_sequence == expected_callback_sequence
+        if conn.execute(run_attempts.update().where(a_guard).values(**a_values)).rowcount != 1:
+            raise Conflict(f"attempt {plan.attempt_id} changed meanwhile (expected {plan.attempt_from.value})")
+    append_events(conn, plan, now_ms, actor_type)

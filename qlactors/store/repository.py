@@ -1,0 +1,58 @@
+"""The repository facade: tasks, runs, and the operations that span both (removing a task)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..domain.states import CancelReason
+from ..errors import BadInput
+from .engine import Store
+from .migrations import migrate
+from .plans import load_run
+from .runs import Runs
+from .tasks import Tasks
+
+
+@dataclass(frozen=True, slots=True)
+class Removal:
+    task: str
+    cancelled: tuple[str, ...]  # runs that ended `cancelled` at once
+    requested: tuple[str, ...]  # runs with a live process: cancel intent recorded
+
+
+class Repository:
+    """The only authority for state: every method is one short transaction on the store."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.tasks = Tasks(store)
+        self.runs = Runs(store)
+
+    @classmethod
+    def open(cls, url: str) -> "Repository":
+        """Open (and create or migrate) the database at `url`."""
+        store = Store(url)
+        try:
+            migrate(store)
+        except BaseException:
+            store.close()
+            raise
+        return cls(store)
+
+    def remove_task(self, name: str, *, force: bool = False) -> Removal:
+        """Retire a task. With active runs it refuses, unless `force`, which cancels them first."""
+        with self.store.write() as conn:
+            head = self.tasks.head(conn, name, lock=True)
+            active = self.runs.active_ids(conn, head.id)
+            if active and not force:
+                raise BadInput(f"task {name!r} has {len(active)} active run(s); nothing was removed: "
+                               "wait for them, cancel them, or use `task rm --force`")
+            cancelled, requested = [], []
+            for run_id in active:
+                outcome = self.runs.cancel_in(conn, load_run(conn, run_id), CancelReason.USER, actor_type="user")
+                (cancelled if outcome == "cancelled" else requested).append(run_id)
+            self.tasks.mark_removed(conn, name)
+            return Removal(name, tuple(cancelled), tuple(requested))
+
+    def close(self) -> None:
+        self.store.close()

@@ -1,0 +1,200 @@
+"""The run repository: admission, cancel, and the reads behind `runs` and `show`.
+
+Every method is one short transaction. Writes follow SEMANTICS.md §3: read the run, ask the
+pure state machine for a plan, apply it with compare-and-set, append its events.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Sequence
+
+from sqlalchemy import and_, or_, select
+from sqlalchemy.engine import Connection
+
+from ..domain.states import RUN_TERMINAL, CancelReason, RunStatus, TriggerType
+from ..domain.transitions import plan_admission, plan_cancel
+from ..errors import BadInput, NotFound
+from ..ids import new_id
+from .engine import Store
+from .plans import append_events, apply_plan, attempt_snapshot, current_attempt, load_run, run_snapshot
+from .schema import run_attempts, run_events, run_retry_policies, runs, task_revisions, tasks
+from .views import AttemptView, EventView, RunPage, RunView
+
+MAX_PAGE = 500
+DEFAULT_PAGE = 50
+_TERMINAL = [s.value for s in RUN_TERMINAL]
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    run: RunView
+    created: bool  # False: the idempotency key named an existing run, which is returned
+
+
+@dataclass(frozen=True, slots=True)
+class CancelResult:
+    outcome: str  # cancelled | requested | already_requested | already_terminal
+    run: RunView
+
+
+class Runs:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    # -- writes ------------------------------------------------------------------------------
+
+    def request(
+        self,
+        task_name: str,
+        *,
+        trigger_type: TriggerType = TriggerType.MANUAL,
+        idempotency_key: str | None = None,
+        scheduled_for_ms: int | None = None,
+        trigger_id: str | None = None,
+        retry_of_run_id: str | None = None,
+        actor_type: str = "user",
+    ) -> Admission:
+        """Admit a run of the task's current revision: run `queued`, attempt 1 `claimed`, events.
+
+        With an idempotency key, a second request returns the first run (the unique key is the
+        arbiter: `INSERT ... ON CONFLICT DO NOTHING`, then re-read).
+        """
+        if idempotency_key is not None and not 1 <= len(idempotency_key) <= 256:
+            raise BadInput("an idempotency key is 1 to 256 characters")
+        with self.store.write() as conn:
+            if idempotency_key is not None:
+                existing = self._by_key(conn, idempotency_key)
+                if existing is not None:
+                    return Admission(self._view(conn, existing), created=False)
+            head = conn.execute(select(tasks).where(and_(
+                tasks.c.name == task_name, tasks.c.deleted_at_ms.is_(None)))).first()
+            if head is None:
+                raise NotFound(f"no task named {task_name!r}: see `qlactors task list`")
+            now = self.store.now_ms(conn)
+            run_id, attempt_id = new_id(), new_id()
+            plan = plan_admission(run_id, attempt_id, {"trigger_type": TriggerType(trigger_type).value})
+            inserted = conn.execute(self.store.insert(runs).values(
+                id=run_id, task_id=head.id, task_revision=head.current_revision,
+                trigger_type=TriggerType(trigger_type).value, trigger_id=trigger_id,
+                status=plan.run_to.value, version=plan.version, event_sequence=plan.event_sequence,
+                scheduled_for_ms=scheduled_for_ms, idempotency_key=idempotency_key,
+                retry_of_run_id=retry_of_run_id, created_at_ms=now, queued_at_ms=now, updated_at_ms=now,
+            ).on_conflict_do_nothing()).rowcount
+            if inserted != 1:  # a concurrent request with the same key committed first
+                return Admission(self._view(conn, self._by_key(conn, idempotency_key)), created=False)
+            conn.execute(run_attempts.insert().values(
+                id=attempt_id, run_id=run_id, number=1, status=plan.attempt_to.value,
+                executor_type="local_process", callback_sequence=0, created_at_ms=now, updated_at_ms=now))
+            self._snapshot_policy(conn, head, run_id, now)
+            append_events(conn, plan, now, actor_type)
+            return Admission(self._view(conn, load_run(conn, run_id, lock=False)), created=True)
+
+    def cancel(self, run_id: str, reason: CancelReason = CancelReason.USER, *, actor_type: str = "user") -> CancelResult:
+        """Commit a cancel intent; a run with no live process ends `cancelled` in the same transaction."""
+        with self.store.write() as conn:
+            row = self._require(conn, run_id)
+            outcome = self.cancel_in(conn, row, reason, actor_type=actor_type)
+            return CancelResult(outcome, self._view(conn, load_run(conn, run_id, lock=False)))
+
+    def cancel_in(self, conn: Connection, row, reason: CancelReason, *, actor_type: str) -> str:
+        """Cancel inside the caller's transaction; returns the outcome word."""
+        snapshot = run_snapshot(row)
+        attempt_row = current_attempt(conn, row.id)
+        plan = plan_cancel(snapshot, attempt_snapshot(attempt_row), reason)
+        if plan is None:
+            return "already_terminal" if snapshot.status.terminal else "already_requested"
+        apply_plan(conn, plan, self.store.now_ms(conn), actor_type=actor_type,
+                   expected_callback_sequence=attempt_row.callback_sequence if attempt_row else None)
+        return "cancelled" if plan.run_to.terminal else "requested"
+
+    def active_ids(self, conn: Connection, task_id: str) -> list[str]:
+        return list(conn.execute(select(runs.c.id).where(and_(
+            runs.c.task_id == task_id, runs.c.status.not_in(_TERMINAL))).order_by(runs.c.created_at_ms)).scalars())
+
+    # -- reads -------------------------------------------------------------------------------
+
+    def get(self, run_id: str) -> RunView:
+        with self.store.read() as conn:
+            return self._view(conn, self._require(conn, run_id, lock=False), detail=True)
+
+    def list(self, *, task: str | None = None, state: str | None = None, limit: int = DEFAULT_PAGE,
+             cursor: str | None = None) -> RunPage:
+        """Runs newest first, one keyset page; `next_cursor` continues after the last one shown."""
+        if type(limit) is not int or not 1 <= limit <= MAX_PAGE:
+            raise BadInput(f"--limit must be between 1 and {MAX_PAGE}")
+        if state is not None and state not in {s.value for s in RunStatus}:
+            raise BadInput(f"unknown state {state!r}: one of {', '.join(s.value for s in RunStatus)}")
+        query = select(runs, tasks.c.name.label("task_name")).join(tasks, tasks.c.id == runs.c.task_id)
+        if task is not None:
+            query = query.where(tasks.c.name == task)
+        if state is not None:
+            query = query.where(runs.c.status == state)
+        if cursor is not None:
+            at_ms, run_id = _decode_cursor(cursor)
+            query = query.where(or_(runs.c.created_at_ms < at_ms,
+                                    and_(runs.c.created_at_ms == at_ms, runs.c.id < run_id)))
+        query = query.order_by(runs.c.created_at_ms.desc(), runs.c.id.desc()).limit(limit + 1)
+        with self.store.read() as conn:
+            rows = conn.execute(query).all()
+            page = [self._view(conn, row, detail=False) for row in rows[:limit]]
+        more = len(rows) > limit
+        next_cursor = f"{page[-1].created_at_ms}.{page[-1].id}" if more else None
+        return RunPage(tuple(page), next_cursor)
+
+    # -- inside a transaction ----------------------------------------------------------------
+
+    def _require(self, conn: Connection, run_id: str, *, lock: bool = True):
+        row = load_run(conn, run_id, lock=lock) if isinstance(run_id, str) and len(run_id) <= 36 else None
+        if row is None:
+            raise NotFound(f"no run with id {run_id!r}: see `qlactors runs`")
+        return row
+
+    def _by_key(self, conn: Connection, key: str):
+        return conn.execute(select(runs).where(runs.c.idempotency_key == key)).first()
+
+    def _snapshot_policy(self, conn: Connection, head, run_id: str, now: int) -> None:
+        """Pin the task's retry policy at admission; no row means never retried automatically."""
+        rev = conn.execute(select(task_revisions).where(and_(
+            task_revisions.c.task_id == head.id, task_revisions.c.revision == head.current_revision))).one()
+        if not rev.retry_on_lost:
+            return
+        conn.execute(run_retry_policies.insert().values(
+            run_id=run_id, max_attempts=rev.max_attempts, retry_on_lost=True, safety=rev.safety,
+            backoff_base_ms=rev.backoff_base_ms, backoff_max_ms=rev.backoff_max_ms,
+            version=0, created_at_ms=now, updated_at_ms=now))
+
+    def _view(self, conn: Connection, row, *, detail: bool = True) -> RunView:
+        name = getattr(row, "task_name", None) or conn.execute(
+            select(tasks.c.name).where(tasks.c.id == row.task_id)).scalar_one()
+        attempts: Sequence = ()
+        events: Sequence = ()
+        if detail:
+            attempts = conn.execute(select(run_attempts).where(run_attempts.c.run_id == row.id)
+                                    .order_by(run_attempts.c.number)).all()
+            events = conn.execute(select(run_events).where(run_events.c.run_id == row.id)
+                                  .order_by(run_events.c.sequence)).all()
+        return RunView(
+            id=row.id, task=name, task_revision=row.task_revision, state=row.status, version=row.version,
+            trigger_type=row.trigger_type, scheduled_for_ms=row.scheduled_for_ms,
+            idempotency_key=row.idempotency_key, cancel_reason=row.cancel_reason,
+            error_code=row.error_code, retry_of_run_id=row.retry_of_run_id,
+            created_at_ms=row.created_at_ms, started_at_ms=row.started_at_ms,
+            finished_at_ms=row.finished_at_ms,
+            attempts=tuple(AttemptView(
+                id=a.id, number=a.number, state=a.status, exit_code=a.exit_code, signal=a.signal,
+                error_code=a.error_code, log_dropped_bytes=a.log_dropped_bytes,
+                deadline_at_ms=a.deadline_at_ms, created_at_ms=a.created_at_ms,
+                started_at_ms=a.started_at_ms, finished_at_ms=a.finished_at_ms) for a in attempts),
+            events=tuple(EventView(seq=e.sequence, type=e.type, at_ms=e.created_at_ms,
+                                   actor_type=e.actor_type, attempt_id=e.attempt_id,
+                                   payload=json.loads(e.payload_json)) for e in events),
+        )
+
+
+def _decode_cursor(cursor: str) -> tuple[int, str]:
+    at, sep, run_id = cursor.partition(".")
+    if not sep or not at.isdigit() or not run_id:
+        raise BadInput(f"bad page cursor {cursor!r}: use the `next_cursor` a previous page printed")
+    return int(at), run_id

@@ -1,0 +1,392 @@
+"""The one schema for SQLite and PostgreSQL: every table of SEMANTICS.md §1, with its invariants.
+
+Times are UTC epoch milliseconds (BigInteger). JSON is stored as text so both dialects read it
+the same way. Status columns are plain strings guarded by CHECK constraints, not native enums,
+so adding a state is a migration of one constraint.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    Column,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    PrimaryKeyConstraint,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+    text,
+)
+
+from ..domain.states import (
+    ATTEMPT_ACTIVE,
+    AttemptStatus,
+    CancelReason,
+    LeaseReleaseReason,
+    LeaseStatus,
+    RetrySafety,
+    RunStatus,
+    TriggerType,
+)
+
+# Explicit names for every constraint, so a later migration can find and drop them (SQLite
+# needs a table rebuild for that, and the rebuild must know the names).
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+ID = String(36)
+MS = BigInteger
+
+
+def _one_of(column: str, values) -> str:
+    listed = ", ".join(f"'{getattr(v, 'value', v)}'" for v in values)
+    return f"{column} IN ({listed})"
+
+
+def _ms(*columns: str) -> list[CheckConstraint]:
+    return [CheckConstraint(f"{c} IS NULL OR {c} >= 0", name=f"{c}_nonneg") for c in columns]
+
+
+def _active_attempt_where() -> str:
+    return _one_of("status", sorted(s.value for s in ATTEMPT_ACTIVE))
+
+
+schema_version = Table(
+    "qlactors_schema",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=False),
+    Column("version", Integer, nullable=False),
+    Column("applied_at_ms", MS, nullable=False),
+    CheckConstraint("id = 1", name="singleton"),
+)
+
+tasks = Table(
+    "tasks",
+    metadata,
+    Column("id", ID, primary_key=True),
+    Column("name", String(128), nullable=False),
+    Column("current_revision", Integer, nullable=False),
+    Column("version", Integer, nullable=False),  # compare-and-set fence for every head change
+    Column("enabled", Boolean, nullable=False),
+    Column("created_at_ms", MS, nullable=False),
+    Column("updated_at_ms", MS, nullable=False),
+    Column("deleted_at_ms", MS),
+    CheckConstraint("current_revision >= 1 AND version >= 1", name="counters_positive"),
+    *_ms("created_at_ms", "updated_at_ms", "deleted_at_ms"),
+)
+# A removed task keeps its row (history stays readable) and frees its name.
+Index("ix_tasks_live_name", tasks.c.name, unique=True,
+      sqlite_where=text("deleted_at_ms IS NULL"), postgresql_where=text("deleted_at_ms IS NULL"))
+
+task_revisions = Table(
+    "task_revisions",
+    metadata,
+    Column("task_id", ID, ForeignKey("tasks.id"), nullable=False),
+    Column("revision", Integer, nullable=False),
+    Column("command_json", Text, nullable=False),
+    Column("cwd", Text),
+    Column("env_json", Text, nullable=False),
+    Column("timeout_ms", MS),
+    Column("stop_grace_ms", Integer, nullable=False),
+    Column("max_concurrent", Integer, nullable=False),
+    Column("retry_on_lost", Boolean, nullable=False),
+    Column("max_attempts", Integer, nullable=False),
+    Column("safety", String(16), nullable=False),
+    Column("backoff_base_ms", MS, nullable=False),
+    Column("backoff_max_ms", MS, nullable=False),
+    Column("labels_json", Text, nullable=False),
+    Column("created_at_ms", MS, nullable=False),
+    PrimaryKeyConstraint("task_id", "revision"),
+    CheckConstraint("revision >= 1", name="revision_positive"),
+    CheckConstraint("timeout_ms IS NULL OR (timeout_ms >= 1 AND timeout_ms <= 31536000000)",
+                    name="timeout_range"),
+    CheckConstraint("stop_grace_ms >= 0 AND stop_grace_ms <= 30000", name="stop_grace_range"),
+    CheckConstraint("max_concurrent >= 1 AND max_concurrent <= 1024", name="max_concurrent_range"),
+    CheckConstraint("max_attempts >= 1 AND max_attempts <= 16", name="max_attempts_range"),
+    CheckConstraint(_one_of("safety", RetrySafety), name="safety"),
+    CheckConstraint("backoff_base_ms >= 0 AND backoff_base_ms <= backoff_max_ms "
+                    "AND backoff_max_ms <= 86400000", name="backoff_range"),
+    *_ms("created_at_ms"),
+)
+
+triggers = Table(
+    "triggers",
+    metadata,
+    Column("id", ID, primary_key=True),
+    Column("task_id", ID, ForeignKey("tasks.id"), nullable=False),
+    Column("revision", Integer, nullable=False),
+    Column("cron", String(768), nullable=False),
+    Column("tz", String(64), nullable=False),
+    Column("misfire", String(16), nullable=False),
+    Column("grace_ms", MS, nullable=False),
+    Column("overlap", String(16), nullable=False),
+    Column("created_at_ms", MS, nullable=False),
+    Column("updated_at_ms", MS, nullable=False),
+    Column("deleted_at_ms", MS),
+    CheckConstraint("revision >= 1", name="revision_positive"),
+    CheckConstraint(_one_of("misfire", ("fire_once", "skip")), name="misfire"),
+    CheckConstraint(_one_of("overlap", ("queue", "skip", "replace")), name="overlap"),
+    CheckConstraint("grace_ms >= 0", name="grace_nonneg"),
+    *_ms("created_at_ms", "updated_at_ms", "deleted_at_ms"),
+)
+Index("ix_triggers_task_id", triggers.c.task_id)
+
+trigger_schedules = Table(
+    "trigger_schedules",
+    metadata,
+    Column("trigger_id", ID, ForeignKey("triggers.id"), primary_key=True),
+    Column("trigger_revision", Integer, nullable=False),
+    Column("next_fire_at_ms", MS),  # NULL: not yet initialised
+    Column("last_scheduled_at_ms", MS),
+    Column("state_version", Integer, nullable=False),
+    Column("claim_owner", String(64)),
+    Column("claim_token_hash", String(64)),
+    Column("claim_version", Integer, nullable=False),
+    Column("claim_expires_at_ms", MS),
+    Column("updated_at_ms", MS, nullable=False),
+    CheckConstraint("state_version >= 0 AND claim_version >= 0", name="versions_nonneg"),
+    *_ms("next_fire_at_ms", "last_scheduled_at_ms", "claim_expires_at_ms", "updated_at_ms"),
+)
+Index("ix_trigger_schedules_due", trigger_schedules.c.next_fire_at_ms, trigger_schedules.c.trigger_id)
+
+trigger_events = Table(
+    "trigger_events",
+    metadata,
+    Column("id", ID, primary_key=True),
+    Column("trigger_id", ID, ForeignKey("triggers.id"), nullable=False),
+    Column("trigger_revision", Integer, nullable=False),
+    Column("type", String(16), nullable=False),
+    Column("scheduled_for_ms", MS, nullable=False),
+    Column("occurrences", Integer, nullable=False),
+    Column("run_id", ID, ForeignKey("runs.id")),
+    Column("created_at_ms", MS, nullable=False),
+    CheckConstraint(_one_of("type", ("skipped", "missed")), name="type"),
+    CheckConstraint("occurrences >= 1", name="occurrences_positive"),
+    *_ms("scheduled_for_ms", "created_at_ms"),
+)
+Index("ix_trigger_events_trigger_id_created_at_ms", trigger_events.c.trigger_id,
+      trigger_events.c.created_at_ms)
+
+runs = Table(
+    "runs",
+    metadata,
+    Column("id", ID, primary_key=True),
+    Column("task_id", ID, ForeignKey("tasks.id"), nullable=False),
+    Column("task_revision", Integer, nullable=False),
+    Column("trigger_type", String(16), nullable=False),
+    Column("trigger_id", ID, ForeignKey("triggers.id")),
+    Column("status", String(16), nullable=False),
+    Column("version", Integer, nullable=False),
+    Column("event_sequence", Integer, nullable=False),
+    Column("scheduled_for_ms", MS),
+    Column("idempotency_key", String(256)),
+    Column("cancel_requested_at_ms", MS),
+    Column("cancel_reason", String(16)),
+    Column("error_code", String(64)),
+    Column("error_summary", String(512)),
+    Column("retry_of_run_id", ID, ForeignKey("runs.id")),
+    Column("created_at_ms", MS, nullable=False),
+    Column("queued_at_ms", MS),
+    Column("started_at_ms", MS),
+    Column("finished_at_ms", MS),
+    Column("updated_at_ms", MS, nullable=False),
+    UniqueConstraint("idempotency_key"),
+    CheckConstraint(_one_of("status", RunStatus), name="status"),
+    CheckConstraint(_one_of("trigger_type", TriggerType), name="trigger_type"),
+    CheckConstraint(f"cancel_reason IS NULL OR {_one_of('cancel_reason', CancelReason)}",
+                    name="cancel_reason"),
+    CheckConstraint("(cancel_reason IS NULL) = (cancel_requested_at_ms IS NULL)", name="cancel_intent"),
+    CheckConstraint("version >= 1 AND event_sequence >= 1", name="counters_positive"),
+    CheckConstraint(
+        "(finished_at_ms IS NULL) = (status NOT IN ('succeeded', 'failed', 'cancelled', 'timed_out'))",
+        name="finished_iff_terminal"),
+    CheckConstraint("trigger_type <> 'cron' OR trigger_id IS NOT NULL", name="cron_has_trigger"),
+    *_ms("scheduled_for_ms", "cancel_requested_at_ms", "created_at_ms", "queued_at_ms",
+         "started_at_ms", "finished_at_ms", "updated_at_ms"),
+)
+Index("ix_runs_created_at_ms_id", runs.c.created_at_ms, runs.c.id)
+Index("ix_runs_task_id_created_at_ms_id", runs.c.task_id, runs.c.created_at_ms, runs.c.id)
+Index("ix_runs_status_created_at_ms_id", runs.c.status, runs.c.created_at_ms, runs.c.id)
+
+run_attempts = Table(
+    "run_attempts",
+    metadata,
+    Column("id", ID, primary_key=True),
+    Column("run_id", ID, ForeignKey("runs.id"), nullable=False),
+    Column("number", Integer, nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("executor_type", String(32), nullable=False),
+    Column("worker_id", String(128)),
+    Column("session_id", ID),
+    Column("session_generation", Integer),
+    Column("boot_id", String(64)),
+    Column("pid", Integer),
+    Column("pgid", Integer),
+    Column("start_ticks", BigInteger),
+    Column("log_artifact_id", String(256)),
+    Column("callback_token_hash", String(64)),
+    Column("callback_sequence", Integer, nullable=False),
+    Column("deadline_at_ms", MS),
+    Column("exit_code", Integer),
+    Column("signal", Integer),
+    Column("log_dropped_bytes", BigInteger),
+    Column("error_code", String(64)),
+    Column("error_summary", String(512)),
+    # Read-only projection of the run lease (the lease table is the authority).
+    Column("offer_id", ID),
+    Column("lease_generation", Integer),
+    Column("lease_version", Integer),
+    Column("lease_expires_at_ms", MS),
+    Column("created_at_ms", MS, nullable=False),
+    Column("started_at_ms", MS),
+    Column("finished_at_ms", MS),
+    Column("updated_at_ms", MS, nullable=False),
+    UniqueConstraint("run_id", "number"),
+    CheckConstraint("number >= 1", name="number_positive"),
+    CheckConstraint(_one_of("status", AttemptStatus), name="status"),
+    CheckConstraint("callback_sequence >= 0", name="callback_sequence_nonneg"),
+    CheckConstraint("exit_code IS NULL OR (exit_code >= 0 AND exit_code <= 255)", name="exit_code_range"),
+    CheckConstraint("signal IS NULL OR (signal >= 1 AND signal <= 64)", name="signal_range"),
+    CheckConstraint("log_dropped_bytes IS NULL OR log_dropped_bytes >= 0", name="log_dropped_nonneg"),
+    CheckConstraint("pid IS NULL OR pid > 0", name="pid_positive"),
+    CheckConstraint("status = 'claimed' OR callback_token_hash IS NOT NULL OR status IN ('cancelled', 'lost')",
+                    name="token_after_claim"),
+    *_ms("deadline_at_ms", "lease_expires_at_ms", "created_at_ms", "started_at_ms",
+         "finished_at_ms", "updated_at_ms"),
+)
+# At most one attempt of a run may be live at a time.
+Index("ix_run_attempts_one_active", run_attempts.c.run_id, unique=True,
+      sqlite_where=text(_active_attempt_where()), postgresql_where=text(_active_attempt_where()))
+Index("ix_run_attempts_status_deadline_at_ms", run_attempts.c.status, run_attempts.c.deadline_at_ms)
+
+run_events = Table(
+    "run_events",
+    metadata,
+    Column("id", ID, primary_key=True),
+    Column("run_id", ID, ForeignKey("runs.id"), nullable=False),
+    Column("sequence", Integer, nullable=False),
+    Column("type", String(48), nullable=False),
+    Column("actor_type", String(16), nullable=False),
+    Column("attempt_id", ID, ForeignKey("run_attempts.id")),
+    Column("dedupe_key", String(256)),
+    Column("payload_json", Text, nullable=False),
+    Column("created_at_ms", MS, nullable=False),
+    UniqueConstraint("run_id", "sequence"),
+    CheckConstraint("sequence >= 1", name="sequence_positive"),
+    CheckConstraint("length(payload_json) <= 16384", name="payload_size"),
+    *_ms("created_at_ms"),
+)
+Index("ix_run_events_dedupe", run_events.c.run_id, run_events.c.dedupe_key, unique=True,
+      sqlite_where=text("dedupe_key IS NOT NULL"), postgresql_where=text("dedupe_key IS NOT NULL"))
+
+run_retry_policies = Table(
+    "run_retry_policies",
+    metadata,
+    Column("run_id", ID, ForeignKey("runs.id"), primary_key=True),
+    Column("max_attempts", Integer, nullable=False),
+    Column("retry_on_lost", Boolean, nullable=False),
+    Column("safety", String(16), nullable=False),
+    Column("backoff_base_ms", MS, nullable=False),
+    Column("backoff_max_ms", MS, nullable=False),
+    Column("next_attempt_at_ms", MS),
+    Column("version", Integer, nullable=False),
+    Column("created_at_ms", MS, nullable=False),
+    Column("updated_at_ms", MS, nullable=False),
+    CheckConstraint("max_attempts >= 1 AND max_attempts <= 16", name="max_attempts_range"),
+    CheckConstraint(_one_of("safety", RetrySafety), name="safety"),
+    CheckConstraint("backoff_base_ms >= 0 AND backoff_base_ms <= backoff_max_ms "
+                    "AND backoff_max_ms <= 86400000", name="backoff_range"),
+    # The admission rule, kept by the schema too: no unsafe automatic re-run.
+    CheckConstraint("NOT (retry_on_lost AND max_attempts > 1 AND safety = 'unknown')", name="safe_retry"),
+    CheckConstraint("version >= 0", name="version_nonneg"),
+    *_ms("next_attempt_at_ms", "created_at_ms", "updated_at_ms"),
+)
+Index("ix_run_retry_policies_due", run_retry_policies.c.next_attempt_at_ms, run_retry_policies.c.run_id)
+
+executor_journal = Table(
+    "executor_journal",
+    metadata,
+    Column("attempt_id", ID, primary_key=True),  # no FK: on a worker this table lives elsewhere
+    Column("run_id", ID, nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("log_path", Text, nullable=False),
+    Column("receipt_path", Text, nullable=False),
+    Column("callback_token_hash", String(64), nullable=False),
+    Column("boot_id", String(64)),
+    Column("pid", Integer),
+    Column("pgid", Integer),
+    Column("start_ticks", BigInteger),
+    Column("purge_after_ms", MS),
+    Column("created_at_ms", MS, nullable=False),
+    Column("updated_at_ms", MS, nullable=False),
+    CheckConstraint(_one_of("state", ("accepted", "launching", "started", "completed", "quarantined")),
+                    name="state"),
+    *_ms("purge_after_ms", "created_at_ms", "updated_at_ms"),
+)
+Index("ix_executor_journal_state_purge_after_ms", executor_journal.c.state, executor_journal.c.purge_after_ms)
+
+worker_sessions = Table(
+    "worker_sessions",
+    metadata,
+    Column("session_id", ID, primary_key=True),
+    Column("worker_id", String(128), nullable=False),
+    Column("generation", Integer, nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("version", Integer, nullable=False),
+    Column("capacity", Integer, nullable=False),
+    Column("free_slots", Integer, nullable=False),
+    Column("heartbeat_at_ms", MS),
+    Column("lease_expires_at_ms", MS),  # NULL: lives as long as the process (edge)
+    Column("created_at_ms", MS, nullable=False),
+    Column("updated_at_ms", MS, nullable=False),
+    UniqueConstraint("worker_id", "generation"),
+    CheckConstraint(_one_of("status", ("online", "draining", "offline")), name="status"),
+    CheckConstraint("generation >= 1 AND version >= 0", name="counters"),
+    CheckConstraint("capacity >= 0 AND free_slots >= 0 AND free_slots <= capacity", name="slots"),
+    *_ms("heartbeat_at_ms", "lease_expires_at_ms", "created_at_ms", "updated_at_ms"),
+)
+
+run_dispatch_leases = Table(
+    "run_dispatch_leases",
+    metadata,
+    Column("attempt_id", ID, ForeignKey("run_attempts.id"), nullable=False),
+    Column("lease_generation", Integer, nullable=False),
+    Column("run_id", ID, ForeignKey("runs.id"), nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("version", Integer, nullable=False),
+    Column("worker_id", String(128), nullable=False),
+    Column("session_id", ID, ForeignKey("worker_sessions.session_id"), nullable=False),
+    Column("session_generation", Integer, nullable=False),
+    Column("token_hash", String(64), nullable=False),
+    Column("offer_id", ID, nullable=False),
+    Column("expires_at_ms", MS),  # NULL: lives as long as the runtime process (edge)
+    Column("release_reason", String(16)),
+    Column("created_at_ms", MS, nullable=False),
+    Column("updated_at_ms", MS, nullable=False),
+    PrimaryKeyConstraint("attempt_id", "lease_generation"),
+    UniqueConstraint("offer_id"),
+    CheckConstraint(_one_of("status", LeaseStatus), name="status"),
+    CheckConstraint(f"release_reason IS NULL OR {_one_of('release_reason', LeaseReleaseReason)}",
+                    name="release_reason"),
+    CheckConstraint("(status = 'released') = (release_reason IS NOT NULL)", name="released_has_reason"),
+    CheckConstraint("lease_generation >= 1 AND version >= 1", name="counters_positive"),
+    *_ms("expires_at_ms", "created_at_ms", "updated_at_ms"),
+)
+# One live lease per attempt.
+Index("ix_run_dispatch_leases_one_leased", run_dispatch_leases.c.attempt_id, unique=True,
+      sqlite_where=text("status = 'leased'"), postgresql_where=text("status = 'leased'"))
+Index("ix_run_dispatch_leases_status_expires_at_ms", run_dispatch_leases.c.status,
+      run_dispatch_leases.c.expires_at_ms)

@@ -1,0 +1,57 @@
+"""SQLite specifics: pragmas, `BEGIN IMMEDIATE` for writes, and the local clock as time source."""
+
+from __future__ import annotations
+
+import time
+
+from sqlalchemy import event
+from sqlalchemy.dialects.sqlite import insert as _insert
+from sqlalchemy.engine import Engine
+
+# Each pragma is a decision; the reasons are here so nobody has to rediscover them.
+PRAGMAS = (
+    # WAL lets the CLI read while the runtime writes, and survives power loss with FULL sync.
+    "PRAGMA journal_mode=WAL",
+    # FULL: a lost "starting" commit after a spawn would run a job twice. Durability first.
+    "PRAGMA synchronous=FULL",
+    # SQLite ships with foreign keys off; the schema's references are meant to hold.
+    "PRAGMA foreign_keys=ON",
+    # Writers queue for up to 5 s on the write lock instead of failing at once.
+    "PRAGMA busy_timeout=5000",
+    # A small page cache per connection (KiB when negative): it counts against idle memory.
+    "PRAGMA cache_size=-1024",
+    # Keep the WAL from growing without bound between checkpoints.
+    "PRAGMA journal_size_limit=8388608",
+)
+
+READ_ONLY_OPTION = "qlactors_read_only"
+
+
+def configure(engine: Engine) -> None:
+    """Install the connect and begin listeners that make pysqlite behave (STYLE.md traps)."""
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn, _record):  # pragma: no cover - exercised by every test
+        # pysqlite starts deferred transactions by itself; take that job away from it.
+        dbapi_conn.isolation_level = None
+        cursor = dbapi_conn.cursor()
+        for pragma in PRAGMAS:
+            cursor.execute(pragma)
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn):
+        # Every write takes the write lock up front, so two writers never deadlock on upgrade;
+        # readers begin deferred and see one WAL snapshot.
+        if conn.get_execution_options().get(READ_ONLY_OPTION):
+            conn.exec_driver_sql("BEGIN")
+        else:
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def now_ms(_conn) -> int:
+    """Edge time is the system clock (there is only one box)."""
+    return time.time_ns() // 1_000_000
+
+
+insert = _insert

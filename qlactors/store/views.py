@@ -1,0 +1,150 @@
+"""Read models returned by the repositories, with the stable `--json` field names of ARCHITECTURE.md."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..domain.model import Command, TaskSpec
+from ..domain.retry import RetryPolicy
+
+
+@dataclass(frozen=True, slots=True)
+class TaskView:
+    id: str
+    revision: int
+    enabled: bool
+    spec: TaskSpec
+    created_at_ms: int
+    updated_at_ms: int
+    active_runs: int = 0
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def to_json(self) -> dict[str, Any]:
+        s = self.spec
+        return {
+            "id": self.id, "name": s.name, "revision": self.revision, "enabled": self.enabled,
+            "command": s.command.to_json(), "cwd": s.cwd, "env": dict(s.env),
+            "timeout_ms": s.timeout_ms, "stop_grace_ms": s.stop_grace_ms,
+            "max_concurrent": s.max_concurrent,
+            "retry": {"retry_on_lost": s.retry.retry_on_lost, "max_attempts": s.retry.max_attempts,
+                      "safety": s.retry.safety.value, "backoff_base_ms": s.retry.backoff_base_ms,
+                      "backoff_max_ms": s.retry.backoff_max_ms},
+            "labels": list(s.labels), "active_runs": self.active_runs,
+            "created_at_ms": self.created_at_ms, "updated_at_ms": self.updated_at_ms,
+        }
+
+
+def spec_from_revision(name: str, row: Any) -> TaskSpec:
+    """Rebuild the pinned TaskSpec from a `task_revisions` row."""
+    return TaskSpec(
+        name=name,
+        command=Command.from_json(json.loads(row.command_json)),
+        cwd=row.cwd,
+        env=json.loads(row.env_json),
+        timeout_ms=row.timeout_ms,
+        stop_grace_ms=row.stop_grace_ms,
+        max_concurrent=row.max_concurrent,
+        retry=RetryPolicy(retry_on_lost=bool(row.retry_on_lost), max_attempts=row.max_attempts,
+                            safety=row.safety, backoff_base_ms=row.backoff_base_ms,
+                            backoff_max_ms=row.backoff_max_ms),
+        labels=tuple(json.loads(row.labels_json)),
+    )
+
+
+def revision_values(spec: TaskSpec) -> dict[str, Any]:
+    """The `task_revisions` columns for a spec (the inverse of `spec_from_revision`)."""
+    return {
+        "command_json": json.dumps(spec.command.to_json()),
+        "cwd": spec.cwd,
+        "env_json": json.dumps(dict(spec.env), sort_keys=True),
+        "timeout_ms": spec.timeout_ms,
+        "stop_grace_ms": spec.stop_grace_ms,
+        "max_concurrent": spec.max_concurrent,
+        "retry_on_lost": spec.retry.retry_on_lost,
+        "max_attempts": spec.retry.max_attempts,
+        "safety": spec.retry.safety.value,
+        "backoff_base_ms": spec.retry.backoff_base_ms,
+        "backoff_max_ms": spec.retry.backoff_max_ms,
+        "labels_json": json.dumps(list(spec.labels)),
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptView:
+    id: str
+    number: int
+    state: str
+    exit_code: int | None
+    signal: int | None
+    error_code: str | None
+    log_dropped_bytes: int | None
+    deadline_at_ms: int | None
+    created_at_ms: int
+    started_at_ms: int | None
+    finished_at_ms: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "number": self.number, "state": self.state, "exit_code": self.exit_code,
+                "signal": self.signal, "error_code": self.error_code,
+                "log_dropped_bytes": self.log_dropped_bytes, "deadline_at_ms": self.deadline_at_ms,
+                "created_at_ms": self.created_at_ms, "started_at_ms": self.started_at_ms,
+                "finished_at_ms": self.finished_at_ms}
+
+
+@dataclass(frozen=True, slots=True)
+class EventView:
+    seq: int
+    type: str
+    at_ms: int
+    actor_type: str
+    attempt_id: str | None
+    payload: dict[str, Any]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"seq": self.seq, "type": self.type, "at_ms": self.at_ms, "actor_type": self.actor_type,
+                "attempt_id": self.attempt_id, "payload": self.payload}
+
+
+@dataclass(frozen=True, slots=True)
+class RunView:
+    id: str
+    task: str
+    task_revision: int
+    state: str
+    version: int
+    trigger_type: str
+    scheduled_for_ms: int | None
+    idempotency_key: str | None
+    cancel_reason: str | None
+    error_code: str | None
+    retry_of_run_id: str | None
+    created_at_ms: int
+    started_at_ms: int | None
+    finished_at_ms: int | None
+    attempts: tuple[AttemptView, ...] = field(default=())
+    events: tuple[EventView, ...] = field(default=())
+
+    def to_json(self, *, detail: bool = True) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "id": self.id, "task": self.task, "task_revision": self.task_revision, "state": self.state,
+            "version": self.version, "trigger_type": self.trigger_type,
+            "scheduled_for_ms": self.scheduled_for_ms, "created_at_ms": self.created_at_ms,
+            "started_at_ms": self.started_at_ms, "finished_at_ms": self.finished_at_ms,
+            "error_code": self.error_code, "cancel_reason": self.cancel_reason,
+            "retry_of_run_id": self.retry_of_run_id,
+        }
+        if detail:
+            data["attempts"] = [a.to_json() for a in self.attempts]
+            data["events"] = [e.to_json() for e in self.events]
+        return data
+
+
+@dataclass(frozen=True, slots=True)
+class RunPage:
+    runs: tuple[RunView, ...]
+    next_cursor: str | None

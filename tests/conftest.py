@@ -1,0 +1,59 @@
+"""Shared fixtures: a store on a real SQLite file and on the real PostgreSQL (a fresh schema per test)."""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import pytest
+
+PG_URL = os.environ.get("QLACTORS_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+IN_CI = os.environ.get("CI") == "true"
+
+
+def _pg_admin_conninfo() -> str:
+    return PG_URL.replace("postgresql+psycopg://", "postgresql://", 1)
+
+
+def _require_postgres() -> None:
+    """Skip without PostgreSQL on a developer's box; with CI=true a missing PostgreSQL fails."""
+    import psycopg
+
+    try:
+        psycopg.connect(_pg_admin_conninfo(), connect_timeout=3).close()
+    except psycopg.OperationalError as err:
+        if IN_CI:
+            pytest.fail(f"PostgreSQL is required in CI and is not reachable at {PG_URL}: {err}")
+        pytest.skip(f"PostgreSQL not reachable at {PG_URL} (set CI=true to make this a failure)")
+
+
+@pytest.fixture
+def pg_schema_url():
+    """A URL whose search_path is a brand-new schema, dropped after the test."""
+    _require_postgres()
+    import psycopg
+
+    schema = f"qlt_{uuid.uuid4().hex[:16]}"
+    with psycopg.connect(_pg_admin_conninfo(), autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+    sep = "&" if "?" in PG_URL else "?"
+    yield f"{PG_URL}{sep}options=-csearch_path%3D{schema}"
+    with psycopg.connect(_pg_admin_conninfo(), autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def store_url(request, tmp_path):
+    """Each contract test runs once on a SQLite file and once on PostgreSQL."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'qlactors.db'}"
+    return request.getfixturevalue("pg_schema_url")
+
+
+@pytest.fixture
+def repo(store_url):
+    from qlactors.store.repository import Repository
+
+    repository = Repository.open(store_url)
+    yield repository
+    repository.close()
