@@ -40,9 +40,15 @@ class Store:
     def is_postgres(self) -> bool:
         return self._dialect is postgres
 
-    def insert(self, table):
-        """A dialect INSERT that supports `on_conflict_do_nothing()`."""
-        return self._dialect.insert(table)
+    def insert_new(self, conn: Connection, table, values: dict) -> bool:
+        """INSERT unless a unique key already holds the row; True when this call inserted it.
+
+        `ON CONFLICT DO NOTHING RETURNING` instead of catching IntegrityError: a caught error
+        leaves a PostgreSQL transaction aborted. The caller re-reads the winner if it needs it.
+        """
+        key = list(table.primary_key.columns)[0]
+        query = self._dialect.insert(table).values(**values).on_conflict_do_nothing().returning(key)
+        return conn.execute(query).first() is not None
 
     def now_ms(self, conn: Connection) -> int:
         """The time every decision in this transaction uses (SQLite: system clock; PostgreSQL: database)."""

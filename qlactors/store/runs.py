@@ -75,14 +75,13 @@ class Runs:
             now = self.store.now_ms(conn)
             run_id, attempt_id = new_id(), new_id()
             plan = plan_admission(run_id, attempt_id, {"trigger_type": TriggerType(trigger_type).value})
-            inserted = conn.execute(self.store.insert(runs).values(
+            inserted = self.store.insert_new(conn, runs, dict(
                 id=run_id, task_id=head.id, task_revision=head.current_revision,
                 trigger_type=TriggerType(trigger_type).value, trigger_id=trigger_id,
                 status=plan.run_to.value, version=plan.version, event_sequence=plan.event_sequence,
                 scheduled_for_ms=scheduled_for_ms, idempotency_key=idempotency_key,
-                retry_of_run_id=retry_of_run_id, created_at_ms=now, queued_at_ms=now, updated_at_ms=now,
-            ).on_conflict_do_nothing()).rowcount
-            if inserted != 1:  # a concurrent request with the same key committed first
+                retry_of_run_id=retry_of_run_id, created_at_ms=now, queued_at_ms=now, updated_at_ms=now))
+            if not inserted:  # a concurrent request with the same key committed first
                 return Admission(self._view(conn, self._by_key(conn, idempotency_key)), created=False)
             conn.execute(run_attempts.insert().values(
                 id=attempt_id, run_id=run_id, number=1, status=plan.attempt_to.value,

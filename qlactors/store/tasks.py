@@ -30,13 +30,10 @@ class Tasks:
         task_id = new_id()
         with self.store.write() as conn:
             now = self.store.now_ms(conn)
-            inserted = conn.execute(
-                self.store.insert(tasks).values(
-                    id=task_id, name=spec.name, current_revision=1, version=1, enabled=enabled,
-                    created_at_ms=now, updated_at_ms=now,
-                ).on_conflict_do_nothing()
-            ).rowcount
-            if inserted != 1:
+            inserted = self.store.insert_new(conn, tasks, dict(
+                id=task_id, name=spec.name, current_revision=1, version=1, enabled=enabled,
+                created_at_ms=now, updated_at_ms=now))
+            if not inserted:
                 raise AlreadyExists(f"a task named {spec.name!r} already exists: pick another name, "
                                     f"or change it with `qlactors task update {spec.name}`")
             conn.execute(task_revisions.insert().values(
