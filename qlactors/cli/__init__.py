@@ -7,7 +7,6 @@ from typing import Callable
 
 from .. import config as config_mod
 from ..errors import QlactorsError
-from . import commands
 from .parser import build
 
 EXIT_OK, EXIT_RUNTIME, EXIT_USAGE = 0, 1, 2
@@ -22,6 +21,8 @@ def _split_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
 
 
 def _handler(args) -> Callable:
+    from . import commands  # loads the store (sqlalchemy) only when a command really runs
+
     if args.command != "task":
         return {"run": commands.run, "runs": commands.runs, "show": commands.show,
                 "cancel": commands.cancel}[args.command]
@@ -43,14 +44,15 @@ def main(argv: list[str] | None = None) -> int:
     if words is not None and not (args.command == "task" and args.task_command in ("add", "update")):
         parser.error("`-- COMMAND` belongs to `task add` and `task update` only")
     args.words = words
-    from ..store.repository import Repository  # the store (sqlalchemy) loads only when a command runs
-
     try:
+        from ..store.repository import Repository
+
         cfg = config_mod.load(args.home, args.config)
         config_mod.ensure_home(cfg)
+        handler = _handler(args)
         repo = Repository.open(cfg.database_url)
         try:
-            return _handler(args)(repo, args)
+            return handler(repo, args)
         finally:
             repo.close()
     except QlactorsError as err:

@@ -21,6 +21,12 @@ def _whole(option: str, text: str) -> int:
         raise BadInput(f"{option}: {text!r} is not a whole number") from None
 
 
+def _directory(text: str) -> str:
+    if not text:
+        raise BadInput("--cwd needs a directory")
+    return os.path.abspath(text)
+
+
 def _timeout(text: str) -> int | None:
     ms = seconds_to_ms("--timeout", text)
     return None if ms == 0 else ms
@@ -39,7 +45,7 @@ _SIMPLE = {
     "timeout": ("timeout_ms", _timeout),
     "stop_grace": ("stop_grace_ms", lambda t: seconds_to_ms("--stop-grace", t)),
     "max_concurrent": ("max_concurrent", lambda t: _whole("--max-concurrent", t)),
-    "cwd": ("cwd", os.path.abspath),
+    "cwd": ("cwd", _directory),
     "env": ("env", parse_env_pairs),
 }
 _RETRY = {
@@ -133,8 +139,8 @@ def runs(repo: Repository, args: argparse.Namespace) -> int:
         render.dump_json([r.to_json(detail=False) for r in page.runs])
     else:
         render.table(render.run_rows(page.runs), render.RUN_HEADER)
-        if page.next_cursor:
-            print(f"more: qlactors runs --after {page.next_cursor}", file=sys.stderr)
+    if page.next_cursor:
+        print(f"more: qlactors runs --after {page.next_cursor}", file=sys.stderr)
     return 0
 
 

@@ -9,7 +9,10 @@ from ..domain.states import RunStatus
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse, but usage errors exit 2 with one line (argparse's own habit, kept explicit)."""
+    """argparse, but a usage error is one line on stderr (what is wrong, where to look), exit 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"qlactors: {message} (see `{self.prog} --help`)\n")
 
 
 def _task_options(p: argparse.ArgumentParser, *, update: bool) -> None:

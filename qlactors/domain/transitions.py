@@ -290,7 +290,9 @@ def plan_lost(run: RunSnapshot, attempt: AttemptSnapshot, error_code: str) -> Pl
 
 
 def plan_retry_wait(run: RunSnapshot, attempt: AttemptSnapshot, next_attempt_at_ms: int) -> Plan:
-    """A lost run that its policy allows to retry waits for its backoff."""
+    """A lost run that its policy allows to retry waits for its backoff (a cancel intent wins)."""
+    if run.cancel_reason is not None:
+        raise InvalidTransition("run has a cancel intent: it ends by the intent, not by a retry")
     return transition(run, attempt, run_to=R.RETRY_WAIT,
                       payload={"next_attempt_at_ms": next_attempt_at_ms},
                       lead_events=(RUN_RETRY_SCHEDULED,))
@@ -298,6 +300,8 @@ def plan_retry_wait(run: RunSnapshot, attempt: AttemptSnapshot, next_attempt_at_
 
 def plan_lost_failed(run: RunSnapshot, attempt: AttemptSnapshot, error_code: str) -> Plan:
     """A lost run that may not be retried ends `failed` with the reason's code."""
+    if run.status is not R.LOST:
+        raise InvalidTransition(f"run is {run.status.value}, not lost")
     return transition(run, attempt, run_to=R.FAILED, error_code=error_code)
 
 

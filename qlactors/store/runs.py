@@ -136,6 +136,8 @@ class Runs:
                                     and_(runs.c.created_at_ms == at_ms, runs.c.id < run_id)))
         query = query.order_by(runs.c.created_at_ms.desc(), runs.c.id.desc()).limit(limit + 1)
         with self.store.read() as conn:
+            if task is not None and conn.execute(select(tasks.c.id).where(tasks.c.name == task)).first() is None:
+                raise NotFound(f"no task named {task!r}, now or in the past: see `qlactors task list`")
             rows = conn.execute(query).all()
             page = [self._view(conn, row, detail=False) for row in rows[:limit]]
         more = len(rows) > limit

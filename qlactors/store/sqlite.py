@@ -10,8 +10,6 @@ from sqlalchemy.engine import Engine
 
 # Each pragma is a decision; the reasons are here so nobody has to rediscover them.
 PRAGMAS = (
-    # WAL lets the CLI read while the runtime writes, and survives power loss with FULL sync.
-    "PRAGMA journal_mode=WAL",
     # FULL: a lost "starting" commit after a spawn would run a job twice. Durability first.
     "PRAGMA synchronous=FULL",
     # SQLite ships with foreign keys off; the schema's references are meant to hold.
@@ -23,6 +21,10 @@ PRAGMAS = (
     # Keep the WAL from growing without bound between checkpoints.
     "PRAGMA journal_size_limit=8388608",
 )
+
+# WAL lets the CLI read while the runtime writes. It is stored in the file itself, so it is set
+# once, by the migration that accepted the file: never on a foreign or newer database.
+WAL = "PRAGMA journal_mode=WAL"
 
 READ_ONLY_OPTION = "qlactors_read_only"
 

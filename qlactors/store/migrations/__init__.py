@@ -15,6 +15,7 @@ from importlib import resources
 from sqlalchemy import inspect, select
 
 from ...errors import SchemaError
+from .. import sqlite
 from ..engine import Store, translate_errors
 from ..schema import schema_version
 
@@ -78,6 +79,8 @@ def migrate(store: Store) -> int:
             f"{store.describe()} has schema version {current}, newer than this qlactors knows "
             f"({newest}): it was written by a newer qlactors and is refused, not migrated down; "
             "upgrade qlactors to use it")
+    if store.dialect_name == "sqlite":
+        _use_wal(store)
     if current == newest:
         return current
     with translate_errors(store), store.engine.begin() as conn:
@@ -96,6 +99,13 @@ def migrate(store: Store) -> int:
         else:
             conn.execute(schema_version.update().values(version=newest, applied_at_ms=now))
     return newest
+
+
+def _use_wal(store: Store) -> None:
+    """Switch an accepted SQLite file to WAL (persistent; must run outside a transaction)."""
+    with translate_errors(store), store.engine.connect() as conn:
+        # On the driver connection: SQLAlchemy would wrap the statement in a transaction.
+        conn.connection.dbapi_connection.execute(sqlite.WAL)
 
 
 def _recheck(conn) -> int:

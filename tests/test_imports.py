@@ -1,0 +1,159 @@
+"""`import qlactors` and the domain stay free of I/O and heavy libraries (STYLE.md "Pure core")."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import pathlib
+import subprocess
+import sys
+
+HEAVY = {"sqlalchemy", "zmq", "pykka", "psycopg", "msgpack"}
+FORBIDDEN_IN_DOMAIN = HEAVY | {"os", "io", "socket", "subprocess", "time", "shutil", "pathlib",
+                               "select", "signal", "threading"}
+
+
+def _package_dir(name: str) -> pathlib.Path:
+    spec = importlib.util.find_spec(name)
+    assert spec is not None and spec.submodule_search_locations, f"{name} is not a package"
+    return pathlib.Path(list(spec.submodule_search_locations)[0])
+
+
+ROOT = _package_dir("qlactors")
+DOMAIN = _package_dir("qlactors.domain")
+
+
+def _module_file(name: str) -> pathlib.Path | None:
+    """The source file of `qlactors[.x...]`, or None when it is not a module of the package."""
+    parts = name.split(".")
+    if parts[0] != "qlactors":
+        return None
+    base = ROOT.joinpath(*parts[1:])
+    for candidate in (base / "__init__.py", base.with_suffix(".py")):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _module_name(path: pathlib.Path) -> str:
+    rel = path.relative_to(ROOT.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports_in_source(source: str, module: str, is_package: bool,
+                      filename: str = "<src>") -> list[tuple[str, int]]:
+    """Every module a source imports, as (absolute dotted name, line), relative imports resolved.
+
+    Inside qlactors `from X import y` also yields `X.y`, since y may be a submodule; the walker
+    keeps only names that are files. Imports inside functions and `if` blocks count as much as
+    top-level ones.
+    """
+    found: list[tuple[str, int]] = []
+    package = module if is_package else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(source, filename)):
+        if isinstance(node, ast.Import):
+            found.extend((alias.name, node.lineno) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base_parts = package.split(".")
+                if node.level - 1 > len(base_parts) - 1:
+                    raise AssertionError(f"{filename}:{node.lineno}: relative import beyond top level")
+                base = ".".join(base_parts[: len(base_parts) - (node.level - 1)])
+                target = f"{base}.{node.module}" if node.module else base
+            else:
+                target = node.module or ""
+            found.append((target, node.lineno))
+            if target.split(".")[0] == "qlactors":  # `from qlactors.x import y`: y may be a module
+                found.extend((f"{target}.{a.name}", node.lineno) for a in node.names if a.name != "*")
+    return found
+
+
+def walk_imports(start: list[pathlib.Path], seen: set[pathlib.Path] | None = None) -> dict[str, list[str]]:
+    """Follow imports transitively inside `qlactors`; map each outside top-level module to its importers.
+
+    `seen` collects every qlactors file the walk read.
+    """
+    outside: dict[str, list[str]] = {}
+    seen = set() if seen is None else seen
+    todo = list(start)
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        module = _module_name(path)
+        is_package = path.name == "__init__.py"
+        for name, line in imports_in_source(path.read_text(), module, is_package, str(path)):
+            parts = name.split(".")
+            if parts[0] != "qlactors":
+                where = f"{path.relative_to(ROOT.parent)}:{line} imports {name}"
+                outside.setdefault(parts[0], []).append(where)
+                continue
+            # importing qlactors.a.b runs qlactors/__init__.py and qlactors/a/__init__.py too
+            for i in range(1, len(parts) + 1):
+                file = _module_file(".".join(parts[:i]))
+                if file is not None:
+                    todo.append(file)
+    return outside
+
+
+def domain_files() -> list[pathlib.Path]:
+    return sorted(DOMAIN.glob("*.py"))
+
+
+def test_import_qlactors_and_domain_loads_no_heavy_library(tmp_path):
+    modules = ["qlactors", "qlactors.domain"] + [
+        f"qlactors.domain.{p.stem}" for p in domain_files() if p.stem != "__init__"]
+    code = ("import importlib, json, sys\n"
+            f"for m in {modules!r}:\n"
+            "    importlib.import_module(m)\n"
+            "print(json.dumps(sorted(sys.modules)))\n")
+    out = subprocess.run([sys.executable, "-W", "error", "-c", code], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    loaded = json.loads(out.stdout)
+    assert "qlactors.domain.transitions" in loaded and "qlactors.domain.receipt" in loaded
+    heavy = sorted(m for m in loaded if m.split(".")[0] in HEAVY)
+    assert not heavy, f"importing the domain loaded {heavy}"
+
+
+def test_domain_source_imports_no_io_module():
+    outside = walk_imports(domain_files())
+    bad = {m: where for m, where in outside.items() if m in FORBIDDEN_IN_DOMAIN}
+    assert not bad, "the domain (or a qlactors module it imports) imports I/O modules:\n" + "\n".join(
+        line for where in bad.values() for line in where)
+
+
+def test_import_walker_sees_known_imports_and_follows_the_package():
+    outside = walk_imports([DOMAIN / "receipt.py"])
+    assert {"json", "hashlib", "hmac"} <= set(outside)
+    assert any("receipt.py" in w and "json" in w for w in outside["json"])
+    # retry.py imports ..errors and .states: the walk reads those files too (and the packages' __init__)
+    seen: set[pathlib.Path] = set()
+    from_retry = walk_imports([DOMAIN / "retry.py"], seen)
+    assert {ROOT / "errors.py", ROOT / "__init__.py", DOMAIN / "states.py",
+            DOMAIN / "transitions.py"} <= seen
+    assert "dataclasses" in from_retry and "enum" in from_retry  # enum only via .states
+
+
+def test_import_walker_resolves_relative_and_nested_imports():
+    src = ("from . import states\nfrom ..errors import BadInput\nfrom .. import ids\n"
+           "def f():\n    import os.path\n    from socket import socket\n"
+           "if True:\n    import time as clock\n")
+    names = {n for n, _ in imports_in_source(src, "qlactors.domain.model", is_package=False)}
+    assert {"qlactors.domain", "qlactors.domain.states", "qlactors.errors", "qlactors.errors.BadInput",
+            "qlactors", "qlactors.ids", "os.path", "socket", "time"} <= names
+    assert "socket.socket" not in names
+    from_package = imports_in_source("from . import x\n", "qlactors.domain", is_package=True)
+    assert [n for n, _ in from_package] == ["qlactors.domain", "qlactors.domain.x"]
+
+
+def test_import_walker_reports_the_offending_file_and_line():
+    # A walk that reaches qlactors/ids.py (which reads the clock) must name it: the check can fail.
+    outside = walk_imports([ROOT / "ids.py"])
+    assert {"os", "time"} <= set(outside)
+    assert any(w.startswith("qlactors/ids.py:") and w.endswith("imports os") for w in outside["os"])

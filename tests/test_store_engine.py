@@ -1,0 +1,74 @@
+"""Engine wiring: SQLite pragmas and write locks, PostgreSQL isolation and database time."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from sqlalchemy import text
+
+from qlactors.store.engine import Store
+from qlactors.store.migrations import migrate
+
+
+@pytest.fixture
+def sqlite_store(tmp_path):
+    store = Store(f"sqlite:///{tmp_path / 'q.db'}")
+    migrate(store)
+    yield store
+    store.close()
+
+
+def test_sqlite_connections_use_wal_full_sync_and_foreign_keys(sqlite_store):
+    with sqlite_store.read() as conn:
+        assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+        assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 2  # FULL
+        assert conn.exec_driver_sql("PRAGMA foreign_keys").scalar() == 1
+        assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == 5000
+
+
+def test_sqlite_writes_take_the_write_lock_up_front(sqlite_store):
+    """BEGIN IMMEDIATE: a second writer waits for the first instead of failing on lock upgrade."""
+    order = []
+    first_holds = threading.Event()
+
+    def first():
+        with sqlite_store.write():
+            first_holds.set()
+            time.sleep(0.3)
+            order.append("first done")
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    first_holds.wait(5)
+    with sqlite_store.write():
+        order.append("second in")
+    thread.join(5)
+    assert order == ["first done", "second in"]
+
+
+def test_sqlite_reads_do_not_block_behind_a_writer(sqlite_store):
+    with sqlite_store.write():
+        started = time.monotonic()
+        with sqlite_store.read() as conn:
+            assert conn.exec_driver_sql("SELECT count(*) FROM tasks").scalar() == 0
+        assert time.monotonic() - started < 2  # far below the 5 s busy timeout
+
+
+def test_postgres_sessions_are_read_committed_and_use_database_time(pg_schema_url, monkeypatch):
+    store = Store(pg_schema_url)
+    try:
+        with store.read() as conn:
+            assert conn.execute(text("SHOW transaction_isolation")).scalar() == "read committed"
+            # A worker's clock stopped at the epoch must not matter: time comes from the server.
+            monkeypatch.setattr(time, "time_ns", lambda: 0)
+            assert store.now_ms(conn) > 1_600_000_000_000
+    finally:
+        store.close()
+
+
+def test_sqlite_uses_the_local_clock(sqlite_store, monkeypatch):
+    monkeypatch.setattr(time, "time_ns", lambda: 42_000_000)
+    with sqlite_store.read() as conn:
+        assert sqlite_store.now_ms(conn) == 42
