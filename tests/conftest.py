@@ -57,3 +57,13 @@ def repo(store_url):
     repository = Repository.open(store_url)
     yield repository
     repository.close()
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Say how many PostgreSQL cases ran, so a CI log shows they were not skipped."""
+    counts = {}
+    for outcome in ("passed", "failed", "skipped", "error"):
+        counts[outcome] = sum(1 for r in terminalreporter.stats.get(outcome, [])
+                              if getattr(r, "when", "call") in ("call", "setup") and "postgres" in r.keywords)
+    terminalreporter.write_line(
+        "postgresql cases: " + ", ".join(f"{n} {k}" for k, n in counts.items()))

@@ -56,6 +56,7 @@ def test_sqlite_reads_do_not_block_behind_a_writer(sqlite_store):
         assert time.monotonic() - started < 2  # far below the 5 s busy timeout
 
 
+@pytest.mark.postgres
 def test_postgres_sessions_are_read_committed_and_use_database_time(pg_schema_url, monkeypatch):
     store = Store(pg_schema_url)
     try:
