@@ -21,11 +21,14 @@ def _split_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
 
 
 def _handler(args) -> Callable:
-    from . import commands  # loads the store (sqlalchemy) only when a command really runs
+    from . import commands, runtime_commands  # loads the store only when a command really runs
 
+    if args.command == "audit":
+        return runtime_commands.audit_receipts
     if args.command != "task":
-        return {"run": commands.run, "runs": commands.runs, "show": commands.show,
-                "cancel": commands.cancel}[args.command]
+        return {"run": runtime_commands.run, "runs": commands.runs, "show": commands.show,
+                "cancel": commands.cancel, "edge": runtime_commands.edge,
+                "status": runtime_commands.status, "logs": runtime_commands.logs}[args.command]
     return {
         "add": lambda repo, a: commands.task_add(repo, a, a.words),
         "update": lambda repo, a: commands.task_update(repo, a, a.words),
@@ -35,6 +38,11 @@ def _handler(args) -> Callable:
         "show": commands.task_show,
         "rm": commands.task_rm,
     }[args.task_command]
+
+
+def _changes_intent(args) -> bool:
+    return args.command == "cancel" or (args.command == "task" and args.task_command != "list"
+                                         and args.task_command != "show")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,14 +55,20 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from ..store.repository import Repository
 
-        cfg = config_mod.load(args.home, args.config)
+        cfg = config_mod.load(args.home, args.config, profile=getattr(args, "profile", None))
         config_mod.ensure_home(cfg)
+        args.cfg = cfg
         handler = _handler(args)
         repo = Repository.open(cfg.database_url)
         try:
-            return handler(repo, args)
+            status = handler(repo, args)
         finally:
             repo.close()
+        if status == EXIT_OK and _changes_intent(args):
+            from ..home import nudge
+
+            nudge(cfg.home)  # a running runtime acts at once instead of at its next tick
+        return status
     except QlactorsError as err:
         print(f"qlactors: {err}", file=sys.stderr)
         return err.exit_status

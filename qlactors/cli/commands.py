@@ -127,12 +127,6 @@ def task_rm(repo: Repository, args: argparse.Namespace) -> int:
     return 0
 
 
-def run(repo: Repository, args: argparse.Namespace) -> int:
-    admission = repo.runs.request(args.name)
-    print(admission.run.id)
-    return 0
-
-
 def runs(repo: Repository, args: argparse.Namespace) -> int:
     page = repo.runs.list(task=args.task, state=args.state, limit=args.limit, cursor=args.after)
     if args.json:

@@ -67,6 +67,9 @@ def build() -> Parser:
 
     run = sub.add_parser("run", help="request a run now; prints the run id")
     run.add_argument("name")
+    run.add_argument("--wait", action="store_true",
+                     help="follow it to the end; exit with the job's exit code (124 timed out, "
+                          "130 cancelled, 125 failed without an exit code)")
 
     runs = sub.add_parser("runs", help="list runs, newest first")
     runs.add_argument("--task", metavar="NAME")
@@ -81,4 +84,28 @@ def build() -> Parser:
 
     cancel = sub.add_parser("cancel", help="cancel a run")
     cancel.add_argument("run_id")
+
+    edge = sub.add_parser("edge", help="run the local runtime in the foreground until SIGTERM/SIGINT")
+    edge.add_argument("--profile", choices=("edge", "standalone"), help="budgets (default: config, else edge)")
+    edge.add_argument("--cancel-running", action="store_true",
+                      help="on shutdown cancel running jobs (reason shutdown) instead of leaving them running")
+    edge.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+
+    status = sub.add_parser("status", help="exit 0 when the runtime for this home is up, 3 when not")
+    status.add_argument("--json", action="store_true")
+
+    logs = sub.add_parser("logs", help="the job's output, byte for byte")
+    logs.add_argument("run_id")
+    logs.add_argument("--attempt", type=int, metavar="N", help="attempt number (default: the latest)")
+    logs.add_argument("-f", "--follow", action="store_true", help="keep printing until the run ends")
+
+    audit = sub.add_parser("audit", help="read-only checks of the home's files")
+    asub = audit.add_subparsers(dest="audit_command", metavar="WHAT", required=True, parser_class=Parser)
+    receipts = asub.add_parser("receipts", help="classify receipt files no journal row accounts for")
+    receipts.add_argument("--shard", default="00", metavar="HEX", help="first shard to read (00..ff)")
+    receipts.add_argument("--shards", type=int, default=8, metavar="N", help="shards to read (max 32)")
+    receipts.add_argument("--per-shard", type=int, default=32, metavar="N", help="entries per shard (max 64)")
+    receipts.add_argument("--quarantine", action="store_true",
+                          help="move eligible orphans into .orphan-quarantine (never deletes)")
+    receipts.add_argument("--json", action="store_true")
     return top

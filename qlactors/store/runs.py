@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 from typing import Sequence
 
-from sqlalchemy import and_, or_, select
+from sqlalchemy import and_, func, or_, select
 from sqlalchemy.engine import Connection
 
 from ..domain.states import RUN_TERMINAL, CancelReason, RunStatus, TriggerType
@@ -143,6 +143,18 @@ class Runs:
         more = len(rows) > limit
         next_cursor = f"{page[-1].created_at_ms}.{page[-1].id}" if more else None
         return RunPage(tuple(page), next_cursor)
+
+    def state_counts(self) -> dict[str, int]:
+        """How many runs are in each state (for `status`)."""
+        with self.store.read() as conn:
+            rows = conn.execute(select(runs.c.status, func.count()).group_by(runs.c.status)).all()
+        return {status: count for status, count in rows}
+
+    def attempt_state(self, attempt_id: str) -> str | None:
+        """The state of the run owning `attempt_id`, or None when no such attempt exists."""
+        with self.store.read() as conn:
+            return conn.execute(select(runs.c.status).join(run_attempts, run_attempts.c.run_id == runs.c.id)
+                                .where(run_attempts.c.id == attempt_id)).scalar()
 
     # -- inside a transaction ----------------------------------------------------------------
 

@@ -1,0 +1,320 @@
+"""The bridge: the one thread per process that owns the ZeroMQ sockets, the timers and the pidfd watches.
+
+Actors never touch a shared socket. They send through their own inproc PUSH (`Outbox`) into the
+bridge's outbox; the bridge forwards to the control ROUTER (control side) or the executor DEALER
+(executor side), decodes every inbound frame strictly, and `tell`s the actor that owns the
+message kind. Timers and process-exit watches live here too, so the whole runtime has one poll
+loop and no timer thread of its own (SEMANTICS.md §10).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
+
+import zmq
+
+from . import codec
+from .messages import Ack
+
+log = logging.getLogger("qlactors.bridge")
+
+ROUTE_CONTROL = b"c"  # executor side -> control side
+ROUTE_PEER = b"p"  # control side -> one executor peer (next frame: its ROUTER identity)
+ROUTE_WAKE = b"w"  # only wakes the poll loop
+IDLE_POLL_MS = 60_000
+
+
+class Target(Protocol):
+    def tell(self, message: Any) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Inbound:
+    """A decoded wire message and the peer it came from (ROUTER identity; b"" on the executor side)."""
+
+    peer: bytes
+    message: Any
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessExited:
+    """A watched pidfd became readable: the process `key` names has ended."""
+
+    key: str
+
+
+class Bridge(threading.Thread):
+    """Owns the sockets; routes, decodes, times and watches. Start it, `ready()`, then `close()`."""
+
+    def __init__(self, ctx: zmq.Context, *, control_bind: str | None = None,
+                 control_connect: str | None = None, nudge_bind: str | None = None) -> None:
+        super().__init__(name="qlactors-bridge", daemon=True)
+        self.ctx = ctx
+        self.outbox_endpoint = f"inproc://qlactors-outbox-{id(self):x}"
+        self._control_bind = control_bind
+        self._control_connect = control_connect
+        self._nudge_bind = nudge_bind
+        self._control_target: Target | None = None  # who gets executor reports (Supervisor)
+        self._executor_targets: dict[str, Target] = {}  # kind -> actor on the executor side
+        self._nudge_target: Target | None = None
+        self._lock = threading.Lock()
+        self._timers: list[tuple[float, int, str]] = []
+        self._timer_jobs: dict[str, tuple[float, Target, Any]] = {}
+        self._watches: dict[int, tuple[str, Target]] = {}
+        self._seq = itertools.count()
+        self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self._stopping = threading.Event()
+        self._ready = threading.Event()
+        self._failure: BaseException | None = None
+        self.rejected_frames = 0
+
+    # -- wiring (before start) --------------------------------------------------------------
+
+    def route_control(self, target: Target) -> None:
+        self._control_target = target
+
+    def route_executor(self, kinds: list[str], target: Target) -> None:
+        for kind in kinds:
+            self._executor_targets[kind] = target
+
+    def route_nudge(self, target: Target) -> None:
+        self._nudge_target = target
+
+    # -- thread-safe API for actors -----------------------------------------------------------
+
+    def call_at(self, key: str, when: float, target: Target, message: Any) -> None:
+        """Tell `target` `message` at monotonic time `when`; a later call with the same key replaces it."""
+        with self._lock:
+            self._timer_jobs[key] = (when, target, message)
+            heapq.heappush(self._timers, (when, next(self._seq), key))
+        self._wake()
+
+    def timer_due(self, key: str) -> float | None:
+        """When the timer `key` fires (monotonic), or None when none is pending."""
+        with self._lock:
+            job = self._timer_jobs.get(key)
+        return None if job is None else job[0]
+
+    def cancel_timer(self, key: str) -> None:
+        with self._lock:
+            self._timer_jobs.pop(key, None)
+
+    def watch(self, fd: int, key: str, target: Target) -> None:
+        """Tell `target` ProcessExited(key) once `fd` (a pidfd) becomes readable; then forget it."""
+        with self._lock:
+            self._watches[fd] = (key, target)
+        self._wake()
+
+    def unwatch(self, fd: int) -> None:
+        with self._lock:
+            self._watches.pop(fd, None)
+        self._wake()
+
+    def ready(self, timeout: float = 5.0) -> None:
+        """Wait until the sockets are bound (or raise what stopped the thread)."""
+        if not self._ready.wait(timeout):
+            raise RuntimeError("the bridge did not start in time")
+        if self._failure is not None:
+            raise RuntimeError(f"the bridge failed to start: {self._failure}") from self._failure
+
+    def close(self, timeout: float = 5.0) -> None:
+        self._stopping.set()
+        self._wake()
+        if self.is_alive():
+            self.join(timeout)
+        if self._wake_fd >= 0:
+            os.close(self._wake_fd)
+            self._wake_fd = -1
+
+    def _wake(self) -> None:
+        try:
+            os.eventfd_write(self._wake_fd, 1)
+        except OSError:
+            pass
+
+    # -- the loop (bridge thread only) ------------------------------------------------------
+
+    def run(self) -> None:
+        sockets: list[zmq.Socket] = []
+
+        def make(kind: int) -> zmq.Socket:
+            sock = self.ctx.socket(kind)
+            sock.setsockopt(zmq.LINGER, 0)
+            sockets.append(sock)
+            return sock
+
+        try:
+            outbox = make(zmq.PULL)
+            outbox.bind(self.outbox_endpoint)
+            router = dealer = nudge = None
+            # MAXMSGSIZE: an oversized frame is dropped by libzmq before it is held in memory.
+            if self._control_bind:
+                router = make(zmq.ROUTER)
+                router.setsockopt(zmq.MAXMSGSIZE, codec.MAX_FRAME_BYTES)
+                router.bind(self._control_bind)
+            if self._control_connect:
+                dealer = make(zmq.DEALER)
+                dealer.setsockopt(zmq.MAXMSGSIZE, codec.MAX_FRAME_BYTES)
+                dealer.connect(self._control_connect)
+            if self._nudge_bind:
+                nudge = make(zmq.PULL)
+                nudge.setsockopt(zmq.RCVHWM, 16)
+                nudge.setsockopt(zmq.MAXMSGSIZE, 64)
+                nudge.bind(self._nudge_bind)
+        except BaseException as err:  # report to ready() instead of dying silently
+            self._failure = err
+            self._ready.set()
+            for sock in sockets:
+                sock.close(0)
+            return
+        self._ready.set()
+        try:
+            self._loop(outbox, router, dealer, nudge)
+        finally:
+            for sock in sockets:
+                sock.close(0)
+
+    def _loop(self, outbox, router, dealer, nudge) -> None:
+        poller = zmq.Poller()
+        for sock in (outbox, router, dealer, nudge):
+            if sock is not None:
+                poller.register(sock, zmq.POLLIN)
+        poller.register(self._wake_fd, zmq.POLLIN)
+        watched: set[int] = set()
+        while not self._stopping.is_set():
+            with self._lock:
+                current = set(self._watches)
+            for fd in current - watched:
+                poller.register(fd, zmq.POLLIN)
+            for fd in watched - current:
+                poller.unregister(fd)
+            watched = current
+            events = dict(poller.poll(self._poll_timeout_ms()))
+            if self._wake_fd in events:
+                try:
+                    os.eventfd_read(self._wake_fd)
+                except BlockingIOError:
+                    pass
+            if outbox in events:
+                self._drain(outbox, lambda frames: self._forward(frames, router, dealer))
+            if router is not None and router in events:
+                self._drain(router, lambda frames: self._from_executor(frames, router))
+            if dealer is not None and dealer in events:
+                self._drain(dealer, self._from_control)
+            if nudge is not None and nudge in events:
+                self._drain(nudge, self._from_nudge)
+            for fd in watched & set(events):
+                with self._lock:
+                    key, target = self._watches.pop(fd, (None, None))
+                if target is not None:
+                    target.tell(ProcessExited(key))
+            self._fire_timers()
+
+    def _poll_timeout_ms(self) -> int:
+        with self._lock:
+            while self._timers and self._timers[0][2] not in self._timer_jobs:
+                heapq.heappop(self._timers)
+            if not self._timers:
+                return IDLE_POLL_MS
+            when = self._timers[0][0]
+        return max(0, min(IDLE_POLL_MS, int((when - time.monotonic()) * 1000) + 1))
+
+    def _fire_timers(self) -> None:
+        now = time.monotonic()
+        due: list[tuple[Target, Any]] = []
+        with self._lock:
+            while self._timers and self._timers[0][0] <= now:
+                when, _, key = heapq.heappop(self._timers)
+                job = self._timer_jobs.get(key)
+                if job is not None and job[0] == when:
+                    del self._timer_jobs[key]
+                    due.append((job[1], job[2]))
+        for target, message in due:
+            target.tell(message)
+
+    @staticmethod
+    def _drain(sock: zmq.Socket, handle: Callable[[list[bytes]], None], limit: int = 256) -> None:
+        for _ in range(limit):
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            handle(frames)
+
+    def _forward(self, frames: list[bytes], router, dealer) -> None:
+        route = frames[0] if frames else b""
+        if route == ROUTE_CONTROL and dealer is not None:
+            dealer.send_multipart(frames[1:], zmq.NOBLOCK)
+        elif route == ROUTE_PEER and router is not None and len(frames) > 2:
+            try:
+                router.send_multipart(frames[1:], zmq.NOBLOCK)
+            except zmq.ZMQError as err:  # the peer is gone; its session will be fenced
+                log.warning("event=peer_send_failed error=%s", err)
+        elif route != ROUTE_WAKE:
+            log.error("event=outbox_unroutable route=%r", route)
+
+    def _from_executor(self, frames: list[bytes], router) -> None:
+        peer, body = frames[0], frames[1:]
+
+        def refuse(ack: Ack) -> None:
+            # Answer a frame we could not read with a refusal, so the peer learns why (version!).
+            try:
+                router.send_multipart([peer, *codec.encode(ack)], zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass
+
+        message = self._decode(body, reply=refuse)
+        if message is not None and self._control_target is not None:
+            self._control_target.tell(Inbound(peer, message))
+
+    def _from_control(self, frames: list[bytes]) -> None:
+        message = self._decode(frames, reply=None)
+        if message is None:
+            return
+        kind = message.KIND
+        if isinstance(message, Ack):
+            kind = f"ack:{message.of}"
+        target = self._executor_targets.get(kind) or self._executor_targets.get(message.KIND)
+        if target is None:
+            log.warning("event=no_route kind=%s", kind)
+            return
+        target.tell(Inbound(b"", message))
+
+    def _from_nudge(self, frames: list[bytes]) -> None:
+        if self._nudge_target is not None:
+            self._nudge_target.tell(Inbound(b"", "nudge"))
+
+    def _decode(self, frames: list[bytes], reply) -> Any | None:
+        try:
+            return codec.decode(frames)
+        except codec.DecodeError as err:
+            self.rejected_frames += 1
+            log.warning("event=frame_rejected reason=%s detail=%s", err.reason, str(err)[:200])
+            if reply is not None:
+                reply(Ack(of="unknown", run_id="", attempt_id="", result="refused", detail=str(err)[:500]))
+            return None
+
+
+class Outbox:
+    """One actor's PUSH into the bridge (create it in `on_start`, close it in `_close`)."""
+
+    def __init__(self, ctx: zmq.Context, endpoint: str) -> None:
+        self._sock = ctx.socket(zmq.PUSH)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.connect(endpoint)
+
+    def to_control(self, message: Any) -> None:
+        self._sock.send_multipart([ROUTE_CONTROL, *codec.encode(message)])
+
+    def to_peer(self, peer: bytes, message: Any) -> None:
+        self._sock.send_multipart([ROUTE_PEER, peer, *codec.encode(message)])
+
+    def close(self) -> None:
+        self._sock.close(0)
