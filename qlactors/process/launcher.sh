@@ -18,6 +18,9 @@
 # (mv, mkfifo) or the log reader, which is forked with them ignored on purpose.
 trap '' TERM INT HUP
 umask 077
+# The launcher itself says nothing (dash would print "Terminated" for a killed job, and helpers
+# their errors): the job's output goes to the log, the launcher's result is the receipt.
+exec >/dev/null 2>&1
 
 q_run=${QLACTORS_RUN_ID-} q_attempt=${QLACTORS_ATTEMPT_ID-} q_token=${QLACTORS_TOKEN-}
 q_rdir=${QLACTORS_RECEIPT_DIR-} q_marker=${QLACTORS_MARKER-} q_log=${QLACTORS_LOG:-/dev/null}
@@ -44,7 +47,7 @@ q_uint "$q_cap"; q_cap=$q_n
 # sub-second format, and both receipt times must come from this one clock.
 q_clock() {
     q_up=
-    read -r q_up q_rest </proc/uptime 2>/dev/null
+    read -r q_up q_rest </proc/uptime
     q_uint "${q_up%%.*}"; q_s=$q_n
     case $q_up in *.*) q_cs=${q_up#*.} ;; *) q_cs=0 ;; esac
     case $q_cs in ?) q_cs=${q_cs}0 ;; ???*) q_cs=${q_cs%"${q_cs#??}"} ;; esac
@@ -56,8 +59,8 @@ q_clock() {
 # last ')' since a command name may hold spaces and parens. A function, to keep "$@" intact.
 q_identity() {
     q_pgid= q_ticks= q_stat= q_boot=
-    read -r q_stat <"/proc/$$/stat" 2>/dev/null || return 1
-    read -r q_boot </proc/sys/kernel/random/boot_id 2>/dev/null || return 1
+    read -r q_stat <"/proc/$$/stat" || return 1
+    read -r q_boot </proc/sys/kernel/random/boot_id || return 1
     set -f
     set -- ${q_stat##*[)]}
     set +f
@@ -71,8 +74,8 @@ q_identity() {
 # has the identity it read itself, so a failure here does not stop the job.
 if [ -n "$q_marker" ] && q_identity; then
     printf 'pid=%s pgid=%s start_ticks=%s boot_id=%s\n' "$$" "$q_pgid" "$q_ticks" "$q_boot" \
-        >"$q_marker.$$.tmp" 2>/dev/null && mv -f "$q_marker.$$.tmp" "$q_marker" 2>/dev/null ||
-        rm -f "$q_marker.$$.tmp" 2>/dev/null
+        >"$q_marker.$$.tmp" && mv -f "$q_marker.$$.tmp" "$q_marker" ||
+        rm -f "$q_marker.$$.tmp"
 fi
 
 # Under a cap the job writes into a FIFO in a private directory; a background reader keeps
@@ -80,26 +83,26 @@ fi
 # reader opens its end first (in the background); the job's redirection then opens the other.
 # If the FIFO cannot be made, the job writes straight onto the log (uncapped, not unrun).
 q_fifo= q_reader=
-if [ "$q_cap" != 0 ]; then
+if [ "$q_cap" != 0 ] && [ -n "${q_marker:-$q_rdir}" ]; then
     q_tmpd=${q_marker:-$q_rdir/.$q_attempt}.$$.d
-    if mkdir "$q_tmpd" 2>/dev/null && mkfifo "$q_tmpd/out" 2>/dev/null; then
+    if mkdir "$q_tmpd" && mkfifo "$q_tmpd/out"; then
         q_fifo=$q_tmpd/out
         {
             # Ignored (already inherited as ignored): TERM/INT/HUP stay ignored in head and wc,
             # so the reader ends only at end of input.
             trap '' TERM INT HUP
-            head -c "$q_cap" >>"$q_log" 2>/dev/null
-            q_n=$(wc -c 2>/dev/null)
+            head -c "$q_cap" >>"$q_log"
+            q_n=$(wc -c)
             q_uint "${q_n##* }"
             if [ -n "$q_dropped" ]; then
-                printf '%s\n' "$q_n" >"$q_dropped.$$.tmp" 2>/dev/null &&
-                    mv -f "$q_dropped.$$.tmp" "$q_dropped" 2>/dev/null ||
-                    rm -f "$q_dropped.$$.tmp" 2>/dev/null
+                printf '%s\n' "$q_n" >"$q_dropped.$$.tmp" &&
+                    mv -f "$q_dropped.$$.tmp" "$q_dropped" ||
+                    rm -f "$q_dropped.$$.tmp"
             fi
         } <"$q_fifo" &
         q_reader=$!
     else
-        rm -rf "$q_tmpd" 2>/dev/null
+        rm -rf "$q_tmpd"
     fi
 fi
 
@@ -126,15 +129,15 @@ trap '' TERM INT HUP
 if [ -n "$q_reader" ]; then
     # If the job died before opening the FIFO, the reader is still blocked opening its end; a
     # read-write open (never blocks on Linux) lets it through to end of input.
-    : <>"$q_fifo" 2>/dev/null
+    : <>"$q_fifo"
     # Wait until the reader really ended (a signal can cut `wait` short), so the dropped-bytes
     # file exists before the receipt does.
     while :; do
         wait "$q_reader"
         [ $? -gt 128 ] || break
-        kill -0 "$q_reader" 2>/dev/null || break
+        kill -0 "$q_reader" || break
     done
-    rm -rf "$q_tmpd" 2>/dev/null
+    rm -rf "$q_tmpd"
 fi
 
 # Receipt (SEMANTICS.md §5): unique temp in the same directory, read back, fsync, hard link
@@ -154,13 +157,12 @@ if q_ids_ok && ! [ -e "$q_final" ] && ! [ -L "$q_final" ]; then
     q_json="$q_json,\"finishedAtMs\":$q_finished,\"exitCode\":$q_status}"
     q_back=
     # read-back catches a short write; `read` fails at the missing newline, hence `|| :`.
-    printf '%s' "$q_json" >"$q_tmp" 2>/dev/null && { IFS= read -r q_back <"$q_tmp" || :; } 2>/dev/null
-    if [ "$q_back" = "$q_json" ] && sync "$q_tmp" 2>/dev/null && ln "$q_tmp" "$q_final" 2>/dev/null
-    then
-        rm -f "$q_tmp" 2>/dev/null
-        sync "$q_rdir" 2>/dev/null
+    printf '%s' "$q_json" >"$q_tmp" && { IFS= read -r q_back <"$q_tmp" || :; }
+    if [ "$q_back" = "$q_json" ] && sync "$q_tmp" && ln "$q_tmp" "$q_final"; then
+        rm -f "$q_tmp"
+        sync "$q_rdir"
     fi
-    rm -f "$q_tmp" 2>/dev/null
+    rm -f "$q_tmp"
 fi
 
 exit "$q_status"
