@@ -62,7 +62,9 @@ def run(repo: Repository, args: argparse.Namespace) -> int:
 def status(repo: Repository, args: argparse.Namespace) -> int:
     home = args.cfg.home
     up = runtime_is_up(home)
-    counts = repo.runs.state_counts()
+    from ..store.control import Control
+
+    counts = {k: v for k, v in Control(repo.store).status_counts().runs.items() if v}
     unresolved = read_recovery_status(home) if up else []
     quarantined = _count_quarantined(args.cfg.receipts_dir)
     report = {"up": up, "pid": holder_pid(home) if up else None, "home": str(home),

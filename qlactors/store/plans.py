@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 from typing import Any, Mapping
 
-from sqlalchemy import select
+from sqlalchemy import and_, select
 from sqlalchemy.engine import Connection
 
-from ..domain.states import AttemptStatus, CancelReason, RunStatus
+from ..domain.states import AttemptStatus, CancelReason, LeaseReleaseReason, LeaseStatus, RunStatus
 from ..domain.transitions import AttemptSnapshot, Plan, RunSnapshot
 from ..errors import Conflict
 from ..ids import new_id
-from .schema import run_attempts, run_events, runs
+from .schema import run_attempts, run_dispatch_leases, run_events, runs, task_revisions
 
 MAX_EVENT_PAYLOAD_BYTES = 16 * 1024
 
@@ -107,3 +107,46 @@ def apply_plan(
         if conn.execute(run_attempts.update().where(a_guard).values(**a_values)).rowcount != 1:
             raise Conflict(f"attempt {plan.attempt_id} changed meanwhile (expected {plan.attempt_from.value})")
     append_events(conn, plan, now_ms, actor_type)
+
+
+def pinned_revision(conn: Connection, run_row):
+    """The task revision a run pinned at admission: its command, timeout, stop grace and limits."""
+    return conn.execute(select(task_revisions).where(and_(
+        task_revisions.c.task_id == run_row.task_id,
+        task_revisions.c.revision == run_row.task_revision))).one()
+
+
+def end_lease(
+    conn: Connection,
+    attempt_id: str,
+    now_ms: int,
+    status: LeaseStatus,
+    reason: LeaseReleaseReason | None = None,
+) -> int | None:
+    """End the attempt's live (`leased`) lease: `released` with a reason, or `completed`; version + 1.
+
+    The attempt's read-only lease projection follows. Returns the lease's new version, or None when
+    the attempt holds no live lease: no lease authority, no invented release (SEMANTICS.md §10).
+    """
+    status = LeaseStatus(status)
+    if status is LeaseStatus.LEASED or (status is LeaseStatus.RELEASED) != (reason is not None):
+        raise ValueError("a lease ends released (with a reason) or completed (without one)")
+    lease = conn.execute(select(run_dispatch_leases).where(and_(
+        run_dispatch_leases.c.attempt_id == attempt_id,
+        run_dispatch_leases.c.status == LeaseStatus.LEASED.value)).with_for_update()).first()
+    if lease is None:
+        return None
+    version = lease.version + 1
+    guard = and_(run_dispatch_leases.c.attempt_id == attempt_id,
+                 run_dispatch_leases.c.lease_generation == lease.lease_generation,
+                 run_dispatch_leases.c.status == LeaseStatus.LEASED.value,
+                 run_dispatch_leases.c.version == lease.version)
+    changed = conn.execute(run_dispatch_leases.update().where(guard).values(
+        status=status.value, release_reason=LeaseReleaseReason(reason).value if reason else None,
+        version=version, updated_at_ms=now_ms)).rowcount
+    if changed != 1:
+        raise Conflict(f"lease {lease.lease_generation} of attempt {attempt_id} changed meanwhile")
+    conn.execute(run_attempts.update().where(and_(
+        run_attempts.c.id == attempt_id,
+        run_attempts.c.lease_generation == lease.lease_generation)).values(lease_version=version))
+    return version

@@ -144,12 +144,6 @@ class Runs:
         next_cursor = f"{page[-1].created_at_ms}.{page[-1].id}" if more else None
         return RunPage(tuple(page), next_cursor)
 
-    def state_counts(self) -> dict[str, int]:
-        """How many runs are in each state (for `status`)."""
-        with self.store.read() as conn:
-            rows = conn.execute(select(runs.c.status, func.count()).group_by(runs.c.status)).all()
-        return {status: count for status, count in rows}
-
     def attempt_state(self, attempt_id: str) -> str | None:
         """The state of the run owning `attempt_id`, or None when no such attempt exists."""
         with self.store.read() as conn:

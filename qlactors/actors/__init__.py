@@ -1,0 +1,1 @@
+"""The six pykka actors of a qlactors runtime and the in-process messages between them."""

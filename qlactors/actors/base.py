@@ -1,0 +1,127 @@
+"""What every actor shares: the runtime context, the name directory, dispatch by message type, failure reporting."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar
+
+import pykka
+
+from ..wire.bridge import Inbound, Outbox
+from .signals import ActorFailed
+
+log = logging.getLogger("qlactors.actors")
+
+
+class Directory:
+    """Current actor refs by name. The Supervisor replaces a ref when it restarts an actor."""
+
+    def __init__(self) -> None:
+        self._refs: dict[str, pykka.ActorRef] = {}
+        self._lock = threading.Lock()
+
+    def set(self, name: str, ref: pykka.ActorRef | None) -> None:
+        with self._lock:
+            if ref is None:
+                self._refs.pop(name, None)
+            else:
+                self._refs[name] = ref
+
+    def get(self, name: str) -> pykka.ActorRef | None:
+        with self._lock:
+            return self._refs.get(name)
+
+    def tell(self, name: str, message: Any) -> bool:
+        """Deliver if the actor is alive; False when it is not (it is being restarted, or stopped)."""
+        ref = self.get(name)
+        if ref is None:
+            return False
+        try:
+            ref.tell(message)
+            return True
+        except pykka.ActorDeadError:
+            return False
+
+    def named(self, name: str) -> "Named":
+        return Named(self, name)
+
+    def names(self) -> list[str]:
+        with self._lock:
+            return list(self._refs)
+
+
+@dataclass(frozen=True, slots=True)
+class Named:
+    """A `tell`-able stand-in for whichever actor currently holds a name (used by the bridge)."""
+
+    directory: Directory
+    name: str
+
+    def tell(self, message: Any) -> None:
+        if not self.directory.tell(self.name, message):
+            log.warning("event=undeliverable to=%s message=%s", self.name, type(message).__name__)
+
+
+@dataclass
+class Fatal:
+    """Set once when the runtime must stop (an actor kept failing, or the Supervisor died)."""
+
+    event: threading.Event = field(default_factory=threading.Event)
+    reason: str = ""
+
+    def trip(self, reason: str) -> None:
+        if not self.event.is_set():
+            self.reason = reason
+            self.event.set()
+
+
+class RuntimeActor(pykka.ThreadingActor):
+    """Base: `handlers()` maps message types to methods; failures reach the Supervisor."""
+
+    name: ClassVar[str] = "actor"
+    uses_outbox: ClassVar[bool] = False
+
+    def __init__(self, ctx: Any) -> None:
+        super().__init__()
+        self.ctx = ctx
+        self.out: Outbox | None = None
+        self._table: dict[type, Callable[[Any, bytes], Any]] = {}
+
+    def handlers(self) -> dict[type, Callable[[Any, bytes], Any]]:
+        return {}
+
+    def on_start(self) -> None:
+        # pykka runs on_start in the actor's own thread: the socket belongs to this thread.
+        self._table = self.handlers()
+        if self.uses_outbox:
+            self.out = Outbox(self.ctx.zmq, self.ctx.bridge.outbox_endpoint)
+        self.started()
+
+    def started(self) -> None:
+        """Hook for subclasses, run in the actor's thread after the outbox exists."""
+
+    def on_receive(self, message: Any) -> Any:
+        peer = b""
+        if isinstance(message, Inbound):
+            peer, message = message.peer, message.message
+        handler = self._table.get(type(message))
+        if handler is None:
+            log.warning("event=unhandled actor=%s message=%s", self.name, type(message).__name__)
+            return None
+        return handler(message, peer)
+
+    def on_failure(self, exception_type, exception_value, traceback) -> None:
+        # pykka does not call on_stop after on_failure: close here too (STYLE.md traps).
+        log.error("event=actor_failed actor=%s error=%r", self.name, exception_value)
+        self._close()
+        self.ctx.directory.tell("supervisor", ActorFailed(self.name, repr(exception_value)))
+
+    def on_stop(self) -> None:
+        self._close()
+
+    def _close(self) -> None:
+        if self.out is not None:
+            self.out.close()
+            self.out = None

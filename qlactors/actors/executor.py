@@ -1,0 +1,280 @@
+"""The Executor: pulls offers for free slots, journals, activates, spawns the launcher, stops by identity.
+
+It talks to the control side only through wire messages (inproc on edge, tcp on a worker), and
+keeps its own journal so that after a restart it can re-adopt launchers that are still running.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import signal
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from ..domain.receipt import token_hash
+from ..ids import new_id
+from ..process.identity import Liveness, ProcessIdentity, probe, read_identity, read_marker
+from ..process.launch import job_environment, signal_group, spawn, uptime_ms
+from ..wire import messages as m
+from ..wire.bridge import ProcessExited
+from .base import RuntimeActor
+from .signals import Consume, NoReceipt, StopCheck
+
+log = logging.getLogger("qlactors.executor")
+
+
+@dataclass
+class Local:
+    """One attempt this executor owns, from Offer until its launcher has exited."""
+
+    run_id: str
+    attempt_id: str
+    offer: m.Offer | None = None  # None for an attempt re-adopted after a restart
+    lease_token: str = ""
+    token: str = ""
+    identity: ProcessIdentity | None = None
+    pidfd: int = -1
+    child: bool = False  # our own child (reapable), not a re-adopted orphan
+    stop_phase: str | None = None  # None, "term" or "kill"
+    grace_ms: int = 1000
+
+
+class Executor(RuntimeActor):
+    name = "executor"
+    uses_outbox = True
+
+    def __init__(self, ctx: Any) -> None:
+        super().__init__(ctx)
+        self.slots = ctx.config.runtime.slots
+        self.worker_id = ctx.session.worker_id
+        self.session: m.Welcome | None = None
+        self.live: dict[str, Local] = {}
+        self.pending_pull: tuple[str, str] | None = None  # (offer_id, lease_token)
+        self.ended_without_receipt: dict[str, str] = {}  # attempt id -> stopped_by
+
+    def handlers(self):
+        return {
+            m.Welcome: self.on_welcome, m.Nudge: self.on_nudge, m.Offer: self.on_offer, m.Idle: self.on_idle,
+            m.Activated: self.on_activated, m.Ack: self.on_ack, m.StopRequested: self.on_stop_requested,
+            ProcessExited: self.on_exited, StopCheck: self.on_stop_check, NoReceipt: self.on_no_receipt,
+        }
+
+    def started(self) -> None:
+        self.out.to_control(m.Register(worker_id=self.worker_id, capacity=self.slots,
+                                       boot_id=self.ctx.boot_id()))
+
+    def _close(self) -> None:
+        for local in self.live.values():
+            if local.pidfd >= 0:
+                self.ctx.bridge.unwatch(local.pidfd)
+                os.close(local.pidfd)
+                local.pidfd = -1
+        super()._close()
+
+    # -- offers -------------------------------------------------------------------------------
+
+    def on_welcome(self, msg: m.Welcome, _peer: bytes) -> None:
+        self.session = msg
+        self._adopt()
+        self._pull()
+
+    def on_nudge(self, _msg: m.Nudge, _peer: bytes) -> None:
+        self._pull()
+
+    def _free(self) -> int:
+        return self.slots - len(self.live)
+
+    def _pull(self) -> None:
+        if self.session is None or self.pending_pull is not None or self._free() <= 0:
+            return
+        if not self.ctx.admitting.is_set():
+            return
+        self.pending_pull = (new_id(), secrets.token_urlsafe(32))
+        s = self.session
+        self.out.to_control(m.Pull(worker_id=self.worker_id, session_id=s.session_id,
+                                   session_generation=s.session_generation, free_slots=self._free(),
+                                   offer_id=self.pending_pull[0], lease_token=self.pending_pull[1]))
+
+    def on_idle(self, msg: m.Idle, _peer: bytes) -> None:
+        if self.pending_pull and self.pending_pull[0] == msg.offer_id:
+            self.pending_pull = None
+
+    def on_offer(self, offer: m.Offer, _peer: bytes) -> None:
+        if not self.pending_pull or self.pending_pull[0] != offer.offer_id:
+            log.warning("event=offer_unexpected offer=%s", offer.offer_id)
+            return
+        lease_token = self.pending_pull[1]
+        self.pending_pull = None
+        local = Local(run_id=offer.run_id, attempt_id=offer.attempt_id, offer=offer,
+                      lease_token=lease_token, token=secrets.token_urlsafe(32), grace_ms=offer.stop_grace_ms)
+        self.live[offer.attempt_id] = local
+        # Accept: journal first, then the log file, then ask for activation (SEMANTICS.md §4).
+        log_path = self.ctx.logs.path_for(offer.run_id, offer.attempt_id)
+        receipt_path = self.ctx.receipts.final_path(offer.attempt_id)
+        self.ctx.journal.accept(offer.attempt_id, offer.run_id, str(log_path), str(receipt_path),
+                                token_hash(local.token))
+        self.ctx.logs.create(offer.run_id, offer.attempt_id)
+        self.out.to_control(m.Activate(**self._fence(local), callback_token_hash=token_hash(local.token),
+                                       log_artifact_id=self.ctx.logs.artifact_id(offer.run_id, offer.attempt_id)))
+        self._pull()
+
+    def _fence(self, local: Local, lease_version: int | None = None) -> dict[str, Any]:
+        o = local.offer
+        return dict(worker_id=o.worker_id, session_id=o.session_id, session_generation=o.session_generation,
+                    run_id=o.run_id, attempt_id=o.attempt_id, offer_id=o.offer_id,
+                    lease_generation=o.lease_generation, lease_token=local.lease_token,
+                    lease_version=o.lease_version if lease_version is None else lease_version)
+
+    # -- launch -------------------------------------------------------------------------------
+
+    def on_activated(self, msg: m.Activated, _peer: bytes) -> None:
+        local = self.live.get(msg.attempt_id)
+        if local is None or local.offer is None:
+            return
+        offer = local.offer
+        self.ctx.journal.set_state(offer.attempt_id, "launching")
+        boot_id = self.ctx.boot_id()
+        env = job_environment(os.environ, offer.env)
+        receipts = self.ctx.receipts
+        env.update({
+            "QLACTORS_RUN_ID": offer.run_id, "QLACTORS_ATTEMPT_ID": offer.attempt_id,
+            "QLACTORS_TOKEN": local.token,
+            "QLACTORS_RECEIPT_DIR": str(receipts.shard_dir(offer.attempt_id)),
+            "QLACTORS_MARKER": str(receipts.marker_path(offer.attempt_id)),
+            "QLACTORS_LOG": str(self.ctx.logs.path_for(offer.run_id, offer.attempt_id)),
+            "QLACTORS_LOG_CAP": str(offer.log_cap_bytes),
+            "QLACTORS_DROPPED": str(self.ctx.local_receipts.dropped_path(offer.attempt_id)),
+            "QLACTORS_CLOCK_BASE_MS": str(time.time_ns() // 1_000_000 - uptime_ms()),
+        })
+        if offer.cwd:
+            env["QLACTORS_CWD"] = offer.cwd
+        try:
+            pid = spawn(list(offer.argv), env, shell=self.ctx.launcher_shell)
+        except OSError as err:
+            log.error("event=spawn_failed run=%s attempt=%s error=%s", offer.run_id, offer.attempt_id, err)
+            self.out.to_control(m.StartFailed(**self._fence(local, msg.lease_version),
+                                              reason=f"spawn failed: {err.strerror or err}"))
+            self.ctx.journal.clear(offer.attempt_id)
+            del self.live[offer.attempt_id]
+            self._pull()
+            return
+        # Identity before anything can reap it (we are the only reaper, and only of our own pids).
+        local.identity = read_identity(pid, boot_id=boot_id)
+        local.pidfd = os.pidfd_open(pid)
+        local.child = True
+        self.ctx.journal.set_state(offer.attempt_id, "started", identity=local.identity)
+        self.ctx.bridge.watch(local.pidfd, offer.attempt_id, self.actor_ref)
+        i = local.identity
+        self.out.to_control(m.Started(**self._fence(local, msg.lease_version), boot_id=i.boot_id,
+                                      pid=i.pid, pgid=i.pgid, start_ticks=i.start_ticks))
+        log.info("event=launched run=%s attempt=%s pid=%d", offer.run_id, offer.attempt_id, pid)
+
+    def on_ack(self, msg: m.Ack, _peer: bytes) -> None:
+        local = self.live.get(msg.attempt_id)
+        if msg.result in ("applied", "already_terminal") or local is None:
+            return
+        log.warning("event=report_%s of=%s attempt=%s detail=%s", msg.result, msg.of, msg.attempt_id, msg.detail)
+        if msg.of == "activate":  # fenced or refused: no spawn, give the slot back
+            self.ctx.journal.clear(msg.attempt_id)
+            del self.live[msg.attempt_id]
+            self._pull()
+        elif msg.of == "started" and local.identity is not None:
+            # The start was not accepted: stop the process by its exact identity.
+            self._begin_stop(local, "refused")
+
+    # -- stop ---------------------------------------------------------------------------------
+
+    def on_stop_requested(self, msg: m.StopRequested, _peer: bytes) -> None:
+        local = self.live.get(msg.attempt_id)
+        if local is None or local.identity is None or local.stop_phase is not None:
+            return
+        local.grace_ms = msg.grace_ms
+        self._begin_stop(local, msg.reason)
+
+    def _begin_stop(self, local: Local, reason: str) -> None:
+        liveness = signal_group(local.identity, signal.SIGTERM, current_boot_id=self.ctx.boot_id())
+        log.info("event=stop_term attempt=%s reason=%s liveness=%s", local.attempt_id, reason, liveness.name)
+        local.stop_phase = "term"
+        self.ctx.bridge.call_at(f"stop:{local.attempt_id}", time.monotonic() + local.grace_ms / 1000,
+                                self.actor_ref, StopCheck(local.attempt_id, "term"))
+
+    def on_stop_check(self, msg: StopCheck, _peer: bytes) -> None:
+        local = self.live.get(msg.attempt_id)
+        if local is None or local.identity is None:
+            return
+        if msg.phase == "term":
+            liveness = signal_group(local.identity, signal.SIGKILL, current_boot_id=self.ctx.boot_id())
+            if liveness is Liveness.RUNNING:
+                local.stop_phase = "kill"
+                log.info("event=stop_kill attempt=%s", local.attempt_id)
+                self.ctx.bridge.call_at(f"stop:{local.attempt_id}",
+                                        time.monotonic() + self.ctx.config.runtime.kill_grace_ms / 1000,
+                                        self.actor_ref, StopCheck(local.attempt_id, "kill"))
+        else:
+            log.error("event=stop_inconclusive attempt=%s", local.attempt_id)
+
+    # -- end ----------------------------------------------------------------------------------
+
+    def on_exited(self, msg: ProcessExited, _peer: bytes) -> None:
+        local = self.live.pop(msg.key, None)
+        if local is None:
+            return
+        self.ctx.bridge.cancel_timer(f"stop:{local.attempt_id}")
+        if local.child:
+            try:  # reap only our own launcher, never waitpid(-1)
+                os.waitpid(local.identity.pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+        if local.pidfd >= 0:
+            os.close(local.pidfd)
+            local.pidfd = -1
+        self.ended_without_receipt[local.attempt_id] = {None: "exit", "term": "term", "kill": "kill"}[local.stop_phase]
+        self.ctx.directory.tell("receipts", Consume(local.run_id, local.attempt_id))
+        self._pull()
+
+    def on_no_receipt(self, msg: NoReceipt, _peer: bytes) -> None:
+        stopped_by = self.ended_without_receipt.pop(msg.attempt_id, "exit")
+        s = self.session
+        if s is None:
+            return
+        self.out.to_control(m.Attest(worker_id=self.worker_id, session_id=s.session_id,
+                                     session_generation=s.session_generation, run_id=msg.run_id,
+                                     attempt_id=msg.attempt_id, running=False, conclusive=True,
+                                     stopped_by=stopped_by))
+
+    # -- restart ------------------------------------------------------------------------------
+
+    def _adopt(self) -> None:
+        """Re-adopt launchers that survived a restart (from the journal), for timeout and cancel."""
+        boot_id = self.ctx.boot_id()
+        after = None
+        while True:
+            entries = self.ctx.journal.list(("launching", "started"), 64, after)
+            for entry in entries:
+                if entry.attempt_id in self.live:
+                    continue
+                identity = None
+                if entry.pid is not None:
+                    identity = ProcessIdentity(boot_id=entry.boot_id, pid=entry.pid, pgid=entry.pgid,
+                                               start_ticks=entry.start_ticks)
+                else:
+                    try:
+                        identity = read_marker(self.ctx.receipts.marker_path(entry.attempt_id))
+                    except ValueError:
+                        identity = None
+                if identity is None or probe(identity, current_boot_id=boot_id) is not Liveness.RUNNING:
+                    continue  # recovery judges it; nothing to watch
+                try:
+                    pidfd = os.pidfd_open(identity.pid)
+                except ProcessLookupError:
+                    continue
+                local = Local(run_id=entry.run_id, attempt_id=entry.attempt_id, identity=identity, pidfd=pidfd)
+                self.live[entry.attempt_id] = local
+                self.ctx.bridge.watch(pidfd, entry.attempt_id, self.actor_ref)
+                log.info("event=adopted run=%s attempt=%s pid=%d", entry.run_id, entry.attempt_id, identity.pid)
+            if len(entries) < 64:
+                break
+            after = entries[-1].attempt_id

@@ -1,0 +1,92 @@
+"""The ReceiptConsumer: reads a finished attempt's receipt, reports it, and only after the answer
+removes or quarantines the file; on its cadence, journal-driven cleanup and quarantine retention."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from ..wire import messages as m
+from .base import RuntimeActor
+from .signals import Cleanup, Consume, NoReceipt
+
+log = logging.getLogger("qlactors.receipts")
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class ReceiptConsumer(RuntimeActor):
+    name = "receipts"
+    uses_outbox = True
+
+    def __init__(self, ctx: Any) -> None:
+        super().__init__(ctx)
+        self.waiting: dict[str, str] = {}  # attempt id -> run id, Completed sent, answer pending
+        self.session: tuple[str, str, int] | None = None
+
+    def handlers(self):
+        return {Consume: self.on_consume, m.Ack: self.on_ack, Cleanup: self.on_cleanup}
+
+    def started(self) -> None:
+        self._schedule_cleanup()
+
+    def _schedule_cleanup(self) -> None:
+        interval = self.ctx.config.runtime.receipt_cleanup_interval_ms / 1000
+        self.ctx.bridge.call_at("receipt-cleanup", time.monotonic() + interval, self.actor_ref, Cleanup())
+
+    def on_consume(self, msg: Consume, _peer: bytes) -> None:
+        files = self.ctx.local_receipts
+        found = files.look(msg.attempt_id)
+        if found.kind == "missing":
+            if not msg.recheck:  # the launcher may still be publishing: one grace, one more look
+                grace = self.ctx.config.runtime.publish_grace_ms / 1000
+                self.ctx.bridge.call_at(f"recheck:{msg.attempt_id}", time.monotonic() + grace, self.actor_ref,
+                                        Consume(msg.run_id, msg.attempt_id, recheck=True))
+                return
+            self.ctx.directory.tell("executor", NoReceipt(msg.run_id, msg.attempt_id))
+            return
+        if found.kind == "bad":
+            files.quarantine(msg.attempt_id, now_ms())
+            self.ctx.directory.tell("executor", NoReceipt(msg.run_id, msg.attempt_id, quarantined=True))
+            return
+        r = found.receipt
+        session = self.ctx.session
+        if self.ctx.journal.get(msg.attempt_id) is not None:
+            self.ctx.journal.set_state(msg.attempt_id, "completed")
+        self.waiting[msg.attempt_id] = msg.run_id
+        self.out.to_control(m.Completed(
+            worker_id=session.worker_id, session_id=session.session_id,
+            session_generation=session.generation, run_id=r.run_id, attempt_id=r.attempt_id,
+            schema_version=r.schema_version, callback_sequence=r.callback_sequence, token=r.token,
+            started_at_ms=r.started_at_ms, finished_at_ms=r.finished_at_ms, exit_code=r.exit_code,
+            log_dropped_bytes=found.dropped))
+
+    def on_ack(self, msg: m.Ack, _peer: bytes) -> None:
+        run_id = self.waiting.pop(msg.attempt_id, None)
+        if run_id is None:
+            return
+        files = self.ctx.local_receipts
+        if msg.result in ("applied", "already_terminal"):
+            files.finish(msg.attempt_id)  # delete only after the commit, journal row last
+        elif msg.result == "refused":
+            log.warning("event=receipt_refused attempt=%s detail=%s", msg.attempt_id, msg.detail)
+            files.quarantine(msg.attempt_id, now_ms())
+            self.ctx.directory.tell("executor", NoReceipt(run_id, msg.attempt_id, quarantined=True))
+        else:  # fenced: leave the receipt where it is for the next try
+            log.warning("event=receipt_fenced attempt=%s detail=%s", msg.attempt_id, msg.detail)
+
+    def on_cleanup(self, _msg: Cleanup, _peer: bytes) -> None:
+        """Bounded: retry completed-but-not-cleared rows, purge old quarantine entries."""
+        page = self.ctx.config.runtime.receipt_cleanup_page
+        try:
+            journal = self.ctx.journal
+            for entry in journal.list(("completed",), page, None):
+                self.on_consume(Consume(entry.run_id, entry.attempt_id, recheck=True), b"")
+            for entry in journal.due_purge(now_ms(), page):
+                journal.clear(entry.attempt_id)
+            self.ctx.receipts.purge_quarantine(self.ctx.config.runtime.quarantine_retention_ms, now_ms(), page)
+        finally:
+            self._schedule_cleanup()

@@ -1,0 +1,174 @@
+"""Recovery of local attempts (SEMANTICS.md §6): a full startup pass, then only what the Executor reports.
+
+For each candidate: a receipt wins; an unstarted claim is lost without probing; otherwise the
+process identity (database, else the launcher's start marker) decides: still running -> keep and
+re-bind; not running -> wait the publish grace, read the receipt again, then end by the cancel
+intent or mark lost. Unreadable evidence is left for later and reported, never guessed.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from typing import Any
+
+from ..domain.receipt import token_hash
+from ..domain.transitions import ErrorCode
+from ..home import write_recovery_status
+from ..ids import new_id
+from ..process.identity import Liveness, ProcessIdentity, probe, read_marker
+from .base import RuntimeActor
+from .signals import AttemptEnded, StartupPass, StepDone, StepRequest
+
+log = logging.getLogger("qlactors.recovery")
+
+STARTUP_PAGE = 64
+
+
+class Recovery(RuntimeActor):
+    name = "recovery"
+
+    def __init__(self, ctx: Any) -> None:
+        super().__init__(ctx)
+        self.ended: set[str] = set()  # attempt ids the Executor attests ended without completion
+        self.unresolved: dict[str, str] = {}  # attempt id -> why it could not be judged
+
+    def handlers(self):
+        return {StartupPass: self.on_startup, StepRequest: self.on_page, AttemptEnded: self.on_ended}
+
+    def on_ended(self, msg: AttemptEnded, _peer: bytes) -> None:
+        self.ended.add(msg.attempt_id)
+
+    def on_startup(self, _msg: StartupPass, _peer: bytes) -> dict[str, int]:
+        """Examine every in-flight attempt, page after page (asked once, before admission opens)."""
+        totals: dict[str, int] = {}
+        after = None
+        while True:
+            candidates, more = self.ctx.control.recovery_candidates(STARTUP_PAGE, after)
+            for outcome in self._examine(candidates, startup=True):
+                totals[outcome] = totals.get(outcome, 0) + 1
+            if not more or not candidates:
+                break
+            after = candidates[-1].attempt_id
+        log.info("event=startup_recovery %s", " ".join(f"{k}={v}" for k, v in sorted(totals.items())))
+        self._publish()
+        return totals
+
+    def on_page(self, msg: StepRequest, _peer: bytes) -> None:
+        page = self.ctx.config.runtime.recovery_page
+        wanted = sorted(self.ended | set(self.unresolved))[:page]
+        try:
+            candidates = self.ctx.control.candidates_for(wanted)
+            known = {c.attempt_id for c in candidates}
+            for attempt_id in wanted:
+                if attempt_id not in known:  # already resolved (e.g. a receipt landed meanwhile)
+                    self.ended.discard(attempt_id)
+                    self.unresolved.pop(attempt_id, None)
+            before = dict(self.unresolved)
+            self._examine(candidates, startup=False)
+            if before != self.unresolved:
+                self._publish()
+        except Exception as err:
+            log.warning("event=recovery_page_failed error=%r", err)
+            self.ctx.directory.tell("scheduler", StepDone(msg.cycle, self.name, False, repr(err)))
+            return
+        self.ctx.directory.tell("scheduler", StepDone(msg.cycle, self.name, True))
+
+    # -- judging ------------------------------------------------------------------------------
+
+    def _examine(self, candidates: list, *, startup: bool) -> list[str]:
+        outcomes: list[str] = []
+        later: list[tuple[Any, ProcessIdentity | None]] = []
+        boot_id = self.ctx.boot_id()
+        for c in candidates:
+            if self._consume_receipt(c):
+                outcomes.append("completed")
+                continue
+            if c.attempt_status == "claimed":
+                outcomes.append(self._end(c, ErrorCode.RECOVERY_UNSTARTED_CLAIM))
+                continue
+            identity = self._identity(c)
+            if identity is None:
+                later.append((c, None))
+                continue
+            liveness = probe(identity, current_boot_id=boot_id)
+            if liveness is Liveness.UNKNOWN:
+                self.unresolved[c.attempt_id] = "process identity unreadable"
+                outcomes.append("unresolved")
+            elif liveness is Liveness.RUNNING:
+                if startup:
+                    self._rebind(c, identity)
+                self.ended.discard(c.attempt_id)
+                outcomes.append("running")
+            else:
+                later.append((c, identity))
+        if later:
+            time.sleep(self.ctx.config.runtime.publish_grace_ms / 1000)  # one grace for the batch
+        for c, identity in later:
+            if self._consume_receipt(c):
+                outcomes.append("completed")
+                continue
+            code = (ErrorCode.RECOVERY_IDENTITY_MISSING if identity is None
+                    else ErrorCode.RECOVERY_PROCESS_EXITED_WITHOUT_RECEIPT)
+            outcomes.append(self._end(c, code))
+        return outcomes
+
+    def _identity(self, c: Any) -> ProcessIdentity | None:
+        if c.pid is not None and c.boot_id and c.start_ticks is not None:
+            return ProcessIdentity(boot_id=c.boot_id, pid=c.pid, pgid=c.pgid, start_ticks=c.start_ticks)
+        journal = c.journal
+        if journal is not None and journal.pid is not None:
+            return ProcessIdentity(boot_id=journal.boot_id, pid=journal.pid, pgid=journal.pgid,
+                                   start_ticks=journal.start_ticks)
+        try:
+            return read_marker(self.ctx.receipts.marker_path(c.attempt_id))
+        except ValueError as err:
+            log.warning("event=marker_unreadable attempt=%s error=%s", c.attempt_id, err)
+            return None
+
+    def _consume_receipt(self, c: Any) -> bool:
+        """Receipt first: a valid one completes the attempt through the one CompletionService."""
+        files = self.ctx.local_receipts
+        found = files.look(c.attempt_id)
+        if found.kind == "missing":
+            return False
+        if found.kind == "bad":
+            files.quarantine(c.attempt_id, int(time.time() * 1000))
+            return False
+        outcome = self.ctx.completion.complete(c.run_id, c.attempt_id, found.receipt, found.dropped)
+        if outcome.result in ("applied", "already_terminal"):
+            files.finish(c.attempt_id)
+            self._resolved(c.attempt_id)
+            return True
+        files.quarantine(c.attempt_id, int(time.time() * 1000))
+        return False
+
+    def _end(self, c: Any, code: str) -> str:
+        control = self.ctx.control
+        if c.cancel_reason is not None:
+            control.end_by_intent(c.run_id, c.attempt_id)
+            outcome = "ended_by_intent"
+        else:
+            control.mark_lost(c.run_id, c.attempt_id, code)
+            outcome = "lost"
+        log.warning("event=attempt_%s run=%s attempt=%s code=%s", outcome, c.run_id, c.attempt_id, code)
+        self.ctx.receipts.delete(c.attempt_id)
+        if self.ctx.journal.get(c.attempt_id) is not None:
+            self.ctx.journal.clear(c.attempt_id)
+        self._resolved(c.attempt_id)
+        return outcome
+
+    def _rebind(self, c: Any, identity: ProcessIdentity) -> None:
+        self.ctx.control.rebind(c.run_id, c.attempt_id, self.ctx.session, identity,
+                                offer_id=new_id(), lease_token_hash=token_hash(secrets.token_urlsafe(32)))
+        # The Executor re-adopts from its journal: make sure the identity is there.
+        if self.ctx.journal.get(c.attempt_id) is not None:
+            self.ctx.journal.set_state(c.attempt_id, "started", identity=identity)
+
+    def _publish(self) -> None:
+        write_recovery_status(self.ctx.config.home, self.unresolved)
+
+    def _resolved(self, attempt_id: str) -> None:
+        self.ended.discard(attempt_id)
+        self.unresolved.pop(attempt_id, None)

@@ -1,0 +1,32 @@
+"""The Retry actor: resolves lost runs by their admission-time policy, and requeues those whose backoff is over."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from .base import RuntimeActor
+from .signals import StepDone, StepRequest
+
+log = logging.getLogger("qlactors.retry")
+
+
+class Retry(RuntimeActor):
+    name = "retry"
+
+    def handlers(self):
+        return {StepRequest: self.on_page}
+
+    def on_page(self, msg: StepRequest, _peer: bytes) -> None:
+        control = self.ctx.control
+        page = self.ctx.config.runtime.retry_page
+        try:
+            for run_id in control.lost_runs(page):
+                control.resolve_lost(run_id)
+            for run_id in control.due_retries(page):
+                control.requeue(run_id)
+        except Exception as err:  # the cycle stops here; the next tick tries again
+            log.warning("event=retry_page_failed error=%r", err)
+            self.ctx.directory.tell("scheduler", StepDone(msg.cycle, self.name, False, repr(err)))
+            return
+        self.ctx.directory.tell("scheduler", StepDone(msg.cycle, self.name, True))

@@ -1,0 +1,94 @@
+"""The Scheduler: one non-overlapping cycle per cadence tick, steps in a fixed order, each with a deadline.
+
+Order (SEMANTICS.md §10): 1. recovery page, 2. retry page, 3. cron admission (arrives with the
+cron work), 4. workflow frontier (later), 5. timeouts and stop orders, then admission (executors
+are nudged when queued work waits). A step that fails or stays silent past its deadline ends the
+cycle: nothing is dispatched while authority is unknown. A tick during a cycle is coalesced.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from .base import RuntimeActor
+from .signals import ActorFailed, CycleDone, StepDone, StepRequest, StepTimeout, Tick
+
+log = logging.getLogger("qlactors.scheduler")
+
+STEPS = ("recovery", "retry")
+STEP_DEADLINE_S = 10.0
+
+
+class Scheduler(RuntimeActor):
+    name = "scheduler"
+
+    def __init__(self, ctx: Any) -> None:
+        super().__init__(ctx)
+        self.cycle = 0
+        self.step: int | None = None  # index into STEPS while a cycle runs
+        self.pending = False
+        self.cycles_run = 0
+        self.cycles_failed = 0
+
+    def handlers(self):
+        return {Tick: self.on_tick, StepDone: self.on_step_done, StepTimeout: self.on_step_timeout}
+
+    def on_tick(self, _msg: Tick, _peer: bytes) -> None:
+        if self.step is not None:
+            self.pending = True  # coalesced: one more cycle after this one, not one per tick
+            return
+        self.cycle += 1
+        self._run_step(0)
+
+    def _run_step(self, index: int) -> None:
+        self.step = index
+        if index >= len(STEPS):
+            self._finish(ok=True)
+            return
+        name = STEPS[index]
+        self.ctx.bridge.call_at("scheduler-step", time.monotonic() + STEP_DEADLINE_S, self.actor_ref,
+                                StepTimeout(self.cycle, name))
+        if not self.ctx.directory.tell(name, StepRequest(self.cycle)):
+            self._finish(ok=False, detail=f"{name} is not running")
+
+    def on_step_done(self, msg: StepDone, _peer: bytes) -> None:
+        if self.step is None or msg.cycle != self.cycle or msg.step != STEPS[self.step]:
+            return  # a late answer to a cycle that already ended
+        self.ctx.bridge.cancel_timer("scheduler-step")
+        if not msg.ok:
+            self._finish(ok=False, detail=f"{msg.step}: {msg.detail}")
+            return
+        self._run_step(self.step + 1)
+
+    def on_step_timeout(self, msg: StepTimeout, _peer: bytes) -> None:
+        if self.step is None or msg.cycle != self.cycle or msg.step != STEPS[self.step]:
+            return
+        self._finish(ok=False, detail=f"{msg.step} did not answer within {STEP_DEADLINE_S:g} s")
+        self.ctx.directory.tell("supervisor", ActorFailed(msg.step, "silent past its step deadline"))
+
+    def _finish(self, *, ok: bool, detail: str = "") -> None:
+        self.ctx.bridge.cancel_timer("scheduler-step")
+        stops: tuple = ()
+        work = False
+        next_due = None
+        if ok:
+            try:
+                page = self.ctx.config.runtime.recovery_page
+                control = self.ctx.control
+                stops = tuple(control.commit_timeouts(page)) + tuple(control.pending_stops(page))
+                work = self.ctx.admitting.is_set() and control.queued_waiting()
+                next_due = control.next_due_ms()
+            except Exception as err:  # a database error ends the cycle like a failed step
+                ok, detail = False, f"stops/admission: {err}"
+        self.cycles_run += 1
+        if not ok:
+            self.cycles_failed += 1
+            log.warning("event=cycle_failed cycle=%d detail=%s", self.cycle, detail)
+        self.step = None
+        self.ctx.directory.tell("supervisor", CycleDone(ok=ok, next_due_ms=next_due, stops=stops,
+                                                        work_waiting=work))
+        if self.pending:
+            self.pending = False
+            self.actor_ref.tell(Tick("coalesced"))

@@ -1,0 +1,114 @@
+"""In-process messages between actors (never on the wire): frozen, slotted, plain values."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """The cadence timer fired (or a nudge arrived): run a Scheduler cycle now."""
+
+    reason: str = "tick"
+
+
+@dataclass(frozen=True, slots=True)
+class StepRequest:
+    """Scheduler -> Recovery/Retry: run one bounded page for cycle `cycle`."""
+
+    cycle: int
+
+
+@dataclass(frozen=True, slots=True)
+class StepDone:
+    """Recovery/Retry -> Scheduler: the page for `cycle` finished (ok=False: it failed)."""
+
+    cycle: int
+    step: str
+    ok: bool
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class StepTimeout:
+    """Bridge timer -> Scheduler: step `step` of `cycle` did not answer within its deadline."""
+
+    cycle: int
+    step: str
+
+
+@dataclass(frozen=True, slots=True)
+class CycleDone:
+    """Scheduler -> Supervisor: a cycle ended; wake again no later than `next_due_ms` (wall clock)."""
+
+    ok: bool
+    next_due_ms: int | None = None
+    stops: tuple = ()
+    work_waiting: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ActorFailed:
+    """Any actor -> Supervisor: an actor died on an exception (pykka stops it)."""
+
+    name: str
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptEnded:
+    """Supervisor -> Recovery: the executor attests that an attempt's process ended without a completion."""
+
+    run_id: str
+    attempt_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Consume:
+    """Executor -> ReceiptConsumer: the launcher of `attempt_id` exited; consume its receipt."""
+
+    run_id: str
+    attempt_id: str
+    recheck: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class NoReceipt:
+    """ReceiptConsumer -> Executor: no usable receipt for `attempt_id` (missing or quarantined)."""
+
+    run_id: str
+    attempt_id: str
+    quarantined: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class StopCheck:
+    """Bridge timer -> Executor: the stop grace of `attempt_id` is over; escalate if it still runs."""
+
+    attempt_id: str
+    phase: str  # "term" (TERM was sent) or "kill" (KILL was sent)
+
+
+@dataclass(frozen=True, slots=True)
+class Cleanup:
+    """Bridge timer -> ReceiptConsumer: journal-driven receipt cleanup and quarantine retention."""
+
+
+@dataclass(frozen=True, slots=True)
+class Drain:
+    """Profile -> Supervisor: stop admitting work (shutdown has begun)."""
+
+    cancel_running: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class StartupPass:
+    """Profile -> Recovery (ask): examine every candidate, page after page, before admission opens."""
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    """(ask) an actor's small status snapshot for `qlactors status`."""
+
+    fields: dict[str, Any] = field(default_factory=dict)

@@ -1,0 +1,192 @@
+"""The Supervisor: the control side's face to executors, the cadence timer, and the restarter of failed actors."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from typing import Any, Callable
+
+import pykka
+
+from ..domain.receipt import Receipt, ReceiptError, token_hash
+from ..wire import messages as m
+from .base import RuntimeActor
+from .signals import ActorFailed, AttemptEnded, CycleDone, Drain, Tick
+
+log = logging.getLogger("qlactors.supervisor")
+
+MAX_RESTARTS = 3  # within RESTART_WINDOW_S; one more failure stops the runtime
+RESTART_WINDOW_S = 60.0
+
+
+def fence_of(report: Any):
+    """The store's Fence for a fenced wire report (only the lease token's hash is compared)."""
+    from ..store.dispatch import Fence
+
+    return Fence(worker_id=report.worker_id, session_id=report.session_id,
+                 session_generation=report.session_generation, run_id=report.run_id,
+                 attempt_id=report.attempt_id, offer_id=report.offer_id,
+                 lease_generation=report.lease_generation,
+                 lease_token_hash=token_hash(report.lease_token), lease_version=report.lease_version)
+
+
+class Supervisor(RuntimeActor):
+    name = "supervisor"
+    uses_outbox = True
+
+    def __init__(self, ctx: Any, factories: dict[str, Callable[[], pykka.ActorRef]]) -> None:
+        super().__init__(ctx)
+        self.factories = factories
+        self.peers: dict[str, bytes] = {}
+        self.restarts: dict[str, deque] = {}
+        self.admitting = True
+        self.tick_s = ctx.config.runtime.cadence_tick_ms / 1000
+
+    def handlers(self):
+        return {
+            m.Register: self.on_register, m.Heartbeat: self.on_heartbeat, m.Pull: self.on_pull,
+            m.Activate: self.on_activate, m.Started: self.on_started, m.StartFailed: self.on_start_failed,
+            m.Renew: self.on_renew, m.Completed: self.on_completed, m.Attest: self.on_attest,
+            Tick: self.on_tick, CycleDone: self.on_cycle_done, ActorFailed: self.on_actor_failed,
+            Drain: self.on_drain, str: self.on_nudge,
+        }
+
+    def on_failure(self, exception_type, exception_value, traceback) -> None:
+        self._close()
+        self.ctx.fatal.trip(f"the supervisor failed: {exception_value!r}")
+
+    # -- executor reports ---------------------------------------------------------------------
+
+    def _ack(self, peer: bytes, of: str, msg: Any, result: str, detail: str = "") -> None:
+        self.out.to_peer(peer, m.Ack(of=of, run_id=getattr(msg, "run_id", ""),
+                                     attempt_id=getattr(msg, "attempt_id", ""), result=result,
+                                     detail=(detail or "")[:500]))
+
+    def on_register(self, msg: m.Register, peer: bytes) -> None:
+        session = self.ctx.session
+        if msg.worker_id != session.worker_id:
+            self._ack(peer, "register", msg, "refused", f"unknown worker {msg.worker_id!r}")
+            return
+        self.peers[msg.worker_id] = peer
+        self.out.to_peer(peer, m.Welcome(worker_id=session.worker_id, session_id=session.session_id,
+                                         session_generation=session.generation))
+
+    def on_heartbeat(self, msg: m.Heartbeat, peer: bytes) -> None:
+        self.peers[msg.worker_id] = peer
+
+    def on_pull(self, msg: m.Pull, peer: bytes) -> None:
+        from ..store.dispatch import Fenced
+
+        offer = None
+        if self.admitting:
+            try:
+                offer = self.ctx.dispatch.offer(
+                    msg.worker_id, msg.session_id, msg.session_generation, msg.offer_id,
+                    token_hash(msg.lease_token), log_cap_bytes=self.ctx.config.runtime.log_cap_bytes)
+            except Fenced as err:
+                self._ack(peer, "pull", msg, "fenced", str(err))
+                return
+        if offer is None:
+            self.out.to_peer(peer, m.Idle(offer_id=msg.offer_id))
+            return
+        self.out.to_peer(peer, m.Offer(
+            worker_id=offer.worker_id, session_id=offer.session_id,
+            session_generation=offer.session_generation, run_id=offer.run_id,
+            attempt_id=offer.attempt_id, attempt_number=offer.attempt_number, offer_id=offer.offer_id,
+            lease_generation=offer.lease_generation, lease_version=offer.lease_version,
+            argv=list(offer.argv), cwd=offer.cwd, env=dict(offer.env), timeout_ms=offer.timeout_ms,
+            stop_grace_ms=offer.stop_grace_ms, log_cap_bytes=offer.log_cap_bytes))
+
+    def on_activate(self, msg: m.Activate, peer: bytes) -> None:
+        result = self.ctx.dispatch.activate(fence_of(msg), msg.callback_token_hash, msg.log_artifact_id)
+        if result.result == "applied":
+            self.out.to_peer(peer, m.Activated(run_id=msg.run_id, attempt_id=msg.attempt_id,
+                                               offer_id=msg.offer_id, lease_version=result.lease_version,
+                                               deadline_at_ms=result.deadline_at_ms))
+            if result.deadline_at_ms is not None:
+                self._wake_at(result.deadline_at_ms)
+        else:
+            self._ack(peer, "activate", msg, result.result, result.detail)
+
+    def on_started(self, msg: m.Started, peer: bytes) -> None:
+        outcome = self.ctx.dispatch.started(fence_of(msg), msg.boot_id, msg.pid, msg.pgid, msg.start_ticks)
+        self._ack(peer, "started", msg, outcome.result, outcome.detail)
+
+    def on_start_failed(self, msg: m.StartFailed, peer: bytes) -> None:
+        outcome = self.ctx.dispatch.start_failed(fence_of(msg), msg.reason)
+        self._ack(peer, "start_failed", msg, outcome.result, outcome.detail)
+
+    def on_renew(self, msg: m.Renew, peer: bytes) -> None:
+        # Edge leases live as long as the runtime process: nothing to renew (SEMANTICS.md §1).
+        self._ack(peer, "renew", msg, "applied", "edge leases do not expire")
+
+    def on_completed(self, msg: m.Completed, peer: bytes) -> None:
+        try:
+            receipt = Receipt(schema_version=msg.schema_version, run_id=msg.run_id, attempt_id=msg.attempt_id,
+                              callback_sequence=msg.callback_sequence, token=msg.token,
+                              started_at_ms=msg.started_at_ms, finished_at_ms=msg.finished_at_ms,
+                              exit_code=msg.exit_code)
+        except ReceiptError as err:
+            self._ack(peer, "completed", msg, "refused", f"invalid receipt: {err.reason}")
+            return
+        outcome = self.ctx.completion.complete(msg.run_id, msg.attempt_id, receipt, msg.log_dropped_bytes)
+        self._ack(peer, "completed", msg, outcome.result, outcome.reason or "")
+
+    def on_attest(self, msg: m.Attest, peer: bytes) -> None:
+        if not msg.running and msg.conclusive:
+            self.ctx.directory.tell("recovery", AttemptEnded(msg.run_id, msg.attempt_id))
+            self.ctx.directory.tell("scheduler", Tick("attest"))
+
+    # -- cadence ------------------------------------------------------------------------------
+
+    def on_nudge(self, _msg: str, _peer: bytes) -> None:
+        self.ctx.directory.tell("scheduler", Tick("nudge"))
+
+    def on_tick(self, msg: Tick, _peer: bytes) -> None:
+        self.ctx.directory.tell("scheduler", msg)
+
+    def on_cycle_done(self, msg: CycleDone, _peer: bytes) -> None:
+        for order in msg.stops:
+            peer = self.peers.get(self.ctx.session.worker_id)
+            if peer is not None:
+                self.out.to_peer(peer, m.StopRequested(run_id=order.run_id, attempt_id=order.attempt_id,
+                                                       reason=order.reason, grace_ms=order.grace_ms))
+        if msg.work_waiting and self.admitting:
+            for peer in self.peers.values():
+                self.out.to_peer(peer, m.Nudge())
+        self._wake_at(msg.next_due_ms, reset=True)
+
+    def _wake_at(self, due_ms: int | None, *, reset: bool = False) -> None:
+        """Schedule the next cycle at the tick, or sooner when a deadline or retry falls due.
+
+        `reset` replaces the pending wake-up (after a cycle); otherwise it may only move earlier.
+        """
+        delay = self.tick_s
+        if due_ms is not None:
+            delay = min(delay, max(0.0, due_ms / 1000 - time.time()) + 0.005)
+        when = time.monotonic() + delay
+        current = self.ctx.bridge.timer_due("cadence")
+        if reset or current is None or when < current:
+            self.ctx.bridge.call_at("cadence", when, self.actor_ref, Tick("cadence"))
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    def on_drain(self, msg: Drain, _peer: bytes) -> None:
+        self.admitting = False
+        self.ctx.admitting.clear()
+
+    def on_actor_failed(self, msg: ActorFailed, _peer: bytes) -> None:
+        history = self.restarts.setdefault(msg.name, deque())
+        now = time.monotonic()
+        while history and now - history[0] > RESTART_WINDOW_S:
+            history.popleft()
+        if len(history) >= MAX_RESTARTS or msg.name not in self.factories:
+            self.ctx.fatal.trip(f"actor {msg.name} failed {len(history) + 1} times, last: {msg.error}")
+            return
+        history.append(now)
+        old = self.ctx.directory.get(msg.name)
+        if old is not None and old.is_alive():
+            old.stop(block=False)
+        self.ctx.directory.set(msg.name, self.factories[msg.name]())
+        log.warning("event=actor_restarted actor=%s error=%s", msg.name, msg.error)

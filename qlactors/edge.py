@@ -1,0 +1,240 @@
+"""The edge profile: one process, one SQLite file, all six actors, ZeroMQ inproc between them.
+
+Start order: lock the home, migrate, register the local session, start the bridge, the
+Supervisor, then Recovery — whose startup pass finishes before anything is admitted — then
+Retry, Scheduler, ReceiptConsumer and last the Executor (which starts pulling). Stop order is
+the reverse, within the shutdown drain budget. Running jobs are left running unless asked:
+they are recovered on the next start.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import select
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import zmq
+
+from .actors.base import Directory, Fatal
+from .actors.executor import Executor
+from .actors.receipt_files import LocalReceipts
+from .actors.receipts import ReceiptConsumer
+from .actors.recovery import Recovery
+from .actors.retry import Retry
+from .actors.scheduler import Scheduler
+from .actors.signals import Drain, StartupPass, Tick
+from .actors.supervisor import Supervisor
+from .config import Config, ensure_home
+from .domain.states import CancelReason
+from .home import RuntimeLock, nudge_endpoint
+from .process.identity import read_boot_id
+from .process.logs import LogStore
+from .process.receipts import ReceiptStore
+from .store.completion import CompletionService
+from .store.control import Control
+from .store.dispatch import Dispatch
+from .store.journal import Journal
+from .store.repository import Repository
+from .wire.bridge import Bridge
+
+log = logging.getLogger("qlactors.edge")
+
+CONTROL_ENDPOINT = "inproc://qlactors-control"
+LOCAL_WORKER = "local"
+EXECUTOR_KINDS = ["welcome", "offer", "idle", "activated", "stop_requested", "nudge", "ack"]
+
+
+@dataclass
+class RuntimeContext:
+    """Everything an actor may use; shared read-only (the repositories are thread-safe)."""
+
+    config: Config
+    zmq: zmq.Context
+    bridge: Bridge
+    directory: Directory
+    fatal: Fatal
+    admitting: threading.Event
+    session: Any
+    repo: Repository
+    dispatch: Dispatch
+    completion: CompletionService
+    control: Control
+    journal: Journal
+    receipts: ReceiptStore
+    logs: LogStore
+    local_receipts: LocalReceipts
+    boot_id: Callable[[], str] = read_boot_id
+    launcher_shell: str = "/bin/sh"
+    extra: dict = field(default_factory=dict)
+
+
+ORDER = (("recovery", Recovery), ("retry", Retry), ("scheduler", Scheduler),
+         ("receipts", ReceiptConsumer), ("executor", Executor))
+
+
+class EdgeRuntime:
+    """Runs in the foreground until SIGTERM/SIGINT (or `stop()`); `run()` returns an exit status."""
+
+    def __init__(self, config: Config, *, cancel_running: bool = False, launcher_shell: str = "/bin/sh",
+                 boot_id: Callable[[], str] = read_boot_id) -> None:
+        self.config = config
+        self.cancel_running = cancel_running
+        self.launcher_shell = launcher_shell
+        self.boot_id = boot_id
+        self.ctx: RuntimeContext | None = None
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._signals = 0
+        self.started = threading.Event()
+
+    # -- start --------------------------------------------------------------------------------
+
+    def _start(self) -> RuntimeContext:
+        ensure_home(self.config)
+        repo = Repository.open(self.config.database_url)
+        store = repo.store
+        receipts = ReceiptStore(self.config.receipts_dir)
+        receipts.ensure()
+        logs = LogStore(self.config.logs_dir)
+        logs.ensure()
+        journal = Journal(store)
+        zctx = zmq.Context()
+        bridge = Bridge(zctx, control_bind=CONTROL_ENDPOINT, control_connect=CONTROL_ENDPOINT,
+                        nudge_bind=nudge_endpoint(self.config.home))
+        directory = Directory()
+        fatal = Fatal()
+        fatal_wake = fatal.trip
+
+        def trip(reason: str) -> None:
+            fatal_wake(reason)
+            self._poke()
+
+        fatal.trip = trip  # type: ignore[method-assign]
+        admitting = threading.Event()
+        dispatch = Dispatch(store)
+        ctx = RuntimeContext(
+            config=self.config, zmq=zctx, bridge=bridge, directory=directory, fatal=fatal,
+            admitting=admitting, session=dispatch.register_session(LOCAL_WORKER, self.config.runtime.slots),
+            repo=repo, dispatch=dispatch, completion=CompletionService(store), control=Control(store),
+            journal=journal, receipts=receipts, logs=logs,
+            local_receipts=LocalReceipts(receipts, journal, self.config.runtime.quarantine_retention_ms),
+            boot_id=self.boot_id, launcher_shell=self.launcher_shell)
+        self.ctx = ctx
+        bridge.route_control(directory.named("supervisor"))
+        bridge.route_executor(EXECUTOR_KINDS, directory.named("executor"))
+        bridge.route_executor(["ack:completed"], directory.named("receipts"))
+        bridge.route_nudge(directory.named("supervisor"))
+        bridge.start()
+        bridge.ready()
+        factories = {name: (lambda cls=cls: cls.start(ctx)) for name, cls in ORDER}
+        directory.set("supervisor", Supervisor.start(ctx, factories))
+        for name, cls in ORDER:
+            directory.set(name, factories[name]())
+            if name == "recovery":
+                started = time.monotonic()
+                totals = directory.get("recovery").ask(StartupPass(), timeout=300)
+                log.info("event=startup_recovery_done seconds=%.3f outcomes=%s",
+                         time.monotonic() - started, totals)
+                admitting.set()  # recovery is done: admission may open
+        directory.tell("supervisor", Tick("startup"))
+        return ctx
+
+    # -- run ----------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        lock = RuntimeLock(self.config.home)
+        ensure_home(self.config)
+        lock.acquire()
+        previous = self._install_signals()
+        try:
+            ctx = self._start()
+            self.started.set()
+            log.info("event=edge_started home=%s slots=%d", self.config.home, self.config.runtime.slots)
+            while not ctx.fatal.event.is_set() and self._signals == 0:
+                select.select([self._wake_r], [], [], 5.0)
+                self._drain_pipe()
+            if ctx.fatal.event.is_set():
+                log.error("event=runtime_stopping reason=%s", ctx.fatal.reason)
+            self._shutdown(ctx)
+            return 1 if ctx.fatal.event.is_set() else 0
+        finally:
+            self._restore_signals(previous)
+            lock.release()
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+
+    def stop(self) -> None:
+        """Ask a runtime running in another thread to shut down (tests, embedding)."""
+        self._signals += 1
+        self._poke()
+
+    def _poke(self) -> None:
+        try:
+            os.write(self._wake_w, b"x")
+        except (BlockingIOError, OSError):
+            pass
+
+    def _drain_pipe(self) -> None:
+        try:
+            while os.read(self._wake_r, 64):
+                pass
+        except (BlockingIOError, OSError):
+            pass
+
+    def _install_signals(self):
+        if threading.current_thread() is not threading.main_thread():
+            return None
+
+        def handler(signum, _frame):
+            self._signals += 1
+            if self._signals > 1:
+                os._exit(130)  # a second signal exits at once (pykka threads are not daemons)
+
+        previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+        previous["wakeup"] = signal.set_wakeup_fd(self._wake_w)
+        return previous
+
+    def _restore_signals(self, previous) -> None:
+        if not previous:
+            return
+        signal.set_wakeup_fd(previous.pop("wakeup"))
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+    # -- shutdown -----------------------------------------------------------------------------
+
+    def _shutdown(self, ctx: RuntimeContext) -> None:
+        budget_s = ctx.config.runtime.shutdown_drain_ms / 1000
+        deadline = time.monotonic() + budget_s
+        ctx.admitting.clear()
+        ctx.directory.tell("supervisor", Drain(cancel_running=self.cancel_running))
+        if self.cancel_running:
+            self._cancel_running(ctx, deadline)
+        for name in [n for n, _ in reversed(ORDER)] + ["supervisor"]:
+            ref = ctx.directory.get(name)
+            if ref is None:
+                continue
+            try:
+                ref.stop(timeout=max(0.1, deadline - time.monotonic()))
+            except Exception as err:  # a stuck actor must not keep the process alive
+                log.error("event=actor_stop_failed actor=%s error=%r", name, err)
+        alive = [name for name in ctx.directory.names() if ctx.directory.get(name).is_alive()]
+        if alive:
+            log.error("event=actors_still_alive actors=%s", alive)
+        ctx.bridge.close()
+        ctx.zmq.term()
+        ctx.repo.close()
+        log.info("event=edge_stopped")
+
+    def _cancel_running(self, ctx: RuntimeContext, deadline: float) -> None:
+        """`edge --cancel-running`: commit a `shutdown` intent (never over another reason), stop, wait."""
+        active = ctx.control.active_run_ids()
+        for run_id in active:
+            ctx.repo.runs.cancel(run_id, CancelReason.SHUTDOWN, actor_type="system")
+        ctx.directory.tell("scheduler", Tick("shutdown"))
+        while time.monotonic() < deadline and ctx.control.active_run_ids():
+            time.sleep(0.05)

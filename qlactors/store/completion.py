@@ -1,0 +1,114 @@
+"""The CompletionService: a verified receipt ends its attempt and run, one entry point for the fast
+path and for recovery (SEMANTICS.md §5).
+
+A receipt is authenticated by its callback token, not by a session or lease fence: it is the fact
+of how the process ended, so it lands even after the executor that launched it was restarted or
+replaced, as long as the attempt is not terminal.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import select
+
+from ..domain.receipt import Receipt, token_matches
+from ..domain.states import AttemptStatus, LeaseStatus, RunStatus
+from ..domain.transitions import plan_completion
+from ..errors import BadInput
+from .engine import Store
+from .plans import apply_plan, attempt_snapshot, end_lease, load_run, run_snapshot
+from .schema import run_attempts
+
+APPLIED = "applied"
+ALREADY_TERMINAL = "already_terminal"
+REFUSED = "refused"
+
+ACTOR = "completion"
+EXECUTOR_TYPE = "local_process"
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionOutcome:
+    """`applied` or `already_terminal`: delete the receipt, then clear the journal row.
+    `refused`: nothing changed; quarantine the receipt if `reason` is a token failure."""
+
+    result: str
+    reason: str | None = None
+    """Why a receipt was refused: unknown_run, unknown_attempt, wrong_run, wrong_executor,
+    receipt_mismatch, no_token, bad_token, wrong_sequence, attempt_<status>."""
+    run_state: str | None = None
+
+
+class CompletionService:
+    """Applies completion receipts, each in one short transaction."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def complete(self, run_id: str, attempt_id: str, receipt: Receipt,
+                 log_dropped_bytes: int | None = None) -> CompletionOutcome:
+        """Apply `receipt` to its attempt; refusals change nothing (the caller quarantines).
+
+        Checks, in order: the run exists and the attempt belongs to it, the executor type, that the
+        receipt names this run and attempt, and the token against the stored hash in constant
+        time. Then an attempt already terminal with this callback sequence, a terminal run or a
+        `lost` attempt replays as `already_terminal` with no event; otherwise the sequence must be
+        the stored one + 1. The committed cancel intent and the deadline decide before the exit
+        code (`plan_completion`): a `timeout` intent yields `timed_out` unless the receipt's own
+        `finishedAtMs` is at or before `deadline_at_ms`.
+
+        Times are clamped, never refused: the attempt keeps its committed `started_at_ms` (the
+        receipt's, kept between the attempt's creation and now, only when none was committed,
+        e.g. a fast job whose receipt beat its Started report); `finished_at_ms` is the
+        receipt's, capped at now and never before that start. The run's start (if unset) and
+        finish take the same values. The `signal` column stays NULL (a signal shows as 128+N).
+        """
+        if log_dropped_bytes is not None and (type(log_dropped_bytes) is not int or log_dropped_bytes < 0):
+            raise BadInput("log_dropped_bytes must be a non-negative integer or None (unknown)")
+        if not isinstance(receipt, Receipt):
+            raise BadInput("complete() takes a decoded Receipt")
+        with self.store.write() as conn:
+            self.store.advisory_lock(conn, f"attempt:{attempt_id}")
+            run = load_run(conn, run_id) if isinstance(run_id, str) else None
+            if run is None:
+                return CompletionOutcome(REFUSED, "unknown_run")
+            attempt = conn.execute(select(run_attempts).where(run_attempts.c.id == attempt_id)).first()
+            if attempt is None:
+                return CompletionOutcome(REFUSED, "unknown_attempt", run.status)
+            if attempt.run_id != run.id:
+                return CompletionOutcome(REFUSED, "wrong_run", run.status)
+            if attempt.executor_type != EXECUTOR_TYPE:
+                return CompletionOutcome(REFUSED, "wrong_executor", run.status)
+            if receipt.run_id != run_id or receipt.attempt_id != attempt_id:
+                return CompletionOutcome(REFUSED, "receipt_mismatch", run.status)
+            if attempt.callback_token_hash is None:
+                return CompletionOutcome(REFUSED, "no_token", run.status)
+            if not token_matches(receipt.token, attempt.callback_token_hash):
+                return CompletionOutcome(REFUSED, "bad_token", run.status)
+            a_status, r_status = AttemptStatus(attempt.status), RunStatus(run.status)
+            if ((a_status.terminal and attempt.callback_sequence == receipt.callback_sequence)
+                    or r_status.terminal or a_status is AttemptStatus.LOST):
+                return CompletionOutcome(ALREADY_TERMINAL, None, run.status)
+            if receipt.callback_sequence != attempt.callback_sequence + 1:
+                return CompletionOutcome(REFUSED, "wrong_sequence", run.status)
+            if a_status not in (AttemptStatus.STARTING, AttemptStatus.RUNNING):
+                return CompletionOutcome(REFUSED, f"attempt_{a_status.value}", run.status)
+            now = self.store.now_ms(conn)
+            started = attempt.started_at_ms if attempt.started_at_ms is not None else min(
+                max(receipt.started_at_ms, attempt.created_at_ms), now)
+            finished = max(started, min(receipt.finished_at_ms, now))
+            plan = plan_completion(run_snapshot(run), attempt_snapshot(attempt),
+                                   exit_code=receipt.exit_code, finished_at_ms=receipt.finished_at_ms,
+                                   deadline_at_ms=attempt.deadline_at_ms)
+            run_values = {"finished_at_ms": finished}
+            if run.started_at_ms is None:
+                run_values["started_at_ms"] = started
+            apply_plan(conn, plan, now, actor_type=ACTOR,
+                       expected_callback_sequence=attempt.callback_sequence, run_values=run_values,
+                       attempt_values=dict(exit_code=receipt.exit_code,
+                                           callback_sequence=receipt.callback_sequence,
+                                           started_at_ms=started, finished_at_ms=finished,
+                                           log_dropped_bytes=log_dropped_bytes))
+            end_lease(conn, attempt.id, now, LeaseStatus.COMPLETED)
+            return CompletionOutcome(APPLIED, None, plan.run_to.value)

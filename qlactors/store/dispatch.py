@@ -1,0 +1,619 @@
+"""Executor-facing dispatch: worker sessions, offers (claim + run lease) and fenced executor reports.
+
+SEMANTICS.md §4 and §9. Every method is one short transaction. A pull whose session is dead raises
+`Fenced`; a report (activate, started, start failure, release) answers an `Outcome` whose result is
+`applied`, `fenced` (some quoted field no longer matches: nothing changed), `refused` (the fence
+holds but the state forbids it: nothing changed) or `already_terminal`.
+
+Lock order, the same in every operation so two transactions never wait on each other in a cycle:
+the attempt's advisory lock (fenced reports), the worker-session row, the run row, the lease row.
+`offer` cannot know its attempt before it claims it, so it takes no attempt lock: its claim is the
+run row itself (`FOR UPDATE SKIP LOCKED`), which every report also locks.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from sqlalchemy import and_, exists, func, or_, select
+from sqlalchemy.engine import Connection
+
+from ..domain.model import Command
+from ..domain.states import AttemptStatus, LeaseReleaseReason, LeaseStatus, RunStatus
+from ..domain.transitions import plan_activate, plan_end_by_intent, plan_offer, plan_start_failed, plan_started
+from ..errors import BadInput, Conflict, QlactorsError
+from ..ids import new_id
+from .engine import Store
+from .plans import (
+    apply_plan,
+    attempt_snapshot,
+    end_lease,
+    load_run,
+    pinned_revision,
+    run_snapshot,
+)
+from .schema import run_attempts, run_dispatch_leases, runs, task_revisions, tasks, worker_sessions
+
+APPLIED = "applied"
+FENCED = "fenced"
+REFUSED = "refused"
+ALREADY_TERMINAL = "already_terminal"
+
+ACTOR = "executor"
+MAX_ERROR_SUMMARY = 512
+MAX_CAPACITY = 4096
+# How many candidate runs one offer may look at before answering "nothing": each miss is a task
+# found at its max_concurrent only after its lock was taken (a race), so a few are plenty.
+_MAX_PICKS = 8
+
+_HASH = re.compile(r"[0-9a-f]{64}")
+_A, _R, _L = AttemptStatus, RunStatus, LeaseStatus
+_SHELL = "/bin/sh"
+
+
+class Fenced(QlactorsError):
+    """A pull names a worker session that is unknown, superseded, expired or not online: no offer."""
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """The answer to a report or a control operation: `result` (applied, fenced, refused,
+    already_terminal), a short machine word `detail` saying why, and the run's status after it."""
+
+    result: str
+    detail: str | None = None
+    run_state: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Identity:
+    """A launched process as the store keeps it; `qlactors.process.identity.ProcessIdentity` fits."""
+
+    boot_id: str
+    pid: int
+    pgid: int
+    start_ticks: int
+
+    def __post_init__(self) -> None:
+        if type(self.boot_id) is not str or not 1 <= len(self.boot_id) <= 64:
+            raise BadInput("a process identity's boot id is 1 to 64 characters")
+        for name in ("pid", "pgid", "start_ticks"):
+            value = getattr(self, name)
+            low = 1 if name == "pid" else 0
+            if type(value) is not int or not low <= value < 2**63:
+                raise BadInput(f"a process identity's {name} must be a non-negative integer, got {value!r}")
+
+    @classmethod
+    def of(cls, value: Any) -> "Identity":
+        """From any object with the four attributes (duck typed: the store imports no process code)."""
+        return value if isinstance(value, Identity) else cls(
+            value.boot_id, value.pid, value.pgid, value.start_ticks)
+
+    @classmethod
+    def from_row(cls, row: Any, prefix: str = "") -> "Identity | None":
+        """The identity columns of a row, or None while any of them is still unknown."""
+        values = [getattr(row, prefix + n) for n in ("boot_id", "pid", "pgid", "start_ticks")]
+        return None if any(v is None for v in values) else cls(*values)
+
+
+@dataclass(frozen=True, slots=True)
+class Session:
+    """A registered worker session (edge: the one built-in local session of this process)."""
+
+    session_id: str
+    worker_id: str
+    generation: int
+    capacity: int
+
+
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """Everything a fenced report quotes (SEMANTICS.md §9); any mismatch answers `fenced`."""
+
+    worker_id: str
+    session_id: str
+    session_generation: int
+    run_id: str
+    attempt_id: str
+    offer_id: str
+    lease_generation: int
+    lease_token_hash: str
+    lease_version: int
+
+
+@dataclass(frozen=True, slots=True)
+class OfferView:
+    """One offered attempt: what to run and the fence its reports must quote (minus the token hash)."""
+
+    run_id: str
+    attempt_id: str
+    attempt_number: int
+    offer_id: str
+    lease_generation: int
+    lease_version: int
+    worker_id: str
+    session_id: str
+    session_generation: int
+    task: str
+    argv: tuple[str, ...]
+    cwd: str | None
+    env: Mapping[str, str] = field(default_factory=dict)
+    timeout_ms: int | None = None
+    stop_grace_ms: int = 1_000
+    log_cap_bytes: int = 0
+
+    def fence(self, lease_token_hash: str) -> Fence:
+        """The fence for reports on this offer, given the lease token hash the pull carried."""
+        return Fence(self.worker_id, self.session_id, self.session_generation, self.run_id,
+                     self.attempt_id, self.offer_id, self.lease_generation, lease_token_hash,
+                     self.lease_version)
+
+
+@dataclass(frozen=True, slots=True)
+class ActivateResult:
+    """The answer to Activate: spawn only on `applied`."""
+    result: str
+    deadline_at_ms: int | None = None
+    lease_version: int | None = None
+    detail: str | None = None
+
+
+class _Mismatch(Exception):
+    """A fence field that does not match; `ended` carries the rows when only the lease has ended."""
+
+    def __init__(self, detail: str, ended: tuple | None = None) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.ended = ended
+
+
+def same_hash(stored: str | None, given: Any) -> bool:
+    """Constant-time equality of two hex hashes; False for anything that is not a string."""
+    return (isinstance(stored, str) and isinstance(given, str)
+            and hmac.compare_digest(stored.encode("utf-8"), given.encode("utf-8")))
+
+
+def check_hash(name: str, value: Any) -> str:
+    if type(value) is not str or _HASH.fullmatch(value) is None:
+        raise BadInput(f"{name} must be a lowercase hex SHA-256 (64 characters); never the raw token")
+    return value
+
+
+def check_id(name: str, value: Any, max_len: int = 36) -> str:
+    if type(value) is not str or not 1 <= len(value) <= max_len:
+        raise BadInput(f"{name} must be a string of 1 to {max_len} characters")
+    return value
+
+
+def command_argv(command_json: str) -> tuple[str, ...]:
+    """The argv to exec: a shell-string task becomes `/bin/sh -c STRING`."""
+    command = Command.from_json(json.loads(command_json))
+    if command.shell is not None:
+        return (_SHELL, "-c", command.shell)
+    return tuple(command.argv)
+
+
+class Dispatch:
+    """Sessions, offers and the fenced executor reports, each one short transaction."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    # -- sessions ----------------------------------------------------------------------------
+
+    def register_session(self, worker_id: str, capacity: int) -> Session:
+        """A new `online` session, generation = previous + 1; older sessions of the worker go `offline`.
+
+        The new generation invalidates every fence of the old sessions at once. The session lease
+        stays NULL: on edge it lives as long as the process.
+        """
+        check_id("worker id", worker_id, 128)
+        if type(capacity) is not int or not 0 <= capacity <= MAX_CAPACITY:
+            raise BadInput(f"session capacity must be an integer from 0 to {MAX_CAPACITY}")
+        with self.store.write() as conn:
+            # Two registrations of one worker would both compute the same next generation.
+            self.store.advisory_lock(conn, f"worker:{worker_id}")
+            previous = conn.execute(select(worker_sessions).where(
+                worker_sessions.c.worker_id == worker_id).with_for_update()).all()
+            now = self.store.now_ms(conn)
+            generation = max((s.generation for s in previous), default=0) + 1
+            for old in previous:
+                if old.status != "offline":
+                    conn.execute(worker_sessions.update().where(and_(
+                        worker_sessions.c.session_id == old.session_id,
+                        worker_sessions.c.version == old.version)).values(
+                            status="offline", version=old.version + 1, updated_at_ms=now))
+            session_id = new_id()
+            if not self.store.insert_new(conn, worker_sessions, dict(
+                    session_id=session_id, worker_id=worker_id, generation=generation, status="online",
+                    version=1, capacity=capacity, free_slots=capacity, heartbeat_at_ms=now,
+                    lease_expires_at_ms=None, created_at_ms=now, updated_at_ms=now)):
+                raise Conflict(f"worker {worker_id!r} registered generation {generation} meanwhile")
+            return Session(session_id, worker_id, generation, capacity)
+
+    # -- offer -------------------------------------------------------------------------------
+
+    def offer(
+        self,
+        worker_id: str,
+        session_id: str,
+        session_generation: int,
+        offer_id: str,
+        lease_token_hash: str,
+        *,
+        log_cap_bytes: int,
+        lease_ttl_ms: int | None = None,
+    ) -> OfferView | None:
+        """Claim the oldest dispatchable run for this session, or None when there is none or no slot.
+
+        Dispatchable: a run with no cancel intent whose attempt is `claimed`, whose task (by the
+        run's pinned revision's `max_concurrent`) has room, and that is either `queued` or
+        `dispatching` with no live lease. The second kind is a declined, never-activated offer:
+        the run table has no `dispatching -> queued` edge, so the run stays `dispatching` and its
+        attempt is offered again under a new `lease_generation`.
+
+        Idempotent per `offer_id`: pulling again with the same id and token hash while the lease is
+        still `leased` and its attempt `claimed` answers the same offer, with no second lease. An
+        offer id already used for anything else yields None (pull with a fresh id). Raises `Fenced`
+        when the session is unknown, superseded, expired or not online. `lease_ttl_ms` None: the
+        lease lives as long as the runtime process (edge).
+        """
+        check_id("worker id", worker_id, 128)
+        check_id("session id", session_id)
+        check_id("offer id", offer_id)
+        check_hash("lease token hash", lease_token_hash)
+        if type(log_cap_bytes) is not int or log_cap_bytes < 0:
+            raise BadInput("log_cap_bytes must be a non-negative integer")
+        if lease_ttl_ms is not None and (type(lease_ttl_ms) is not int or lease_ttl_ms < 1):
+            raise BadInput("lease_ttl_ms must be a positive integer or None")
+        with self.store.write() as conn:
+            # Capacity is checked under the session row lock, so one session never oversells.
+            session = conn.execute(select(worker_sessions).where(
+                worker_sessions.c.session_id == session_id).with_for_update()).first()
+            now = self.store.now_ms(conn)
+            detail = _session_mismatch(session, worker_id, session_generation, now, online_only=True)
+            if detail is not None:
+                raise Fenced(f"session {session_id} of worker {worker_id!r} cannot pull ({detail}); "
+                             "register a new session")
+            existing = conn.execute(select(run_dispatch_leases).where(
+                run_dispatch_leases.c.offer_id == offer_id)).first()
+            if existing is not None:
+                return self._replay(conn, existing, session, lease_token_hash, log_cap_bytes)
+            if self._leased_count(conn, session_id) >= session.capacity:
+                return None
+            skip_runs: list[str] = []
+            skip_tasks: list[str] = []
+            for _ in range(_MAX_PICKS):
+                pick = conn.execute(_candidate_query(skip_runs, skip_tasks)).first()
+                if pick is None:
+                    return None
+                # The limit is counted per task; two offers picking two runs of one task must not
+                # both see room. A task-scoped advisory lock serialises exactly that recount.
+                self.store.advisory_lock(conn, f"task:{pick.task_id}")
+                run = load_run(conn, pick.id)
+                attempt = conn.execute(select(run_attempts).where(
+                    run_attempts.c.id == pick.attempt_id)).first()
+                if not _dispatchable(conn, run, attempt):
+                    skip_runs.append(pick.id)  # changed between the query's snapshot and its lock
+                elif _busy(conn, run.task_id, run.id) >= pick.max_concurrent:
+                    skip_tasks.append(run.task_id)
+                else:
+                    return self._claim(conn, run, attempt, session, offer_id, lease_token_hash,
+                                       log_cap_bytes, self.store.now_ms(conn), lease_ttl_ms)
+            return None
+
+    def _leased_count(self, conn: Connection, session_id: str) -> int:
+        """Live leases of the session; a lease whose attempt already ended holds no slot."""
+        return conn.execute(select(func.count()).select_from(
+            run_dispatch_leases.join(run_attempts, run_attempts.c.id == run_dispatch_leases.c.attempt_id))
+            .where(and_(run_dispatch_leases.c.session_id == session_id,
+                        run_dispatch_leases.c.status == _L.LEASED.value,
+                        run_attempts.c.status.in_(_ACTIVE)))).scalar_one()
+
+    def _claim(self, conn, run, attempt, session, offer_id, token_hash, log_cap_bytes, now,
+               lease_ttl_ms) -> OfferView | None:
+        generation = conn.execute(select(func.coalesce(func.max(run_dispatch_leases.c.lease_generation), 0))
+                                  .where(run_dispatch_leases.c.attempt_id == attempt.id)).scalar_one() + 1
+        expires = now + lease_ttl_ms if lease_ttl_ms is not None else None
+        if not self.store.insert_new(conn, run_dispatch_leases, dict(
+                attempt_id=attempt.id, lease_generation=generation, run_id=run.id,
+                status=_L.LEASED.value, version=1, worker_id=session.worker_id,
+                session_id=session.session_id, session_generation=session.generation,
+                token_hash=token_hash, offer_id=offer_id, expires_at_ms=expires,
+                release_reason=None, created_at_ms=now, updated_at_ms=now)):
+            return None  # a concurrent pull used this offer id or leased the attempt first
+        projection = dict(offer_id=offer_id, lease_generation=generation, lease_version=1,
+                          lease_expires_at_ms=expires, worker_id=session.worker_id,
+                          session_id=session.session_id, session_generation=session.generation)
+        if run.status == _R.QUEUED.value:
+            apply_plan(conn, plan_offer(run_snapshot(run), attempt_snapshot(attempt)), now,
+                       actor_type=ACTOR, expected_callback_sequence=attempt.callback_sequence,
+                       attempt_values=projection)
+        else:  # a re-offer of a declined claim: the run is already `dispatching`, no status change
+            changed = conn.execute(run_attempts.update().where(and_(
+                run_attempts.c.id == attempt.id, run_attempts.c.status == _A.CLAIMED.value))
+                .values(updated_at_ms=now, **projection)).rowcount
+            if changed != 1:
+                raise Conflict(f"attempt {attempt.id} changed meanwhile")
+        return self._view(conn, run.id, attempt.id, log_cap_bytes)
+
+    def _replay(self, conn, lease, session, token_hash, log_cap_bytes) -> OfferView | None:
+        """The same pull again (its answer was lost): the same offer, or None if it is no longer live."""
+        if (lease.session_id != session.session_id or lease.status != _L.LEASED.value
+                or not same_hash(lease.token_hash, token_hash)):
+            return None
+        attempt = conn.execute(select(run_attempts).where(run_attempts.c.id == lease.attempt_id)).first()
+        run = load_run(conn, lease.run_id)
+        if attempt.status != _A.CLAIMED.value or run.cancel_reason is not None:
+            return None
+        return self._view(conn, run.id, attempt.id, log_cap_bytes)
+
+    def _view(self, conn: Connection, run_id: str, attempt_id: str, log_cap_bytes: int) -> OfferView:
+        run = load_run(conn, run_id, lock=False)
+        attempt = conn.execute(select(run_attempts).where(run_attempts.c.id == attempt_id)).one()
+        rev = pinned_revision(conn, run)
+        name = conn.execute(select(tasks.c.name).where(tasks.c.id == run.task_id)).scalar_one()
+        return OfferView(
+            run_id=run.id, attempt_id=attempt.id, attempt_number=attempt.number,
+            offer_id=attempt.offer_id, lease_generation=attempt.lease_generation,
+            lease_version=attempt.lease_version, worker_id=attempt.worker_id,
+            session_id=attempt.session_id, session_generation=attempt.session_generation,
+            task=name, argv=command_argv(rev.command_json), cwd=rev.cwd, env=json.loads(rev.env_json),
+            timeout_ms=rev.timeout_ms, stop_grace_ms=rev.stop_grace_ms, log_cap_bytes=log_cap_bytes)
+
+    # -- fenced reports ----------------------------------------------------------------------
+
+    def _check_fence(self, conn: Connection, fence: Fence):
+        """Lock and check everything `fence` quotes; return (run, attempt, lease) rows or raise _Mismatch.
+
+        Order (SEMANTICS.md §9): the attempt's advisory lock, the session row, the run and attempt
+        rows, the lease row, then database time. The token hash is compared in constant time.
+        """
+        self.store.advisory_lock(conn, f"attempt:{fence.attempt_id}")
+        session = conn.execute(select(worker_sessions).where(
+            worker_sessions.c.session_id == fence.session_id).with_for_update(read=True)).first()
+        run = load_run(conn, fence.run_id)
+        attempt = conn.execute(select(run_attempts).where(run_attempts.c.id == fence.attempt_id)).first()
+        lease = conn.execute(select(run_dispatch_leases).where(and_(
+            run_dispatch_leases.c.attempt_id == fence.attempt_id,
+            run_dispatch_leases.c.lease_generation == fence.lease_generation)).with_for_update()).first()
+        now = self.store.now_ms(conn)
+        detail = _session_mismatch(session, fence.worker_id, fence.session_generation, now,
+                                   online_only=False)
+        if detail is not None:
+            raise _Mismatch(detail)
+        if run is None:
+            raise _Mismatch("unknown_run")
+        if attempt is None or attempt.run_id != run.id:
+            raise _Mismatch("wrong_attempt")
+        if lease is None or lease.run_id != run.id:
+            raise _Mismatch("lease_generation")
+        if lease.offer_id != fence.offer_id:
+            raise _Mismatch("offer_id")
+        if (lease.session_id != fence.session_id or lease.worker_id != fence.worker_id
+                or lease.session_generation != fence.session_generation):
+            raise _Mismatch("lease_session")
+        if not same_hash(lease.token_hash, fence.lease_token_hash):
+            raise _Mismatch("lease_token")
+        if lease.status != _L.LEASED.value:
+            # The caller proved it held this lease; it has ended (completed or released).
+            raise _Mismatch(f"lease_{lease.status}", ended=(run, attempt, lease))
+        if lease.version != fence.lease_version:
+            raise _Mismatch("lease_version")
+        if lease.expires_at_ms is not None and lease.expires_at_ms <= now:
+            raise _Mismatch("lease_expired")
+        return run, attempt, lease
+
+    def activate(self, fence: Fence, callback_token_hash: str, log_artifact_id: str) -> ActivateResult:
+        """Attempt `claimed -> starting` with its token hash, log artifact and deadline; spawn only if applied.
+
+        `refused` when the attempt is no longer `claimed`, the run not `dispatching`, or a cancel
+        intent exists (cancelled meanwhile: no spawn). The deadline (database time + the pinned
+        timeout, NULL without one) is written here once and never replaced. A repeated Activate for
+        an attempt already `starting` with the same token hash answers `applied` again, with the
+        stored deadline.
+        """
+        check_hash("callback token hash", callback_token_hash)
+        check_id("log artifact id", log_artifact_id, 256)
+        with self.store.write() as conn:
+            try:
+                run, attempt, lease = self._check_fence(conn, fence)
+            except _Mismatch as mismatch:
+                return ActivateResult(FENCED, detail=mismatch.detail)
+            status = _A(attempt.status)
+            if status is _A.STARTING:
+                if same_hash(attempt.callback_token_hash, callback_token_hash):
+                    return ActivateResult(APPLIED, attempt.deadline_at_ms, lease.version, "already_starting")
+                return ActivateResult(REFUSED, lease_version=lease.version, detail="activated_with_other_token")
+            if status is not _A.CLAIMED:
+                return ActivateResult(REFUSED, lease_version=lease.version, detail=f"attempt_{status.value}")
+            if run.status != _R.DISPATCHING.value:
+                return ActivateResult(REFUSED, lease_version=lease.version, detail=f"run_{run.status}")
+            if run.cancel_reason is not None:
+                return ActivateResult(REFUSED, lease_version=lease.version, detail="cancel_requested")
+            timeout_ms = pinned_revision(conn, run).timeout_ms
+            now = self.store.now_ms(conn)
+            deadline = now + timeout_ms if timeout_ms is not None else None
+            apply_plan(conn, plan_activate(run_snapshot(run), attempt_snapshot(attempt)), now,
+                       actor_type=ACTOR, expected_callback_sequence=attempt.callback_sequence,
+                       attempt_values=dict(callback_token_hash=callback_token_hash,
+                                           log_artifact_id=log_artifact_id, deadline_at_ms=deadline))
+            return ActivateResult(APPLIED, deadline, lease.version)
+
+    def started(self, fence: Fence, boot_id: str, pid: int, pgid: int, start_ticks: int) -> Outcome:
+        """Attempt and run `running` with the process identity and `started_at_ms` (database time).
+
+        Idempotent: an attempt already `running` with the same identity answers `applied` (no
+        event); another identity is `refused`. An attempt or run that already ended (a fast job's
+        receipt landed first) answers `already_terminal`.
+        """
+        identity = Identity(boot_id, pid, pgid, start_ticks)
+        with self.store.write() as conn:
+            try:
+                run, attempt, _lease = self._check_fence(conn, fence)
+            except _Mismatch as mismatch:
+                return _fenced_or_ended(mismatch)
+            if _ended(run, attempt):
+                return Outcome(ALREADY_TERMINAL, f"attempt_{attempt.status}", run.status)
+            status = _A(attempt.status)
+            if status is _A.RUNNING:
+                if Identity.from_row(attempt) == identity:
+                    return Outcome(APPLIED, "already_running", run.status)
+                return Outcome(REFUSED, "identity_mismatch", run.status)
+            if status is not _A.STARTING:
+                return Outcome(REFUSED, f"attempt_{status.value}", run.status)
+            now = self.store.now_ms(conn)
+            plan = plan_started(run_snapshot(run), attempt_snapshot(attempt))
+            apply_plan(conn, plan, now, actor_type=ACTOR,
+                       expected_callback_sequence=attempt.callback_sequence,
+                       run_values={"started_at_ms": now} if run.started_at_ms is None else None,
+                       attempt_values=dict(boot_id=identity.boot_id, pid=identity.pid, pgid=identity.pgid,
+                                           start_ticks=identity.start_ticks, started_at_ms=now))
+            return Outcome(APPLIED, None, plan.run_to.value)
+
+    def start_failed(self, fence: Fence, reason: str) -> Outcome:
+        """The launcher could not be spawned: attempt and run `failed` (EXECUTOR_START_FAILED).
+
+        The caller checks for a receipt first (SEMANTICS.md §4). `error_summary` is the reason cut
+        to 512 characters; the lease ends `released` (`start_failed`). A committed cancel intent
+        wins, as everywhere: the run ends as the intent says, with the reason kept as its summary.
+        """
+        if type(reason) is not str:
+            raise BadInput("a start failure reason is a string")
+        summary = reason[:MAX_ERROR_SUMMARY]
+        with self.store.write() as conn:
+            try:
+                run, attempt, _lease = self._check_fence(conn, fence)
+            except _Mismatch as mismatch:
+                return _fenced_or_ended(mismatch)
+            if _ended(run, attempt):
+                return Outcome(ALREADY_TERMINAL, f"attempt_{attempt.status}", run.status)
+            if attempt.status != _A.STARTING.value:
+                return Outcome(REFUSED, f"attempt_{attempt.status}", run.status)
+            now = self.store.now_ms(conn)
+            run_s, attempt_s = run_snapshot(run), attempt_snapshot(attempt)
+            plan = plan_end_by_intent(run_s, attempt_s) if run.cancel_reason else plan_start_failed(run_s, attempt_s)
+            apply_plan(conn, plan, now, actor_type=ACTOR, expected_callback_sequence=attempt.callback_sequence,
+                       run_values={"error_summary": summary}, attempt_values={"error_summary": summary})
+            end_lease(conn, attempt.id, now, _L.RELEASED, LeaseReleaseReason.START_FAILED)
+            return Outcome(APPLIED, None, plan.run_to.value)
+
+    def release_unstarted(self, fence: Fence, reason: LeaseReleaseReason | str) -> Outcome:
+        """The executor declines an offer it never activated: its lease ends `released`.
+
+        `reason` is `declined` or `shutdown`. The attempt stays `claimed` and the run `dispatching`
+        (no `dispatching -> queued` edge exists); `offer` picks such a run again under a new lease
+        generation. Also closes the lease of an attempt that ended meanwhile (e.g. cancelled before
+        activation, after Activate was refused). An activated attempt is `refused`: use
+        `start_failed`. A lease already ended answers `applied` again (`lease_already_ended`).
+        """
+        reason = LeaseReleaseReason(reason)
+        if reason not in (LeaseReleaseReason.DECLINED, LeaseReleaseReason.SHUTDOWN):
+            raise BadInput("an unstarted offer is released as declined or shutdown")
+        with self.store.write() as conn:
+            try:
+                run, attempt, _lease = self._check_fence(conn, fence)
+            except _Mismatch as mismatch:
+                if mismatch.ended is not None:
+                    return Outcome(APPLIED, "lease_already_ended", mismatch.ended[0].status)
+                return Outcome(FENCED, mismatch.detail)
+            status = _A(attempt.status)
+            if status in (_A.STARTING, _A.RUNNING):
+                return Outcome(REFUSED, f"attempt_{status.value}", run.status)
+            end_lease(conn, attempt.id, self.store.now_ms(conn), _L.RELEASED, reason)
+            return Outcome(APPLIED, "attempt_terminal" if status.terminal else None, run.status)
+
+
+_ACTIVE = [_A.CLAIMED.value, _A.STARTING.value, _A.RUNNING.value]
+_DISPATCHED = [_R.DISPATCHING.value, _R.RUNNING.value]
+
+
+def _session_mismatch(session, worker_id: str, generation: int, now: int, *, online_only: bool) -> str | None:
+    """Why `session` cannot act for (worker, generation) at `now`, or None when it can.
+
+    Reports are accepted from a `draining` session too: it no longer pulls, but it must still be
+    able to start and finish what it holds.
+    """
+    if session is None:
+        return "unknown_session"
+    if session.worker_id != worker_id:
+        return "session_worker"
+    if session.generation != generation:
+        return "session_generation"
+    if session.status != "online" and (online_only or session.status != "draining"):
+        return f"session_{session.status}"
+    if session.lease_expires_at_ms is not None and session.lease_expires_at_ms <= now:
+        return "session_expired"
+    return None
+
+
+def _ended(run, attempt) -> bool:
+    return RunStatus(run.status).terminal or AttemptStatus(attempt.status).terminal
+
+
+def _fenced_or_ended(mismatch: _Mismatch) -> Outcome:
+    """A report on a lease that has ended because its attempt ended is `already_terminal`, not fenced."""
+    if mismatch.ended is not None:
+        run, attempt, _lease = mismatch.ended
+        if _ended(run, attempt):
+            return Outcome(ALREADY_TERMINAL, mismatch.detail, run.status)
+    return Outcome(FENCED, mismatch.detail)
+
+
+def _live_lease():
+    return exists().where(and_(run_dispatch_leases.c.attempt_id == run_attempts.c.id,
+                               run_dispatch_leases.c.status == _L.LEASED.value))
+
+
+def _candidate_query(skip_runs: list[str], skip_tasks: list[str]):
+    """The oldest dispatchable run, locked; rows another offer holds are skipped (PostgreSQL)."""
+    other = runs.alias("other")
+    busy = (select(func.count()).select_from(other).where(and_(
+        other.c.task_id == runs.c.task_id, other.c.status.in_(_DISPATCHED), other.c.id != runs.c.id))
+        .scalar_subquery())
+    query = (
+        select(runs.c.id, runs.c.task_id, run_attempts.c.id.label("attempt_id"),
+               task_revisions.c.max_concurrent)
+        .join(run_attempts, and_(run_attempts.c.run_id == runs.c.id,
+                                 run_attempts.c.status == _A.CLAIMED.value))
+        .join(task_revisions, and_(task_revisions.c.task_id == runs.c.task_id,
+                                   task_revisions.c.revision == runs.c.task_revision))
+        .where(and_(runs.c.cancel_reason.is_(None),
+                    or_(runs.c.status == _R.QUEUED.value,
+                        and_(runs.c.status == _R.DISPATCHING.value, ~_live_lease())),
+                    busy < task_revisions.c.max_concurrent))
+        .order_by(runs.c.queued_at_ms, runs.c.id)
+        .limit(1)
+        # SQLAlchemy drops FOR UPDATE on SQLite, where BEGIN IMMEDIATE already serialises writers.
+        .with_for_update(skip_locked=True, of=runs)
+    )
+    if skip_runs:
+        query = query.where(runs.c.id.not_in(skip_runs))
+    if skip_tasks:
+        query = query.where(runs.c.task_id.not_in(skip_tasks))
+    return query
+
+
+def _dispatchable(conn: Connection, run, attempt) -> bool:
+    """Re-check a locked candidate with fresh reads (the query's snapshot may predate a commit)."""
+    if run is None or attempt is None or run.cancel_reason is not None:
+        return False
+    if attempt.status != _A.CLAIMED.value or attempt.run_id != run.id:
+        return False
+    if run.status == _R.QUEUED.value:
+        return True
+    if run.status != _R.DISPATCHING.value:
+        return False
+    return conn.execute(select(func.count()).select_from(run_dispatch_leases).where(and_(
+        run_dispatch_leases.c.attempt_id == attempt.id,
+        run_dispatch_leases.c.status == _L.LEASED.value))).scalar_one() == 0
+
+
+def _busy(conn: Connection, task_id: str, run_id: str) -> int:
+    """Runs of the task already dispatched (`dispatching|running`), other than `run_id` itself."""
+    return conn.execute(select(func.count()).select_from(runs).where(and_(
+        runs.c.task_id == task_id, runs.c.status.in_(_DISPATCHED), runs.c.id != run_id))).scalar_one()
