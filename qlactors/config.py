@@ -57,12 +57,16 @@ LIMITS: dict[str, tuple[int, int]] = {
 }
 
 
+DEFAULT_LAUNCHER_SHELL = "/bin/sh"
+
+
 @dataclass(frozen=True, slots=True)
 class Config:
     home: Path
     profile: str
     database_url: str
     runtime: RuntimeSettings
+    launcher_shell: str = DEFAULT_LAUNCHER_SHELL  # the POSIX sh that runs the launcher
 
     @property
     def logs_dir(self) -> Path:
@@ -91,7 +95,7 @@ def load(home_arg: str | None = None, config_path: str | None = None, *,
     path = Path(config_path) if config_path else home / CONFIG_FILE
     if config_path or path.is_file():
         data = _read_toml(path)
-    unknown = set(data) - {"profile", "database", "runtime"}
+    unknown = set(data) - {"profile", "database", "runtime", "launcher"}
     if unknown:
         raise BadInput(f"{path}: unknown section(s) {sorted(unknown)}; see configs/edge.toml for every knob")
     chosen = profile or data.get("profile") or "edge"
@@ -102,7 +106,19 @@ def load(home_arg: str | None = None, config_path: str | None = None, *,
     if database:
         raise BadInput(f"{path}: unknown [database] key(s) {sorted(database)}")
     runtime = _runtime(DEFAULTS[chosen], _table(data, "runtime", path), path)
-    return Config(home=home, profile=chosen, database_url=str(url), runtime=runtime)
+    launcher = _table(data, "launcher", path)
+    shell = launcher.pop("shell", DEFAULT_LAUNCHER_SHELL)
+    if launcher:
+        raise BadInput(f"{path}: unknown [launcher] key(s) {sorted(launcher)}")
+    _check_shell(shell, path)
+    return Config(home=home, profile=chosen, database_url=str(url), runtime=runtime, launcher_shell=shell)
+
+
+def _check_shell(shell: Any, path: Path) -> None:
+    words = shell.split() if isinstance(shell, str) else []
+    if not words or not words[0].startswith("/") or not os.access(words[0], os.X_OK):
+        raise BadInput(f"{path}: [launcher] shell = {shell!r} must start with the absolute path of an "
+                       "executable POSIX sh, e.g. \"/bin/sh\" or \"/bin/busybox sh\"")
 
 
 def ensure_home(config: Config) -> None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..domain.receipt import token_hash
+from ..faults import crash_point
 from ..ids import new_id
 from ..process.identity import Liveness, ProcessIdentity, probe, read_identity, read_marker
 from ..process.launch import job_environment, signal_group, spawn, uptime_ms
@@ -161,6 +162,7 @@ class Executor(RuntimeActor):
             del self.live[offer.attempt_id]
             self._pull()
             return
+        crash_point("after_spawn")
         # Identity before anything can reap it (we are the only reaper, and only of our own pids).
         local.identity = read_identity(pid, boot_id=boot_id)
         local.pidfd = os.pidfd_open(pid)

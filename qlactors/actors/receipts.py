@@ -7,6 +7,7 @@ import logging
 import time
 from typing import Any
 
+from ..faults import crash_point
 from ..wire import messages as m
 from .base import RuntimeActor
 from .signals import Cleanup, Consume, NoReceipt
@@ -70,6 +71,7 @@ class ReceiptConsumer(RuntimeActor):
             return
         files = self.ctx.local_receipts
         if msg.result in ("applied", "already_terminal"):
+            crash_point("after_completion_commit")
             files.finish(msg.attempt_id)  # delete only after the commit, journal row last
         elif msg.result == "refused":
             log.warning("event=receipt_refused attempt=%s detail=%s", msg.attempt_id, msg.detail)

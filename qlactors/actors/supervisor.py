@@ -10,6 +10,7 @@ from typing import Any, Callable
 import pykka
 
 from ..domain.receipt import Receipt, ReceiptError, token_hash
+from ..faults import crash_point
 from ..wire import messages as m
 from .base import RuntimeActor
 from .signals import ActorFailed, AttemptEnded, CycleDone, Drain, Tick
@@ -130,6 +131,7 @@ class Supervisor(RuntimeActor):
         except ReceiptError as err:
             self._ack(peer, "completed", msg, "refused", f"invalid receipt: {err.reason}")
             return
+        crash_point("before_completion_commit")
         outcome = self.ctx.completion.complete(msg.run_id, msg.attempt_id, receipt, msg.log_dropped_bytes)
         self._ack(peer, "completed", msg, outcome.result, outcome.reason or "")
 

@@ -24,7 +24,8 @@ def edge(repo: Repository, args: argparse.Namespace) -> int:
     repo.close()  # the runtime opens its own connections
     logging.basicConfig(stream=sys.stderr, level=getattr(logging, args.log_level),
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    return EdgeRuntime(args.cfg, cancel_running=args.cancel_running).run()
+    return EdgeRuntime(args.cfg, cancel_running=args.cancel_running,
+                       launcher_shell=args.cfg.launcher_shell).run()
 
 
 def exit_status_of(state: str, exit_code: int | None) -> int:
