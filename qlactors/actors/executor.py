@@ -38,7 +38,6 @@ class Local:
     token: str = ""
     identity: ProcessIdentity | None = None
     pidfd: int = -1
-    child: bool = False  # our own child (reapable), not a re-adopted orphan
     stop_phase: str | None = None  # None, "term" or "kill"
     grace_ms: int = 1000
 
@@ -166,7 +165,6 @@ class Executor(RuntimeActor):
         # Identity before anything can reap it (we are the only reaper, and only of our own pids).
         local.identity = read_identity(pid, boot_id=boot_id)
         local.pidfd = os.pidfd_open(pid)
-        local.child = True
         self.ctx.journal.set_state(offer.attempt_id, "started", identity=local.identity)
         self.ctx.bridge.watch(local.pidfd, offer.attempt_id, self.actor_ref)
         i = local.identity
@@ -225,11 +223,10 @@ class Executor(RuntimeActor):
         if local is None:
             return
         self.ctx.bridge.cancel_timer(f"stop:{local.attempt_id}")
-        if local.child:
-            try:  # reap only our own launcher, never waitpid(-1)
-                os.waitpid(local.identity.pid, os.WNOHANG)
-            except ChildProcessError:
-                pass
+        try:  # reap only our own launcher (a re-adopted one may still be our child), never waitpid(-1)
+            os.waitpid(local.identity.pid, os.WNOHANG)
+        except ChildProcessError:
+            pass
         if local.pidfd >= 0:
             os.close(local.pidfd)
             local.pidfd = -1
@@ -272,6 +269,9 @@ class Executor(RuntimeActor):
                 try:
                     pidfd = os.pidfd_open(identity.pid)
                 except ProcessLookupError:
+                    continue
+                if probe(identity, current_boot_id=boot_id) is not Liveness.RUNNING:
+                    os.close(pidfd)  # the pid was recycled between the probe and the open
                     continue
                 local = Local(run_id=entry.run_id, attempt_id=entry.attempt_id, identity=identity, pidfd=pidfd)
                 self.live[entry.attempt_id] = local
