@@ -94,6 +94,15 @@ class EdgeRuntime:
     # -- start --------------------------------------------------------------------------------
 
     def _start(self) -> RuntimeContext:
+        """Build the context and start the actors; on any failure stop what already started."""
+        try:
+            return self._build_and_start()
+        except BaseException:
+            if self.ctx is not None:
+                self._shutdown(self.ctx)
+            raise
+
+    def _build_and_start(self) -> RuntimeContext:
         ensure_home(self.config)
         repo = Repository.open(self.config.database_url)
         store = repo.store

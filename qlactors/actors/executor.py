@@ -17,7 +17,7 @@ from typing import Any
 from ..domain.receipt import token_hash
 from ..faults import crash_point
 from ..ids import new_id
-from ..process.identity import Liveness, ProcessIdentity, probe, read_identity, read_marker
+from ..process.identity import Liveness, probe, read_identity, read_marker
 from ..process.launch import job_environment, signal_group, spawn, uptime_ms
 from ..wire import messages as m
 from ..wire.bridge import ProcessExited
@@ -36,7 +36,7 @@ class Local:
     offer: m.Offer | None = None  # None for an attempt re-adopted after a restart
     lease_token: str = ""
     token: str = ""
-    identity: ProcessIdentity | None = None
+    identity: Any = None  # ProcessIdentity, or the store's Identity for a re-adopted attempt
     pidfd: int = -1
     stop_phase: str | None = None  # None, "term" or "kill"
     grace_ms: int = 1000
@@ -255,11 +255,8 @@ class Executor(RuntimeActor):
             for entry in entries:
                 if entry.attempt_id in self.live:
                     continue
-                identity = None
-                if entry.pid is not None:
-                    identity = ProcessIdentity(boot_id=entry.boot_id, pid=entry.pid, pgid=entry.pgid,
-                                               start_ticks=entry.start_ticks)
-                else:
+                identity = entry.identity
+                if identity is None:
                     try:
                         identity = read_marker(self.ctx.receipts.marker_path(entry.attempt_id))
                     except ValueError:

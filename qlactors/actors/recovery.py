@@ -17,7 +17,7 @@ from ..domain.receipt import token_hash
 from ..domain.transitions import ErrorCode
 from ..home import write_recovery_status
 from ..ids import new_id
-from ..process.identity import Liveness, ProcessIdentity, probe, read_marker
+from ..process.identity import Liveness, probe, read_marker
 from .base import RuntimeActor
 from .signals import AttemptEnded, StartupPass, StepDone, StepRequest
 
@@ -79,7 +79,7 @@ class Recovery(RuntimeActor):
 
     def _examine(self, candidates: list, *, startup: bool) -> list[str]:
         outcomes: list[str] = []
-        later: list[tuple[Any, ProcessIdentity | None]] = []
+        later: list[tuple[Any, Any]] = []  # (candidate, identity or None)
         boot_id = self.ctx.boot_id()
         for c in candidates:
             if self._consume_receipt(c):
@@ -114,13 +114,11 @@ class Recovery(RuntimeActor):
             outcomes.append(self._end(c, code))
         return outcomes
 
-    def _identity(self, c: Any) -> ProcessIdentity | None:
-        if c.pid is not None and c.boot_id and c.start_ticks is not None:
-            return ProcessIdentity(boot_id=c.boot_id, pid=c.pid, pgid=c.pgid, start_ticks=c.start_ticks)
-        journal = c.journal
-        if journal is not None and journal.pid is not None:
-            return ProcessIdentity(boot_id=journal.boot_id, pid=journal.pid, pgid=journal.pgid,
-                                   start_ticks=journal.start_ticks)
+    def _identity(self, c: Any):
+        """Database first, then the executor's journal, then the launcher's start marker."""
+        identity = c.identity or (c.journal.identity if c.journal is not None else None)
+        if identity is not None:
+            return identity
         try:
             return read_marker(self.ctx.receipts.marker_path(c.attempt_id))
         except ValueError as err:
@@ -159,7 +157,7 @@ class Recovery(RuntimeActor):
         self._resolved(c.attempt_id)
         return outcome
 
-    def _rebind(self, c: Any, identity: ProcessIdentity) -> None:
+    def _rebind(self, c: Any, identity: Any) -> None:
         self.ctx.control.rebind(c.run_id, c.attempt_id, self.ctx.session, identity,
                                 offer_id=new_id(), lease_token_hash=token_hash(secrets.token_urlsafe(32)))
         # The Executor re-adopts from its journal: make sure the identity is there.
