@@ -466,9 +466,10 @@ def pss_kib(pid: int) -> int:
 def test_launcher_tree_minus_the_job_fits_the_pss_budget(shell, launcher, paths):
     with launched(shell, launcher, ["sleep", "5"], launcher_env(paths, cap=4096)) as proc:
         job = wait_for(lambda: job_pid(proc.pid, "sleep"), "the job to exec sleep")
-        # Steady state: the launcher, the log reader and its `head`, and the job.
-        wait_for(lambda: any(cmdline(p)[:1] == ["head"] for p in group_members(proc.pid)),
-                 "the log reader's head")
+        # Steady state: the launcher, the log reader (a subshell waiting in `dd` inside a
+        # command substitution), and the job.
+        wait_for(lambda: any(cmdline(p)[:1] == ["dd"] for p in group_members(proc.pid)),
+                 "the log reader's dd")
         figures = {pid: (cmdline(pid), pss_kib(pid)) for pid in group_members(proc.pid) if pid != job}
         total = sum(kib for _, kib in figures.values())
         print(f"\nlauncher tree PSS with {' '.join(shell)}: {total} KiB (job {job} excluded)")

@@ -94,6 +94,8 @@ class RuntimeActor(pykka.ThreadingActor):
 
     def on_start(self) -> None:
         # pykka runs on_start in the actor's own thread: the socket belongs to this thread.
+        # Take the name first, so an answer to anything `started()` sends finds this actor.
+        self.ctx.directory.set(self.name, self.actor_ref)
         self._table = self.handlers()
         if self.uses_outbox:
             self.out = Outbox(self.ctx.zmq, self.ctx.bridge.outbox_endpoint)

@@ -53,7 +53,6 @@ class Executor(RuntimeActor):
         self.session: m.Welcome | None = None
         self.live: dict[str, Local] = {}
         self.pending_pull: tuple[str, str] | None = None  # (offer_id, lease_token)
-        self.ended_without_receipt: dict[str, str] = {}  # attempt id -> stopped_by
 
     def handlers(self):
         return {
@@ -230,19 +229,18 @@ class Executor(RuntimeActor):
         if local.pidfd >= 0:
             os.close(local.pidfd)
             local.pidfd = -1
-        self.ended_without_receipt[local.attempt_id] = {None: "exit", "term": "term", "kill": "kill"}[local.stop_phase]
-        self.ctx.directory.tell("receipts", Consume(local.run_id, local.attempt_id))
+        stopped_by = local.stop_phase or "exit"  # "term" or "kill" when we stopped it
+        self.ctx.directory.tell("receipts", Consume(local.run_id, local.attempt_id, stopped_by=stopped_by))
         self._pull()
 
     def on_no_receipt(self, msg: NoReceipt, _peer: bytes) -> None:
-        stopped_by = self.ended_without_receipt.pop(msg.attempt_id, "exit")
         s = self.session
         if s is None:
             return
         self.out.to_control(m.Attest(worker_id=self.worker_id, session_id=s.session_id,
                                      session_generation=s.session_generation, run_id=msg.run_id,
                                      attempt_id=msg.attempt_id, running=False, conclusive=True,
-                                     stopped_by=stopped_by))
+                                     stopped_by=msg.stopped_by))
 
     # -- restart ------------------------------------------------------------------------------
 

@@ -32,7 +32,9 @@ class ReceiptConsumer(RuntimeActor):
         return {Consume: self.on_consume, m.Ack: self.on_ack, Cleanup: self.on_cleanup}
 
     def started(self) -> None:
-        self._schedule_cleanup()
+        # One pass at once: a crash between a commit and the receipt's deletion leaves rows that
+        # should not wait a whole cleanup interval. Later passes ride on the cadence.
+        self.actor_ref.tell(Cleanup())
 
     def _schedule_cleanup(self) -> None:
         interval = self.ctx.config.runtime.receipt_cleanup_interval_ms / 1000
@@ -45,13 +47,15 @@ class ReceiptConsumer(RuntimeActor):
             if not msg.recheck:  # the launcher may still be publishing: one grace, one more look
                 grace = self.ctx.config.runtime.publish_grace_ms / 1000
                 self.ctx.bridge.call_at(f"recheck:{msg.attempt_id}", time.monotonic() + grace, self.actor_ref,
-                                        Consume(msg.run_id, msg.attempt_id, recheck=True))
+                                        Consume(msg.run_id, msg.attempt_id, recheck=True,
+                                                stopped_by=msg.stopped_by))
                 return
-            self.ctx.directory.tell("executor", NoReceipt(msg.run_id, msg.attempt_id))
+            self.ctx.directory.tell("executor", NoReceipt(msg.run_id, msg.attempt_id, stopped_by=msg.stopped_by))
             return
         if found.kind == "bad":
             files.quarantine(msg.attempt_id, now_ms())
-            self.ctx.directory.tell("executor", NoReceipt(msg.run_id, msg.attempt_id, quarantined=True))
+            self.ctx.directory.tell("executor", NoReceipt(msg.run_id, msg.attempt_id, quarantined=True,
+                                                          stopped_by=msg.stopped_by))
             return
         r = found.receipt
         session = self.ctx.session

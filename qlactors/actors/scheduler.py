@@ -77,7 +77,9 @@ class Scheduler(RuntimeActor):
             try:
                 page = self.ctx.config.runtime.recovery_page
                 control = self.ctx.control
-                stops = tuple(control.commit_timeouts(page)) + tuple(control.pending_stops(page))
+                orders = [*control.commit_timeouts(page), *control.pending_stops(page)]
+                # A timeout committed now is also pending: one stop order per attempt.
+                stops = tuple({o.attempt_id: o for o in orders}.values())
                 work = self.ctx.admitting.is_set() and control.queued_waiting()
                 next_due = control.next_due_ms()
             except Exception as err:  # a database error ends the cycle like a failed step

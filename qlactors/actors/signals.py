@@ -71,6 +71,7 @@ class Consume:
     run_id: str
     attempt_id: str
     recheck: bool = False
+    stopped_by: str = "exit"  # how the launcher ended as the executor saw it: exit, term, kill
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +81,7 @@ class NoReceipt:
     run_id: str
     attempt_id: str
     quarantined: bool = False
+    stopped_by: str = "exit"
 
 
 @dataclass(frozen=True, slots=True)

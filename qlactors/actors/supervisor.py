@@ -12,6 +12,7 @@ import pykka
 from ..domain.receipt import Receipt, ReceiptError, token_hash
 from ..faults import crash_point
 from ..wire import messages as m
+from ..wire.bridge import Inbound
 from .base import RuntimeActor
 from .signals import ActorFailed, AttemptEnded, CycleDone, Drain, Tick
 
@@ -57,6 +58,19 @@ class Supervisor(RuntimeActor):
         self._close()
         self.ctx.fatal.trip(f"the supervisor failed: {exception_value!r}")
 
+    def on_receive(self, message: Any) -> Any:
+        # A well-formed frame whose values the store or domain refuses (an id too long, pid 0, a
+        # negative count) is the peer's fault: answer `refused`, never let it stop the runtime.
+        try:
+            return super().on_receive(message)
+        except ValueError as err:  # BadInput, and the domain's value errors (a non-ASCII token...)
+            if not isinstance(message, Inbound):
+                raise
+            report = message.message
+            log.warning("event=report_refused kind=%s error=%s", report.KIND, err)
+            self._ack(message.peer, report.KIND, report, "refused", str(err))
+            return None
+
     # -- executor reports ---------------------------------------------------------------------
 
     def _ack(self, peer: bytes, of: str, msg: Any, result: str, detail: str = "") -> None:
@@ -74,13 +88,23 @@ class Supervisor(RuntimeActor):
                                          session_generation=session.generation))
 
     def on_heartbeat(self, msg: m.Heartbeat, peer: bytes) -> None:
+        if not self._current_session(msg):
+            self._ack(peer, "heartbeat", msg, "fenced", "stale session")
+            return
         self.peers[msg.worker_id] = peer
+
+    def _current_session(self, msg: Any) -> bool:
+        s = self.ctx.session
+        return (msg.worker_id, msg.session_id, msg.session_generation) == (
+            s.worker_id, s.session_id, s.generation)
 
     def on_pull(self, msg: m.Pull, peer: bytes) -> None:
         from ..store.dispatch import Fenced
 
         offer = None
-        if self.admitting:
+        # Nothing is offered before startup recovery is done, during shutdown, or beyond the
+        # free slots the executor says it has.
+        if self.admitting and self.ctx.admitting.is_set() and msg.free_slots > 0:
             try:
                 offer = self.ctx.dispatch.offer(
                     msg.worker_id, msg.session_id, msg.session_generation, msg.offer_id,
@@ -136,9 +160,14 @@ class Supervisor(RuntimeActor):
         self._ack(peer, "completed", msg, outcome.result, outcome.reason or "")
 
     def on_attest(self, msg: m.Attest, peer: bytes) -> None:
+        if not self._current_session(msg):
+            self._ack(peer, "attest", msg, "fenced", "stale session")
+            return
         if not msg.running and msg.conclusive:
+            # Evidence for recovery, which judges it on its next page (now: a cycle is asked for).
             self.ctx.directory.tell("recovery", AttemptEnded(msg.run_id, msg.attempt_id))
             self.ctx.directory.tell("scheduler", Tick("attest"))
+        self._ack(peer, "attest", msg, "applied")
 
     # -- cadence ------------------------------------------------------------------------------
 

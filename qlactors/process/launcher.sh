@@ -88,10 +88,22 @@ if [ "$q_cap" != 0 ] && [ -n "${q_marker:-$q_rdir}" ]; then
     if mkdir "$q_tmpd" && mkfifo "$q_tmpd/out"; then
         q_fifo=$q_tmpd/out
         {
-            # Ignored (already inherited as ignored): TERM/INT/HUP stay ignored in head and wc,
+            # Ignored (already inherited as ignored): TERM/INT/HUP stay ignored in dd and wc,
             # so the reader ends only at end of input.
             trap '' TERM INT HUP
-            head -c "$q_cap" >>"$q_log"
+            # Copy up to the cap one read at a time: each `dd count=1` writes what one read
+            # returned at once (head buffers through stdio, so a running job's output would not
+            # reach its log, and a KILL would lose it). dd's report, last line first word, is
+            # the byte count in GNU and busybox alike; 0 means end of input.
+            q_left=$q_cap
+            while [ "$q_left" -gt 0 ]; do
+                q_out=$(LC_ALL=C dd bs=$((q_left < 65536 ? q_left : 65536)) count=1 2>&1 >>"$q_log")
+                q_out=${q_out##*"
+"}
+                q_out=${q_out%% *}
+                case $q_out in '' | 0 | *[!0-9]*) break ;; esac
+                q_left=$((q_left - q_out))
+            done
             q_n=$(wc -c)
             q_uint "${q_n##* }"
             if [ -n "$q_dropped" ]; then

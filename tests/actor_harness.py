@@ -1,0 +1,357 @@
+"""A harness for actor-level integration tests: one real actor, the real store, a test peer on ZeroMQ.
+
+`ActorHarness` builds the same `RuntimeContext` as `EdgeRuntime._start` (SQLite file in a temp
+home, the local session, a Bridge, Directory, Fatal, ReceiptStore, LogStore, Journal,
+LocalReceipts, CompletionService, Control) but starts only the actor under test. Every other
+name in the Directory is a `Stub` that records what it receives (and may answer). The test
+peer is a plain ZeroMQ socket on the same context, speaking the real wire codec:
+
+- control side under test (Supervisor): the bridge binds `inproc://test-control-<uuid>`, the
+  peer is a DEALER connected to it;
+- executor side under test (Executor, ReceiptConsumer): the peer binds a ROUTER first, the
+  bridge's DEALER connects to it.
+
+`close()` stops every actor, the bridge, the peer sockets (LINGER 0), terminates the context,
+closes the store and kills every process group the test spawned or learnt of.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+import uuid
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable
+
+import pykka
+import zmq
+from sqlalchemy import func, select
+
+from qlactors.actors.base import Directory, Fatal
+from qlactors.actors.receipt_files import LocalReceipts
+from qlactors.config import DEFAULTS, Config, ensure_home
+from qlactors.edge import EXECUTOR_KINDS, LOCAL_WORKER, RuntimeContext
+from qlactors.process.identity import ProcessIdentity, read_boot_id, read_identity
+from qlactors.process.logs import LogStore
+from qlactors.process.receipts import ReceiptStore
+from qlactors.store.completion import CompletionService
+from qlactors.store.control import Control
+from qlactors.store.dispatch import Dispatch
+from qlactors.store.journal import Journal
+from qlactors.store.repository import Repository
+from qlactors.store.schema import run_attempts, run_dispatch_leases, run_events, runs
+from qlactors.wire import codec
+from qlactors.wire.bridge import Bridge
+
+WAIT_S = 10.0  # the longest any single expectation waits (they normally finish in milliseconds)
+QUIET_S = 0.3  # how long "nothing happens" is watched for
+
+
+class Inbox:
+    """What the stubs received, in arrival order, as (stub name, message); thread-safe, waitable."""
+
+    def __init__(self) -> None:
+        self._items: list[tuple[str, Any]] = []
+        self._cond = threading.Condition()
+
+    def put(self, name: str, message: Any) -> None:
+        with self._cond:
+            self._items.append((name, message))
+            self._cond.notify_all()
+
+    def items(self, name: str | None = None, kind: type | None = None) -> list[Any]:
+        with self._cond:
+            return [m for n, m in self._items
+                    if (name is None or n == name) and (kind is None or isinstance(m, kind))]
+
+    def log(self) -> list[tuple[str, Any]]:
+        with self._cond:
+            return list(self._items)
+
+    def wait(self, name: str, kind: type, count: int = 1, timeout: float = WAIT_S,
+             where: Callable[[Any], bool] | None = None) -> list[Any]:
+        """The first `count` messages of `kind` received by stub `name` (waits for them)."""
+        deadline = time.monotonic() + timeout
+
+        def found() -> list[Any]:
+            return [m for n, m in self._items
+                    if n == name and isinstance(m, kind) and (where is None or where(m))]
+
+        with self._cond:
+            while len(found()) < count:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError(
+                        f"stub {name!r} got {len(found())} {kind.__name__} within {timeout} s, "
+                        f"wanted {count}; everything received: {self._items!r}")
+                self._cond.wait(left)
+            return found()[:count]
+
+
+class Stub(pykka.ThreadingActor):
+    """Stands in for a named actor: records every message; `answer(message)` may react."""
+
+    def __init__(self, name: str, inbox: Inbox, answer: Callable[[Any], Any] | None = None) -> None:
+        super().__init__()
+        self.name = name
+        self.inbox = inbox
+        self.answer = answer
+
+    def on_receive(self, message: Any) -> Any:
+        self.inbox.put(self.name, message)
+        if self.answer is not None:
+            return self.answer(message)
+        return None
+
+
+class Peer:
+    """The test's end of the wire: sends and receives real codec frames, from the test thread only."""
+
+    def __init__(self, sock: zmq.Socket, *, router: bool) -> None:
+        self.sock = sock
+        self.router = router
+        self.identity: bytes | None = None  # ROUTER: the bridge DEALER's identity, once heard
+        self.pending: list[Any] = []  # decoded messages received while `expect` waited for another kind
+
+    def send(self, message: Any) -> None:
+        self.send_frames(codec.encode(message))
+
+    def send_frames(self, frames: list[bytes]) -> None:
+        if self.router:
+            assert self.identity is not None, "the executor side has not spoken yet"
+            frames = [self.identity, *frames]
+        self.sock.send_multipart(frames)
+
+    def recv_frames(self, timeout: float = WAIT_S) -> list[bytes] | None:
+        if not self.sock.poll(int(timeout * 1000), zmq.POLLIN):
+            return None
+        frames = self.sock.recv_multipart()
+        if self.router:
+            self.identity, frames = frames[0], frames[1:]
+        return frames
+
+    def recv(self, timeout: float = WAIT_S) -> Any:
+        """The next message (one set aside by `expect` first)."""
+        if self.pending:
+            return self.pending.pop(0)
+        frames = self.recv_frames(timeout)
+        if frames is None:
+            raise AssertionError(f"no message from the other side within {timeout} s")
+        return codec.decode(frames)
+
+    def expect(self, kind: type, timeout: float = WAIT_S, *, strict: bool = True) -> Any:
+        """The next message of `kind`. strict: it must be the very next one; else others are set
+        aside (kept for later `recv`/`expect`), for messages two actors send in no fixed order."""
+        for i, message in enumerate(self.pending):
+            if isinstance(message, kind):
+                return self.pending.pop(i)
+        deadline = time.monotonic() + timeout
+        while True:
+            frames = self.recv_frames(max(0.0, deadline - time.monotonic()))
+            if frames is None:
+                raise AssertionError(f"no {kind.__name__} within {timeout} s; set aside: {self.pending!r}")
+            message = codec.decode(frames)
+            if isinstance(message, kind):
+                return message
+            assert not strict, f"expected {kind.__name__}, got {message!r}"
+            self.pending.append(message)
+
+    def quiet(self, timeout: float = QUIET_S) -> None:
+        assert not self.pending, f"expected silence, got {self.pending!r}"
+        frames = self.recv_frames(timeout)
+        assert frames is None, f"expected silence, got {codec.decode(frames)!r}"
+
+
+class ActorHarness:
+    """A real RuntimeContext with a temp home; start one actor, stub the others, talk over a peer."""
+
+    def __init__(self, tmp_path: Path, *, control_bind: str | None = None,
+                 control_connect: str | None = None, session_capacity: int = 64,
+                 database_url: str | None = None, **runtime: int) -> None:
+        home = tmp_path / "home"
+        self.config = Config(home=home, profile="edge",
+                             database_url=database_url or f"sqlite:///{home / 'qlactors.db'}",
+                             runtime=replace(DEFAULTS["edge"], **runtime))
+        ensure_home(self.config)
+        self.repo = Repository.open(self.config.database_url)
+        self._refs: list[pykka.ActorRef] = []
+        self._sockets: list[zmq.Socket] = []
+        self._procs: list[subprocess.Popen] = []
+        self._pgids: set[int] = set()
+        self._bridge_started = False
+        self.inbox = Inbox()
+        self.zmq = zmq.Context()
+        try:
+            store = self.repo.store
+            receipts = ReceiptStore(self.config.receipts_dir)
+            receipts.ensure()
+            logs = LogStore(self.config.logs_dir)
+            logs.ensure()
+            journal = Journal(store)
+            dispatch = Dispatch(store)
+            bridge = Bridge(self.zmq, control_bind=control_bind, control_connect=control_connect)
+            self.ctx = RuntimeContext(
+                config=self.config, zmq=self.zmq, bridge=bridge, directory=Directory(), fatal=Fatal(),
+                admitting=threading.Event(),
+                session=dispatch.register_session(LOCAL_WORKER, session_capacity),
+                repo=self.repo, dispatch=dispatch, completion=CompletionService(store),
+                control=Control(store), journal=journal, receipts=receipts, logs=logs,
+                local_receipts=LocalReceipts(receipts, journal, self.config.runtime.quarantine_retention_ms),
+                boot_id=read_boot_id, launcher_shell="/bin/sh")
+        except BaseException:
+            self.zmq.term()
+            self.repo.close()
+            raise
+
+    # -- wiring ---------------------------------------------------------------------------------
+
+    @property
+    def bridge(self) -> Bridge:
+        return self.ctx.bridge
+
+    @property
+    def directory(self) -> Directory:
+        return self.ctx.directory
+
+    def route_executor_side(self) -> None:
+        """The edge routes of the executor side (edge.py): replies to the executor, acks of completions to receipts."""
+        self.bridge.route_executor(EXECUTOR_KINDS, self.directory.named("executor"))
+        self.bridge.route_executor(["ack:completed"], self.directory.named("receipts"))
+
+    def start_bridge(self) -> None:
+        self.bridge.start()
+        self._bridge_started = True
+        self.bridge.ready()
+
+    def stub(self, name: str, answer: Callable[[Any], Any] | None = None) -> pykka.ActorRef:
+        ref = Stub.start(name, self.inbox, answer)
+        self._refs.append(ref)
+        self.directory.set(name, ref)
+        return ref
+
+    def start(self, name: str, cls: type, *args: Any) -> pykka.ActorRef:
+        ref = cls.start(self.ctx, *args)
+        self._refs.append(ref)
+        self.directory.set(name, ref)
+        return ref
+
+    def dealer(self, endpoint: str) -> Peer:
+        sock = self._socket(zmq.DEALER)
+        sock.connect(endpoint)
+        return Peer(sock, router=False)
+
+    def router(self, endpoint: str) -> Peer:
+        sock = self._socket(zmq.ROUTER)
+        sock.bind(endpoint)
+        return Peer(sock, router=True)
+
+    def _socket(self, kind: int) -> zmq.Socket:
+        sock = self.zmq.socket(kind)
+        sock.setsockopt(zmq.LINGER, 0)
+        self._sockets.append(sock)
+        return sock
+
+    # -- processes ------------------------------------------------------------------------------
+
+    def spawn_sleep(self, seconds: int = 30) -> tuple[subprocess.Popen, ProcessIdentity]:
+        """A `sleep` of our own in a new session (pid = pgid), and its durable identity."""
+        proc = subprocess.Popen(["sleep", str(seconds)], start_new_session=True,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self._procs.append(proc)
+        return proc, read_identity(proc.pid, boot_id=read_boot_id())
+
+    def dead_identity(self) -> ProcessIdentity:
+        """The identity of a process that existed and is gone (reaped)."""
+        proc, identity = self.spawn_sleep(30)
+        proc.kill()
+        proc.wait(WAIT_S)
+        return identity
+
+    def track_group(self, pgid: int) -> None:
+        """A process group the runtime launched: killed (and its leader reaped) at close."""
+        self._pgids.add(pgid)
+
+    # -- teardown -------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        errors: list[str] = []
+        for ref in reversed(self._refs):
+            try:
+                ref.stop(timeout=WAIT_S)
+            except pykka.ActorDeadError:
+                pass
+            except Exception as err:  # keep tearing down; report at the end
+                errors.append(f"stopping {ref}: {err!r}")
+        self.bridge.close()
+        for sock in self._sockets:
+            sock.close(linger=0)
+        terminated = threading.Event()
+
+        def term() -> None:
+            self.zmq.term()
+            terminated.set()
+
+        threading.Thread(target=term, name="test-zmq-term", daemon=True).start()
+        if not terminated.wait(WAIT_S):
+            errors.append("zmq context did not terminate: a socket was left open")
+        for pgid in self._pgids:
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            try:
+                os.waitpid(pgid, 0)  # the launcher (group leader) is our child; reap it
+            except ChildProcessError:
+                pass
+        for proc in self._procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(WAIT_S)
+        self.repo.close()
+        assert not errors, errors
+
+
+# -- store helpers ------------------------------------------------------------------------------
+
+
+def db_state(repo: Repository, run_id: str) -> tuple:
+    """Everything a report could change about a run (rows and event count), for "nothing changed"."""
+    with repo.store.read() as conn:
+        run = dict(conn.execute(select(runs).where(runs.c.id == run_id)).one()._mapping)
+        attempts = [dict(r._mapping) for r in conn.execute(
+            select(run_attempts).where(run_attempts.c.run_id == run_id).order_by(run_attempts.c.number))]
+        leases = [dict(r._mapping) for r in conn.execute(
+            select(run_dispatch_leases).where(run_dispatch_leases.c.run_id == run_id)
+            .order_by(run_dispatch_leases.c.attempt_id, run_dispatch_leases.c.lease_generation))]
+        events = conn.execute(select(func.count()).select_from(run_events)
+                              .where(run_events.c.run_id == run_id)).scalar_one()
+    return run, attempts, leases, events
+
+
+def attempt_row(repo: Repository, attempt_id: str):
+    with repo.store.read() as conn:
+        return conn.execute(select(run_attempts).where(run_attempts.c.id == attempt_id)).one()
+
+
+def leases(repo: Repository, run_id: str) -> list:
+    return db_state(repo, run_id)[2]
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = WAIT_S, what: str = "condition") -> Any:
+    """Poll `predicate` every 10 ms until it is truthy; its value, or AssertionError at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not hold within {timeout} s")
+        time.sleep(0.01)
+
+
+def unique_endpoint(kind: str) -> str:
+    return f"inproc://test-{kind}-{uuid.uuid4().hex}"

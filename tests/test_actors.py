@@ -1,0 +1,1416 @@
+"""Actor-level integration tests: each actor started alone with the real store, driven through its
+real ZeroMQ endpoint by a test peer sending wire messages (ARCHITECTURE.md "The wire",
+docs/protocol.md, SEMANTICS.md §4-§6, §10).
+
+The harness (tests/actor_harness.py) builds the edge RuntimeContext on a SQLite file in a temp
+home and starts one actor; the other names in the Directory are recording stubs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import secrets
+import signal
+import stat
+import time
+from typing import Any
+
+import msgpack
+import pytest
+
+from qlactors.actors import scheduler as scheduler_module
+from qlactors.actors.executor import Executor
+from qlactors.actors.receipts import ReceiptConsumer
+from qlactors.actors.recovery import Recovery
+from qlactors.actors.retry import Retry
+from qlactors.actors.scheduler import Scheduler
+from qlactors.actors.signals import (
+    ActorFailed,
+    AttemptEnded,
+    Consume,
+    CycleDone,
+    NoReceipt,
+    StartupPass,
+    StepDone,
+    StepRequest,
+    Tick,
+)
+from qlactors.actors.supervisor import Supervisor, fence_of
+from qlactors.domain.model import Command, TaskSpec
+from qlactors.domain.receipt import Receipt, encode_receipt, token_hash
+from qlactors.domain.retry import RetryPolicy
+from qlactors.domain.transitions import ErrorCode
+from qlactors.process.identity import Liveness, probe, read_boot_id, read_identity
+from qlactors.store.dispatch import Dispatch, Fence
+from qlactors.store.repository import Repository
+from qlactors.store import sqlite as sqlite_store
+from qlactors.wire import codec
+from qlactors.wire import messages as m
+
+from actor_harness import (
+    QUIET_S,
+    WAIT_S,
+    ActorHarness,
+    attempt_row,
+    db_state,
+    leases,
+    unique_endpoint,
+    wait_until,
+)
+
+BOOT_ID = read_boot_id()
+
+
+def spec(name: str = "job", words: list[str] | None = None, **kw: Any) -> TaskSpec:
+    return TaskSpec(name=name, command=Command.from_words(words or ["echo", "hi"]), **kw)
+
+
+def new_token() -> str:
+    return secrets.token_urlsafe(32)
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+# =============================================================================================
+# Supervisor alone: the control side's face to executors, over a bound ROUTER
+# =============================================================================================
+
+
+class SupervisorRig:
+    """The Supervisor under test, its peer (a DEALER playing an executor) and the harness."""
+
+    def __init__(self, h: ActorHarness, ref, peer) -> None:
+        self.h, self.ref, self.peer = h, ref, peer
+
+    @property
+    def session(self):
+        return self.h.ctx.session
+
+    @property
+    def repo(self):
+        return self.h.repo
+
+    def register(self) -> m.Welcome:
+        self.peer.send(m.Register(worker_id=self.session.worker_id, capacity=1, boot_id=BOOT_ID))
+        return self.peer.expect(m.Welcome)
+
+    def pull(self, offer_id: str | None = None, lease_token: str | None = None, **kw: Any) -> tuple[Any, str, str]:
+        offer_id = offer_id or secrets.token_hex(8)
+        lease_token = lease_token or new_token()
+        s = self.session
+        fields = dict(worker_id=s.worker_id, session_id=s.session_id, session_generation=s.generation,
+                      free_slots=1, offer_id=offer_id, lease_token=lease_token)
+        fields.update(kw)
+        self.peer.send(m.Pull(**fields))
+        return self.peer.recv(), offer_id, lease_token
+
+    def fence(self, offer: m.Offer, token_of_lease: str, **kw: Any) -> dict[str, Any]:
+        fence = dict(worker_id=offer.worker_id, session_id=offer.session_id,
+                     session_generation=offer.session_generation, run_id=offer.run_id,
+                     attempt_id=offer.attempt_id, offer_id=offer.offer_id,
+                     lease_generation=offer.lease_generation, lease_token=token_of_lease,
+                     lease_version=offer.lease_version)
+        fence.update(kw)
+        return fence
+
+    def offered(self, name: str = "job", **task: Any) -> tuple[m.Offer, str]:
+        """A task, a queued run and a real offer for it; (offer, lease token)."""
+        self.repo.tasks.add(spec(name, **task))
+        self.repo.runs.request(name)
+        offer, _, lease_token = self.pull()
+        assert isinstance(offer, m.Offer), offer
+        return offer, lease_token
+
+    def activated(self, name: str = "job", **task: Any) -> tuple[m.Offer, str, str, m.Activated]:
+        """(offer, lease token, callback token, Activated) of an attempt now `starting`."""
+        offer, lease_token = self.offered(name, **task)
+        token = new_token()
+        self.peer.send(m.Activate(**self.fence(offer, lease_token), callback_token_hash=token_hash(token),
+                                  log_artifact_id="ab/attempt.log"))
+        return offer, lease_token, token, self.peer.expect(m.Activated)
+
+    def started(self, offer: m.Offer, lease_token: str, activated: m.Activated, pid: int = 4242) -> m.Ack:
+        self.peer.send(m.Started(**self.fence(offer, lease_token, lease_version=activated.lease_version),
+                                 boot_id=BOOT_ID, pid=pid, pgid=pid, start_ticks=99))
+        return self.peer.expect(m.Ack)
+
+    def completed(self, offer: m.Offer, token: str, exit_code: int = 0, **kw: Any) -> m.Ack:
+        s = self.session
+        fields = dict(worker_id=s.worker_id, session_id=s.session_id, session_generation=s.generation,
+                      run_id=offer.run_id, attempt_id=offer.attempt_id, schema_version=1,
+                      callback_sequence=1, token=token, started_at_ms=now_ms() - 5,
+                      finished_at_ms=now_ms(), exit_code=exit_code, log_dropped_bytes=0)
+        fields.update(kw)
+        self.peer.send(m.Completed(**fields))
+        return self.peer.expect(m.Ack)
+
+    def alive(self) -> bool:
+        return self.ref.is_alive() and not self.h.ctx.fatal.event.is_set()
+
+
+@pytest.fixture
+def sup(tmp_path, store_url):
+    """The Supervisor on SQLite and on PostgreSQL (it is the cluster control plane's face too)."""
+    endpoint = unique_endpoint("control")
+    h = ActorHarness(tmp_path, control_bind=endpoint, database_url=store_url)
+    try:
+        h.bridge.route_control(h.directory.named("supervisor"))
+        h.stub("recovery")
+        h.stub("scheduler")
+        h.start_bridge()
+        h.ctx.admitting.set()
+        ref = h.start("supervisor", Supervisor, {})
+        yield SupervisorRig(h, ref, h.dealer(endpoint))
+    finally:
+        h.close()
+
+
+def test_supervisor_register_answers_welcome_with_the_registered_session(sup):
+    welcome = sup.register()
+    s = sup.session
+    assert (welcome.worker_id, welcome.session_id, welcome.session_generation) == (
+        s.worker_id, s.session_id, s.generation)
+    assert welcome.session_generation == 1
+
+
+def test_supervisor_register_of_an_unknown_worker_is_refused(sup):
+    sup.peer.send(m.Register(worker_id="intruder", capacity=1, boot_id=BOOT_ID))
+    ack = sup.peer.expect(m.Ack)
+    assert (ack.of, ack.result, ack.run_id, ack.attempt_id) == ("register", "refused", "", "")
+    assert "intruder" in ack.detail
+    assert sup.alive()
+
+
+def test_supervisor_pull_without_queued_work_answers_idle(sup):
+    sup.register()
+    idle, offer_id, _ = sup.pull()
+    assert idle == m.Idle(offer_id=offer_id)
+
+
+def test_supervisor_pull_offers_the_queued_run_and_a_repeated_pull_gets_the_same_offer(sup):
+    sup.register()
+    sup.repo.tasks.add(spec("job", ["/bin/sh", "-c", "echo hi; exit 4"], cwd="/tmp", env={"A": "1"},
+                            timeout_ms=60_000, stop_grace_ms=2_000))
+    run_id = sup.repo.runs.request("job").run.id
+    offer, offer_id, lease_token = sup.pull()
+    assert isinstance(offer, m.Offer)
+    s = sup.session
+    assert (offer.worker_id, offer.session_id, offer.session_generation) == (s.worker_id, s.session_id, s.generation)
+    assert (offer.run_id, offer.attempt_number, offer.offer_id) == (run_id, 1, offer_id)
+    assert offer.argv == ["/bin/sh", "-c", "echo hi; exit 4"]
+    assert (offer.cwd, offer.env, offer.timeout_ms, offer.stop_grace_ms) == ("/tmp", {"A": "1"}, 60_000, 2_000)
+    assert offer.log_cap_bytes == sup.h.config.runtime.log_cap_bytes
+    [lease] = leases(sup.repo, run_id)
+    assert (lease["status"], lease["offer_id"], lease["lease_generation"], lease["version"]) == (
+        "leased", offer_id, offer.lease_generation, offer.lease_version)
+    assert lease["token_hash"] == token_hash(lease_token)
+    assert sup.repo.runs.get(run_id).state == "dispatching"
+    before = db_state(sup.repo, run_id)
+
+    again, _, _ = sup.pull(offer_id=offer_id, lease_token=lease_token)
+    assert again == offer
+    assert db_state(sup.repo, run_id) == before  # no second lease, nothing changed
+
+
+def test_supervisor_activate_answers_activated_with_the_deadline(sup):
+    sup.register()
+    t0 = now_ms()
+    offer, lease_token, token, activated = sup.activated(timeout_ms=60_000)
+    t1 = now_ms()
+    assert (activated.run_id, activated.attempt_id, activated.offer_id) == (
+        offer.run_id, offer.attempt_id, offer.offer_id)
+    assert activated.lease_version == offer.lease_version
+    assert t0 + 60_000 <= activated.deadline_at_ms <= t1 + 60_000
+    row = attempt_row(sup.repo, offer.attempt_id)
+    assert (row.status, row.callback_token_hash, row.deadline_at_ms, row.log_artifact_id) == (
+        "starting", token_hash(token), activated.deadline_at_ms, "ab/attempt.log")
+
+
+def test_supervisor_activate_without_timeout_has_no_deadline(sup):
+    sup.register()
+    _, _, _, activated = sup.activated()
+    assert activated.deadline_at_ms is None
+
+
+@pytest.mark.parametrize("wrong", [
+    {"lease_token": "not-the-token-of-this-lease-xxxxxxxxxxxxxxxxxx"},
+    {"session_generation": 2},
+    {"lease_generation": 7},
+    {"lease_version": 5},
+    {"offer_id": "another-offer"},
+], ids=["lease_token", "session_generation", "lease_generation", "lease_version", "offer_id"])
+def test_supervisor_fenced_activate_is_acked_fenced_and_changes_nothing(sup, wrong):
+    sup.register()
+    offer, lease_token = sup.offered()
+    before = db_state(sup.repo, offer.run_id)
+    sup.peer.send(m.Activate(**sup.fence(offer, lease_token, **wrong),
+                             callback_token_hash=token_hash(new_token()), log_artifact_id="ab/x.log"))
+    ack = sup.peer.expect(m.Ack)
+    assert (ack.of, ack.result, ack.run_id, ack.attempt_id) == (
+        "activate", "fenced", offer.run_id, offer.attempt_id)
+    assert ack.detail
+    assert db_state(sup.repo, offer.run_id) == before
+    # The genuine fence still works afterwards.
+    sup.peer.send(m.Activate(**sup.fence(offer, lease_token), callback_token_hash=token_hash(new_token()),
+                             log_artifact_id="ab/x.log"))
+    sup.peer.expect(m.Activated)
+
+
+def test_supervisor_activate_after_a_cancel_is_refused(sup):
+    sup.register()
+    offer, lease_token = sup.offered()
+    sup.repo.runs.cancel(offer.run_id)
+    before = db_state(sup.repo, offer.run_id)
+    sup.peer.send(m.Activate(**sup.fence(offer, lease_token), callback_token_hash=token_hash(new_token()),
+                             log_artifact_id="ab/x.log"))
+    ack = sup.peer.expect(m.Ack)
+    assert (ack.of, ack.result, ack.detail) == ("activate", "refused", "attempt_cancelled")
+    assert db_state(sup.repo, offer.run_id) == before
+    assert sup.repo.runs.get(offer.run_id).state == "cancelled"
+
+
+def test_supervisor_started_is_applied_once_and_a_repeat_is_applied_again_without_an_event(sup):
+    sup.register()
+    offer, lease_token, _, activated = sup.activated()
+    ack = sup.started(offer, lease_token, activated)
+    assert (ack.of, ack.result, ack.run_id, ack.attempt_id) == ("started", "applied", offer.run_id, offer.attempt_id)
+    run = sup.repo.runs.get(offer.run_id)
+    assert run.state == "running" and run.attempts[0].state == "running"
+    row = attempt_row(sup.repo, offer.attempt_id)
+    assert (row.boot_id, row.pid, row.pgid, row.start_ticks) == (BOOT_ID, 4242, 4242, 99)
+    before = db_state(sup.repo, offer.run_id)
+
+    again = sup.started(offer, lease_token, activated)
+    assert (again.of, again.result) == ("started", "applied")
+    assert db_state(sup.repo, offer.run_id) == before  # no new event, nothing changed
+
+    other = sup.started(offer, lease_token, activated, pid=4343)
+    assert (other.of, other.result) == ("started", "refused")
+    assert db_state(sup.repo, offer.run_id) == before
+
+
+def test_supervisor_fenced_started_changes_nothing(sup):
+    sup.register()
+    offer, lease_token, _, activated = sup.activated()
+    before = db_state(sup.repo, offer.run_id)
+    sup.peer.send(m.Started(**sup.fence(offer, new_token(), lease_version=activated.lease_version),
+                            boot_id=BOOT_ID, pid=4242, pgid=4242, start_ticks=99))
+    ack = sup.peer.expect(m.Ack)
+    assert (ack.of, ack.result) == ("started", "fenced")
+    assert db_state(sup.repo, offer.run_id) == before
+
+
+@pytest.mark.parametrize(("exit_code", "state"), [(0, "succeeded"), (3, "failed")])
+def test_supervisor_completed_with_the_callback_token_ends_the_run_by_exit_code(sup, exit_code, state):
+    sup.register()
+    offer, lease_token, token, activated = sup.activated()
+    sup.started(offer, lease_token, activated)
+
+    wrong = sup.completed(offer, new_token(), exit_code)
+    assert (wrong.of, wrong.result) == ("completed", "refused")
+    assert sup.repo.runs.get(offer.run_id).state == "running"
+
+    ack = sup.completed(offer, token, exit_code)
+    assert (ack.of, ack.result, ack.run_id, ack.attempt_id) == ("completed", "applied", offer.run_id, offer.attempt_id)
+    run = sup.repo.runs.get(offer.run_id)
+    assert run.state == state
+    assert (run.attempts[0].state, run.attempts[0].exit_code, run.attempts[0].log_dropped_bytes) == (
+        state, exit_code, 0)
+    [lease] = leases(sup.repo, offer.run_id)
+    assert lease["status"] == "completed"
+    before = db_state(sup.repo, offer.run_id)
+
+    replay = sup.completed(offer, token, exit_code)
+    assert (replay.of, replay.result) == ("completed", "already_terminal")
+    assert db_state(sup.repo, offer.run_id) == before
+
+    late = sup.completed(offer, new_token(), exit_code)
+    assert (late.of, late.result) == ("completed", "refused")
+    assert db_state(sup.repo, offer.run_id) == before
+
+
+def test_supervisor_completed_before_started_still_lands(sup):
+    """A fast job's receipt may beat its Started report (SEMANTICS.md §2: `starting` may end directly)."""
+    sup.register()
+    offer, lease_token, token, activated = sup.activated()
+    ack = sup.completed(offer, token, 0)
+    assert ack.result == "applied"
+    late = sup.started(offer, lease_token, activated)
+    assert late.result == "already_terminal"
+    assert sup.repo.runs.get(offer.run_id).state == "succeeded"
+
+
+def test_supervisor_completed_with_an_invalid_receipt_is_refused(sup):
+    sup.register()
+    offer, _, token, _ = sup.activated()
+    ack = sup.completed(offer, token, 300)  # exit codes are 0..255
+    assert (ack.of, ack.result) == ("completed", "refused")
+    assert "invalid receipt" in ack.detail
+    assert sup.repo.runs.get(offer.run_id).state == "dispatching"
+    assert sup.alive()
+
+
+def _body(**fields: Any) -> bytes:
+    return msgpack.packb(fields, use_bin_type=True)
+
+
+_GOOD_REGISTER = dict(kind="register", worker_id="local", capacity=1, boot_id="b")
+
+MALFORMED = {
+    "garbage": [b"\xff\x00garbage\x13"],
+    "one_frame": [codec.HEADER],
+    "three_frames": [codec.HEADER, _body(**_GOOD_REGISTER), b""],
+    "bad_body": [codec.HEADER, b"\xc1\xc1\xc1"],
+    "unknown_kind": [codec.HEADER, _body(kind="launch_missiles")],
+    "extra_field": [codec.HEADER, _body(**_GOOD_REGISTER, extra=1)],
+    "bool_for_int": [codec.HEADER, _body(**dict(_GOOD_REGISTER, capacity=True))],
+    "missing_field": [codec.HEADER, _body(kind="register", worker_id="local", capacity=1)],
+    "wrong_protocol": [b"NOTQLACTORS/1", _body(**_GOOD_REGISTER)],
+}
+
+
+@pytest.mark.parametrize("frames", list(MALFORMED.values()), ids=list(MALFORMED))
+def test_supervisor_a_malformed_frame_is_refused_and_the_supervisor_keeps_answering(sup, frames):
+    sup.peer.send_frames(frames)
+    ack = sup.peer.expect(m.Ack)
+    assert (ack.of, ack.run_id, ack.attempt_id, ack.result) == ("unknown", "", "", "refused")
+    assert ack.detail
+    assert sup.h.bridge.rejected_frames == 1
+    assert sup.alive()
+    assert sup.register().session_id == sup.session.session_id  # the next good message is answered
+    assert sup.alive()
+
+
+def test_supervisor_a_peer_on_another_protocol_version_is_refused_naming_both_versions(sup):
+    sup.peer.send_frames([b"QLACTORS/2", _body(kind="register", worker_id="local", capacity=1,
+                                              boot_id="b", new_field=[1, 2])])
+    frames = sup.peer.recv_frames()
+    assert frames is not None and frames[0] == codec.HEADER  # our answer speaks version 1
+    ack = codec.decode(frames)
+    assert isinstance(ack, m.Ack)
+    assert (ack.of, ack.result) == ("unknown", "refused")
+    assert "QLACTORS/2" in ack.detail and "QLACTORS/1" in ack.detail
+    # A later version may have another frame layout: still judged by the header first.
+    sup.peer.send_frames([b"QLACTORS/3"])
+    ack = sup.peer.expect(m.Ack)
+    assert "QLACTORS/3" in ack.detail and "QLACTORS/1" in ack.detail
+    assert sup.alive()
+    sup.register()
+
+
+def test_supervisor_a_control_side_message_from_a_peer_is_ignored(sup):
+    """An executor-bound kind (here Welcome) sent to the control side has no handler: no crash."""
+    sup.peer.send(m.Welcome(worker_id="local", session_id="s", session_generation=1))
+    sup.peer.quiet()
+    assert sup.alive()
+    sup.register()
+
+
+def test_supervisor_conclusive_attest_reaches_recovery_and_ticks_the_scheduler(sup):
+    welcome = sup.register()
+    sup.peer.send(m.Attest(worker_id="local", session_id=welcome.session_id,
+                           session_generation=welcome.session_generation, run_id="r1", attempt_id="a1",
+                           running=False, conclusive=True, stopped_by="exit"))
+    [ended] = sup.h.inbox.wait("recovery", AttemptEnded)
+    assert ended == AttemptEnded("r1", "a1")
+    [tick] = sup.h.inbox.wait("scheduler", Tick)
+    assert tick.reason == "attest"
+
+
+@pytest.mark.parametrize(("running", "conclusive"), [(True, False), (False, False)])
+def test_supervisor_inconclusive_attest_does_not_reach_recovery(sup, running, conclusive):
+    welcome = sup.register()
+    sup.peer.send(m.Attest(worker_id="local", session_id=welcome.session_id,
+                           session_generation=welcome.session_generation, run_id="r1", attempt_id="a1",
+                           running=running, conclusive=conclusive, stopped_by=None))
+    ack = sup.peer.expect(m.Ack)
+    assert (ack.of, ack.result) == ("attest", "applied")
+    assert sup.h.inbox.items("recovery") == []
+    assert sup.alive()
+
+
+def test_supervisor_pull_from_a_superseded_session_is_fenced(sup):
+    sup.register()
+    sup.repo.tasks.add(spec())
+    run_id = sup.repo.runs.request("job").run.id
+    answer, _, _ = sup.pull(session_generation=sup.session.generation + 1)
+    assert isinstance(answer, m.Ack) and (answer.of, answer.result) == ("pull", "fenced")
+    assert sup.repo.runs.get(run_id).state == "queued"
+
+
+def test_supervisor_cycle_done_sends_stops_and_nudges_to_the_registered_peer(sup):
+    from qlactors.store.control import StopOrder
+
+    sup.register()
+    order = StopOrder(run_id="r1", attempt_id="a1", reason="user", grace_ms=1500, boot_id=None, pid=None,
+                      pgid=None, start_ticks=None, attempt_status="running")
+    sup.ref.tell(CycleDone(ok=True, stops=(order,), work_waiting=True))
+    assert sup.peer.expect(m.StopRequested) == m.StopRequested(run_id="r1", attempt_id="a1", reason="user",
+                                                              grace_ms=1500)
+    sup.peer.expect(m.Nudge)
+
+
+def test_supervisor_the_cadence_timer_ticks_the_scheduler_at_a_deadline(sup):
+    """An activation with a deadline wakes the cadence then (not only at the next regular tick)."""
+    sup.register()
+    sup.activated(timeout_ms=50)
+    ticks = sup.h.inbox.wait("scheduler", Tick, timeout=3.0)
+    assert ticks[0].reason == "cadence"
+
+
+# -- Supervisor: contract gaps these tests found (now fixed; kept as regression tests) ---------
+
+# The wire admits ids up to 64 characters and any string as a token; the store's own checks are
+# narrower (ids <= 36, ASCII tokens, pid >= 1). Those checks raise inside the Supervisor's
+# handler, the Supervisor dies (on_failure trips Fatal) and the whole runtime stops: a peer's
+# well-formed message kills the control plane (protocol.md "no actor can die of a peer's bytes").
+PEER_KILLS_SUPERVISOR = {
+    "pull_offer_id_40_chars": lambda rig: _send_pull(rig, offer_id="o" * 40),
+    "pull_non_ascii_lease_token": lambda rig: _send_pull(rig, lease_token="jeton-\u00e9"),
+    "started_pid_0": lambda rig: _send_started(rig, pid=0),
+    "completed_negative_dropped_bytes": lambda rig: _send_completed(rig, log_dropped_bytes=-1),
+}
+
+
+def _send_pull(rig: SupervisorRig, **kw: Any) -> None:
+    s = rig.session
+    fields = dict(worker_id=s.worker_id, session_id=s.session_id, session_generation=s.generation,
+                  free_slots=1, offer_id="o1", lease_token=new_token())
+    fields.update(kw)
+    rig.peer.send(m.Pull(**fields))
+
+
+def _send_started(rig: SupervisorRig, **identity: Any) -> None:
+    offer, lease_token, _, activated = rig.activated()
+    fields = dict(boot_id=BOOT_ID, pid=1234, pgid=1234, start_ticks=1)
+    fields.update(identity)
+    rig.peer.send(m.Started(**rig.fence(offer, lease_token, lease_version=activated.lease_version), **fields))
+
+
+def _send_completed(rig: SupervisorRig, **kw: Any) -> None:
+    offer, _, token, _ = rig.activated()
+    s = rig.session
+    fields = dict(worker_id=s.worker_id, session_id=s.session_id, session_generation=s.generation,
+                  run_id=offer.run_id, attempt_id=offer.attempt_id, schema_version=1, callback_sequence=1,
+                  token=token, started_at_ms=now_ms(), finished_at_ms=now_ms(), exit_code=0,
+                  log_dropped_bytes=0)
+    fields.update(kw)
+    rig.peer.send(m.Completed(**fields))
+
+
+def _answer_or_death(rig: SupervisorRig, timeout: float = WAIT_S) -> Any:
+    """The Supervisor's answer, or None as soon as it is dead (or the runtime's Fatal tripped)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        frames = rig.peer.recv_frames(timeout=0.02)
+        if frames is not None:
+            return codec.decode(frames)
+        if not rig.alive():
+            return None
+    raise AssertionError(f"neither an answer nor a death within {timeout} s")
+
+
+@pytest.mark.parametrize("send", list(PEER_KILLS_SUPERVISOR.values()), ids=list(PEER_KILLS_SUPERVISOR))
+def test_supervisor_a_wire_valid_report_the_store_rejects_is_refused_not_fatal(sup, send):
+    sup.register()
+    send(sup)
+    answer = _answer_or_death(sup)
+    assert sup.alive(), f"the supervisor died: {sup.h.ctx.fatal.reason}"
+    assert isinstance(answer, (m.Ack, m.Idle)), answer
+    if isinstance(answer, m.Ack):
+        assert answer.result in ("refused", "fenced")
+
+
+def test_supervisor_pull_with_no_free_slot_is_answered_idle(sup):
+    sup.register()
+    sup.repo.tasks.add(spec())
+    run_id = sup.repo.runs.request("job").run.id
+    answer, offer_id, _ = sup.pull(free_slots=0)
+    assert answer == m.Idle(offer_id=offer_id)
+    assert leases(sup.repo, run_id) == []
+
+
+def test_supervisor_offers_nothing_before_admission_opens(sup):
+    sup.register()
+    sup.h.ctx.admitting.clear()
+    sup.repo.tasks.add(spec())
+    run_id = sup.repo.runs.request("job").run.id
+    answer, offer_id, _ = sup.pull()
+    assert answer == m.Idle(offer_id=offer_id)
+    assert sup.repo.runs.get(run_id).state == "queued"
+
+
+def test_supervisor_answers_attest_with_an_ack(sup):
+    welcome = sup.register()
+    sup.peer.send(m.Attest(worker_id="local", session_id=welcome.session_id,
+                           session_generation=welcome.session_generation, run_id="r1", attempt_id="a1",
+                           running=False, conclusive=True, stopped_by="exit"))
+    ack = sup.peer.expect(m.Ack, timeout=1.0)
+    assert (ack.of, ack.run_id, ack.attempt_id) == ("attest", "r1", "a1")
+
+
+def test_supervisor_heartbeat_of_a_stale_session_is_fenced(sup):
+    sup.register()
+    s = sup.session
+    sup.peer.send(m.Heartbeat(worker_id=s.worker_id, session_id=s.session_id,
+                              session_generation=s.generation + 5, free_slots=1))
+    ack = sup.peer.expect(m.Ack, timeout=1.0)
+    assert (ack.of, ack.result) == ("heartbeat", "fenced")
+
+
+# =============================================================================================
+# Executor alone: the bridge's DEALER connects to a ROUTER the test peer bound first
+# =============================================================================================
+
+
+class ExecutorRig:
+    """The Executor under test and a peer that plays the control side with the real store.
+
+    The peer answers with what the Supervisor would: genuine leases, activations and completions
+    made through Dispatch and CompletionService, so every id and fence is real.
+    """
+
+    def __init__(self, h: ActorHarness, ref, peer, register: m.Register) -> None:
+        self.h, self.ref, self.peer, self.register = h, ref, peer, register
+
+    @property
+    def repo(self):
+        return self.h.repo
+
+    @property
+    def ctx(self):
+        return self.h.ctx
+
+    def welcome(self) -> m.Pull:
+        s = self.ctx.session
+        self.peer.send(m.Welcome(worker_id=s.worker_id, session_id=s.session_id, session_generation=s.generation))
+        return self.peer.expect(m.Pull)
+
+    def offer_for(self, pull: m.Pull) -> m.Offer:
+        view = self.ctx.dispatch.offer(pull.worker_id, pull.session_id, pull.session_generation, pull.offer_id,
+                                       token_hash(pull.lease_token),
+                                       log_cap_bytes=self.h.config.runtime.log_cap_bytes)
+        assert view is not None, "no queued run to offer"
+        return m.Offer(worker_id=view.worker_id, session_id=view.session_id,
+                       session_generation=view.session_generation, run_id=view.run_id,
+                       attempt_id=view.attempt_id, attempt_number=view.attempt_number, offer_id=view.offer_id,
+                       lease_generation=view.lease_generation, lease_version=view.lease_version,
+                       argv=list(view.argv), cwd=view.cwd, env=dict(view.env), timeout_ms=view.timeout_ms,
+                       stop_grace_ms=view.stop_grace_ms, log_cap_bytes=view.log_cap_bytes)
+
+    def activate(self, act: m.Activate) -> m.Activated:
+        result = self.ctx.dispatch.activate(fence_of(act), act.callback_token_hash, act.log_artifact_id)
+        assert result.result == "applied", result
+        activated = m.Activated(run_id=act.run_id, attempt_id=act.attempt_id, offer_id=act.offer_id,
+                                lease_version=result.lease_version, deadline_at_ms=result.deadline_at_ms)
+        self.peer.send(activated)
+        return activated
+
+    def ack_started(self, started: m.Started) -> None:
+        outcome = self.ctx.dispatch.started(fence_of(started), started.boot_id, started.pid, started.pgid,
+                                            started.start_ticks)
+        assert outcome.result == "applied", outcome
+        self.peer.send(m.Ack(of="started", run_id=started.run_id, attempt_id=started.attempt_id,
+                             result="applied", detail=""))
+
+    def ack_completed(self, completed: m.Completed) -> str:
+        receipt = Receipt(schema_version=completed.schema_version, run_id=completed.run_id,
+                          attempt_id=completed.attempt_id, callback_sequence=completed.callback_sequence,
+                          token=completed.token, started_at_ms=completed.started_at_ms,
+                          finished_at_ms=completed.finished_at_ms, exit_code=completed.exit_code)
+        outcome = self.ctx.completion.complete(completed.run_id, completed.attempt_id, receipt,
+                                               completed.log_dropped_bytes)
+        self.peer.send(m.Ack(of="completed", run_id=completed.run_id, attempt_id=completed.attempt_id,
+                             result=outcome.result, detail=outcome.reason or ""))
+        return outcome.result
+
+    def launch(self, words: list[str], **task: Any) -> tuple[m.Offer, m.Activate, m.Started]:
+        """Welcome, a queued run of a new task, Offer, Activate, Activated: the launcher runs."""
+        pull = self.welcome()
+        self.repo.tasks.add(spec("job", words, **task))
+        self.repo.runs.request("job")
+        offer = self.offer_for(pull)
+        self.peer.send(offer)
+        act = self.peer.expect(m.Activate)
+        self.activate(act)
+        started = self.peer.expect(m.Started)
+        self.h.track_group(started.pgid)
+        return offer, act, started
+
+    def alive(self) -> bool:
+        return self.ref.is_alive()
+
+
+@pytest.fixture
+def make_exe(tmp_path):
+    """start(before=fn(h)) -> ExecutorRig: the real Executor (and by default the real ReceiptConsumer)."""
+    harnesses: list[ActorHarness] = []
+
+    def start(*, before=None, real_receipts: bool = True, slots: int = 1) -> ExecutorRig:
+        endpoint = unique_endpoint("exec")
+        h = ActorHarness(tmp_path, control_connect=endpoint, slots=slots)
+        harnesses.append(h)
+        peer = h.router(endpoint)  # bind before the bridge connects
+        h.route_executor_side()
+        h.stub("supervisor")
+        h.start_bridge()
+        h.ctx.admitting.set()
+        if before is not None:
+            before(h)
+        if real_receipts:
+            h.start("receipts", ReceiptConsumer)
+        else:
+            h.stub("receipts")
+        ref = h.start("executor", Executor)
+        register = peer.expect(m.Register)
+        return ExecutorRig(h, ref, peer, register)
+
+    yield start
+    for h in harnesses:
+        h.close()
+
+
+def test_executor_registers_then_pulls_after_welcome(make_exe):
+    rig = make_exe()
+    assert rig.register == m.Register(worker_id="local", capacity=1, boot_id=BOOT_ID)
+    pull = rig.welcome()
+    s = rig.ctx.session
+    assert (pull.worker_id, pull.session_id, pull.session_generation, pull.free_slots) == (
+        s.worker_id, s.session_id, s.generation, 1)
+    assert pull.offer_id and len(pull.lease_token) >= 32
+
+
+def test_executor_runs_an_offer_end_to_end_through_the_real_receipt_consumer(make_exe):
+    rig = make_exe()
+    pull = rig.welcome()
+    rig.repo.tasks.add(spec("job", ["/bin/sh", "-c", "echo hi; exit 4"]))
+    run_id = rig.repo.runs.request("job").run.id
+    offer = rig.offer_for(pull)
+    rig.peer.send(offer)
+
+    act = rig.peer.expect(m.Activate)
+    assert (act.worker_id, act.session_id, act.session_generation, act.run_id, act.attempt_id, act.offer_id,
+            act.lease_generation, act.lease_version) == (
+        offer.worker_id, offer.session_id, offer.session_generation, run_id, offer.attempt_id, offer.offer_id,
+        offer.lease_generation, offer.lease_version)
+    assert act.lease_token == pull.lease_token
+    assert len(act.callback_token_hash) == 64 and int(act.callback_token_hash, 16) >= 0
+    log_path = rig.ctx.logs.path_for(run_id, offer.attempt_id)
+    assert act.log_artifact_id == rig.ctx.logs.artifact_id(run_id, offer.attempt_id)
+    assert log_path.is_file() and stat.S_IMODE(log_path.stat().st_mode) == 0o600
+    entry = rig.ctx.journal.get(offer.attempt_id)
+    assert (entry.state, entry.run_id, entry.callback_token_hash) == ("accepted", run_id, act.callback_token_hash)
+
+    activated = rig.activate(act)
+    started = rig.peer.expect(m.Started)
+    rig.h.track_group(started.pgid)
+    assert (started.run_id, started.attempt_id, started.lease_token, started.lease_version) == (
+        run_id, offer.attempt_id, pull.lease_token, activated.lease_version)
+    assert started.boot_id == BOOT_ID
+    assert started.pgid == started.pid  # its own session and group (setsid)
+    entry = rig.ctx.journal.get(offer.attempt_id)
+    assert entry.state in ("started", "completed")
+    assert (entry.identity.pid, entry.identity.pgid, entry.identity.start_ticks) == (
+        started.pid, started.pgid, started.start_ticks)
+    rig.ack_started(started)
+
+    completed = rig.peer.expect(m.Completed, strict=False)
+    assert (completed.run_id, completed.attempt_id, completed.exit_code) == (run_id, offer.attempt_id, 4)
+    assert token_hash(completed.token) == act.callback_token_hash
+    assert (completed.schema_version, completed.callback_sequence) == (1, 1)
+    assert completed.session_id == rig.ctx.session.session_id
+    assert completed.started_at_ms <= completed.finished_at_ms
+    assert rig.ack_completed(completed) == "applied"
+
+    wait_until(lambda: rig.ctx.journal.get(offer.attempt_id) is None, what="journal row cleared")
+    assert not rig.ctx.receipts.final_path(offer.attempt_id).exists()
+    run = rig.repo.runs.get(run_id)
+    assert (run.state, run.attempts[0].exit_code) == ("failed", 4)
+    assert log_path.read_bytes() == b"hi\n"
+    # Its slot is free again: it pulls once more, with a fresh offer id and lease token.
+    again = rig.peer.expect(m.Pull, strict=False)
+    assert (again.offer_id, again.lease_token) != (pull.offer_id, pull.lease_token)
+    assert rig.alive()
+
+
+# The job announces itself (a file next to the home) before sleeping, and stops are sent only once
+# it runs: a TERM that lands while the launcher is still setting up is ignored by it (its
+# `trap '' TERM` phase), so the stop would only take effect by KILL after the grace.
+def sleeper(rig: ExecutorRig) -> list[str]:
+    return ["/bin/sh", "-c", f"echo ready; : > {rig.h.config.home.parent / 'READY'}; exec sleep 30"]
+
+
+def job_running(rig: ExecutorRig) -> None:
+    ready = rig.h.config.home.parent / "READY"
+    wait_until(ready.exists, what="the job runs")
+
+
+def test_executor_stop_requested_terms_the_process_group_and_the_receipt_says_143(make_exe):
+    rig = make_exe()
+    offer, _, started = rig.launch(sleeper(rig), stop_grace_ms=5_000)
+    identity = read_identity(started.pid, boot_id=BOOT_ID)  # the real launcher, from /proc
+    assert (identity.pgid, identity.start_ticks) == (started.pgid, started.start_ticks)
+    assert probe(identity, current_boot_id=BOOT_ID) is Liveness.RUNNING
+    rig.ack_started(started)
+    assert rig.repo.runs.cancel(offer.run_id).outcome == "requested"
+    job_running(rig)
+
+    rig.peer.send(m.StopRequested(run_id=offer.run_id, attempt_id=offer.attempt_id, reason="user", grace_ms=5_000))
+    completed = rig.peer.expect(m.Completed, strict=False)
+    assert completed.exit_code == 128 + signal.SIGTERM
+    assert rig.ack_completed(completed) == "applied"
+    run = rig.repo.runs.get(offer.run_id)
+    assert (run.state, run.attempts[0].exit_code) == ("cancelled", 143)
+    wait_until(lambda: probe(identity, current_boot_id=BOOT_ID) is not Liveness.RUNNING, what="group gone")
+    wait_until(lambda: rig.ctx.journal.get(offer.attempt_id) is None, what="journal row cleared")
+
+
+def test_executor_a_fenced_started_stops_the_process_by_identity(make_exe):
+    rig = make_exe()
+    offer, _, started = rig.launch(sleeper(rig), stop_grace_ms=5_000)
+    identity = read_identity(started.pid, boot_id=BOOT_ID)
+    job_running(rig)
+    rig.peer.send(m.Ack(of="started", run_id=offer.run_id, attempt_id=offer.attempt_id, result="fenced",
+                        detail="lease_token"))
+    completed = rig.peer.expect(m.Completed, strict=False)
+    assert completed.exit_code == 143
+    wait_until(lambda: probe(identity, current_boot_id=BOOT_ID) is not Liveness.RUNNING, what="group gone")
+
+
+def test_executor_a_running_jobs_output_reaches_its_log(make_exe):
+    rig = make_exe()
+    offer, _, started = rig.launch(sleeper(rig))
+    job_running(rig)
+    log = rig.ctx.logs.path_for(offer.run_id, offer.attempt_id)
+    wait_until(lambda: log.read_bytes() == b"ready\n", timeout=1.0, what="the output in the log")
+
+
+def test_executor_refused_activation_clears_the_journal_and_frees_the_slot(make_exe):
+    rig = make_exe()
+    pull = rig.welcome()
+    rig.repo.tasks.add(spec())
+    rig.repo.runs.request("job")
+    offer = rig.offer_for(pull)
+    rig.peer.send(offer)
+    act = rig.peer.expect(m.Activate)
+    assert rig.ctx.journal.get(act.attempt_id) is not None
+    rig.peer.send(m.Ack(of="activate", run_id=act.run_id, attempt_id=act.attempt_id, result="refused",
+                        detail="cancel_requested"))
+    again = rig.peer.expect(m.Pull)  # the slot is free: it pulls again, never spawns
+    assert again.offer_id != pull.offer_id and again.free_slots == 1
+    assert rig.ctx.journal.get(act.attempt_id) is None
+    rig.peer.quiet()
+    assert rig.alive()
+
+
+def test_executor_idle_means_no_activity_until_a_nudge(make_exe):
+    rig = make_exe()
+    pull = rig.welcome()
+    rig.peer.send(m.Idle(offer_id=pull.offer_id))
+    rig.peer.quiet()
+    rig.peer.send(m.Nudge())
+    again = rig.peer.expect(m.Pull)
+    assert (again.offer_id, again.lease_token) != (pull.offer_id, pull.lease_token)
+
+
+def test_executor_ignores_an_offer_for_a_pull_it_did_not_send(make_exe):
+    rig = make_exe()
+    pull = rig.welcome()
+    rig.repo.tasks.add(spec())
+    rig.repo.runs.request("job")
+    offer = rig.offer_for(pull)
+    rig.peer.send(dataclasses.replace(offer, offer_id="stranger"))
+    rig.peer.quiet()
+    assert rig.ctx.journal.list() == []
+    rig.peer.send(offer)  # the genuine one is still accepted
+    rig.peer.expect(m.Activate)
+
+
+def test_executor_drops_malformed_frames_from_the_control_side_and_keeps_working(make_exe):
+    rig = make_exe()
+    pull = rig.welcome()
+    rig.peer.send_frames([b"\x00garbage"])
+    rig.peer.send_frames([b"QLACTORS/2", _body(kind="idle", offer_id=pull.offer_id)])
+    rig.peer.send_frames([codec.HEADER, _body(kind="idle", offer_id=pull.offer_id, extra=True)])
+    rig.peer.quiet()  # the executor side has nothing to answer a bad frame with
+    wait_until(lambda: rig.h.bridge.rejected_frames == 3, what="three rejected frames")
+    assert rig.alive()
+    rig.peer.send(m.Idle(offer_id=pull.offer_id))
+    rig.peer.send(m.Nudge())
+    rig.peer.expect(m.Pull)
+
+
+def test_executor_re_adopts_a_surviving_launcher_from_its_journal(make_exe, tmp_path):
+    survivor: dict[str, Any] = {}
+
+    def journal_a_survivor(h: ActorHarness) -> None:
+        proc, identity = h.spawn_sleep(30)
+        attempt_id, run_id = "att-survivor", "run-survivor"
+        h.ctx.journal.accept(attempt_id, run_id, str(tmp_path / "x.log"), str(tmp_path / "x.json"),
+                             token_hash(new_token()))
+        h.ctx.journal.set_state(attempt_id, "started", identity=identity)
+        survivor.update(identity=identity, run_id=run_id, attempt_id=attempt_id)
+
+    rig = make_exe(before=journal_a_survivor, real_receipts=False)
+    s = rig.ctx.session
+    rig.peer.send(m.Welcome(worker_id=s.worker_id, session_id=s.session_id, session_generation=s.generation))
+    rig.peer.quiet()  # its one slot is the survivor's: no pull
+    assert rig.alive(), rig.h.inbox.items("supervisor", ActorFailed)
+    rig.peer.send(m.StopRequested(run_id=survivor["run_id"], attempt_id=survivor["attempt_id"],
+                                  reason="user", grace_ms=5_000))
+    # Re-adopted: stopped by its exact identity (the test process is its parent, so the executor
+    # may reap it itself: judge by /proc, not by an exit status).
+    wait_until(lambda: probe(survivor["identity"], current_boot_id=BOOT_ID) is not Liveness.RUNNING,
+               what="the survivor stopped")
+    [consume] = rig.h.inbox.wait("receipts", Consume)  # its end was noticed (pidfd), not polled
+    assert consume == Consume(survivor["run_id"], survivor["attempt_id"], stopped_by="term")
+    rig.peer.expect(m.Pull)  # and the slot is free again
+
+
+def test_executor_keeps_no_state_for_an_attempt_that_completed(make_exe):
+    rig = make_exe()
+    offer, _, started = rig.launch(["true"])
+    rig.ack_started(started)
+    completed = rig.peer.expect(m.Completed, strict=False)
+    rig.ack_completed(completed)
+    wait_until(lambda: rig.ctx.journal.get(offer.attempt_id) is None, what="journal row cleared")
+    rig.peer.expect(m.Pull, strict=False)  # processed its exit
+    proxy = rig.ref.proxy()
+    assert proxy.live.get() == {}
+    assert not hasattr(rig.ref.proxy(), "ended_without_receipt")  # how it ended travels with Consume
+
+
+# =============================================================================================
+# ReceiptConsumer alone: it reports receipts to a ROUTER peer and acts on the answer
+# =============================================================================================
+
+
+class ReceiptRig:
+    def __init__(self, h: ActorHarness, ref, peer) -> None:
+        self.h, self.ref, self.peer = h, ref, peer
+        self._tasks = 0
+
+    @property
+    def ctx(self):
+        return self.h.ctx
+
+    def journalled_attempt(self, token: str) -> tuple[str, str]:
+        """A real attempt activated with `token`'s hash, and its executor journal row (`started`)."""
+        self._tasks += 1
+        name = f"job{self._tasks}"
+        self.h.repo.tasks.add(spec(name))
+        run_id = self.h.repo.runs.request(name).run.id
+        s = self.ctx.session
+        lease_hash = token_hash(new_token())
+        view = self.ctx.dispatch.offer(s.worker_id, s.session_id, s.generation, secrets.token_hex(8), lease_hash,
+                                       log_cap_bytes=0)
+        assert view.run_id == run_id
+        assert self.ctx.dispatch.activate(view.fence(lease_hash), token_hash(token), "ab/x.log").result == "applied"
+        attempt_id = view.attempt_id
+        self.ctx.journal.accept(attempt_id, run_id, str(self.ctx.logs.path_for(run_id, attempt_id)),
+                                str(self.ctx.receipts.final_path(attempt_id)), token_hash(token))
+        self.ctx.journal.set_state(attempt_id, "started")
+        return run_id, attempt_id
+
+    def plant(self, run_id: str, attempt_id: str, token: str, exit_code: int = 0, data: bytes | None = None):
+        if data is None:
+            data = encode_receipt(Receipt(schema_version=1, run_id=run_id, attempt_id=attempt_id,
+                                          callback_sequence=1, token=token, started_at_ms=now_ms() - 10,
+                                          finished_at_ms=now_ms(), exit_code=exit_code))
+        self.ctx.receipts.shard_dir(attempt_id)
+        path = self.ctx.receipts.final_path(attempt_id)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+        return path
+
+    def answer(self, completed: m.Completed, result: str | None = None) -> str:
+        """Answer as the Supervisor would (the real CompletionService), or with a forced `result`."""
+        if result is None:
+            receipt = Receipt(schema_version=completed.schema_version, run_id=completed.run_id,
+                              attempt_id=completed.attempt_id, callback_sequence=completed.callback_sequence,
+                              token=completed.token, started_at_ms=completed.started_at_ms,
+                              finished_at_ms=completed.finished_at_ms, exit_code=completed.exit_code)
+            result = self.ctx.completion.complete(completed.run_id, completed.attempt_id, receipt,
+                                                  completed.log_dropped_bytes).result
+        self.peer.send(m.Ack(of="completed", run_id=completed.run_id, attempt_id=completed.attempt_id,
+                             result=result, detail=""))
+        return result
+
+
+@pytest.fixture
+def rc(tmp_path):
+    endpoint = unique_endpoint("receipts")
+    h = ActorHarness(tmp_path, control_connect=endpoint)
+    try:
+        peer = h.router(endpoint)
+        h.route_executor_side()
+        h.stub("executor")
+        h.stub("supervisor")
+        h.start_bridge()
+        ref = h.start("receipts", ReceiptConsumer)
+        yield ReceiptRig(h, ref, peer)
+    finally:
+        h.close()
+
+
+@pytest.mark.parametrize(("exit_code", "state"), [(0, "succeeded"), (7, "failed")])
+def test_receipts_a_planted_receipt_is_reported_and_removed_after_an_applied_ack(rc, exit_code, state):
+    token = new_token()
+    run_id, attempt_id = rc.journalled_attempt(token)
+    path = rc.plant(run_id, attempt_id, token, exit_code)
+    rc.ref.tell(Consume(run_id, attempt_id))
+    completed = rc.peer.expect(m.Completed)
+    s = rc.ctx.session
+    assert (completed.worker_id, completed.session_id, completed.session_generation) == (
+        s.worker_id, s.session_id, s.generation)
+    assert (completed.run_id, completed.attempt_id, completed.token, completed.exit_code) == (
+        run_id, attempt_id, token, exit_code)
+    assert (completed.schema_version, completed.callback_sequence, completed.log_dropped_bytes) == (1, 1, None)
+    assert rc.ctx.journal.get(attempt_id).state == "completed"
+    assert path.exists()  # nothing is removed before the answer
+
+    assert rc.answer(completed) == "applied"
+    wait_until(lambda: rc.ctx.journal.get(attempt_id) is None, what="journal row cleared")
+    assert not path.exists()
+    assert rc.h.repo.runs.get(run_id).state == state
+    assert rc.h.inbox.items("executor") == []
+
+
+def test_receipts_an_already_terminal_ack_removes_the_receipt_too(rc):
+    token = new_token()
+    run_id, attempt_id = rc.journalled_attempt(token)
+    path = rc.plant(run_id, attempt_id, token)
+    rc.ref.tell(Consume(run_id, attempt_id))
+    rc.answer(rc.peer.expect(m.Completed), "already_terminal")
+    wait_until(lambda: rc.ctx.journal.get(attempt_id) is None, what="journal row cleared")
+    assert not path.exists()
+
+
+def test_receipts_a_refused_ack_quarantines_the_receipt(rc):
+    token = new_token()
+    run_id, attempt_id = rc.journalled_attempt(token)
+    forged = new_token()
+    path = rc.plant(run_id, attempt_id, forged)  # a token the attempt was not activated with
+    before = db_state(rc.h.repo, run_id)
+    rc.ref.tell(Consume(run_id, attempt_id))
+    completed = rc.peer.expect(m.Completed)
+    t0 = now_ms()
+    assert rc.answer(completed) == "refused"
+
+    [no_receipt] = rc.h.inbox.wait("executor", NoReceipt)
+    assert no_receipt == NoReceipt(run_id, attempt_id, quarantined=True)
+    entry = rc.ctx.journal.get(attempt_id)
+    retention = rc.h.config.runtime.quarantine_retention_ms
+    assert entry.state == "quarantined"
+    assert t0 + retention <= entry.purge_after_ms <= now_ms() + retention
+    assert not path.exists()
+    qroot = rc.h.config.receipts_dir / ".quarantine"
+    moved = qroot / path.parent.name / path.name
+    assert moved.is_file()
+    assert stat.S_IMODE(qroot.stat().st_mode) == 0o700
+    assert stat.S_IMODE(moved.parent.stat().st_mode) == 0o700
+    assert db_state(rc.h.repo, run_id) == before  # run and attempt untouched
+
+
+def test_receipts_a_fenced_ack_leaves_the_receipt_for_the_next_try(rc):
+    token = new_token()
+    run_id, attempt_id = rc.journalled_attempt(token)
+    path = rc.plant(run_id, attempt_id, token)
+    rc.ref.tell(Consume(run_id, attempt_id))
+    completed = rc.peer.expect(m.Completed)
+    rc.answer(completed, "fenced")
+    wait_until(lambda: rc.ref.proxy().waiting.get() == {}, what="the fenced answer handled")
+    # Consume again: it reports the same receipt, so the fenced answer left the file in place.
+    rc.ref.tell(Consume(run_id, attempt_id))
+    assert rc.peer.expect(m.Completed) == completed
+    assert path.exists()
+    assert rc.ctx.journal.get(attempt_id).state == "completed"
+    assert rc.h.inbox.items("executor") == []
+    assert rc.answer(completed) == "applied"
+    wait_until(lambda: not path.exists(), what="receipt removed")
+
+
+def test_receipts_a_missing_receipt_is_reported_to_the_executor_after_the_publish_grace(rc):
+    t0 = time.monotonic()
+    rc.ref.tell(Consume("run-x", "att-x"))
+    [no_receipt] = rc.h.inbox.wait("executor", NoReceipt)
+    assert time.monotonic() - t0 >= rc.h.config.runtime.publish_grace_ms / 1000
+    assert no_receipt == NoReceipt("run-x", "att-x", quarantined=False)
+    rc.peer.quiet()  # nothing is reported to the control side
+
+
+def test_receipts_a_receipt_published_during_the_grace_is_still_consumed(rc):
+    token = new_token()
+    run_id, attempt_id = rc.journalled_attempt(token)
+    rc.ref.tell(Consume(run_id, attempt_id))
+    rc.plant(run_id, attempt_id, token)  # lands before the one re-check, 50 ms later
+    completed = rc.peer.expect(m.Completed)
+    assert completed.attempt_id == attempt_id
+    assert rc.h.inbox.items("executor") == []
+
+
+def test_receipts_an_unreadable_receipt_is_quarantined_without_asking(rc):
+    token = new_token()
+    run_id, attempt_id = rc.journalled_attempt(token)
+    path = rc.plant(run_id, attempt_id, token, data=b'{"schemaVersion": 1, "runId": ')
+    rc.ref.tell(Consume(run_id, attempt_id))
+    [no_receipt] = rc.h.inbox.wait("executor", NoReceipt)
+    assert no_receipt.quarantined
+    assert not path.exists()
+    assert rc.ctx.journal.get(attempt_id).state == "quarantined"
+    rc.peer.quiet()
+
+
+def test_receipts_an_ack_for_nothing_pending_is_ignored(rc):
+    token = new_token()
+    first = rc.journalled_attempt(token)
+    rc.plant(*first, token)
+    rc.ref.tell(Consume(*first))
+    rc.answer(rc.peer.expect(m.Completed), "applied")
+    second = rc.journalled_attempt(token)
+    second_path = rc.plant(*second, token)
+    rc.ref.tell(Consume(*second))
+    completed = rc.peer.expect(m.Completed)
+    # Acks nobody waits for: an unknown attempt, and a late second answer about the first one.
+    for run_id, attempt_id in (("run-z", "att-z"), first):
+        rc.peer.send(m.Ack(of="completed", run_id=run_id, attempt_id=attempt_id, result="refused", detail=""))
+    rc.answer(completed)  # same connection, so handled after the two above
+    wait_until(lambda: not second_path.exists(), what="the second receipt removed")
+    assert rc.ref.is_alive()
+    assert rc.ctx.journal.get(first[1]) is None  # the late refusal neither resurrected nor moved anything
+    assert not (rc.h.config.receipts_dir / ".quarantine").exists()
+    assert rc.h.inbox.items("executor") == []
+
+
+# =============================================================================================
+# Scheduler alone, with stub recovery / retry / supervisor actors
+# =============================================================================================
+
+
+@pytest.fixture
+def sched(tmp_path):
+    h = ActorHarness(tmp_path)
+    try:
+        h.start_bridge()
+        h.ctx.admitting.set()
+        yield h
+    finally:
+        h.close()
+
+
+def step_stub(h: ActorHarness, name: str, *, ok: bool = True, silent: bool = False) -> None:
+    def answer(message: Any) -> None:
+        if isinstance(message, StepRequest) and not silent:
+            h.directory.tell("scheduler", StepDone(message.cycle, name, ok, "" if ok else f"{name} broke"))
+
+    h.stub(name, answer)
+
+
+def test_scheduler_a_tick_runs_recovery_then_retry_then_reports_the_cycle(sched):
+    step_stub(sched, "recovery")
+    step_stub(sched, "retry")
+    sched.stub("supervisor")
+    ref = sched.start("scheduler", Scheduler)
+    ref.tell(Tick("test"))
+    [done] = sched.inbox.wait("supervisor", CycleDone)
+    assert done == CycleDone(ok=True, next_due_ms=None, stops=(), work_waiting=False)
+    assert sched.inbox.log() == [("recovery", StepRequest(1)), ("retry", StepRequest(1)), ("supervisor", done)]
+
+
+def test_scheduler_a_cycle_commits_timeouts_and_reports_stops_and_waiting_work(sched):
+    step_stub(sched, "recovery")
+    step_stub(sched, "retry")
+    sched.stub("supervisor")
+    repo, d, s = sched.repo, sched.ctx.dispatch, sched.ctx.session
+    repo.tasks.add(spec("slow", timeout_ms=1, stop_grace_ms=700))
+    run_id = repo.runs.request("slow").run.id
+    lease_hash = token_hash(new_token())
+    view = d.offer(s.worker_id, s.session_id, s.generation, "o1", lease_hash, log_cap_bytes=0)
+    fence = view.fence(lease_hash)
+    assert d.activate(fence, token_hash(new_token()), "ab/x.log").result == "applied"
+    assert d.started(fence, BOOT_ID, 4242, 4242, 1).result == "applied"
+    repo.tasks.add(spec("waiting"))
+    repo.runs.request("waiting")
+    time.sleep(0.005)  # past the 1 ms deadline
+    ref = sched.start("scheduler", Scheduler)
+    ref.tell(Tick("test"))
+    [done] = sched.inbox.wait("supervisor", CycleDone)
+    assert done.ok and done.work_waiting
+    [stop] = set(done.stops)
+    assert (stop.run_id, stop.attempt_id, stop.reason, stop.grace_ms, stop.pid) == (
+        run_id, view.attempt_id, "timeout", 700, 4242)
+    assert repo.runs.get(run_id).cancel_reason == "timeout"
+
+
+def test_scheduler_a_cycle_lists_each_stop_order_once(sched):
+    step_stub(sched, "recovery")
+    step_stub(sched, "retry")
+    sched.stub("supervisor")
+    repo, d, s = sched.repo, sched.ctx.dispatch, sched.ctx.session
+    repo.tasks.add(spec("slow", timeout_ms=1))
+    repo.runs.request("slow")
+    lease_hash = token_hash(new_token())
+    fence = d.offer(s.worker_id, s.session_id, s.generation, "o1", lease_hash, log_cap_bytes=0).fence(lease_hash)
+    d.activate(fence, token_hash(new_token()), "ab/x.log")
+    time.sleep(0.005)
+    sched.start("scheduler", Scheduler).tell(Tick("test"))
+    [done] = sched.inbox.wait("supervisor", CycleDone)
+    assert len(done.stops) == len(set(done.stops)) == 1
+
+
+def test_scheduler_a_silent_step_ends_the_cycle_at_its_deadline_and_is_reported(sched, monkeypatch):
+    monkeypatch.setattr(scheduler_module, "STEP_DEADLINE_S", 0.2)
+    step_stub(sched, "recovery", silent=True)
+    step_stub(sched, "retry")
+    sched.stub("supervisor")
+    ref = sched.start("scheduler", Scheduler)
+    t0 = time.monotonic()
+    ref.tell(Tick("test"))
+    [done] = sched.inbox.wait("supervisor", CycleDone)
+    assert time.monotonic() - t0 >= 0.2
+    assert not done.ok and done.stops == () and not done.work_waiting
+    [failed] = sched.inbox.wait("supervisor", ActorFailed)
+    assert failed.name == "recovery"
+    assert sched.inbox.items("retry") == []  # nothing after a step whose authority is unknown
+
+
+def test_scheduler_a_failing_step_stops_the_cycle_before_retry(sched):
+    step_stub(sched, "recovery", ok=False)
+    step_stub(sched, "retry")
+    sched.stub("supervisor")
+    ref = sched.start("scheduler", Scheduler)
+    ref.tell(Tick("test"))
+    [done] = sched.inbox.wait("supervisor", CycleDone)
+    assert not done.ok
+    time.sleep(QUIET_S)
+    assert sched.inbox.items("retry") == []
+    assert sched.inbox.items("supervisor", ActorFailed) == []  # it answered: no restart needed
+
+
+def test_scheduler_a_step_actor_that_is_not_running_fails_the_cycle(sched):
+    step_stub(sched, "recovery")
+    sched.stub("supervisor")  # no "retry" in the directory
+    ref = sched.start("scheduler", Scheduler)
+    ref.tell(Tick("test"))
+    [done] = sched.inbox.wait("supervisor", CycleDone)
+    assert not done.ok
+
+
+def test_scheduler_ticks_during_a_cycle_are_coalesced_into_one_more_cycle(sched):
+    step_stub(sched, "recovery", silent=True)  # the test answers for it, when it chooses
+    step_stub(sched, "retry")
+    sched.stub("supervisor")
+    ref = sched.start("scheduler", Scheduler)
+    for _ in range(4):
+        ref.tell(Tick("test"))
+    sched.inbox.wait("recovery", StepRequest)
+    ref.tell(StepDone(0, "recovery", True))  # a late answer of another cycle changes nothing
+    ref.tell(StepDone(1, "recovery", True))
+    sched.inbox.wait("recovery", StepRequest, count=2)
+    ref.tell(StepDone(2, "recovery", True))
+    done = sched.inbox.wait("supervisor", CycleDone, count=2)
+    assert all(d.ok for d in done)
+    time.sleep(QUIET_S)
+    assert sched.inbox.items("recovery") == [StepRequest(1), StepRequest(2)]
+    assert sched.inbox.items("retry") == [StepRequest(1), StepRequest(2)]
+    assert len(sched.inbox.items("supervisor", CycleDone)) == 2
+
+
+# =============================================================================================
+# Recovery and Retry alone, on the real store
+# =============================================================================================
+
+
+class Flights:
+    """Attempts in flight, made with the real Dispatch operations under a given session."""
+
+    def __init__(self, h: ActorHarness, session, repo=None) -> None:
+        self.h, self.session = h, session
+        self.repo = repo or h.repo
+        self.dispatch = Dispatch(self.repo.store)
+        self.n = 0
+        self.repo.tasks.add(spec("many", max_concurrent=1024))
+
+    def make(self, stage: str, identity=None, token: str | None = None) -> tuple[str, str]:
+        d, s = self.dispatch, self.session
+        run_id = self.repo.runs.request("many").run.id
+        if stage == "queued":
+            return run_id, self.repo.runs.get(run_id).attempts[0].id
+        self.n += 1
+        lease_hash = token_hash(new_token())
+        view = d.offer(s.worker_id, s.session_id, s.generation, f"offer-{self.n}", lease_hash, log_cap_bytes=0)
+        assert view is not None and view.run_id == run_id
+        fence: Fence = view.fence(lease_hash)
+        if stage in ("starting", "running"):
+            assert d.activate(fence, token_hash(token or new_token()), "ab/x.log").result == "applied"
+        if stage == "running":
+            i = identity
+            assert d.started(fence, i.boot_id, i.pid, i.pgid, i.start_ticks).result == "applied"
+        return run_id, view.attempt_id
+
+
+def plant_receipt(h: ActorHarness, run_id: str, attempt_id: str, token: str, exit_code: int) -> Any:
+    h.ctx.receipts.shard_dir(attempt_id)
+    path = h.ctx.receipts.final_path(attempt_id)
+    path.write_bytes(encode_receipt(Receipt(schema_version=1, run_id=run_id, attempt_id=attempt_id,
+                                            callback_sequence=1, token=token, started_at_ms=now_ms() - 10,
+                                            finished_at_ms=now_ms(), exit_code=exit_code)))
+    return path
+
+
+@pytest.fixture
+def rec(tmp_path):
+    h = ActorHarness(tmp_path, session_capacity=4096)
+    try:
+        h.stub("scheduler")
+        yield h
+    finally:
+        h.close()
+
+
+def test_recovery_startup_pass_judges_every_kind_of_in_flight_attempt(rec):
+    old = rec.ctx.session  # the session of the runtime that "crashed"
+    flights = Flights(rec, old)
+    proc, live = rec.spawn_sleep(30)
+    dead = rec.dead_identity()
+    token = new_token()
+    claimed = flights.make("claimed")
+    surviving = flights.make("running", live)
+    gone = flights.make("running", dead)
+    receipted = flights.make("running", dead, token)
+    receipt = plant_receipt(rec, *receipted, token, exit_code=5)
+    cancelled = flights.make("running", dead)
+    rec.repo.runs.cancel(cancelled[0])
+    backlog = flights.make("queued")
+    rec.ctx.session = rec.ctx.dispatch.register_session("local", 8)  # this start's session
+
+    ref = rec.start("recovery", Recovery)
+    totals = ref.ask(StartupPass(), timeout=WAIT_S)
+    assert totals == {"lost": 2, "running": 1, "completed": 1, "ended_by_intent": 1}
+
+    run = rec.repo.runs.get(claimed[0])
+    assert (run.state, run.attempts[0].state, run.attempts[0].error_code) == (
+        "lost", "lost", ErrorCode.RECOVERY_UNSTARTED_CLAIM)
+    assert [lease["status"] for lease in leases(rec.repo, claimed[0])] == ["released"]
+
+    run = rec.repo.runs.get(gone[0])
+    assert (run.state, run.attempts[0].state, run.attempts[0].error_code) == (
+        "lost", "lost", ErrorCode.RECOVERY_PROCESS_EXITED_WITHOUT_RECEIPT)
+
+    run = rec.repo.runs.get(receipted[0])
+    assert (run.state, run.attempts[0].exit_code) == ("failed", 5)
+    assert not receipt.exists()
+
+    assert rec.repo.runs.get(cancelled[0]).state == "cancelled"
+    assert rec.repo.runs.get(backlog[0]).state == "queued"
+
+    # The survivor keeps running, re-bound to the new session with a fresh lease.
+    assert proc.poll() is None
+    run = rec.repo.runs.get(surviving[0])
+    assert (run.state, run.attempts[0].state) == ("running", "running")
+    row = attempt_row(rec.repo, surviving[1])
+    new = rec.ctx.session
+    assert (row.session_id, row.session_generation, row.pid, row.start_ticks) == (
+        new.session_id, new.generation, live.pid, live.start_ticks)
+    assert [(lease["session_id"], lease["status"]) for lease in leases(rec.repo, surviving[0])] == [
+        (old.session_id, "released"), (new.session_id, "leased")]
+    assert rec.ctx.control.recovery_candidates(64)[0] == [rec.ctx.control.candidate(surviving[1])]
+    assert ref.is_alive()
+
+
+def test_recovery_startup_pass_recovers_200_in_flight_attempts_in_one_call(rec, monkeypatch):
+    dead = rec.dead_identity()
+    kinds = {"claimed": 80, "dead": 80, "receipt": 40}
+    # Setting up 200 attempts takes ~700 transactions: do them without fsync, on a second store
+    # over the same file. The pass itself runs on the harness's store (synchronous=FULL).
+    with monkeypatch.context() as patch:
+        patch.setattr(sqlite_store, "PRAGMAS", tuple(
+            "PRAGMA synchronous=OFF" if p.startswith("PRAGMA synchronous") else p for p in sqlite_store.PRAGMAS))
+        setup = Repository.open(rec.config.database_url)
+    try:
+        flights = Flights(rec, rec.ctx.session, setup)
+        for _ in range(kinds["claimed"]):
+            flights.make("claimed")
+        for _ in range(kinds["dead"]):
+            flights.make("running", dead)
+        for _ in range(kinds["receipt"]):
+            token = new_token()
+            plant_receipt(rec, *flights.make("running", dead, token), token, exit_code=0)
+    finally:
+        setup.close()
+    assert rec.ctx.control.recovery_candidates(64)[1]  # more than one page
+    ref = rec.start("recovery", Recovery)
+    t0 = time.monotonic()
+    totals = ref.ask(StartupPass(), timeout=60)
+    elapsed = time.monotonic() - t0
+    print(f"\nstartup recovery of 200 in-flight attempts took {elapsed:.3f} s: {totals}")
+    assert totals == {"lost": 160, "completed": 40}
+    assert rec.ctx.control.recovery_candidates(64) == ([], False)
+
+
+def test_recovery_continuous_pass_judges_what_the_executor_attests(rec):
+    flights = Flights(rec, rec.ctx.session)
+    _, live = rec.spawn_sleep(30)
+    dead = rec.dead_identity()
+    ended = flights.make("running", dead)
+    unreported = flights.make("running", dead)  # not attested: the live Executor still owns it
+    healthy = flights.make("running", live)
+    ref = rec.start("recovery", Recovery)
+    ref.tell(AttemptEnded(*ended))
+    ref.tell(StepRequest(3))
+    [done] = rec.inbox.wait("scheduler", StepDone)
+    assert done == StepDone(3, "recovery", True)
+    run = rec.repo.runs.get(ended[0])
+    assert (run.state, run.attempts[0].error_code) == ("lost", ErrorCode.RECOVERY_PROCESS_EXITED_WITHOUT_RECEIPT)
+    assert rec.repo.runs.get(unreported[0]).state == "running"
+    assert rec.repo.runs.get(healthy[0]).state == "running"
+
+
+def test_recovery_takes_the_identity_from_the_journal_when_started_never_committed(rec):
+    flights = Flights(rec, rec.ctx.session)
+    proc, live = rec.spawn_sleep(30)
+    token = new_token()
+    run_id, attempt_id = flights.make("starting", token=token)
+    j = rec.ctx.journal
+    j.accept(attempt_id, run_id, str(rec.ctx.logs.path_for(run_id, attempt_id)),
+             str(rec.ctx.receipts.final_path(attempt_id)), token_hash(token))
+    j.set_state(attempt_id, "started", identity=live)
+    rec.ctx.session = rec.ctx.dispatch.register_session("local", 8)
+    ref = rec.start("recovery", Recovery)
+    assert ref.ask(StartupPass(), timeout=WAIT_S) == {"running": 1}
+    run = rec.repo.runs.get(run_id)
+    assert (run.state, run.attempts[0].state) == ("running", "running")
+    assert proc.poll() is None
+
+
+def test_retry_resolves_a_lost_run_without_policy_as_failed(rec):
+    flights = Flights(rec, rec.ctx.session)
+    run_id, attempt_id = flights.make("claimed")
+    assert rec.ctx.control.mark_lost(run_id, attempt_id, ErrorCode.RECOVERY_UNSTARTED_CLAIM).result == "applied"
+    ref = rec.start("retry", Retry)
+    ref.tell(StepRequest(5))
+    [done] = rec.inbox.wait("scheduler", StepDone)
+    assert done == StepDone(5, "retry", True)
+    run = rec.repo.runs.get(run_id)
+    assert (run.state, run.error_code) == ("failed", ErrorCode.RUN_LOST_RETRY_DISABLED)
+
+
+def test_retry_requeues_a_lost_run_whose_policy_allows_it(rec):
+    rec.repo.tasks.add(spec("again", retry=RetryPolicy(max_attempts=2, retry_on_lost=True, safety="idempotent",
+                                                       backoff_base_ms=0, backoff_max_ms=0)))
+    run_id = rec.repo.runs.request("again").run.id
+    s, lease_hash = rec.ctx.session, token_hash(new_token())
+    view = rec.ctx.dispatch.offer(s.worker_id, s.session_id, s.generation, "o1", lease_hash, log_cap_bytes=0)
+    rec.ctx.control.mark_lost(run_id, view.attempt_id, ErrorCode.RECOVERY_UNSTARTED_CLAIM)
+    ref = rec.start("retry", Retry)
+    ref.tell(StepRequest(1))
+    assert rec.inbox.wait("scheduler", StepDone)[0].ok
+    run = rec.repo.runs.get(run_id)
+    assert run.state == "queued"
+    assert [(a.number, a.state) for a in run.attempts] == [(1, "lost"), (2, "claimed")]
