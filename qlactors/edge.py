@@ -164,7 +164,8 @@ class EdgeRuntime:
             self.started.set()
             log.info("event=edge_started home=%s slots=%d", self.config.home, self.config.runtime.slots)
             while not ctx.fatal.event.is_set() and self._signals == 0:
-                select.select([self._wake_r], [], [], 5.0)
+                # Signals and a fatal stop write to the wake pipe: no need to poll often.
+                select.select([self._wake_r], [], [], 60.0)
                 self._drain_pipe()
             if ctx.fatal.event.is_set():
                 log.error("event=runtime_stopping reason=%s", ctx.fatal.reason)

@@ -145,7 +145,10 @@ class SupervisorRig:
                       finished_at_ms=now_ms(), exit_code=exit_code, log_dropped_bytes=0)
         fields.update(kw)
         self.peer.send(m.Completed(**fields))
-        return self.peer.expect(m.Ack)
+        ack = self.peer.expect(m.Ack)
+        if ack.result == "applied":  # a freed slot: the executor is told to pull again
+            self.peer.expect(m.Nudge)
+        return ack
 
     def alive(self) -> bool:
         return self.ref.is_alive() and not self.h.ctx.fatal.event.is_set()

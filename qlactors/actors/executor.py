@@ -260,7 +260,10 @@ class Executor(RuntimeActor):
                     except ValueError:
                         identity = None
                 if identity is None or probe(identity, current_boot_id=boot_id) is not Liveness.RUNNING:
-                    continue  # recovery judges it; nothing to watch
+                    # Ended since recovery looked (or never started): its receipt, or the lack of
+                    # one, decides, exactly as for a launcher whose exit we saw ourselves.
+                    self.ctx.directory.tell("receipts", Consume(entry.run_id, entry.attempt_id))
+                    continue
                 try:
                     pidfd = os.pidfd_open(identity.pid)
                 except ProcessLookupError:

@@ -158,6 +158,8 @@ class Supervisor(RuntimeActor):
         crash_point("before_completion_commit")
         outcome = self.ctx.completion.complete(msg.run_id, msg.attempt_id, receipt, msg.log_dropped_bytes)
         self._ack(peer, "completed", msg, outcome.result, outcome.reason or "")
+        if outcome.result == "applied" and self.admitting:
+            self.out.to_peer(peer, m.Nudge())  # its slot is free in the database now: pull again
 
     def on_attest(self, msg: m.Attest, peer: bytes) -> None:
         if not self._current_session(msg):

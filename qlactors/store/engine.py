@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import threading
 from typing import Iterator
 
 from sqlalchemy import create_engine, exc
@@ -35,6 +36,9 @@ class Store:
         else:
             raise QlactorsError(f"unsupported database {self.dialect_name!r}: use sqlite or postgresql+psycopg")
         self._dialect.configure(self.engine)
+        # SQLite has one writer. Threads of this process queue here for it instead of in SQLite's
+        # busy handler, which sleeps 1-100 ms between retries while the lock is held.
+        self._writer = threading.RLock() if self._dialect is sqlite else None
 
     @property
     def is_postgres(self) -> bool:
@@ -62,7 +66,7 @@ class Store:
     @contextlib.contextmanager
     def write(self) -> Iterator[Connection]:
         """One short write transaction (SQLite: `BEGIN IMMEDIATE`); commits on success."""
-        with translate_errors(self), self.engine.begin() as conn:
+        with self._writer or contextlib.nullcontext(), translate_errors(self), self.engine.begin() as conn:
             yield conn
 
     @contextlib.contextmanager

@@ -220,6 +220,9 @@ runs = Table(
 Index("ix_runs_created_at_ms_id", runs.c.created_at_ms, runs.c.id)
 Index("ix_runs_task_id_created_at_ms_id", runs.c.task_id, runs.c.created_at_ms, runs.c.id)
 Index("ix_runs_status_created_at_ms_id", runs.c.status, runs.c.created_at_ms, runs.c.id)
+# Schema 2: the dispatch query counts a task's dispatched runs and picks the oldest queued one.
+Index("ix_runs_task_id_status", runs.c.task_id, runs.c.status)
+Index("ix_runs_status_queued_at_ms_id", runs.c.status, runs.c.queued_at_ms, runs.c.id)
 
 run_attempts = Table(
     "run_attempts",
