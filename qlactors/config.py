@@ -21,6 +21,7 @@ class RuntimeSettings:
 
     slots: int
     cadence_tick_ms: int
+    idle_tick_ms: int
     recovery_page: int
     retry_page: int
     cron_page: int
@@ -36,12 +37,12 @@ class RuntimeSettings:
 
 DEFAULTS: dict[str, RuntimeSettings] = {
     "edge": RuntimeSettings(
-        slots=1, cadence_tick_ms=5_000, recovery_page=4, retry_page=2, cron_page=4,
+        slots=1, cadence_tick_ms=5_000, idle_tick_ms=30_000, recovery_page=4, retry_page=2, cron_page=4,
         receipt_cleanup_interval_ms=300_000, receipt_cleanup_page=8,
         quarantine_retention_ms=300_000, log_cap_bytes=4 * 1024 * 1024,
         stop_grace_ms=1_000, kill_grace_ms=1_000, shutdown_drain_ms=5_000, publish_grace_ms=50),
     "standalone": RuntimeSettings(
-        slots=4, cadence_tick_ms=1_000, recovery_page=16, retry_page=16, cron_page=16,
+        slots=4, cadence_tick_ms=1_000, idle_tick_ms=5_000, recovery_page=16, retry_page=16, cron_page=16,
         receipt_cleanup_interval_ms=60_000, receipt_cleanup_page=32,
         quarantine_retention_ms=3_600_000, log_cap_bytes=64 * 1024 * 1024,
         stop_grace_ms=1_000, kill_grace_ms=1_000, shutdown_drain_ms=10_000, publish_grace_ms=100),
@@ -49,7 +50,8 @@ DEFAULTS: dict[str, RuntimeSettings] = {
 
 # Hard upper bounds a config file may not exceed (pages: SEMANTICS.md §10 hard max 64).
 LIMITS: dict[str, tuple[int, int]] = {
-    "slots": (1, 256), "cadence_tick_ms": (100, 3_600_000), "recovery_page": (1, 64),
+    "slots": (1, 256), "cadence_tick_ms": (100, 3_600_000), "idle_tick_ms": (100, 3_600_000),
+    "recovery_page": (1, 64),
     "retry_page": (1, 64), "cron_page": (1, 256), "receipt_cleanup_interval_ms": (1_000, 86_400_000),
     "receipt_cleanup_page": (1, 64), "quarantine_retention_ms": (0, 86_400_000),
     "log_cap_bytes": (64 * 1024, 1 << 30), "stop_grace_ms": (0, 30_000), "kill_grace_ms": (0, 30_000),

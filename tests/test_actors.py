@@ -456,6 +456,19 @@ def test_supervisor_cycle_done_sends_stops_and_nudges_to_the_registered_peer(sup
     sup.peer.expect(m.Nudge)
 
 
+@pytest.mark.parametrize("idle", [False, True])
+def test_supervisor_schedules_the_next_cycle_at_the_tick_or_the_idle_tick(sup, idle):
+    import time as _time
+
+    runtime = sup.h.ctx.config.runtime
+    sup.register()
+    sup.ref.tell(CycleDone(ok=True, idle=idle))
+    sup.register()  # answered: the CycleDone before it was handled
+    wait_s = sup.h.ctx.bridge.timer_due("cadence") - _time.monotonic()
+    expected = (runtime.idle_tick_ms if idle else runtime.cadence_tick_ms) / 1000
+    assert expected - 1.0 < wait_s <= expected + 0.1
+
+
 def test_supervisor_the_cadence_timer_ticks_the_scheduler_at_a_deadline(sup):
     """An activation with a deadline wakes the cadence then (not only at the next regular tick)."""
     sup.register()
@@ -1122,7 +1135,8 @@ def test_scheduler_a_tick_runs_recovery_then_retry_then_reports_the_cycle(sched)
     ref = sched.start("scheduler", Scheduler)
     ref.tell(Tick("test"))
     [done] = sched.inbox.wait("supervisor", CycleDone)
-    assert done == CycleDone(ok=True, next_due_ms=None, stops=(), work_waiting=False)
+    # Nothing in flight and no step reported work: the idle tick may apply.
+    assert done == CycleDone(ok=True, next_due_ms=None, stops=(), work_waiting=False, idle=True)
     assert sched.inbox.log() == [("recovery", StepRequest(1)), ("retry", StepRequest(1)), ("supervisor", done)]
 
 
@@ -1368,7 +1382,7 @@ def test_recovery_continuous_pass_judges_what_the_executor_attests(rec):
     ref.tell(AttemptEnded(*ended))
     ref.tell(StepRequest(3))
     [done] = rec.inbox.wait("scheduler", StepDone)
-    assert done == StepDone(3, "recovery", True)
+    assert done == StepDone(3, "recovery", True, pending=True)  # it had an attested attempt to judge
     run = rec.repo.runs.get(ended[0])
     assert (run.state, run.attempts[0].error_code) == ("lost", ErrorCode.RECOVERY_PROCESS_EXITED_WITHOUT_RECEIPT)
     assert rec.repo.runs.get(unreported[0]).state == "running"
@@ -1399,7 +1413,7 @@ def test_retry_resolves_a_lost_run_without_policy_as_failed(rec):
     ref = rec.start("retry", Retry)
     ref.tell(StepRequest(5))
     [done] = rec.inbox.wait("scheduler", StepDone)
-    assert done == StepDone(5, "retry", True)
+    assert done == StepDone(5, "retry", True, pending=True)  # it resolved a lost run
     run = rec.repo.runs.get(run_id)
     assert (run.state, run.error_code) == ("failed", ErrorCode.RUN_LOST_RETRY_DISABLED)
 

@@ -73,7 +73,8 @@ class Recovery(RuntimeActor):
             log.warning("event=recovery_page_failed error=%r", err)
             self.ctx.directory.tell("scheduler", StepDone(msg.cycle, self.name, False, repr(err)))
             return
-        self.ctx.directory.tell("scheduler", StepDone(msg.cycle, self.name, True))
+        self.ctx.directory.tell("scheduler", StepDone(msg.cycle, self.name, True,
+                                                      pending=bool(wanted or self.ended or self.unresolved)))
 
     # -- judging ------------------------------------------------------------------------------
 

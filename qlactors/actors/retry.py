@@ -21,12 +21,14 @@ class Retry(RuntimeActor):
         control = self.ctx.control
         page = self.ctx.config.runtime.retry_page
         try:
-            for run_id in control.lost_runs(page):
+            lost = control.lost_runs(page)
+            for run_id in lost:
                 control.resolve_lost(run_id)
-            for run_id in control.due_retries(page):
+            due = control.due_retries(page)
+            for run_id in due:
                 control.requeue(run_id)
         except Exception as err:  # the cycle stops here; the next tick tries again
             log.warning("event=retry_page_failed error=%r", err)
             self.ctx.directory.tell("scheduler", StepDone(msg.cycle, self.name, False, repr(err)))
             return
-        self.ctx.directory.tell("scheduler", StepDone(msg.cycle, self.name, True))
+        self.ctx.directory.tell("scheduler", StepDone(msg.cycle, self.name, True, pending=bool(lost or due)))

@@ -31,6 +31,7 @@ class Scheduler(RuntimeActor):
         self.pending = False
         self.cycles_run = 0
         self.cycles_failed = 0
+        self.busy = False  # a step of the current cycle reported work
 
     def handlers(self):
         return {Tick: self.on_tick, StepDone: self.on_step_done, StepTimeout: self.on_step_timeout}
@@ -40,6 +41,7 @@ class Scheduler(RuntimeActor):
             self.pending = True  # coalesced: one more cycle after this one, not one per tick
             return
         self.cycle += 1
+        self.busy = False
         self._run_step(0)
 
     def _run_step(self, index: int) -> None:
@@ -57,6 +59,7 @@ class Scheduler(RuntimeActor):
         if self.step is None or msg.cycle != self.cycle or msg.step != STEPS[self.step]:
             return  # a late answer to a cycle that already ended
         self.ctx.bridge.cancel_timer("scheduler-step")
+        self.busy = self.busy or msg.pending
         if not msg.ok:
             self._finish(ok=False, detail=f"{msg.step}: {msg.detail}")
             return
@@ -73,6 +76,7 @@ class Scheduler(RuntimeActor):
         stops: tuple = ()
         work = False
         next_due = None
+        idle = False
         if ok:
             try:
                 page = self.ctx.config.runtime.recovery_page
@@ -82,6 +86,7 @@ class Scheduler(RuntimeActor):
                 stops = tuple({o.attempt_id: o for o in orders}.values())
                 work = self.ctx.admitting.is_set() and control.queued_waiting()
                 next_due = control.next_due_ms()
+                idle = not (stops or work or self.busy or control.active_run_ids(1))
             except Exception as err:  # a database error ends the cycle like a failed step
                 ok, detail = False, f"stops/admission: {err}"
         self.cycles_run += 1
@@ -90,7 +95,7 @@ class Scheduler(RuntimeActor):
             log.warning("event=cycle_failed cycle=%d detail=%s", self.cycle, detail)
         self.step = None
         self.ctx.directory.tell("supervisor", CycleDone(ok=ok, next_due_ms=next_due, stops=stops,
-                                                        work_waiting=work))
+                                                        work_waiting=work, idle=idle))
         if self.pending:
             self.pending = False
             self.actor_ref.tell(Tick("coalesced"))

@@ -28,6 +28,7 @@ class StepDone:
     step: str
     ok: bool
     detail: str = ""
+    pending: bool = False  # the actor still has (or just did) work: the runtime is not idle
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +47,7 @@ class CycleDone:
     next_due_ms: int | None = None
     stops: tuple = ()
     work_waiting: bool = False
+    idle: bool = False  # nothing in flight, queued, lost or unresolved: the idle tick may apply
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,6 +44,7 @@ class Supervisor(RuntimeActor):
         self.restarts: dict[str, deque] = {}
         self.admitting = True
         self.tick_s = ctx.config.runtime.cadence_tick_ms / 1000
+        self.idle_tick_s = max(self.tick_s, ctx.config.runtime.idle_tick_ms / 1000)
 
     def handlers(self):
         return {
@@ -188,14 +189,16 @@ class Supervisor(RuntimeActor):
         if msg.work_waiting and self.admitting:
             for peer in self.peers.values():
                 self.out.to_peer(peer, m.Nudge())
-        self._wake_at(msg.next_due_ms, reset=True)
+        self._wake_at(msg.next_due_ms, reset=True, idle=msg.idle)
 
-    def _wake_at(self, due_ms: int | None, *, reset: bool = False) -> None:
+    def _wake_at(self, due_ms: int | None, *, reset: bool = False, idle: bool = False) -> None:
         """Schedule the next cycle at the tick, or sooner when a deadline or retry falls due.
 
         `reset` replaces the pending wake-up (after a cycle); otherwise it may only move earlier.
+        After a cycle that found the runtime idle the longer idle tick applies: every change of
+        intent nudges, every due time is scheduled, so an idle cycle only re-checks the quiet.
         """
-        delay = self.tick_s
+        delay = self.idle_tick_s if idle else self.tick_s
         if due_ms is not None:
             delay = min(delay, max(0.0, due_ms / 1000 - time.time()) + 0.005)
         when = time.monotonic() + delay
