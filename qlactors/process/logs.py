@@ -18,8 +18,8 @@ from typing import BinaryIO
 
 from qlactors.domain.receipt import ID_PATTERN, MAX_ID_LEN
 from qlactors.errors import QlactorsError
+from qlactors.process.fsutil import DIR_MODE, ensure_private_root
 
-DIR_MODE = 0o700
 FILE_MODE = 0o600
 LOG_SUFFIX = ".log"
 DEFAULT_READ_BYTES = 256 * 1024
@@ -51,14 +51,7 @@ class LogStore:
 
     def ensure(self) -> None:
         """Create the root (0700) if missing; its parent, the home, must exist."""
-        try:
-            os.mkdir(self.root, DIR_MODE)
-        except FileExistsError:
-            pass
-        else:
-            os.chmod(self.root, DIR_MODE)
-        if not self.root.is_dir():
-            raise UnsafeLogPath(f"logs root {self.root} is not a directory; move it away")
+        ensure_private_root(self.root, "logs root", UnsafeLogPath)
 
     def artifact_id(self, run_id: str, attempt_id: str) -> str:
         """The log's path relative to the root ('/'-separated): what `log_artifact_id` records."""

@@ -27,12 +27,12 @@ from qlactors.domain.receipt import (
     receipt_shard,
 )
 from qlactors.errors import QlactorsError
+from qlactors.process.fsutil import DIR_MODE, ensure_private_root
 
 QUARANTINE_DIR = ".quarantine"
 ORPHAN_QUARANTINE_DIR = ".orphan-quarantine"
 RECEIPT_SUFFIX = ".json"
 MARKER_SUFFIX = ".start"
-DIR_MODE = 0o700
 # Quarantine never overwrites: a taken name gets ".1", ".2", ... up to this many tries.
 MAX_NAME_SUFFIX = 1000
 
@@ -187,14 +187,7 @@ class ReceiptStore:
 
     def ensure(self) -> None:
         """Create the root (0700) if missing; its parent, the home, must exist."""
-        try:
-            os.mkdir(self.root, DIR_MODE)
-        except FileExistsError:
-            pass
-        else:
-            os.chmod(self.root, DIR_MODE)
-        if not self.root.is_dir():
-            raise UnsafePath(f"receipts root {self.root} is not a directory; move it away")
+        ensure_private_root(self.root, "receipts root", UnsafePath)
 
     def _open_root(self) -> int:
         return os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
