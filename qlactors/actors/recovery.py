@@ -161,8 +161,9 @@ class Recovery(RuntimeActor):
     def _rebind(self, c: Any, identity: Any) -> None:
         self.ctx.control.rebind(c.run_id, c.attempt_id, self.ctx.session, identity,
                                 offer_id=new_id(), lease_token_hash=token_hash(secrets.token_urlsafe(32)))
-        # The Executor re-adopts from its journal: make sure the identity is there.
-        if self.ctx.journal.get(c.attempt_id) is not None:
+        # The Executor re-adopts from its journal: make sure the identity is there (it usually
+        # is; only a crash between spawn and the journal write leaves it to the start marker).
+        if c.journal is not None and c.journal.identity is None:
             self.ctx.journal.set_state(c.attempt_id, "started", identity=identity)
 
     def _publish(self) -> None:

@@ -301,9 +301,11 @@ class ReceiptStore:
     # --- changes -------------------------------------------------------------------------
 
     def delete(self, attempt_id: str) -> None:
-        """Remove the receipt and the start marker (absent is fine), then fsync the shard.
+        """Remove the receipt and the start marker (absent is fine).
 
-        Call only after the completion is committed (SEMANTICS.md §3 rule 3).
+        Call only after the completion is committed (SEMANTICS.md §3 rule 3). No directory
+        fsync: an unlink lost to a power cut brings the receipt back, and its replay answers
+        `already_terminal` and deletes it again; the journal row, cleared after this, is durable.
         """
         shard = receipt_shard(attempt_id)
         shard_fd = self._open_shard(shard, create=False)
@@ -313,7 +315,6 @@ class ReceiptStore:
             for name in (f"{attempt_id}{RECEIPT_SUFFIX}", f"{attempt_id}{MARKER_SUFFIX}"):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(name, dir_fd=shard_fd)
-            fsync_dir(shard_fd)
         finally:
             os.close(shard_fd)
 
