@@ -13,11 +13,7 @@ run row itself (`FOR UPDATE SKIP LOCKED`), which every report also locks.
 
 from __future__ import annotations
 
-import hmac
 import json
-import re
-from dataclasses import dataclass, field
-from typing import Any, Mapping
 
 from sqlalchemy import and_, exists, func, or_, select
 from sqlalchemy.engine import Connection
@@ -25,9 +21,25 @@ from sqlalchemy.engine import Connection
 from ..domain.model import Command
 from ..domain.states import AttemptStatus, LeaseReleaseReason, LeaseStatus, RunStatus
 from ..domain.transitions import plan_activate, plan_end_by_intent, plan_offer, plan_start_failed, plan_started
-from ..errors import BadInput, Conflict, QlactorsError
+from ..errors import BadInput, Conflict
 from ..ids import new_id
 from .engine import Store
+from .records import (  # noqa: F401 - re-exported: callers import the records from here too
+    ALREADY_TERMINAL,
+    APPLIED,
+    FENCED,
+    REFUSED,
+    ActivateResult,
+    Fence,
+    Fenced,
+    Identity,
+    OfferView,
+    Outcome,
+    Session,
+    check_hash,
+    check_id,
+    same_hash,
+)
 from .plans import (
     apply_plan,
     attempt_snapshot,
@@ -38,11 +50,6 @@ from .plans import (
 )
 from .schema import run_attempts, run_dispatch_leases, runs, task_revisions, tasks, worker_sessions
 
-APPLIED = "applied"
-FENCED = "fenced"
-REFUSED = "refused"
-ALREADY_TERMINAL = "already_terminal"
-
 ACTOR = "executor"
 MAX_ERROR_SUMMARY = 512
 MAX_CAPACITY = 4096
@@ -50,116 +57,8 @@ MAX_CAPACITY = 4096
 # found at its max_concurrent only after its lock was taken (a race), so a few are plenty.
 _MAX_PICKS = 8
 
-_HASH = re.compile(r"[0-9a-f]{64}")
 _A, _R, _L = AttemptStatus, RunStatus, LeaseStatus
 _SHELL = "/bin/sh"
-
-
-class Fenced(QlactorsError):
-    """A pull names a worker session that is unknown, superseded, expired or not online: no offer."""
-
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    """The answer to a report or a control operation: `result` (applied, fenced, refused,
-    already_terminal), a short machine word `detail` saying why, and the run's status after it."""
-
-    result: str
-    detail: str | None = None
-    run_state: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Identity:
-    """A launched process as the store keeps it; `qlactors.process.identity.ProcessIdentity` fits."""
-
-    boot_id: str
-    pid: int
-    pgid: int
-    start_ticks: int
-
-    def __post_init__(self) -> None:
-        if type(self.boot_id) is not str or not 1 <= len(self.boot_id) <= 64:
-            raise BadInput("a process identity's boot id is 1 to 64 characters")
-        for name in ("pid", "pgid", "start_ticks"):
-            value = getattr(self, name)
-            low = 1 if name == "pid" else 0
-            if type(value) is not int or not low <= value < 2**63:
-                raise BadInput(f"a process identity's {name} must be a non-negative integer, got {value!r}")
-
-    @classmethod
-    def of(cls, value: Any) -> "Identity":
-        """From any object with the four attributes (duck typed: the store imports no process code)."""
-        return value if isinstance(value, Identity) else cls(
-            value.boot_id, value.pid, value.pgid, value.start_ticks)
-
-    @classmethod
-    def from_row(cls, row: Any, prefix: str = "") -> "Identity | None":
-        """The identity columns of a row, or None while any of them is still unknown."""
-        values = [getattr(row, prefix + n) for n in ("boot_id", "pid", "pgid", "start_ticks")]
-        return None if any(v is None for v in values) else cls(*values)
-
-
-@dataclass(frozen=True, slots=True)
-class Session:
-    """A registered worker session (edge: the one built-in local session of this process)."""
-
-    session_id: str
-    worker_id: str
-    generation: int
-    capacity: int
-
-
-@dataclass(frozen=True, slots=True)
-class Fence:
-    """Everything a fenced report quotes (SEMANTICS.md §9); any mismatch answers `fenced`."""
-
-    worker_id: str
-    session_id: str
-    session_generation: int
-    run_id: str
-    attempt_id: str
-    offer_id: str
-    lease_generation: int
-    lease_token_hash: str
-    lease_version: int
-
-
-@dataclass(frozen=True, slots=True)
-class OfferView:
-    """One offered attempt: what to run and the fence its reports must quote (minus the token hash)."""
-
-    run_id: str
-    attempt_id: str
-    attempt_number: int
-    offer_id: str
-    lease_generation: int
-    lease_version: int
-    worker_id: str
-    session_id: str
-    session_generation: int
-    task: str
-    argv: tuple[str, ...]
-    cwd: str | None
-    env: Mapping[str, str] = field(default_factory=dict)
-    timeout_ms: int | None = None
-    stop_grace_ms: int = 1_000
-    log_cap_bytes: int = 0
-
-    def fence(self, lease_token_hash: str) -> Fence:
-        """The fence for reports on this offer, given the lease token hash the pull carried."""
-        return Fence(self.worker_id, self.session_id, self.session_generation, self.run_id,
-                     self.attempt_id, self.offer_id, self.lease_generation, lease_token_hash,
-                     self.lease_version)
-
-
-@dataclass(frozen=True, slots=True)
-class ActivateResult:
-    """The answer to Activate: spawn only on `applied`."""
-    result: str
-    deadline_at_ms: int | None = None
-    lease_version: int | None = None
-    detail: str | None = None
 
 
 class _Mismatch(Exception):
@@ -169,24 +68,6 @@ class _Mismatch(Exception):
         super().__init__(detail)
         self.detail = detail
         self.ended = ended
-
-
-def same_hash(stored: str | None, given: Any) -> bool:
-    """Constant-time equality of two hex hashes; False for anything that is not a string."""
-    return (isinstance(stored, str) and isinstance(given, str)
-            and hmac.compare_digest(stored.encode("utf-8"), given.encode("utf-8")))
-
-
-def check_hash(name: str, value: Any) -> str:
-    if type(value) is not str or _HASH.fullmatch(value) is None:
-        raise BadInput(f"{name} must be a lowercase hex SHA-256 (64 characters); never the raw token")
-    return value
-
-
-def check_id(name: str, value: Any, max_len: int = 36) -> str:
-    if type(value) is not str or not 1 <= len(value) <= max_len:
-        raise BadInput(f"{name} must be a string of 1 to {max_len} characters")
-    return value
 
 
 def command_argv(command_json: str) -> tuple[str, ...]:
