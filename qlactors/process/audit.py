@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from qlactors.domain.receipt import receipt_shard
+from qlactors.process.fsutil import DIR_FLAGS
 from qlactors.process.receipts import (
     ORPHAN_QUARANTINE_DIR,
     UnsafePath,
@@ -41,7 +42,7 @@ CLASSES = ("registered", "active", "young", "unsafe", "temp", "marker", "orphan"
 """Every class an entry can get; each appears in `counts`, zero or not."""
 
 _SHARD = re.compile(r"[0-9a-fA-F]{2}")
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
 
 
 @dataclass
@@ -144,7 +145,7 @@ class _Audit:
         self.report.shards_read.extend(shard_names)
         self.canon_root = os.path.realpath(root)
         try:
-            self.root_fd = os.open(self.canon_root, _DIR_FLAGS)
+            self.root_fd = os.open(self.canon_root, DIR_FLAGS)
         except FileNotFoundError:
             return  # no receipts root yet: nothing to audit
         try:

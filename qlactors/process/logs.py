@@ -18,7 +18,7 @@ from typing import BinaryIO
 
 from qlactors.domain.receipt import ID_PATTERN, MAX_ID_LEN
 from qlactors.errors import QlactorsError
-from qlactors.process.fsutil import DIR_MODE, ensure_private_root
+from qlactors.process.fsutil import ensure_private_root, open_private_subdir
 
 FILE_MODE = 0o600
 LOG_SUFFIX = ".log"
@@ -30,7 +30,6 @@ _CREATE_FLAGS = (os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_NOFOL
                  | os.O_CLOEXEC)
 # O_NONBLOCK: a FIFO planted at a log path must not hang a reader before fstat refuses it.
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class UnsafeLogPath(QlactorsError):
@@ -76,7 +75,8 @@ class LogStore:
         self.ensure()
         root_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         try:
-            shard_fd = _open_or_make_dir(root_fd, shard, self.root / shard)
+            shard_fd = open_private_subdir(root_fd, shard, create=True, what=f"log directory {self.root / shard}",
+                                           error=UnsafeLogPath)
         finally:
             os.close(root_fd)
         try:
@@ -106,25 +106,6 @@ class LogStore:
     def free_bytes(path: Path | str) -> int:
         """See the module-level `free_bytes`."""
         return free_bytes(path)
-
-
-def _open_or_make_dir(parent_fd: int, name: str, shown: Path) -> int:
-    created = False
-    try:
-        os.mkdir(name, DIR_MODE, dir_fd=parent_fd)
-        created = True
-    except FileExistsError:
-        pass
-    try:
-        fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
-    except OSError as err:
-        if err.errno in (errno.ELOOP, errno.ENOTDIR):
-            raise UnsafeLogPath(f"log directory {shown} is a symlink or not a directory; it was "
-                                "not followed. Move it away and try again") from None
-        raise
-    if created:
-        os.fchmod(fd, DIR_MODE)
-    return fd
 
 
 def _open_log(path: Path | str) -> int:

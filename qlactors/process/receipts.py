@@ -27,7 +27,7 @@ from qlactors.domain.receipt import (
     receipt_shard,
 )
 from qlactors.errors import QlactorsError
-from qlactors.process.fsutil import DIR_MODE, ensure_private_root
+from qlactors.process.fsutil import ensure_private_root, fsync_dir, open_private_subdir
 
 QUARANTINE_DIR = ".quarantine"
 ORPHAN_QUARANTINE_DIR = ".orphan-quarantine"
@@ -36,7 +36,6 @@ MARKER_SUFFIX = ".start"
 # Quarantine never overwrites: a taken name gets ".1", ".2", ... up to this many tries.
 MAX_NAME_SUFFIX = 1000
 
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # O_NONBLOCK: should a FIFO slip in between the lstat and the open, opening it must not hang.
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
@@ -107,45 +106,9 @@ def classify_name(name: str) -> tuple[str, str | None]:
     return "other", None
 
 
-def fsync_dir(fd: int) -> None:
-    """Make directory entry changes (a link, an unlink, a new subdirectory) durable."""
-    os.fsync(fd)
-
-
 def open_subdir(parent_fd: int, name: str, *, create: bool, what: str) -> int | None:
-    """A descriptor of directory `name` under `parent_fd`, never through a symlink.
-
-    With `create` a missing directory is made 0700 (fchmod'ed, so a umask cannot widen or narrow
-    it) and the parent fsynced; without it a missing directory is None. A symlink or a
-    non-directory raises UnsafePath.
-    """
-    created = False
-    if create:
-        try:
-            os.mkdir(name, DIR_MODE, dir_fd=parent_fd)
-            created = True
-        except FileExistsError:
-            pass
-    try:
-        fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
-    except FileNotFoundError:
-        if create:
-            raise
-        return None
-    except OSError as err:
-        # O_NOFOLLOW|O_DIRECTORY on a symlink fails with ENOTDIR on Linux, ELOOP elsewhere.
-        if err.errno in (errno.ELOOP, errno.ENOTDIR):
-            raise UnsafePath(f"{what} is a symlink or not a directory; nothing was followed or "
-                             "changed. Move it out of the way and try again") from None
-        raise
-    if created:
-        try:
-            os.fchmod(fd, DIR_MODE)
-            fsync_dir(parent_fd)
-        except BaseException:
-            os.close(fd)
-            raise
-    return fd
+    """A descriptor of directory `name` under `parent_fd`, never through a symlink (UnsafePath)."""
+    return open_private_subdir(parent_fd, name, create=create, what=what, error=UnsafePath)
 
 
 def link_unique(src_fd: int, src_name: str, dst_fd: int, base: str) -> str:
