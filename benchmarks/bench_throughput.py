@@ -21,7 +21,6 @@ Requirement: qlactors' throughput at least 25% of the floor loop.
 
 from __future__ import annotations
 
-import os
 import sqlite3
 import subprocess
 import sys

@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 import pykka
 import zmq
-from sqlalchemy import func, select
+from sqlalchemy import select
 
 from qlactors.actors.base import Directory, Fatal
 from qlactors.actors.receipt_files import LocalReceipts
@@ -43,9 +43,10 @@ from qlactors.store.control import Control
 from qlactors.store.dispatch import Dispatch
 from qlactors.store.journal import Journal
 from qlactors.store.repository import Repository
-from qlactors.store.schema import run_attempts, run_dispatch_leases, run_events, runs
+from qlactors.store.schema import run_attempts
 from qlactors.wire import codec
 from qlactors.wire.bridge import Bridge
+from store_helpers import db_state  # noqa: F401 - the actor tests import it from here
 
 WAIT_S = 10.0  # the longest any single expectation waits (they normally finish in milliseconds)
 QUIET_S = 0.3  # how long "nothing happens" is watched for
@@ -316,20 +317,6 @@ class ActorHarness:
 
 
 # -- store helpers ------------------------------------------------------------------------------
-
-
-def db_state(repo: Repository, run_id: str) -> tuple:
-    """Everything a report could change about a run (rows and event count), for "nothing changed"."""
-    with repo.store.read() as conn:
-        run = dict(conn.execute(select(runs).where(runs.c.id == run_id)).one()._mapping)
-        attempts = [dict(r._mapping) for r in conn.execute(
-            select(run_attempts).where(run_attempts.c.run_id == run_id).order_by(run_attempts.c.number))]
-        leases = [dict(r._mapping) for r in conn.execute(
-            select(run_dispatch_leases).where(run_dispatch_leases.c.run_id == run_id)
-            .order_by(run_dispatch_leases.c.attempt_id, run_dispatch_leases.c.lease_generation))]
-        events = conn.execute(select(func.count()).select_from(run_events)
-                              .where(run_events.c.run_id == run_id)).scalar_one()
-    return run, attempts, leases, events
 
 
 def attempt_row(repo: Repository, attempt_id: str):

@@ -67,3 +67,10 @@ def pytest_terminal_summary(terminalreporter):
                               if getattr(r, "when", "call") in ("call", "setup") and "postgres" in r.keywords)
     terminalreporter.write_line(
         "postgresql cases: " + ", ".join(f"{n} {k}" for k, n in counts.items()))
+
+
+@pytest.fixture
+def dispatch(repo):
+    from qlactors.store.dispatch import Dispatch
+
+    return Dispatch(repo.store)

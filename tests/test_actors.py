@@ -42,7 +42,8 @@ from qlactors.domain.receipt import Receipt, encode_receipt, token_hash
 from qlactors.domain.retry import RetryPolicy
 from qlactors.domain.transitions import ErrorCode
 from qlactors.process.identity import Liveness, probe, read_boot_id, read_identity
-from qlactors.store.dispatch import Dispatch, Fence
+from qlactors.store.dispatch import Dispatch
+from qlactors.store.records import Fence
 from qlactors.store.repository import Repository
 from qlactors.store import sqlite as sqlite_store
 from qlactors.wire import codec

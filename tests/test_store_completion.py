@@ -10,13 +10,13 @@ from typing import NamedTuple
 import pytest
 from sqlalchemy import func, select
 
-from qlactors.domain.model import Command, TaskSpec
 from qlactors.domain.receipt import Receipt, token_hash
 from qlactors.errors import BadInput
 from qlactors.store.completion import CompletionService
 from qlactors.store.control import Control
-from qlactors.store.dispatch import Dispatch, Fence
+from qlactors.store.records import Fence
 from qlactors.store.schema import run_attempts, run_dispatch_leases, run_events, runs
+from store_helpers import spec
 
 
 class Flight(NamedTuple):
@@ -24,15 +24,6 @@ class Flight(NamedTuple):
     attempt_id: str
     fence: Fence
     token: str
-
-
-def spec(name="job", **kw) -> TaskSpec:
-    return TaskSpec(name=name, command=Command.from_words(["echo", "hi"]), **kw)
-
-
-@pytest.fixture
-def dispatch(repo):
-    return Dispatch(repo.store)
 
 
 @pytest.fixture

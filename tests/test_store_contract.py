@@ -8,7 +8,6 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 
-from qlactors.domain.model import Command, TaskSpec
 from qlactors.domain.retry import RetryPolicy
 from qlactors.domain.states import CancelReason
 from qlactors.domain.transitions import plan_activate, plan_cancel, plan_offer, plan_started
@@ -16,10 +15,7 @@ from qlactors.errors import AlreadyExists, BadInput, Conflict, NotFound
 from qlactors.ids import new_id
 from qlactors.store.plans import apply_plan, attempt_snapshot, current_attempt, load_run, run_snapshot
 from qlactors.store.schema import run_attempts, run_events, run_retry_policies, runs, tasks
-
-
-def spec(name="job", **kw) -> TaskSpec:
-    return TaskSpec(name=name, command=Command.from_words(["echo", "hi"]), **kw)
+from store_helpers import spec
 
 
 def events_of(repo, run_id) -> list[str]:

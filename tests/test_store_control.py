@@ -9,15 +9,16 @@ from typing import NamedTuple
 import pytest
 from sqlalchemy import func, select
 
-from qlactors.domain.model import Command, TaskSpec
 from qlactors.domain.receipt import Receipt, token_hash
 from qlactors.domain.retry import RetryPolicy
 from qlactors.errors import BadInput
 from qlactors.store.completion import CompletionService
 from qlactors.store.control import Control
-from qlactors.store.dispatch import Dispatch, Fence, Identity
+from qlactors.store.dispatch import Dispatch
+from qlactors.store.records import Fence, Identity
 from qlactors.store.journal import Journal
 from qlactors.store.schema import run_attempts, run_dispatch_leases, run_events, run_retry_policies, runs
+from store_helpers import new_hash, spec
 
 LOST = "RECOVERY_PROCESS_EXITED_WITHOUT_RECEIPT"
 IDENTITY = Identity("boot", 100, 100, 5)
@@ -28,19 +29,6 @@ class Flight(NamedTuple):
     attempt_id: str
     fence: Fence
     token: str
-
-
-def spec(name="job", **kw) -> TaskSpec:
-    return TaskSpec(name=name, command=Command.from_words(["echo", "hi"]), **kw)
-
-
-def new_hash() -> str:
-    return token_hash(secrets.token_urlsafe(32))
-
-
-@pytest.fixture
-def dispatch(repo):
-    return Dispatch(repo.store)
 
 
 @pytest.fixture

@@ -9,25 +9,12 @@ import threading
 import pytest
 from sqlalchemy import func, select
 
-from qlactors.domain.model import Command, TaskSpec
+from qlactors.domain.model import Command
 from qlactors.domain.receipt import token_hash
 from qlactors.errors import BadInput
-from qlactors.store.dispatch import Dispatch, Fenced
-from qlactors.store.schema import run_attempts, run_dispatch_leases, run_events, runs, worker_sessions
-
-
-def spec(name="job", **kw) -> TaskSpec:
-    kw.setdefault("command", Command.from_words(["echo", "hi"]))
-    return TaskSpec(name=name, **kw)
-
-
-def new_hash() -> str:
-    return token_hash(secrets.token_urlsafe(32))
-
-
-@pytest.fixture
-def dispatch(repo):
-    return Dispatch(repo.store)
+from qlactors.store.records import Fenced
+from qlactors.store.schema import run_dispatch_leases, worker_sessions
+from store_helpers import db_state, new_hash, spec
 
 
 @pytest.fixture
@@ -47,22 +34,8 @@ def activate(dispatch, fence, token=None):
     return dispatch.activate(fence, token_hash(token or secrets.token_urlsafe(32)), "log-artifact")
 
 
-def state(repo, run_id):
-    """Everything a report could change about a run, for "nothing changed" assertions."""
-    with repo.store.read() as conn:
-        run = dict(conn.execute(select(runs).where(runs.c.id == run_id)).one()._mapping)
-        attempts = [dict(r._mapping) for r in conn.execute(
-            select(run_attempts).where(run_attempts.c.run_id == run_id).order_by(run_attempts.c.number))]
-        leases = [dict(r._mapping) for r in conn.execute(
-            select(run_dispatch_leases).where(run_dispatch_leases.c.run_id == run_id)
-            .order_by(run_dispatch_leases.c.attempt_id, run_dispatch_leases.c.lease_generation))]
-        events = conn.execute(select(func.count()).select_from(run_events)
-                              .where(run_events.c.run_id == run_id)).scalar_one()
-    return run, attempts, leases, events
-
-
 def leases_of(repo, run_id):
-    return state(repo, run_id)[2]
+    return db_state(repo, run_id)[2]
 
 
 def events(repo, run_id):
@@ -121,7 +94,7 @@ def test_offer_claims_the_oldest_queued_run_and_writes_its_lease(repo, dispatch,
         "/tmp", {"A": "1"}, 5000, 2000, 1234)
     assert (offer.offer_id, offer.lease_generation, offer.lease_version) == ("offer-1", 1, 1)
     assert (offer.worker_id, offer.session_id, offer.session_generation) == ("edge", session.session_id, 1)
-    run, attempts, leases, _ = state(repo, first)
+    run, attempts, leases, _ = db_state(repo, first)
     assert run["status"] == "dispatching" and attempts[0]["status"] == "claimed"
     assert events(repo, first)[-1] == ("run.dispatching", "executor")
     (lease,) = leases
@@ -278,16 +251,16 @@ def test_a_fence_with_any_field_wrong_is_fenced_and_changes_nothing(repo, dispat
     repo.tasks.add(spec(timeout_ms=1000))
     repo.runs.request("job")
     offer, fence = pull(dispatch, session)
-    before = state(repo, offer.run_id)
+    before = db_state(repo, offer.run_id)
     bad = FENCE_CHANGES[field](fence)
     assert activate(dispatch, bad).result == "fenced"
-    assert state(repo, offer.run_id) == before
+    assert db_state(repo, offer.run_id) == before
     assert activate(dispatch, fence).result == "applied"
-    before = state(repo, offer.run_id)
+    before = db_state(repo, offer.run_id)
     assert dispatch.started(bad, "boot", 10, 10, 99).result == "fenced"
     assert dispatch.start_failed(bad, "x").result == "fenced"
     assert dispatch.release_unstarted(bad, "declined").result == "fenced"
-    assert state(repo, offer.run_id) == before
+    assert db_state(repo, offer.run_id) == before
 
 
 def test_a_newer_session_generation_fences_the_old_one(repo, dispatch, session):
@@ -295,10 +268,10 @@ def test_a_newer_session_generation_fences_the_old_one(repo, dispatch, session):
     repo.runs.request("job")
     offer, fence = pull(dispatch, session)
     dispatch.register_session("edge", 8)
-    before = state(repo, offer.run_id)
+    before = db_state(repo, offer.run_id)
     result = activate(dispatch, fence)
     assert (result.result, result.detail) == ("fenced", "session_offline")
-    assert state(repo, offer.run_id) == before
+    assert db_state(repo, offer.run_id) == before
 
 
 def test_an_expired_lease_is_fenced(repo, dispatch, session):
@@ -322,7 +295,7 @@ def test_activate_sets_token_log_and_deadline_from_database_time(repo, dispatch,
     token = secrets.token_urlsafe(32)
     result = dispatch.activate(fence, token_hash(token), "artifact-1")
     assert (result.result, result.lease_version) == ("applied", 1)
-    _, (attempt,), _, _ = state(repo, offer.run_id)
+    _, (attempt,), _, _ = db_state(repo, offer.run_id)
     assert attempt["status"] == "starting"
     assert attempt["callback_token_hash"] == token_hash(token) and token not in str(attempt)
     assert attempt["log_artifact_id"] == "artifact-1"
@@ -357,10 +330,10 @@ def test_cancelled_run_never_activates(repo, dispatch, session):
     run_id = repo.runs.request("job").run.id
     _, fence = pull(dispatch, session)
     assert repo.runs.cancel(run_id).outcome == "cancelled"
-    before = state(repo, run_id)
+    before = db_state(repo, run_id)
     result = activate(dispatch, fence)
     assert (result.result, result.detail) == ("refused", "attempt_cancelled")
-    assert state(repo, run_id) == before
+    assert db_state(repo, run_id) == before
     assert "attempt.starting" not in [t for t, _ in events(repo, run_id)]
     # the executor then declines the offer: its lease ends and its slot is free
     assert dispatch.release_unstarted(fence, "declined").detail == "attempt_terminal"
@@ -386,17 +359,17 @@ def test_started_records_identity_and_is_idempotent(repo, dispatch, session):
     activate(dispatch, fence)
     result = dispatch.started(fence, "boot", 10, 10, 99)
     assert (result.result, result.run_state) == ("applied", "running")
-    run, (attempt,), _, n = state(repo, run_id)
+    run, (attempt,), _, n = db_state(repo, run_id)
     assert run["status"] == "running" and attempt["status"] == "running"
     assert (attempt["boot_id"], attempt["pid"], attempt["pgid"], attempt["start_ticks"]) == ("boot", 10, 10, 99)
     assert attempt["started_at_ms"] == run["started_at_ms"] == attempt["updated_at_ms"]
     assert events(repo, run_id)[-2:] == [("attempt.running", "executor"), ("run.running", "executor")]
     again = dispatch.started(fence, "boot", 10, 10, 99)
     assert (again.result, again.detail) == ("applied", "already_running")
-    assert state(repo, run_id)[3] == n
+    assert db_state(repo, run_id)[3] == n
     other = dispatch.started(fence, "boot", 11, 11, 99)
     assert (other.result, other.detail) == ("refused", "identity_mismatch")
-    assert state(repo, run_id)[3] == n
+    assert db_state(repo, run_id)[3] == n
 
 
 def test_started_with_a_cancel_intent_still_records_the_process(repo, dispatch, session):
@@ -418,7 +391,7 @@ def test_start_failed_fails_the_run_and_releases_the_lease(repo, dispatch, sessi
     activate(dispatch, fence)
     result = dispatch.start_failed(fence, "x" * 2000)
     assert (result.result, result.run_state) == ("applied", "failed")
-    run, (attempt,), (lease,), _ = state(repo, run_id)
+    run, (attempt,), (lease,), _ = db_state(repo, run_id)
     assert run["error_code"] == attempt["error_code"] == "EXECUTOR_START_FAILED"
     assert len(run["error_summary"]) == 512 and attempt["error_summary"] == "x" * 512
     assert (lease["status"], lease["release_reason"], lease["version"]) == ("released", "start_failed", 2)
@@ -446,7 +419,7 @@ def test_released_unstarted_offer_is_offered_again_under_a_new_generation(repo, 
     n = len(events(repo, run_id))
     result = dispatch.release_unstarted(fence, "shutdown")
     assert (result.result, result.run_state) == ("applied", "dispatching")
-    run, (attempt,), (lease,), _ = state(repo, run_id)
+    run, (attempt,), (lease,), _ = db_state(repo, run_id)
     assert attempt["status"] == "claimed" and run["status"] == "dispatching"
     assert (lease["status"], lease["release_reason"], lease["version"]) == ("released", "shutdown", 2)
     assert dispatch.release_unstarted(fence, "shutdown").detail == "lease_already_ended"

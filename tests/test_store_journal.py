@@ -9,7 +9,7 @@ import pytest
 from qlactors.domain.receipt import token_hash
 from qlactors.errors import BadInput, Conflict
 from qlactors.ids import new_id
-from qlactors.store.dispatch import Identity
+from qlactors.store.records import Identity
 from qlactors.store.journal import Journal
 
 IDENTITY = Identity("boot", 100, 100, 5)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from .base import RuntimeActor
 from .signals import StepDone, StepRequest

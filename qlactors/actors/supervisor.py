@@ -24,7 +24,7 @@ RESTART_WINDOW_S = 60.0
 
 def fence_of(report: Any):
     """The store's Fence for a fenced wire report (only the lease token's hash is compared)."""
-    from ..store.dispatch import Fence
+    from ..store.records import Fence
 
     return Fence(worker_id=report.worker_id, session_id=report.session_id,
                  session_generation=report.session_generation, run_id=report.run_id,
@@ -100,7 +100,7 @@ class Supervisor(RuntimeActor):
             s.worker_id, s.session_id, s.generation)
 
     def on_pull(self, msg: m.Pull, peer: bytes) -> None:
-        from ..store.dispatch import Fenced
+        from ..store.records import Fenced
 
         offer = None
         # Nothing is offered before startup recovery is done, during shutdown, or beyond the

@@ -35,7 +35,7 @@ from ..domain.transitions import (
 )
 from ..errors import BadInput, Conflict
 from ..ids import new_id
-from .dispatch import (
+from .records import (
     ALREADY_TERMINAL,
     APPLIED,
     FENCED,

@@ -24,7 +24,7 @@ from ..domain.transitions import plan_activate, plan_end_by_intent, plan_offer, 
 from ..errors import BadInput, Conflict
 from ..ids import new_id
 from .engine import Store
-from .records import (  # noqa: F401 - re-exported: callers import the records from here too
+from .records import (
     ALREADY_TERMINAL,
     APPLIED,
     FENCED,

@@ -14,7 +14,7 @@ from sqlalchemy import and_, select
 from sqlalchemy.engine import Connection
 
 from ..errors import BadInput, Conflict
-from .dispatch import Identity, check_hash, check_id
+from .records import Identity, check_hash, check_id
 from .engine import Store
 from .schema import executor_journal
 

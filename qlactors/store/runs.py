@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 from typing import Sequence
 
-from sqlalchemy import and_, func, or_, select
+from sqlalchemy import and_, or_, select
 from sqlalchemy.engine import Connection
 
 from ..domain.states import RUN_TERMINAL, CancelReason, RunStatus, TriggerType
