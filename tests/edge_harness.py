@@ -73,6 +73,12 @@ def _stat(pid: int) -> tuple[str, int, int, int] | None:
     return fields[0], int(fields[2]), int(fields[3]), int(fields[19])
 
 
+def start_ticks(pid: int) -> int | None:
+    """A pid's start time in clock ticks (its identity together with the pid), None when gone."""
+    st = _stat(pid)
+    return None if st is None else st[3]
+
+
 def pid_alive(pid: int) -> bool:
     """True while `pid` exists and is not a zombie."""
     st = _stat(pid)

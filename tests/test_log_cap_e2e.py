@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from qlactors.process.logs import LogStore
+from edge_harness import clean_env, start_ticks
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs Linux /proc")
 
@@ -45,9 +46,6 @@ TASKS = {
     **{name: ["--stop-grace", "5", "--", job] for name, (job, _) in WRITERS.items()},
 }
 
-
-def clean_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k not in ("QLACTORS_HOME", "XDG_DATA_HOME")}
 
 
 class Home:
@@ -131,13 +129,6 @@ class Home:
             time.sleep(0.05)
 
 
-def _proc_start_ticks(pid: int) -> int | None:
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    return int(text[text.rindex(")") + 2:].split()[19])
-
 
 @pytest.fixture(scope="module", params=["/bin/sh", f"{BUSYBOX} sh"], ids=["sh", "busybox"])
 def edge(request, tmp_path_factory):
@@ -160,7 +151,7 @@ def edge(request, tmp_path_factory):
         home.stop()
         # The runtime leaves jobs running when stopped: end any of ours by exact identity.
         for pid, pgid, ticks in launched:
-            if _proc_start_ticks(pid) == ticks:
+            if start_ticks(pid) == ticks:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(pgid, signal.SIGKILL)
 

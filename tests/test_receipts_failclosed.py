@@ -42,6 +42,7 @@ from pathlib import Path
 import pytest
 
 from qlactors.domain.receipt import Receipt, encode_receipt, token_hash
+from edge_harness import clean_env, start_ticks
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs Linux /proc")
 
@@ -67,9 +68,6 @@ cadence_tick_ms = 200
 
 # --- plumbing ------------------------------------------------------------------------------------
 
-
-def clean_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k not in ("QLACTORS_HOME", "XDG_DATA_HOME")}
 
 
 def ql(home: Path, config: Path, *args: str) -> subprocess.CompletedProcess:
@@ -111,19 +109,12 @@ def shard_of(attempt_id: str) -> str:
     return hashlib.sha256(attempt_id.encode("ascii")).hexdigest()[:2]
 
 
-def proc_start_ticks(pid: int) -> int | None:
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    return int(text[text.rindex(")") + 2:].split()[19])
 
-
-def kill_group_if_ours(pid: int | None, pgid: int | None, start_ticks: int | None) -> None:
+def kill_group_if_ours(pid: int | None, pgid: int | None, ticks: int | None) -> None:
     """SIGKILL a launcher's process group, only while the launcher is the process we recorded."""
-    if pid is None or pgid is None or start_ticks is None:
+    if pid is None or pgid is None or ticks is None:
         return
-    if proc_start_ticks(pid) != start_ticks:
+    if start_ticks(pid) != ticks:
         return  # gone, or the pid was recycled: never signal a stranger
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGKILL)
@@ -293,7 +284,7 @@ def recovered(tmp_path_factory):
         edge.kill9()
         for ident in identities:
             kill_group_if_ours(*ident)
-        wait_until(lambda: all(proc_start_ticks(pid) is None or _is_zombie(pid) for pid, _, _ in identities),
+        wait_until(lambda: all(start_ticks(pid) is None or _is_zombie(pid) for pid, _, _ in identities),
                    SETTLE_S, "every launcher gone")
 
         planted = {}
@@ -436,7 +427,7 @@ def _restart_scenario(tmp_path: Path, *, fault: str | None) -> tuple[dict, Edge,
             first.proc = None
             attempt_id = attempt_row(home, run_id)["id"]
             ident = wait_until(lambda: _marker_identity(home, attempt_id), SETTLE_S, "the start marker")
-        assert proc_start_ticks(ident[0]) == ident[2], "the job must still be running at the restart"
+        assert start_ticks(ident[0]) == ident[2], "the job must still be running at the restart"
         second.start()
         deadline = time.monotonic() + SETTLE_S
         while time.monotonic() < deadline and attempt_row(home, run_id)["run_status"] not in TERMINAL:
