@@ -15,7 +15,7 @@ import select
 import signal
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import zmq
@@ -70,7 +70,6 @@ class RuntimeContext:
     local_receipts: LocalReceipts
     boot_id: Callable[[], str] = read_boot_id
     launcher_shell: str = "/bin/sh"
-    extra: dict = field(default_factory=dict)
 
 
 ORDER = (("recovery", Recovery), ("retry", Retry), ("scheduler", Scheduler),
@@ -115,14 +114,7 @@ class EdgeRuntime:
         bridge = Bridge(zctx, control_bind=CONTROL_ENDPOINT, control_connect=CONTROL_ENDPOINT,
                         nudge_bind=nudge_endpoint(self.config.home))
         directory = Directory()
-        fatal = Fatal()
-        fatal_wake = fatal.trip
-
-        def trip(reason: str) -> None:
-            fatal_wake(reason)
-            self._poke()
-
-        fatal.trip = trip  # type: ignore[method-assign]
+        fatal = Fatal(on_trip=self._poke)
         admitting = threading.Event()
         dispatch = Dispatch(store)
         ctx = RuntimeContext(

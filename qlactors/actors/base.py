@@ -70,11 +70,14 @@ class Fatal:
 
     event: threading.Event = field(default_factory=threading.Event)
     reason: str = ""
+    on_trip: Callable[[], None] | None = None  # wakes whoever waits for the stop (the main thread)
 
     def trip(self, reason: str) -> None:
         if not self.event.is_set():
             self.reason = reason
             self.event.set()
+            if self.on_trip is not None:
+                self.on_trip()
 
 
 class RuntimeActor(pykka.ThreadingActor):

@@ -29,8 +29,6 @@ class Scheduler(RuntimeActor):
         self.cycle = 0
         self.step: int | None = None  # index into STEPS while a cycle runs
         self.pending = False
-        self.cycles_run = 0
-        self.cycles_failed = 0
         self.busy = False  # a step of the current cycle reported work
 
     def handlers(self):
@@ -89,9 +87,7 @@ class Scheduler(RuntimeActor):
                 idle = not (stops or work or self.busy or control.active_run_ids(1))
             except Exception as err:  # a database error ends the cycle like a failed step
                 ok, detail = False, f"stops/admission: {err}"
-        self.cycles_run += 1
         if not ok:
-            self.cycles_failed += 1
             log.warning("event=cycle_failed cycle=%d detail=%s", self.cycle, detail)
         self.step = None
         self.ctx.directory.tell("supervisor", CycleDone(ok=ok, next_due_ms=next_due, stops=stops,

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,10 +108,3 @@ class Drain:
 @dataclass(frozen=True, slots=True)
 class StartupPass:
     """Profile -> Recovery (ask): examine every candidate, page after page, before admission opens."""
-
-
-@dataclass(frozen=True, slots=True)
-class Status:
-    """(ask) an actor's small status snapshot for `qlactors status`."""
-
-    fields: dict[str, Any] = field(default_factory=dict)
