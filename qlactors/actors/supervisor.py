@@ -42,7 +42,6 @@ class Supervisor(RuntimeActor):
         self.factories = factories
         self.peers: dict[str, bytes] = {}
         self.restarts: dict[str, deque] = {}
-        self.admitting = True
         self.tick_s = ctx.config.runtime.cadence_tick_ms / 1000
         self.idle_tick_s = max(self.tick_s, ctx.config.runtime.idle_tick_ms / 1000)
 
@@ -105,7 +104,7 @@ class Supervisor(RuntimeActor):
         offer = None
         # Nothing is offered before startup recovery is done, during shutdown, or beyond the
         # free slots the executor says it has.
-        if self.admitting and self.ctx.admitting.is_set() and msg.free_slots > 0:
+        if self.ctx.admitting.is_set() and msg.free_slots > 0:
             try:
                 offer = self.ctx.dispatch.offer(
                     msg.worker_id, msg.session_id, msg.session_generation, msg.offer_id,
@@ -159,7 +158,7 @@ class Supervisor(RuntimeActor):
         crash_point("before_completion_commit")
         outcome = self.ctx.completion.complete(msg.run_id, msg.attempt_id, receipt, msg.log_dropped_bytes)
         self._ack(peer, "completed", msg, outcome.result, outcome.reason or "")
-        if outcome.result == "applied" and self.admitting:
+        if outcome.result == "applied" and self.ctx.admitting.is_set():
             self.out.to_peer(peer, m.Nudge())  # its slot is free in the database now: pull again
 
     def on_attest(self, msg: m.Attest, peer: bytes) -> None:
@@ -186,7 +185,7 @@ class Supervisor(RuntimeActor):
             if peer is not None:
                 self.out.to_peer(peer, m.StopRequested(run_id=order.run_id, attempt_id=order.attempt_id,
                                                        reason=order.reason, grace_ms=order.grace_ms))
-        if msg.work_waiting and self.admitting:
+        if msg.work_waiting and self.ctx.admitting.is_set():
             for peer in self.peers.values():
                 self.out.to_peer(peer, m.Nudge())
         self._wake_at(msg.next_due_ms, reset=True, idle=msg.idle)
@@ -209,7 +208,6 @@ class Supervisor(RuntimeActor):
     # -- lifecycle ----------------------------------------------------------------------------
 
     def on_drain(self, msg: Drain, _peer: bytes) -> None:
-        self.admitting = False
         self.ctx.admitting.clear()
 
     def on_actor_failed(self, msg: ActorFailed, _peer: bytes) -> None:
