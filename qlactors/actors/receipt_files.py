@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,11 @@ class Found:
     receipt: Any = None
     dropped: int | None = None
     reason: str = ""
+
+
+def now_ms() -> int:
+    """Wall-clock milliseconds (edge: the same clock the store uses)."""
+    return time.time_ns() // 1_000_000
 
 
 class LocalReceipts:
@@ -67,10 +73,10 @@ class LocalReceipts:
             pass
         self.journal.clear(attempt_id)
 
-    def quarantine(self, attempt_id: str, now_ms: int) -> None:
+    def quarantine(self, attempt_id: str) -> None:
         """Commit the quarantine state, then move the file (never the other way round)."""
         if self.journal.get(attempt_id) is not None:
-            self.journal.quarantine(attempt_id, now_ms + self.retention_ms)
+            self.journal.quarantine(attempt_id, now_ms() + self.retention_ms)
         try:
             where = self.receipts.quarantine(attempt_id)
             log.warning("event=receipt_quarantined attempt=%s to=%s", attempt_id, where)

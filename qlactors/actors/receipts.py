@@ -10,13 +10,10 @@ from typing import Any
 from ..faults import crash_point
 from ..wire import messages as m
 from .base import RuntimeActor
+from .receipt_files import now_ms
 from .signals import Cleanup, Consume, NoReceipt
 
 log = logging.getLogger("qlactors.receipts")
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class ReceiptConsumer(RuntimeActor):
@@ -53,7 +50,7 @@ class ReceiptConsumer(RuntimeActor):
             self.ctx.directory.tell("executor", NoReceipt(msg.run_id, msg.attempt_id, stopped_by=msg.stopped_by))
             return
         if found.kind == "bad":
-            files.quarantine(msg.attempt_id, now_ms())
+            files.quarantine(msg.attempt_id)
             self.ctx.directory.tell("executor", NoReceipt(msg.run_id, msg.attempt_id, quarantined=True,
                                                           stopped_by=msg.stopped_by))
             return
@@ -79,7 +76,7 @@ class ReceiptConsumer(RuntimeActor):
             files.finish(msg.attempt_id)  # delete only after the commit, journal row last
         elif msg.result == "refused":
             log.warning("event=receipt_refused attempt=%s detail=%s", msg.attempt_id, msg.detail)
-            files.quarantine(msg.attempt_id, now_ms())
+            files.quarantine(msg.attempt_id)
             self.ctx.directory.tell("executor", NoReceipt(run_id, msg.attempt_id, quarantined=True))
         else:  # fenced: leave the receipt where it is for the next try
             log.warning("event=receipt_fenced attempt=%s detail=%s", msg.attempt_id, msg.detail)

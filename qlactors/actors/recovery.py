@@ -133,14 +133,14 @@ class Recovery(RuntimeActor):
         if found.kind == "missing":
             return False
         if found.kind == "bad":
-            files.quarantine(c.attempt_id, int(time.time() * 1000))
+            files.quarantine(c.attempt_id)
             return False
         outcome = self.ctx.completion.complete(c.run_id, c.attempt_id, found.receipt, found.dropped)
         if outcome.result in ("applied", "already_terminal"):
             files.finish(c.attempt_id)
             self._resolved(c.attempt_id)
             return True
-        files.quarantine(c.attempt_id, int(time.time() * 1000))
+        files.quarantine(c.attempt_id)
         return False
 
     def _end(self, c: Any, code: str) -> str:
