@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..domain.states import RunStatus
+from ..domain.states import RUN_TERMINAL, RunStatus
 from ..errors import BadInput, NotFound
 from ..home import holder_pid, nudge, read_recovery_status, runtime_is_up
 from ..store.repository import Repository
@@ -16,6 +16,7 @@ from . import render
 
 EXIT_TIMED_OUT, EXIT_CANCELLED, EXIT_FAILED_NO_CODE, EXIT_DOWN = 124, 130, 125, 3
 WAIT_POLL_S = 0.1
+TERMINAL_STATES = frozenset(s.value for s in RUN_TERMINAL)
 
 
 def edge(repo: Repository, args: argparse.Namespace) -> int:
@@ -41,10 +42,9 @@ def exit_status_of(state: str, exit_code: int | None) -> int:
 
 def wait_for(repo: Repository, run_id: str, poll_s: float = WAIT_POLL_S):
     """Poll the database (a read transaction each time) until the run is terminal."""
-    terminal = {s.value for s in RunStatus if s.terminal}
     while True:
         run = repo.runs.get(run_id)
-        if run.state in terminal:
+        if run.state in TERMINAL_STATES:
             return run
         time.sleep(poll_s)
 
@@ -110,10 +110,9 @@ def logs(repo: Repository, args: argparse.Namespace) -> int:
     attempt = attempts[-1]
     path = LogStore(args.cfg.logs_dir).path_for(run_view.id, attempt.id)
     out = sys.stdout.buffer
-    terminal = {s.value for s in RunStatus if s.terminal}
 
     def done() -> bool:
-        return repo.runs.get(run_view.id).state in terminal
+        return repo.runs.get(run_view.id).state in TERMINAL_STATES
 
     if args.follow:
         while not path.exists():  # not started yet: wait for the log or the end of the run
@@ -142,11 +141,10 @@ def audit_receipts(repo: Repository, args: argparse.Namespace) -> int:
     from ..store.journal import Journal
 
     journal = Journal(repo.store)
-    active = {s.value for s in RunStatus if not s.terminal}
     try:
         report = audit(args.cfg.receipts_dir,
                        is_registered=lambda aid: journal.get(aid) is not None,
-                       is_active=lambda aid: repo.runs.attempt_state(aid) in active,
+                       is_active=lambda aid: repo.runs.attempt_state(aid) not in (None, *TERMINAL_STATES),
                        now_ms=time.time_ns() // 1_000_000, start_shard=args.shard, shards=args.shards,
                        per_shard=args.per_shard, quarantine=args.quarantine)
     except ValueError as err:
