@@ -75,6 +75,7 @@ class Tree:
         (r / "00" / "adir").mkdir()
         put(r / "00" / f"{self.registered}.start", b"pid=1")
         put(r / "00" / f".{self.young}.77.tmp")
+        os.mkfifo(r / "00" / f"{self.active}.fifo", 0o600)  # a running launcher's log-cap FIFO
         put(r / "00" / f"{misplaced}.json")  # a receipt name in the wrong shard
         for aid in self.overflow_ids:
             put(r / "01" / f"{aid}.json")
@@ -82,6 +83,7 @@ class Tree:
         (r / "02").symlink_to(self.outside / "shard02")
         put(r / "03" / f"{self.orphan3}.json")
         put(r / "03" / "notes.txt")
+        os.mkfifo(r / "03" / "stray.pipe", 0o600)  # a FIFO by any other name is unsafe
         put(r / "04" / f"{self.orphan4}.json")
         put(r / QUARANTINE_DIR / "00" / "x.json")  # never looked at
 
@@ -119,9 +121,9 @@ def test_classification_of_every_kind_of_entry(tree):
     report = tree.run(per_shard=16)
     assert listing(tree.root, tree.outside) == before
     assert report.counts == {
-        "registered": 1, "active": 1, "young": 1, "temp": 1, "marker": 1, "other": 2,
-        # 00: symlink + directory; 02: the symlinked shard
-        "unsafe": 3,
+        "registered": 1, "active": 1, "young": 1, "temp": 2, "marker": 1, "other": 2,
+        # 00: symlink + directory; 02: the symlinked shard; 03: the stray FIFO
+        "unsafe": 4,
         # 00: one; 01: five; 03: one
         "orphan": 2 + PER_SHARD + 1,
     }
@@ -131,7 +133,7 @@ def test_classification_of_every_kind_of_entry(tree):
     assert all(not o.startswith("02/") for o in report.orphans)
     assert sorted((u["path"], u["reason"]) for u in report.unsafe) == [
         ("00/adir", "directory"), (f"00/{tree.link_id}.json", "symlink"),
-        ("02", "shard_not_a_directory")]
+        ("02", "shard_not_a_directory"), ("03/stray.pipe", "not_regular")]
     assert report.overflow == []
     assert report.shards_read == ["00", "01", "02", "03"]
     assert report.next_shard == "04"

@@ -208,3 +208,29 @@ def test_read_marker_missing_is_none_and_bad_raises(tmp_path):
     path.write_bytes(b"x" * 5000)
     with pytest.raises(ValueError):
         read_marker(path)
+
+
+@pytest.mark.parametrize("data", [
+    b"",
+    b"pid=9 pgid=9",
+    f"pid=9 pgid=9 start_ticks=3 boot_id={BOOT}".encode(),  # the whole line but its newline
+])
+def test_read_marker_caught_mid_write_is_not_published_yet(tmp_path, data):
+    # The launcher writes the marker in place (no temp + rename): empty, or cut short before its
+    # newline, it is still being written, not a bad marker.
+    path = tmp_path / "marker"
+    path.write_bytes(data)
+    assert read_marker(path) is None
+
+
+@pytest.mark.parametrize("data", [
+    b"\n",
+    b"pid=9 pgid=9\n",
+    b"pid=9 pgid=9 start_ticks=3 boot_id=not-a-uuid\n",
+    f"pid=9 pgid=9 start_ticks=3 boot_id={BOOT}\n\n".encode(),
+])
+def test_read_marker_complete_line_that_does_not_parse_raises(tmp_path, data):
+    path = tmp_path / "marker"
+    path.write_bytes(data)
+    with pytest.raises(ValueError):
+        read_marker(path)

@@ -10,7 +10,8 @@ import sys
 import time
 
 from qlactors.process.identity import Liveness, read_boot_id, read_identity
-from qlactors.process.launch import job_environment, signal_group
+from qlactors.process.launch import (LAUNCHER_VARIABLES, job_environment, launcher_path,
+                                     signal_group)
 
 
 def _sleeper():
@@ -39,6 +40,16 @@ def test_a_recycled_pid_is_not_running_and_never_signalled():
 def test_job_environment_drops_internal_variables_and_adds_the_tasks():
     env = job_environment({"PATH": "/bin", "QLACTORS_HOME": "/x", "QLACTORS_FAULT": "y"}, {"A": "1"})
     assert env == {"PATH": "/bin", "A": "1"}
+
+
+def test_every_launcher_variable_is_internal_and_unset_by_the_launcher():
+    # The launcher's `unset` line (joined across its continuation) names exactly these variables.
+    text = launcher_path().read_text().replace("\\\n", " ")
+    [unset] = [line.split()[1:] for line in text.splitlines() if line.startswith("unset QLACTORS_")]
+    assert sorted(unset) == sorted(LAUNCHER_VARIABLES)
+    assert "QLACTORS_FIFO" in LAUNCHER_VARIABLES
+    runtime = {name: "leak" for name in LAUNCHER_VARIABLES} | {"PATH": "/bin"}
+    assert job_environment(runtime, {}) == {"PATH": "/bin"}
 
 
 def test_the_edge_stack_loads_no_postgresql_driver():

@@ -6,6 +6,7 @@ import contextlib
 import importlib.resources
 import os
 import pathlib
+import re
 import select
 import shutil
 import signal
@@ -26,6 +27,8 @@ ATTEMPT_ID = "att-0190a1b2_c3d4"
 PSS_BUDGET_KIB = 2048
 
 SHELLS = [pytest.param(("/bin/sh",), id="dash"), pytest.param(("busybox", "sh"), id="busybox")]
+# Where the launcher takes its own tools from first (its PATH line), so a PATH shim cannot stand in.
+LAUNCHER_TOOL_PATH = "/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 @pytest.fixture(params=SHELLS)
@@ -72,6 +75,10 @@ class Paths:
     def dropped(self) -> pathlib.Path:
         return self.run / "dropped"
 
+    @property
+    def fifo(self) -> pathlib.Path:
+        return self.run / "fifo"
+
 
 @pytest.fixture
 def paths(tmp_path) -> Paths:
@@ -85,7 +92,9 @@ def paths(tmp_path) -> Paths:
     return p
 
 
-def launcher_env(paths: Paths, *, cap: int = 0, cwd: str | None = None) -> dict[str, str]:
+def launcher_env(paths: Paths, *, cap: int = 0, cwd: str | None = None,
+                 fifo: bool = True) -> dict[str, str]:
+    """The executor's environment for the launcher; under a cap it makes the FIFO, as the executor does."""
     env = {
         "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
         "QLT_NORMAL": "visible",
@@ -101,13 +110,20 @@ def launcher_env(paths: Paths, *, cap: int = 0, cwd: str | None = None) -> dict[
     }
     if cwd is not None:
         env["QLACTORS_CWD"] = cwd
+    if cap > 0 and fifo:
+        if not paths.fifo.exists():
+            os.mkfifo(paths.fifo, 0o600)
+        env["QLACTORS_FIFO"] = str(paths.fifo)
     return env
 
 
 @contextlib.contextmanager
-def launched(shell, launcher, argv, env):
-    """Start the launcher in its own session; whatever is left of its group is killed at the end."""
-    proc = subprocess.Popen([*shell, launcher, *argv], env=env, start_new_session=True,
+def launched(shell, launcher, argv, env, prefix: tuple[str, ...] = ()):
+    """Start the launcher in its own session; whatever is left of its group is killed at the end.
+
+    `prefix` is a command that ends by exec'ing the launcher (same pid, same group).
+    """
+    proc = subprocess.Popen([*prefix, *shell, launcher, *argv], env=env, start_new_session=True,
                             stdin=subprocess.DEVNULL)
     try:
         yield proc
@@ -151,9 +167,10 @@ def read_receipt(paths: Paths) -> Receipt:
 
 
 def assert_no_leftovers(paths: Paths) -> None:
-    """Only final names remain: no receipt, marker or dropped temp, no FIFO directory."""
+    """Only final names remain: no receipt temp, nothing beside the marker, log, dropped file and
+    the executor's FIFO (which the launcher leaves alone)."""
     assert sorted(p.name for p in paths.receipts.iterdir()) in ([], [paths.receipt.name])
-    assert {p.name for p in paths.run.iterdir()} <= {"marker", "log", "dropped"}
+    assert {p.name for p in paths.run.iterdir()} <= {"marker", "log", "dropped", "fifo"}
 
 
 def proc_stat_fields(pid: int) -> list[str] | None:
@@ -279,8 +296,9 @@ def test_launcher_waits_for_the_real_status_after_a_trapped_signal(shell, launch
 
 # --- the job's environment --------------------------------------------------------------------
 
-def test_job_sees_no_qlactors_variables_but_its_own(shell, launcher, paths):
-    assert run_job(shell, launcher, paths, ["env"]) == 0
+@pytest.mark.parametrize("cap", [0, 100000])
+def test_job_sees_no_qlactors_variables_but_its_own(shell, launcher, paths, cap):
+    assert run_job(shell, launcher, paths, ["env"], cap=cap) == 0
     out = paths.log.read_text()
     names = {line.partition("=")[0] for line in out.splitlines()}
     assert "QLT_NORMAL=visible" in out.splitlines()
@@ -376,6 +394,182 @@ def test_job_writing_through_a_group_term_never_gets_sigpipe(shell, launcher, pa
     assert read_receipt(paths).exit_code == 143
     assert len(paths.log.read_bytes()) == 100
     assert int(paths.dropped.read_text()) > 3000 * len("after 0\n")
+    assert_no_leftovers(paths)
+
+
+@pytest.mark.parametrize("fifo", ["absent", "regular file"])
+def test_cap_without_a_usable_fifo_runs_the_job_uncapped(shell, launcher, paths, payload, fifo):
+    # The executor makes the FIFO; if it could not (or something else sits at the path), the job
+    # still runs, straight onto the log, and no dropped-bytes file claims a cap applied.
+    env = launcher_env(paths, cap=1000, fifo=False)
+    if fifo == "regular file":
+        paths.fifo.write_bytes(b"")
+        env["QLACTORS_FIFO"] = str(paths.fifo)
+    with launched(shell, launcher, ["sh", "-c", 'cat "$1"; exit 7', "job", str(payload)], env) as proc:
+        status = finish(proc)
+    assert status == 7
+    assert paths.log.read_bytes() == payload.read_bytes()
+    assert not paths.dropped.exists()
+    assert read_receipt(paths).exit_code == 7
+    if fifo == "regular file":
+        assert paths.fifo.read_bytes() == b""
+    assert_no_leftovers(paths)
+
+
+def _is_gnu_dd(dd: str) -> bool:
+    out = subprocess.run([dd, "--version"], capture_output=True, text=True, timeout=TIMEOUT_S)
+    return "coreutils" in out.stdout
+
+
+@pytest.fixture(params=["gnu", "busybox"], ids=["gnu-dd", "busybox-dd"])
+def dd_prefix(request) -> tuple[str, ...]:
+    """A launch prefix that makes the launcher's `dd` GNU dd or busybox dd.
+
+    The launcher takes its tools from the standard directories first, so busybox dd is
+    bind-mounted over the system dd in a private user + mount namespace (`unshare -Urm`);
+    run as `dd`, busybox runs its dd applet.
+    """
+    dd = shutil.which("dd", path=LAUNCHER_TOOL_PATH)
+    if dd is None:
+        pytest.fail("no dd in the launcher's tool path")
+    if request.param == "gnu":
+        if not _is_gnu_dd(dd):
+            pytest.skip(f"{dd} is not GNU dd")
+        return ()
+    busybox = shutil.which("busybox")
+    if busybox is None:
+        if IN_CI:
+            pytest.fail("busybox is required in CI and is not installed")
+        pytest.skip("busybox is not installed (set CI=true to make this a failure)")
+    return dd_bind_prefix(os.path.realpath(busybox), dd, "BusyBox")
+
+
+def dd_bind_prefix(source: str, dd: str, expect: str) -> tuple[str, ...]:
+    """A launch prefix with `source` bind-mounted over the system `dd` (skips if not possible)."""
+    if shutil.which("unshare") is None:
+        pytest.skip("unshare is not installed: cannot put another dd in place of the system dd")
+    prefix = ("unshare", "-Urm", "/bin/sh", "-c", 'mount --bind "$1" "$2" && shift 2 && exec "$@"',
+              "bind-dd", source, dd)
+    probe = subprocess.run([*prefix, dd, "--help"], capture_output=True, text=True, timeout=TIMEOUT_S)
+    if expect not in probe.stdout + probe.stderr:
+        pytest.skip(f"cannot bind-mount {source} over {dd} (unshare -Urm; mount): "
+                    f"{probe.stderr.strip()[:300]}")
+    return prefix
+
+
+def wait_for_size(path: pathlib.Path, size: int, timeout: float = 5.0) -> None:
+    """A tight poll (one per chunk below, hundreds per test): the log reaching `size` bytes."""
+    deadline = time.monotonic() + timeout
+    while (now := path.stat().st_size) != size:
+        if now > size:
+            pytest.fail(f"{path} grew past {size} bytes to {now}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"{path} has {now} bytes, not {size}, after {timeout} s")
+        time.sleep(0.0005)
+
+
+@pytest.mark.parametrize("cap", [1024, 65536])
+def test_each_read_reaches_the_log_at_once_and_the_cap_is_exact(shell, launcher, paths, dd_prefix, cap):
+    # The job (cat) passes on what the test feeds it. Each chunk must be in the log before the
+    # next is fed: dd may not hold a short read back (no fullblock, no stdio). 300 chunks of half
+    # a dd block (bs = cap / 256), each its own short read, take GNU dd past the reads it is
+    # allowed (ceil(count / bs): GNU counts a short read as a record), so the launcher must run dd
+    # again and still stop at exactly CAP bytes; busybox dd counts bytes and just goes on.
+    feed = paths.root / "feed"
+    os.mkfifo(feed, 0o600)
+    chunk_size = max(1, cap // 256 // 2)
+    sent = bytearray()
+    env = launcher_env(paths, cap=cap)
+    with launched(shell, launcher, ["cat", str(feed)], env, prefix=dd_prefix) as proc:
+        w = os.open(feed, os.O_WRONLY)  # returns once cat has opened the other end
+        try:
+            for i in range(300):
+                chunk = bytes([ord("a") + i % 26]) * chunk_size
+                os.write(w, chunk)
+                sent += chunk
+                wait_for_size(paths.log, len(sent))
+            rest = os.urandom(2 * cap)  # past the cap: kept up to it, the rest drained and counted
+            os.write(w, rest)
+            sent += rest
+        finally:
+            os.close(w)
+        status = finish(proc)
+    assert status == 0
+    assert paths.log.read_bytes() == bytes(sent[:cap])
+    assert paths.dropped.read_text() == f"{len(sent) - cap}\n"
+    assert read_receipt(paths).exit_code == 0
+    assert_no_leftovers(paths)
+
+
+def test_output_already_read_survives_a_kill_of_the_job(shell, launcher, paths, dd_prefix):
+    env = launcher_env(paths, cap=65536)
+    argv = ["sh", "-c", "printf partial; exec sleep 5"]
+    with launched(shell, launcher, argv, env, prefix=dd_prefix) as proc:
+        wait_for(lambda: paths.log.read_bytes() == b"partial", "the partial line to reach the log")
+        job = wait_for(lambda: job_pid(proc.pid, "sleep"), "the job to exec sleep")
+        os.kill(job, signal.SIGKILL)
+        status = finish(proc)
+    assert status == 137
+    assert paths.log.read_bytes() == b"partial"
+    assert paths.dropped.read_text() == "0\n"
+    assert read_receipt(paths).exit_code == 137
+
+
+def test_a_dd_without_count_bytes_still_keeps_the_log_up_to_the_cap(shell, launcher, paths, payload):
+    # An old dd refuses iflag=count_bytes before reading anything: the reader then copies with
+    # one read per dd (count=1) instead of counting the whole output as dropped.
+    dd = shutil.which("dd", path=LAUNCHER_TOOL_PATH)
+    if dd is None or not _is_gnu_dd(dd):
+        pytest.skip("needs GNU dd to stand behind the old-dd wrapper")
+    real = paths.root / "real-dd"
+    shutil.copy2(dd, real)
+    old_dd = paths.root / "old-dd"
+    old_dd.write_text('#!/bin/sh\n'
+                      '# old-dd: no iflag operand\n'
+                      'case " $* " in *" iflag="*) echo "dd: invalid argument" >&2; exit 1 ;; esac\n'
+                      f'exec {real} "$@"\n')
+    old_dd.chmod(0o755)
+    prefix = dd_bind_prefix(str(old_dd), dd, "Usage")
+    argv = ["sh", "-c", 'cat "$1"; exit 7', "job", str(payload)]
+    with launched(shell, launcher, argv, launcher_env(paths, cap=10000), prefix=prefix) as proc:
+        status = finish(proc)
+    assert status == 7
+    data = payload.read_bytes()
+    assert paths.log.read_bytes() == data[:10000]
+    assert paths.dropped.read_text() == f"{len(data) - 10000}\n"
+    assert read_receipt(paths).exit_code == 7
+
+
+# --- exec count -------------------------------------------------------------------------------
+
+MAX_EXECS = 7  # the shell, dd, the job, and sync, ln, rm, sync for the receipt
+
+
+@pytest.mark.parametrize("cap", [0, 4096])
+def test_a_quiet_job_costs_at_most_seven_execs(shell, launcher, paths, cap):
+    # Every program the launcher runs costs ~1 ms of CPU per job: only the reader's dd (under a
+    # cap), the job and the receipt's sync, ln, rm, sync may run; the rest are builtins.
+    strace = shutil.which("strace")
+    if strace is None:
+        pytest.skip("strace is not installed (apt-get install strace)")
+    trace = paths.root / "trace"
+    argv = [strace, "-f", "-ff", "-qq", "-e", "trace=execve", "-o", str(trace), *shell, launcher, "true"]
+    proc = subprocess.run(argv, env=launcher_env(paths, cap=cap), stdin=subprocess.DEVNULL,
+                          capture_output=True, timeout=TIMEOUT_S * 3, start_new_session=True)
+    traces = sorted(paths.root.glob("trace.*"))
+    if not traces:
+        pytest.skip(f"strace cannot trace here: {proc.stderr.decode(errors='replace').strip()[:300]}")
+    assert proc.returncode == 0, proc.stderr
+    # One file per process: a successful execve ends in "= 0"; PATH misses (ENOENT) do not count.
+    execs = [m.group(1) for t in traces for line in t.read_text().splitlines()
+             if (m := re.match(r'execve\("([^"]+)".*\) = 0$', line))]
+    print(f"\n{len(execs)} execs with {' '.join(shell)}, cap {cap}: {' '.join(execs)}")
+    assert len(execs) <= MAX_EXECS, execs
+    execs.remove(shutil.which(shell[0]))  # the shell itself, as strace started it
+    expected = ["dd", "ln", "rm", "sync", "sync", "true"] if cap else ["ln", "rm", "sync", "sync", "true"]
+    assert sorted(os.path.basename(e) for e in execs) == expected
+    assert read_receipt(paths).exit_code == 0
+    assert (paths.dropped.read_text() == "0\n") if cap else not paths.dropped.exists()
     assert_no_leftovers(paths)
 
 

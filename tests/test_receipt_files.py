@@ -284,5 +284,74 @@ def test_launcher_temp_names_match_the_launcher_script():
 
     script = (importlib.resources.files("qlactors.process") / "launcher.sh").read_text()
     assert 'q_tmp=$q_rdir/.$q_attempt.$$.tmp' in script
-    assert '"$q_marker.$$.tmp"' in script
-    assert "q_tmpd=${q_marker:-$q_rdir/.$q_attempt}.$$.d" in script
+    # The marker is now written in place and the FIFO is the executor's: the marker-temp and
+    # FIFO-directory patterns only cover leftovers of earlier launchers.
+    code = "\n".join(line for line in script.splitlines() if not line.lstrip().startswith("#"))
+    assert '"$q_marker.$$.tmp"' not in code
+    assert "mkdir" not in code and "mkfifo" not in code and "rm -rf" not in code
+
+
+# --- LocalReceipts: the files next to a receipt ------------------------------------------------
+
+class _Journal:
+    def __init__(self) -> None:
+        self.cleared: list[str] = []
+
+    def clear(self, attempt_id: str) -> bool:
+        self.cleared.append(attempt_id)
+        return True
+
+
+def test_fifo_path_sits_next_to_the_dropped_file_in_the_attempts_shard(store):
+    from qlactors.actors.receipt_files import LocalReceipts
+
+    files = LocalReceipts(store, _Journal(), retention_ms=1000)
+    shard = store.root / receipt_shard(ATTEMPT)
+    assert files.fifo_path(ATTEMPT) == shard / f"{ATTEMPT}.fifo"
+    assert files.fifo_path(ATTEMPT).parent == files.dropped_path(ATTEMPT).parent
+    assert files.fifo_path(ATTEMPT) != files.dropped_path(ATTEMPT)
+    assert files.fifo_path(OTHER) != files.fifo_path(ATTEMPT)
+
+
+def test_finish_removes_receipt_marker_dropped_file_and_fifo_then_clears_the_journal(store):
+    from qlactors.actors.receipt_files import LocalReceipts
+
+    journal = _Journal()
+    files = LocalReceipts(store, journal, retention_ms=1000)
+    publish(store, encode_receipt(make_receipt()))
+    store.marker_path(ATTEMPT).write_text("marker\n")
+    files.dropped_path(ATTEMPT).write_text("0\n")
+    os.mkfifo(files.fifo_path(ATTEMPT), 0o600)
+    files.finish(ATTEMPT)
+    assert list(store.shard_dir(ATTEMPT).iterdir()) == []
+    assert journal.cleared == [ATTEMPT]
+    files.finish(ATTEMPT)  # nothing left to remove is fine
+    assert journal.cleared == [ATTEMPT, ATTEMPT]
+
+
+def test_make_fifo_replaces_a_stale_one_with_a_private_fifo_and_remove_fifo_tolerates_none(store):
+    import stat
+
+    from qlactors.actors.receipt_files import LocalReceipts
+
+    files = LocalReceipts(store, _Journal(), retention_ms=1000)
+    stale = files.fifo_path(ATTEMPT)
+    stale.parent.mkdir(parents=True, exist_ok=True)
+    stale.write_text("left from an earlier launch")
+    path = files.make_fifo(ATTEMPT)
+    assert path == stale
+    st = os.lstat(path)
+    assert stat.S_ISFIFO(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600
+    files.remove_fifo(ATTEMPT)
+    assert not path.exists()
+    files.remove_fifo(ATTEMPT)  # already gone is fine
+
+
+def test_make_fifo_that_cannot_be_made_is_none(store, tmp_path):
+    from qlactors.actors.receipt_files import LocalReceipts
+
+    files = LocalReceipts(store, _Journal(), retention_ms=1000)
+    blocker = files.fifo_path(ATTEMPT)
+    blocker.mkdir(parents=True)  # a directory where the FIFO goes: unlink fails, nothing is made
+    assert files.make_fifo(ATTEMPT) is None
+    assert blocker.is_dir()

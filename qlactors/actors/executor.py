@@ -148,12 +148,18 @@ class Executor(RuntimeActor):
             "QLACTORS_DROPPED": str(self.ctx.local_receipts.dropped_path(offer.attempt_id)),
             "QLACTORS_CLOCK_BASE_MS": str(time.time_ns() // 1_000_000 - uptime_ms()),
         })
+        # The log-cap FIFO is made here, not by the launcher (mkdir + mkfifo + rm would cost it
+        # three execs). Without one the launcher runs the job uncapped rather than not at all.
+        fifo = self.ctx.local_receipts.make_fifo(offer.attempt_id) if offer.log_cap_bytes > 0 else None
+        if fifo is not None:
+            env["QLACTORS_FIFO"] = str(fifo)
         if offer.cwd:
             env["QLACTORS_CWD"] = offer.cwd
         try:
             pid = spawn(list(offer.argv), env, shell=self.ctx.launcher_shell)
         except OSError as err:
             log.error("event=spawn_failed run=%s attempt=%s error=%s", offer.run_id, offer.attempt_id, err)
+            self.ctx.local_receipts.remove_fifo(offer.attempt_id)
             self.out.to_control(m.StartFailed(**self._fence(local, msg.lease_version),
                                               reason=f"spawn failed: {err.strerror or err}"))
             self.ctx.journal.clear(offer.attempt_id)
@@ -229,9 +235,11 @@ class Executor(RuntimeActor):
         if local.pidfd >= 0:
             os.close(local.pidfd)
             local.pidfd = -1
+        self.ctx.local_receipts.remove_fifo(local.attempt_id)
         stopped_by = local.stop_phase or "exit"  # "term" or "kill" when we stopped it
         self.ctx.directory.tell("receipts", Consume(local.run_id, local.attempt_id, stopped_by=stopped_by))
-        self._pull()
+        # No pull here: the attempt holds its slot in the database until its end is committed,
+        # and the Supervisor nudges us then (a pull now would only be answered Idle).
 
     def on_no_receipt(self, msg: NoReceipt, _peer: bytes) -> None:
         s = self.session

@@ -42,6 +42,25 @@ class LocalReceipts:
     def dropped_path(self, attempt_id: str) -> Path:
         return self.receipts.shard_dir(attempt_id) / f"{attempt_id}.dropped"
 
+    def fifo_path(self, attempt_id: str) -> Path:
+        """The log-cap FIFO the executor makes for the launcher (it would cost the launcher execs)."""
+        return self.receipts.shard_dir(attempt_id) / f"{attempt_id}.fifo"
+
+    def make_fifo(self, attempt_id: str) -> Path | None:
+        """A fresh log-cap FIFO (0600) for a launch, or None when it cannot be made (logged)."""
+        path = self.fifo_path(attempt_id)
+        try:
+            _unlink(path)  # a stale one from an earlier launch of this attempt
+            os.mkfifo(path, 0o600)
+        except OSError as err:
+            log.warning("event=fifo_failed attempt=%s error=%s", attempt_id, err)
+            return None
+        return path
+
+    def remove_fifo(self, attempt_id: str) -> None:
+        """After the launcher ended (it never removes the FIFO itself)."""
+        _unlink(self.fifo_path(attempt_id))
+
     def look(self, attempt_id: str) -> Found:
         result = self.receipts.read(attempt_id)
         if isinstance(result, Missing):
@@ -67,10 +86,8 @@ class LocalReceipts:
         """After a committed completion (or already_terminal): files first, the journal row last."""
         self.receipts.delete(attempt_id)
         self.receipts.remove_temps(attempt_id)
-        try:
-            os.unlink(self.dropped_path(attempt_id))
-        except FileNotFoundError:
-            pass
+        _unlink(self.dropped_path(attempt_id))
+        self.remove_fifo(attempt_id)
         self.journal.clear(attempt_id)
 
     def quarantine(self, attempt_id: str) -> None:
@@ -82,3 +99,10 @@ class LocalReceipts:
             log.warning("event=receipt_quarantined attempt=%s to=%s", attempt_id, where)
         except FileNotFoundError:
             pass
+
+
+def _unlink(path: Path) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

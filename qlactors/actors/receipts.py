@@ -56,8 +56,6 @@ class ReceiptConsumer(RuntimeActor):
             return
         r = found.receipt
         session = self.ctx.session
-        if self.ctx.journal.get(msg.attempt_id) is not None:
-            self.ctx.journal.set_state(msg.attempt_id, "completed")
         self.waiting[msg.attempt_id] = msg.run_id
         self.out.to_control(m.Completed(
             worker_id=session.worker_id, session_id=session.session_id,
@@ -78,8 +76,12 @@ class ReceiptConsumer(RuntimeActor):
             log.warning("event=receipt_refused attempt=%s detail=%s", msg.attempt_id, msg.detail)
             files.quarantine(msg.attempt_id)
             self.ctx.directory.tell("executor", NoReceipt(run_id, msg.attempt_id, quarantined=True))
-        else:  # fenced: leave the receipt where it is for the next try
+        else:  # fenced: leave the receipt where it is; the cleanup pass tries again
             log.warning("event=receipt_fenced attempt=%s detail=%s", msg.attempt_id, msg.detail)
+            # Only now is the row marked `completed` (the cleanup pass lists those): on the fast
+            # path an unmarked row costs nothing, and after a crash re-adoption finds it anyway.
+            if self.ctx.journal.get(msg.attempt_id) is not None:
+                self.ctx.journal.set_state(msg.attempt_id, "completed")
 
     def on_cleanup(self, _msg: Cleanup, _peer: bytes) -> None:
         """Bounded: retry completed-but-not-cleared rows, purge old quarantine entries."""

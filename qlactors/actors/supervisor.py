@@ -158,7 +158,7 @@ class Supervisor(RuntimeActor):
         crash_point("before_completion_commit")
         outcome = self.ctx.completion.complete(msg.run_id, msg.attempt_id, receipt, msg.log_dropped_bytes)
         self._ack(peer, "completed", msg, outcome.result, outcome.reason or "")
-        if outcome.result == "applied" and self.ctx.admitting.is_set():
+        if outcome.result in ("applied", "already_terminal") and self.ctx.admitting.is_set():
             self.out.to_peer(peer, m.Nudge())  # its slot is free in the database now: pull again
 
     def on_attest(self, msg: m.Attest, peer: bytes) -> None:

@@ -218,6 +218,8 @@ class _Audit:
                 counts["temp"] += 1
             else:
                 self._unsafe(rel, "directory")
+        elif stat.S_ISFIFO(mode) and kind == "fifo":  # a running launcher's log-cap FIFO
+            counts["temp"] += 1
         elif not stat.S_ISREG(mode):
             self._unsafe(rel, "not_regular")
         elif kind in ("temp", "marker"):

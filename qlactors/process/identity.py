@@ -138,7 +138,12 @@ def read_identity(pid: int, *, boot_id: str | None = None, proc: str = "/proc") 
 
 
 def read_marker(path: str | os.PathLike[str]) -> ProcessIdentity | None:
-    """The identity in a start marker file, None when there is none; ValueError when it is bad."""
+    """The identity in a start marker file, None when there is none yet; ValueError when it is bad.
+
+    The launcher writes its marker in place with one short write, so a reader can catch it
+    empty or cut short: a file that does not end in a newline is not published yet (None).
+    A complete line that does not parse is bad.
+    """
     try:
         with open(path, "rb") as f:
             data = f.read(MAX_MARKER_BYTES + 1)
@@ -146,6 +151,8 @@ def read_marker(path: str | os.PathLike[str]) -> ProcessIdentity | None:
         return None
     if len(data) > MAX_MARKER_BYTES:
         raise ValueError(f"start marker {os.fspath(path)!r} is over {MAX_MARKER_BYTES} bytes")
+    if not data.endswith(b"\n"):
+        return None  # empty, or caught mid-write
     return parse_marker(data.decode("ascii"))  # UnicodeDecodeError is a ValueError
 
 

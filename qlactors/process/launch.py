@@ -16,6 +16,11 @@ DEFAULT_SIGNALS = frozenset({signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, signa
                              signal.SIGPIPE, signal.SIGXFSZ, signal.SIGUSR1, signal.SIGUSR2,
                              signal.SIGALRM, signal.SIGCHLD})
 INTERNAL_PREFIX = "QLACTORS_"
+# What the executor hands the launcher; launcher.sh unsets exactly these before the job runs,
+# and job_environment drops the whole prefix, so none reaches a job from the runtime's own env.
+LAUNCHER_VARIABLES = ("QLACTORS_RUN_ID", "QLACTORS_ATTEMPT_ID", "QLACTORS_TOKEN",
+                      "QLACTORS_RECEIPT_DIR", "QLACTORS_MARKER", "QLACTORS_LOG", "QLACTORS_LOG_CAP",
+                      "QLACTORS_FIFO", "QLACTORS_DROPPED", "QLACTORS_CWD", "QLACTORS_CLOCK_BASE_MS")
 
 
 def launcher_path() -> Path:

@@ -8,14 +8,17 @@
 #   QLACTORS_MARKER        start-marker path (published before the job starts)
 #   QLACTORS_LOG           log file, appended to only
 #   QLACTORS_LOG_CAP       bytes of output to keep; 0 or unset = no cap
+#   QLACTORS_FIFO          FIFO made by the executor (0600) for the cap; not a FIFO = no cap
 #   QLACTORS_DROPPED       sidecar receiving the dropped byte count (only under a cap)
 #   QLACTORS_CWD           optional working directory of the job
 #   QLACTORS_CLOCK_BASE_MS wall ms minus uptime ms at spawn; the clock is base + uptime
 # Exit status: always the job's ($? of the job; 128+N if signal N killed it; 126 if its
 # working directory cannot be entered). A failed publication never changes it.
+# Every external program costs an exec (~1 ms of CPU): a job with little output runs only dd,
+# the job, and sync, ln, rm, sync for the receipt; everything else is a shell builtin.
 
-# Until the job runs TERM/INT/HUP are ignored, so a stop arriving now cannot kill the helpers
-# (mv, mkfifo) or the log reader, which is forked with them ignored on purpose.
+# Until the job runs TERM/INT/HUP are ignored, so a stop arriving now cannot kill the launcher
+# before the job runs, nor the log reader, which is forked with them ignored on purpose.
 trap '' TERM INT HUP
 umask 077
 # The launcher itself says nothing (dash would print "Terminated" for a killed job, and helpers
@@ -25,9 +28,9 @@ exec >/dev/null 2>&1
 q_run=${QLACTORS_RUN_ID-} q_attempt=${QLACTORS_ATTEMPT_ID-} q_token=${QLACTORS_TOKEN-}
 q_rdir=${QLACTORS_RECEIPT_DIR-} q_marker=${QLACTORS_MARKER-} q_log=${QLACTORS_LOG:-/dev/null}
 q_cap=${QLACTORS_LOG_CAP-} q_dropped=${QLACTORS_DROPPED-} q_cwd=${QLACTORS_CWD-}
-q_base=${QLACTORS_CLOCK_BASE_MS-}
+q_base=${QLACTORS_CLOCK_BASE_MS-} q_fifo=${QLACTORS_FIFO-}
 unset QLACTORS_RUN_ID QLACTORS_ATTEMPT_ID QLACTORS_TOKEN QLACTORS_RECEIPT_DIR QLACTORS_MARKER \
-    QLACTORS_LOG QLACTORS_LOG_CAP QLACTORS_DROPPED QLACTORS_CWD QLACTORS_CLOCK_BASE_MS
+    QLACTORS_LOG QLACTORS_LOG_CAP QLACTORS_FIFO QLACTORS_DROPPED QLACTORS_CWD QLACTORS_CLOCK_BASE_MS
 
 # The launcher's own tools come from the standard places first, so a task's PATH cannot break
 # the receipt; the job gets its own PATH back untouched.
@@ -70,52 +73,85 @@ q_identity() {
     [ -n "$q_boot" ]
 }
 
-# Start marker, published (temp + mv) before the job starts. Without it the executor still
-# has the identity it read itself, so a failure here does not stop the job.
+# Start marker, published before the job starts. Written in place by the printf builtin (one
+# short write, no temp + mv exec): a reader seeing it empty or without its final newline takes
+# it as not published yet (identity.read_marker). Without it the executor still has the
+# identity it read itself, so a failure here does not stop the job.
 if [ -n "$q_marker" ] && q_identity; then
     printf 'pid=%s pgid=%s start_ticks=%s boot_id=%s\n' "$$" "$q_pgid" "$q_ticks" "$q_boot" \
-        >"$q_marker.$$.tmp" && mv -f "$q_marker.$$.tmp" "$q_marker" ||
-        rm -f "$q_marker.$$.tmp"
+        >"$q_marker"
 fi
 
-# Under a cap the job writes into a FIFO in a private directory; a background reader keeps
-# the first CAP bytes, then drains and counts the rest, so the job never sees SIGPIPE. The
-# reader opens its end first (in the background); the job's redirection then opens the other.
-# If the FIFO cannot be made, the job writes straight onto the log (uncapped, not unrun).
-q_fifo= q_reader=
-if [ "$q_cap" != 0 ] && [ -n "${q_marker:-$q_rdir}" ]; then
-    q_tmpd=${q_marker:-$q_rdir/.$q_attempt}.$$.d
-    if mkdir "$q_tmpd" && mkfifo "$q_tmpd/out"; then
-        q_fifo=$q_tmpd/out
-        {
-            # Ignored (already inherited as ignored): TERM/INT/HUP stay ignored in dd and wc,
-            # so the reader ends only at end of input.
-            trap '' TERM INT HUP
-            # Copy up to the cap one read at a time: each `dd count=1` writes what one read
-            # returned at once (head buffers through stdio, so a running job's output would not
-            # reach its log, and a KILL would lose it). dd's report, last line first word, is
-            # the byte count in GNU and busybox alike; 0 means end of input.
-            q_left=$q_cap
-            while [ "$q_left" -gt 0 ]; do
-                q_out=$(LC_ALL=C dd bs=$((q_left < 65536 ? q_left : 65536)) count=1 2>&1 >>"$q_log")
-                q_out=${q_out##*"
+# Under a cap the job writes into the FIFO the executor made (making it here would cost mkdir,
+# mkfifo and rm execs); a background reader keeps the first CAP bytes, then drains and counts
+# the rest, so the job never sees SIGPIPE. The reader opens its end first (in the background);
+# the job's redirection then opens the other. Without a FIFO the job writes straight onto the
+# log (uncapped, not unrun) and no dropped-bytes file is written.
+q_reader=
+if [ "$q_cap" != 0 ] && [ -n "$q_fifo" ] && [ -p "$q_fifo" ]; then
+    {
+        # Ignored (already inherited as ignored): TERM/INT/HUP stay ignored in dd and wc, so
+        # the reader ends only at end of input.
+        trap '' TERM INT HUP
+        # Copy up to the cap with dd, which writes what each read returned at once (head
+        # buffers through stdio: a running job's output would not reach its log, and a KILL
+        # would lose it; iflag=fullblock would hold short reads back too). iflag=count_bytes
+        # makes count a byte limit: busybox dd copies exactly that many bytes, but GNU dd
+        # counts each short read of a pipe as a record and stops after ceil(count/bs) reads,
+        # perhaps short of the cap. So dd runs again until the cap or end of input; with
+        # bs = cap/256 (at most 64 KiB) one GNU dd may take 256 reads, enough for a job with
+        # little output. dd's report (LC_ALL=C) gives "F+P records in" and, last, "N bytes ...
+        # copied" (GNU, and busybox built with its third status line). Whatever is not
+        # understood (dd failed, no byte count) ends the copy with q_more set: `wc` then
+        # drains and counts the rest. A dd without count_bytes refuses the operand before
+        # reading anything (no "records in"): then each dd takes one read (count=1).
+        q_left=$q_cap q_bs=$(((q_cap + 255) / 256)) q_more=1 q_flag=iflag=count_bytes
+        [ "$q_bs" -le 65536 ] || q_bs=65536
+        while :; do
+            if [ -n "$q_flag" ]; then
+                q_count=$q_left q_max=$(((q_left + q_bs - 1) / q_bs))
+            else
+                q_bs=$((q_left < 65536 ? q_left : 65536)) q_count=1 q_max=1
+            fi
+            if ! q_out=$(LC_ALL=C dd bs=$q_bs count=$q_count $q_flag 2>&1 >>"$q_log"); then
+                case $q_out in *" records in"*) break ;; esac
+                [ -n "$q_flag" ] || break
+                q_flag=
+                continue
+            fi
+            q_line=${q_out##*"
 "}
-                q_out=${q_out%% *}
-                case $q_out in '' | 0 | *[!0-9]*) break ;; esac
-                q_left=$((q_left - q_out))
-            done
+            q_got=${q_line%% *}
+            case $q_got in '' | *[!0-9]*) break ;; esac
+            case $q_line in "$q_got byte"*) ;; *) break ;; esac
+            [ "$q_got" -lt "$q_left" ] || break # the cap is reached: drain the rest
+            [ "$q_got" -gt 0 ] || { q_more=; break; } # end of input
+            q_line=${q_out%%" records in"*}
+            q_line=${q_line##*"
+"}
+            q_full=${q_line%%+*}
+            q_part=${q_line#"$q_full"+}
+            case $q_line in "$q_full+$q_part") ;; *) break ;; esac
+            case $q_full.$q_part in *[!0-9.]* | .* | *.) break ;; esac
+            q_uint "$q_full"; q_reads=$q_n
+            q_uint "$q_part"; q_reads=$((q_reads + q_n))
+            # Fewer reads than dd was allowed: it stopped at end of input.
+            if [ "$q_reads" -lt "$q_max" ]; then q_more=; break; fi
+            q_left=$((q_left - q_got))
+        done
+        # Only when input may remain is there anything to drain and count (one more exec).
+        q_n=0
+        if [ -n "$q_more" ]; then
             q_n=$(wc -c)
             q_uint "${q_n##* }"
-            if [ -n "$q_dropped" ]; then
-                printf '%s\n' "$q_n" >"$q_dropped.$$.tmp" &&
-                    mv -f "$q_dropped.$$.tmp" "$q_dropped" ||
-                    rm -f "$q_dropped.$$.tmp"
-            fi
-        } <"$q_fifo" &
-        q_reader=$!
-    else
-        rm -rf "$q_tmpd"
-    fi
+        fi
+        # Written in place by the builtin: the launcher publishes the receipt only after this
+        # reader ended, and the consumer reads this file only once the receipt exists.
+        if [ -n "$q_dropped" ]; then printf '%s\n' "$q_n" >"$q_dropped"; fi
+    } <"$q_fifo" &
+    q_reader=$!
+else
+    q_fifo=
 fi
 
 # While the job runs, TERM/INT/HUP run a no-op handler: the launcher survives them to publish
@@ -135,7 +171,7 @@ q_clock; q_started=$q_ms
 # A foreground job's $? is its real status: the shell runs pending traps only after it ends.
 q_status=$?
 q_clock; q_finished=$q_ms
-# The job is over: ignore TERM/INT/HUP again so a late stop cannot kill sync, ln or mv.
+# The job is over: ignore TERM/INT/HUP again so a late stop cannot kill sync, ln or rm.
 trap '' TERM INT HUP
 
 if [ -n "$q_reader" ]; then
@@ -149,12 +185,11 @@ if [ -n "$q_reader" ]; then
         [ $? -gt 128 ] || break
         kill -0 "$q_reader" || break
     done
-    rm -rf "$q_tmpd"
 fi
 
 # Receipt (SEMANTICS.md §5): unique temp in the same directory, read back, fsync, hard link
 # to the final name (never replaces one), unlink the temp, fsync the directory. Any failure
-# leaves no file of ours behind.
+# leaves no file of ours behind (the temp is removed once, on either path).
 q_ids_ok() {
     for q_id in "$q_run" "$q_attempt"; do
         case $q_id in '' | *[!A-Za-z0-9_-]*) return 1 ;; esac
@@ -173,8 +208,9 @@ if q_ids_ok && ! [ -e "$q_final" ] && ! [ -L "$q_final" ]; then
     if [ "$q_back" = "$q_json" ] && sync "$q_tmp" && ln "$q_tmp" "$q_final"; then
         rm -f "$q_tmp"
         sync "$q_rdir"
+    else
+        rm -f "$q_tmp"
     fi
-    rm -f "$q_tmp"
 fi
 
 exit "$q_status"

@@ -39,11 +39,14 @@ MAX_NAME_SUFFIX = 1000
 # O_NONBLOCK: should a FIFO slip in between the lstat and the open, opening it must not hang.
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
-# The names the launcher (process/launcher.sh) leaves in a shard directory, ids being
-# [A-Za-z0-9_-]{1,36} so that a '.' always separates the parts:
+# The names the launcher (process/launcher.sh) and the executor leave in a shard directory, ids
+# being [A-Za-z0-9_-]{1,36} so that a '.' always separates the parts:
 #   <id>.json                 the published receipt
 #   <id>.start                the start marker (QLACTORS_MARKER points next to the receipt)
 #   .<id>.<pid>.tmp           the receipt's temp file before link()
+#   <id>.fifo                 the log-cap FIFO the executor makes for a running launcher
+#   <id>.dropped              the log-cap reader's dropped-byte count
+# and, left only by launchers of an earlier version (still recognised, to be cleaned up):
 #   <id>.start.<pid>.tmp      the start marker's temp file before mv
 #   <id>.start.<pid>.d        the log-cap FIFO directory (".<id>.<pid>.d" without a marker)
 _ID = r"[A-Za-z0-9_-]{1,%d}" % MAX_ID_LEN
@@ -51,6 +54,7 @@ _NAME_KINDS: tuple[tuple[str, re.Pattern[str]], ...] = (
     ("receipt", re.compile(rf"({_ID})\.json")),
     ("marker", re.compile(rf"({_ID})\.start")),
     ("temp", re.compile(rf"\.({_ID})\.[0-9]+\.tmp")),
+    ("fifo", re.compile(rf"({_ID})\.fifo")),
     ("temp", re.compile(rf"({_ID})\.start\.[0-9]+\.tmp")),
     ("temp_dir", re.compile(rf"\.({_ID})\.[0-9]+\.d")),
     ("temp_dir", re.compile(rf"({_ID})\.start\.[0-9]+\.d")),
@@ -98,7 +102,7 @@ ReadResult = Missing | Valid | Invalid | Unsafe
 
 
 def classify_name(name: str) -> tuple[str, str | None]:
-    """(kind, attempt id) of a shard entry's name: receipt, marker, temp, temp_dir or other."""
+    """(kind, attempt id) of a shard entry's name: receipt, marker, temp, fifo, temp_dir or other."""
     for kind, pattern in _NAME_KINDS:
         m = pattern.fullmatch(name)
         if m is not None:
