@@ -28,6 +28,36 @@ def test_sqlite_connections_use_wal_full_sync_and_foreign_keys(sqlite_store):
         assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == 5000
 
 
+def test_sqlite_a_not_durable_write_skips_only_its_own_fsync(sqlite_store):
+    """durable=False commits with synchronous=NORMAL on its own connection; every other write stays FULL."""
+    with sqlite_store.write(durable=False) as conn:
+        assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 1  # NORMAL
+        conn.exec_driver_sql("CREATE TABLE t (x INTEGER)")
+        conn.exec_driver_sql("INSERT INTO t VALUES (1)")
+    with sqlite_store.write() as conn:
+        assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 2  # FULL
+        conn.exec_driver_sql("INSERT INTO t VALUES (2)")
+    with sqlite_store.read() as conn:  # committed for every reader, whichever connection wrote
+        assert conn.exec_driver_sql("SELECT x FROM t ORDER BY x").scalars().all() == [1, 2]
+        assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 2
+    with sqlite_store.write(durable=False) as conn:  # the held connection keeps its setting
+        assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == 1
+
+
+def test_sqlite_a_failed_write_rolls_back_and_the_next_one_works(sqlite_store):
+    """The held write connection survives a failed transaction: nothing of it stays."""
+    with sqlite_store.write() as conn:
+        conn.exec_driver_sql("CREATE TABLE t (x INTEGER PRIMARY KEY)")
+    with pytest.raises(Exception):
+        with sqlite_store.write() as conn:
+            conn.exec_driver_sql("INSERT INTO t VALUES (1)")
+            conn.exec_driver_sql("INSERT INTO t VALUES (1)")
+    with sqlite_store.write() as conn:
+        conn.exec_driver_sql("INSERT INTO t VALUES (2)")
+    with sqlite_store.read() as conn:
+        assert conn.exec_driver_sql("SELECT x FROM t").scalars().all() == [2]
+
+
 def test_sqlite_writes_take_the_write_lock_up_front(sqlite_store):
     """BEGIN IMMEDIATE: a second writer waits for the first instead of failing on lock upgrade."""
     order = []

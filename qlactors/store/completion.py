@@ -10,15 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import select
-
 from ..domain.receipt import Receipt, token_matches
 from ..domain.states import AttemptStatus, LeaseStatus, RunStatus
 from ..domain.transitions import plan_completion
 from ..errors import BadInput
 from .engine import Store
-from .plans import apply_plan, attempt_snapshot, end_lease, load_run, run_snapshot
-from .schema import run_attempts
+from .plans import apply_plan, attempt_snapshot, end_lease, load_attempt, load_run, run_snapshot
 
 APPLIED = "applied"
 ALREADY_TERMINAL = "already_terminal"
@@ -73,7 +70,7 @@ class CompletionService:
             run = load_run(conn, run_id) if isinstance(run_id, str) else None
             if run is None:
                 return CompletionOutcome(REFUSED, "unknown_run")
-            attempt = conn.execute(select(run_attempts).where(run_attempts.c.id == attempt_id)).first()
+            attempt = load_attempt(conn, attempt_id)
             if attempt is None:
                 return CompletionOutcome(REFUSED, "unknown_attempt", run.status)
             if attempt.run_id != run.id:

@@ -55,6 +55,7 @@ from .plans import (
     attempt_snapshot,
     current_attempt,
     end_lease,
+    load_attempt,
     load_run,
     pinned_revision,
     run_snapshot,
@@ -300,7 +301,7 @@ class Control:
             run = load_run(conn, run_id)
             if run is None:
                 return Outcome(REFUSED, "unknown_run")
-            attempt = conn.execute(select(run_attempts).where(run_attempts.c.id == attempt_id)).first()
+            attempt = load_attempt(conn, attempt_id)
             if attempt is None or attempt.run_id != run.id:
                 return Outcome(REFUSED, "wrong_attempt", run.status)
             if RunStatus(run.status).terminal or AttemptStatus(attempt.status).terminal:

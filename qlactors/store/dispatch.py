@@ -1,6 +1,8 @@
 """Executor-facing dispatch: worker sessions, offers (claim + run lease) and fenced executor reports.
 
-SEMANTICS.md §4 and §9. Every method is one short transaction. A pull whose session is dead raises
+SEMANTICS.md §4 and §9. Every method is one short transaction; `offer` and `started` commit
+without an fsync (`Store.write(durable=False)`: losing one in a power failure changes no outcome,
+see docs/semantics.md), `activate` and the rest durably. A pull whose session is dead raises
 `Fenced`; a report (activate, started, start failure, release) answers an `Outcome` whose result is
 `applied`, `fenced` (some quoted field no longer matches: nothing changed), `refused` (the fence
 holds but the state forbids it: nothing changed) or `already_terminal`.
@@ -15,7 +17,7 @@ from __future__ import annotations
 
 import json
 
-from sqlalchemy import and_, exists, func, or_, select
+from sqlalchemy import and_, bindparam, exists, func, literal_column, select
 from sqlalchemy.engine import Connection
 
 from ..domain.model import Command
@@ -44,6 +46,7 @@ from .plans import (
     apply_plan,
     attempt_snapshot,
     end_lease,
+    load_attempt,
     load_run,
     pinned_revision,
     run_snapshot,
@@ -151,17 +154,15 @@ class Dispatch:
             raise BadInput("log_cap_bytes must be a non-negative integer")
         if lease_ttl_ms is not None and (type(lease_ttl_ms) is not int or lease_ttl_ms < 1):
             raise BadInput("lease_ttl_ms must be a positive integer or None")
-        with self.store.write() as conn:
+        with self.store.write(durable=False) as conn:
             # Capacity is checked under the session row lock, so one session never oversells.
-            session = conn.execute(select(worker_sessions).where(
-                worker_sessions.c.session_id == session_id).with_for_update()).first()
+            session = conn.execute(_SESSION_LOCKED, {"session_id": session_id}).first()
             now = self.store.now_ms(conn)
             detail = _session_mismatch(session, worker_id, session_generation, now, online_only=True)
             if detail is not None:
                 raise Fenced(f"session {session_id} of worker {worker_id!r} cannot pull ({detail}); "
                              "register a new session")
-            existing = conn.execute(select(run_dispatch_leases).where(
-                run_dispatch_leases.c.offer_id == offer_id)).first()
+            existing = conn.execute(_LEASE_BY_OFFER, {"offer_id": offer_id}).first()
             if existing is not None:
                 return self._replay(conn, existing, session, lease_token_hash, log_cap_bytes)
             if self._leased_count(conn, session_id) >= session.capacity:
@@ -169,15 +170,20 @@ class Dispatch:
             skip_runs: list[str] = []
             skip_tasks: list[str] = []
             for _ in range(_MAX_PICKS):
-                pick = conn.execute(_candidate_query(skip_runs, skip_tasks)).first()
+                pick = None
+                for kind in ("dispatching", "queued"):  # a declined claim first: it was the oldest
+                    query = (_candidate_query(kind, skip_runs, skip_tasks) if skip_runs or skip_tasks
+                             else _CANDIDATES[kind])
+                    pick = conn.execute(query).first()
+                    if pick is not None:
+                        break
                 if pick is None:
                     return None
                 # The limit is counted per task; two offers picking two runs of one task must not
                 # both see room. A task-scoped advisory lock serialises exactly that recount.
                 self.store.advisory_lock(conn, f"task:{pick.task_id}")
-                run = load_run(conn, pick.id)
-                attempt = conn.execute(select(run_attempts).where(
-                    run_attempts.c.id == pick.attempt_id)).first()
+                run = pick  # the run row itself, locked by the query (PostgreSQL: re-read at the lock)
+                attempt = load_attempt(conn, pick.attempt_id)
                 if not _dispatchable(conn, run, attempt):
                     skip_runs.append(pick.id)  # changed between the query's snapshot and its lock
                 elif _busy(conn, run.task_id, run.id) >= pick.max_concurrent:
@@ -189,16 +195,11 @@ class Dispatch:
 
     def _leased_count(self, conn: Connection, session_id: str) -> int:
         """Live leases of the session; a lease whose attempt already ended holds no slot."""
-        return conn.execute(select(func.count()).select_from(
-            run_dispatch_leases.join(run_attempts, run_attempts.c.id == run_dispatch_leases.c.attempt_id))
-            .where(and_(run_dispatch_leases.c.session_id == session_id,
-                        run_dispatch_leases.c.status == _L.LEASED.value,
-                        run_attempts.c.status.in_(_ACTIVE)))).scalar_one()
+        return conn.execute(_LEASED_COUNT, {"session_id": session_id}).scalar_one()
 
     def _claim(self, conn, run, attempt, session, offer_id, token_hash, log_cap_bytes, now,
                lease_ttl_ms) -> OfferView | None:
-        generation = conn.execute(select(func.coalesce(func.max(run_dispatch_leases.c.lease_generation), 0))
-                                  .where(run_dispatch_leases.c.attempt_id == attempt.id)).scalar_one() + 1
+        generation = conn.execute(_MAX_GENERATION, {"attempt_id": attempt.id}).scalar_one() + 1
         expires = now + lease_ttl_ms if lease_ttl_ms is not None else None
         if not self.store.insert_new(conn, run_dispatch_leases, dict(
                 attempt_id=attempt.id, lease_generation=generation, run_id=run.id,
@@ -215,29 +216,28 @@ class Dispatch:
                        actor_type=ACTOR, expected_callback_sequence=attempt.callback_sequence,
                        attempt_values=projection)
         else:  # a re-offer of a declined claim: the run is already `dispatching`, no status change
-            changed = conn.execute(run_attempts.update().where(and_(
-                run_attempts.c.id == attempt.id, run_attempts.c.status == _A.CLAIMED.value))
-                .values(updated_at_ms=now, **projection)).rowcount
+            changed = conn.execute(_CLAIMED_ATTEMPT_UPDATE, dict(
+                projection, updated_at_ms=now, w_id=attempt.id)).rowcount
             if changed != 1:
                 raise Conflict(f"attempt {attempt.id} changed meanwhile")
-        return self._view(conn, run.id, attempt.id, log_cap_bytes)
+        return self._view(conn, run, attempt.id, log_cap_bytes)
 
     def _replay(self, conn, lease, session, token_hash, log_cap_bytes) -> OfferView | None:
         """The same pull again (its answer was lost): the same offer, or None if it is no longer live."""
         if (lease.session_id != session.session_id or lease.status != _L.LEASED.value
                 or not same_hash(lease.token_hash, token_hash)):
             return None
-        attempt = conn.execute(select(run_attempts).where(run_attempts.c.id == lease.attempt_id)).first()
+        attempt = load_attempt(conn, lease.attempt_id)
         run = load_run(conn, lease.run_id)
         if attempt.status != _A.CLAIMED.value or run.cancel_reason is not None:
             return None
-        return self._view(conn, run.id, attempt.id, log_cap_bytes)
+        return self._view(conn, run, attempt.id, log_cap_bytes)
 
-    def _view(self, conn: Connection, run_id: str, attempt_id: str, log_cap_bytes: int) -> OfferView:
-        run = load_run(conn, run_id, lock=False)
-        attempt = conn.execute(select(run_attempts).where(run_attempts.c.id == attempt_id)).one()
-        rev = pinned_revision(conn, run)
-        name = conn.execute(select(tasks.c.name).where(tasks.c.id == run.task_id)).scalar_one()
+    def _view(self, conn: Connection, run, attempt_id: str, log_cap_bytes: int) -> OfferView:
+        """The offer as the executor sees it: the attempt's lease projection and the pinned command."""
+        attempt = load_attempt(conn, attempt_id)
+        rev = conn.execute(_OFFER_REVISION, {"task_id": run.task_id, "revision": run.task_revision}).one()
+        name = rev.task_name
         return OfferView(
             run_id=run.id, attempt_id=attempt.id, attempt_number=attempt.number,
             offer_id=attempt.offer_id, lease_generation=attempt.lease_generation,
@@ -255,13 +255,11 @@ class Dispatch:
         rows, the lease row, then database time. The token hash is compared in constant time.
         """
         self.store.advisory_lock(conn, f"attempt:{fence.attempt_id}")
-        session = conn.execute(select(worker_sessions).where(
-            worker_sessions.c.session_id == fence.session_id).with_for_update(read=True)).first()
+        session = conn.execute(_SESSION_SHARED, {"session_id": fence.session_id}).first()
         run = load_run(conn, fence.run_id)
-        attempt = conn.execute(select(run_attempts).where(run_attempts.c.id == fence.attempt_id)).first()
-        lease = conn.execute(select(run_dispatch_leases).where(and_(
-            run_dispatch_leases.c.attempt_id == fence.attempt_id,
-            run_dispatch_leases.c.lease_generation == fence.lease_generation)).with_for_update()).first()
+        attempt = load_attempt(conn, fence.attempt_id)
+        lease = conn.execute(_LEASE_LOCKED, {"attempt_id": fence.attempt_id,
+                                             "generation": fence.lease_generation}).first()
         now = self.store.now_ms(conn)
         detail = _session_mismatch(session, fence.worker_id, fence.session_generation, now,
                                    online_only=False)
@@ -333,7 +331,7 @@ class Dispatch:
         receipt landed first) answers `already_terminal`.
         """
         identity = Identity(boot_id, pid, pgid, start_ticks)
-        with self.store.write() as conn:
+        with self.store.write(durable=False) as conn:
             try:
                 run, attempt, _lease = self._check_fence(conn, fence)
             except _Mismatch as mismatch:
@@ -409,8 +407,10 @@ class Dispatch:
             return Outcome(APPLIED, "attempt_terminal" if status.terminal else None, run.status)
 
 
-_ACTIVE = [_A.CLAIMED.value, _A.STARTING.value, _A.RUNNING.value]
-_DISPATCHED = [_R.DISPATCHING.value, _R.RUNNING.value]
+# Constant state lists, written into the SQL: a plain `in_(list)` is an "expanding" parameter,
+# re-rendered on every execution of the statement.
+_ACTIVE = [literal_column(repr(s.value)) for s in (_A.CLAIMED, _A.STARTING, _A.RUNNING)]
+_DISPATCHED = [literal_column(repr(s.value)) for s in (_R.DISPATCHING, _R.RUNNING)]
 
 
 def _session_mismatch(session, worker_id: str, generation: int, now: int, *, online_only: bool) -> str | None:
@@ -450,28 +450,38 @@ def _live_lease():
                                run_dispatch_leases.c.status == _L.LEASED.value))
 
 
-def _candidate_query(skip_runs: list[str], skip_tasks: list[str]):
-    """The oldest dispatchable run, locked; rows another offer holds are skipped (PostgreSQL)."""
+def _candidate_query(kind: str, skip_runs: list[str], skip_tasks: list[str]):
+    """The oldest dispatchable run of one kind, locked; rows another offer holds are skipped (PostgreSQL).
+
+    `queued`, or `dispatching` with no live lease (a declined claim, offered again). The attempt
+    and the limit are correlated subqueries, not joins, so that both databases walk the runs in
+    queue order on `(status, queued_at_ms, id)` and stop at the first that fits, instead of
+    sorting every claimed attempt.
+    """
+    # Ordered by number (a run has one active attempt, its newest), so SQLite looks it up by run
+    # id on (run_id, number) instead of walking every claimed attempt on (status, ...).
+    claimed = (select(run_attempts.c.id).where(and_(run_attempts.c.run_id == runs.c.id,
+                                                    run_attempts.c.status == _A.CLAIMED.value))
+               .order_by(run_attempts.c.number.desc()).limit(1).scalar_subquery())
+    limit = (select(task_revisions.c.max_concurrent).where(and_(
+        task_revisions.c.task_id == runs.c.task_id, task_revisions.c.revision == runs.c.task_revision))
+        .scalar_subquery())
     other = runs.alias("other")
     busy = (select(func.count()).select_from(other).where(and_(
         other.c.task_id == runs.c.task_id, other.c.status.in_(_DISPATCHED), other.c.id != runs.c.id))
         .scalar_subquery())
     query = (
-        select(runs.c.id, runs.c.task_id, run_attempts.c.id.label("attempt_id"),
-               task_revisions.c.max_concurrent)
-        .join(run_attempts, and_(run_attempts.c.run_id == runs.c.id,
-                                 run_attempts.c.status == _A.CLAIMED.value))
-        .join(task_revisions, and_(task_revisions.c.task_id == runs.c.task_id,
-                                   task_revisions.c.revision == runs.c.task_revision))
-        .where(and_(runs.c.cancel_reason.is_(None),
-                    or_(runs.c.status == _R.QUEUED.value,
-                        and_(runs.c.status == _R.DISPATCHING.value, ~_live_lease())),
-                    busy < task_revisions.c.max_concurrent))
+        select(runs, claimed.label("attempt_id"), limit.label("max_concurrent"))
+        .where(and_(runs.c.status == kind, runs.c.cancel_reason.is_(None), claimed.is_not(None),
+                    busy < limit))
         .order_by(runs.c.queued_at_ms, runs.c.id)
         .limit(1)
         # SQLAlchemy drops FOR UPDATE on SQLite, where BEGIN IMMEDIATE already serialises writers.
         .with_for_update(skip_locked=True, of=runs)
     )
+    if kind == _R.DISPATCHING.value:
+        query = query.where(~exists().where(and_(run_dispatch_leases.c.attempt_id == claimed,
+                                                 run_dispatch_leases.c.status == _L.LEASED.value)))
     if skip_runs:
         query = query.where(runs.c.id.not_in(skip_runs))
     if skip_tasks:
@@ -489,12 +499,36 @@ def _dispatchable(conn: Connection, run, attempt) -> bool:
         return True
     if run.status != _R.DISPATCHING.value:
         return False
-    return conn.execute(select(func.count()).select_from(run_dispatch_leases).where(and_(
-        run_dispatch_leases.c.attempt_id == attempt.id,
-        run_dispatch_leases.c.status == _L.LEASED.value))).scalar_one() == 0
+    return conn.execute(_LIVE_LEASES, {"attempt_id": attempt.id}).scalar_one() == 0
 
 
 def _busy(conn: Connection, task_id: str, run_id: str) -> int:
     """Runs of the task already dispatched (`dispatching|running`), other than `run_id` itself."""
-    return conn.execute(select(func.count()).select_from(runs).where(and_(
-        runs.c.task_id == task_id, runs.c.status.in_(_DISPATCHED), runs.c.id != run_id))).scalar_one()
+    return conn.execute(_BUSY, {"task_id": task_id, "run_id": run_id}).scalar_one()
+
+
+# Built once with bound parameters (see plans.py): the offer and report paths run per job.
+_CANDIDATES = {kind: _candidate_query(kind, [], []) for kind in (_R.DISPATCHING.value, _R.QUEUED.value)}
+_SESSION = select(worker_sessions).where(worker_sessions.c.session_id == bindparam("session_id"))
+_SESSION_LOCKED = _SESSION.with_for_update()
+_SESSION_SHARED = _SESSION.with_for_update(read=True)
+_LEASE_BY_OFFER = select(run_dispatch_leases).where(run_dispatch_leases.c.offer_id == bindparam("offer_id"))
+_LEASE_LOCKED = select(run_dispatch_leases).where(and_(
+    run_dispatch_leases.c.attempt_id == bindparam("attempt_id"),
+    run_dispatch_leases.c.lease_generation == bindparam("generation"))).with_for_update()
+_LEASED_COUNT = select(func.count()).select_from(
+    run_dispatch_leases.join(run_attempts, run_attempts.c.id == run_dispatch_leases.c.attempt_id)).where(and_(
+        run_dispatch_leases.c.session_id == bindparam("session_id"),
+        run_dispatch_leases.c.status == _L.LEASED.value, run_attempts.c.status.in_(_ACTIVE)))
+_LIVE_LEASES = select(func.count()).select_from(run_dispatch_leases).where(and_(
+    run_dispatch_leases.c.attempt_id == bindparam("attempt_id"), run_dispatch_leases.c.status == _L.LEASED.value))
+_MAX_GENERATION = select(func.coalesce(func.max(run_dispatch_leases.c.lease_generation), 0)).where(
+    run_dispatch_leases.c.attempt_id == bindparam("attempt_id"))
+_CLAIMED_ATTEMPT_UPDATE = run_attempts.update().where(and_(
+    run_attempts.c.id == bindparam("w_id"), run_attempts.c.status == _A.CLAIMED.value))
+_OFFER_REVISION = (select(task_revisions, tasks.c.name.label("task_name"))
+                   .join(tasks, tasks.c.id == task_revisions.c.task_id)
+                   .where(and_(task_revisions.c.task_id == bindparam("task_id"),
+                               task_revisions.c.revision == bindparam("revision"))))
+_BUSY = select(func.count()).select_from(runs).where(and_(
+    runs.c.task_id == bindparam("task_id"), runs.c.status.in_(_DISPATCHED), runs.c.id != bindparam("run_id")))

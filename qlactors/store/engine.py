@@ -39,6 +39,10 @@ class Store:
         # SQLite has one writer. Threads of this process queue here for it instead of in SQLite's
         # busy handler, which sleeps 1-100 ms between retries while the lock is held.
         self._writer = threading.RLock() if self._dialect is sqlite else None
+        # ...and share two connections, held open (checking one out of the pool and back in, with
+        # its reset, costs more than a short transaction): one per durability, see `write`.
+        self._write_conns: dict[bool, Connection] = {}
+        self._insert_new: dict[str, object] = {}
 
     @property
     def is_postgres(self) -> bool:
@@ -50,9 +54,12 @@ class Store:
         `ON CONFLICT DO NOTHING RETURNING` instead of catching IntegrityError: a caught error
         leaves a PostgreSQL transaction aborted. The caller re-reads the winner if it needs it.
         """
-        key = list(table.primary_key.columns)[0]
-        query = self._dialect.insert(table).values(**values).on_conflict_do_nothing().returning(key)
-        return conn.execute(query).first() is not None
+        query = self._insert_new.get(table.name)
+        if query is None:  # built once per table: the VALUES come from the parameters
+            key = list(table.primary_key.columns)[0]
+            query = self._insert_new[table.name] = (
+                self._dialect.insert(table).on_conflict_do_nothing().returning(key))
+        return conn.execute(query, values).first() is not None
 
     def now_ms(self, conn: Connection) -> int:
         """The time every decision in this transaction uses (SQLite: system clock; PostgreSQL: database)."""
@@ -64,10 +71,30 @@ class Store:
             postgres.advisory_lock(conn, key)
 
     @contextlib.contextmanager
-    def write(self) -> Iterator[Connection]:
-        """One short write transaction (SQLite: `BEGIN IMMEDIATE`); commits on success."""
-        with self._writer or contextlib.nullcontext(), translate_errors(self), self.engine.begin() as conn:
-            yield conn
+    def write(self, *, durable: bool = True) -> Iterator[Connection]:
+        """One short write transaction (SQLite: `BEGIN IMMEDIATE`); commits on success.
+
+        `durable=False` is for a commit whose loss in a power failure cannot change any outcome,
+        because the processes it describes die with the machine (an executor journal step, an
+        offer, a Started report; docs/semantics.md, "Durability of commits"). On SQLite it
+        commits without an fsync (WAL, `synchronous=NORMAL`): it survives a crash of qlactors,
+        and the next durable commit flushes it with everything before it. On PostgreSQL every
+        commit is synchronous.
+        """
+        if self._writer is None:
+            with translate_errors(self), self.engine.begin() as conn:
+                yield conn
+            return
+        with self._writer, translate_errors(self):
+            conn = self._write_conns.get(durable)
+            if conn is None or conn.closed or conn.invalidated:
+                if conn is not None:
+                    conn.close()
+                conn = self._write_conns[durable] = self.engine.connect()
+                if not durable:  # on the driver's connection: SQLAlchemy would begin first
+                    conn.connection.driver_connection.execute(sqlite.NOT_DURABLE)
+            with conn.begin():
+                yield conn
 
     @contextlib.contextmanager
     def read(self) -> Iterator[Connection]:
@@ -81,6 +108,11 @@ class Store:
         return self.url.render_as_string(hide_password=True)
 
     def close(self) -> None:
+        if self._writer is not None:
+            with self._writer:
+                for conn in self._write_conns.values():
+                    conn.close()
+                self._write_conns.clear()
         self.engine.dispose()
 
 

@@ -10,7 +10,7 @@ import builtins
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from sqlalchemy import and_, select
+from sqlalchemy import and_, bindparam, select
 from sqlalchemy.engine import Connection
 
 from ..errors import BadInput, Conflict
@@ -28,6 +28,11 @@ MAX_PAGE = 1000
 MAX_PATH = 4096
 
 _J = executor_journal
+# Built once (see store/plans.py): the executor writes its journal several times per job.
+_ROW = select(_J).where(_J.c.attempt_id == bindparam("attempt_id"))
+_UPDATE = _J.update().where(_J.c.attempt_id == bindparam("w_attempt_id"))
+_UPDATE_FROM = _UPDATE.where(_J.c.state == bindparam("w_state"))
+_DELETE = _J.delete().where(_J.c.attempt_id == bindparam("attempt_id"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +94,7 @@ class Journal:
                       log_path=_path("log path", log_path),
                       receipt_path=_path("receipt path", receipt_path),
                       callback_token_hash=callback_token_hash)
-        with self.store.write() as conn:
+        with self.store.write(durable=False) as conn:
             now = self.store.now_ms(conn)
             return self.store.insert_new(conn, _J, dict(values, created_at_ms=now, updated_at_ms=now))
 
@@ -107,7 +112,7 @@ class Journal:
             ident = Identity.of(identity)
             values.update(boot_id=ident.boot_id, pid=ident.pid, pgid=ident.pgid,
                           start_ticks=ident.start_ticks)
-        with self.store.write() as conn:
+        with self.store.write(durable=False) as conn:
             return self._update(conn, attempt_id, values, expected)
 
     def quarantine(self, attempt_id: str, purge_after_ms: int) -> JournalEntry:
@@ -119,12 +124,12 @@ class Journal:
 
     def clear(self, attempt_id: str) -> bool:
         """Delete the row (after its completion committed and its receipt was removed)."""
-        with self.store.write() as conn:
-            return conn.execute(_J.delete().where(_J.c.attempt_id == attempt_id)).rowcount == 1
+        with self.store.write(durable=False) as conn:
+            return conn.execute(_DELETE, {"attempt_id": attempt_id}).rowcount == 1
 
     def get(self, attempt_id: str) -> JournalEntry | None:
         with self.store.read() as conn:
-            row = conn.execute(select(_J).where(_J.c.attempt_id == attempt_id)).first()
+            row = conn.execute(_ROW, {"attempt_id": attempt_id}).first()
             return JournalEntry.from_row(row) if row is not None else None
 
     def list(self, states: Iterable[str] | None = None, limit: int = 64,
@@ -152,13 +157,13 @@ class Journal:
 
     def _update(self, conn: Connection, attempt_id: str, values: dict[str, Any],
                 expected: str | None) -> JournalEntry:
-        guard = _J.c.attempt_id == attempt_id
+        values.update(updated_at_ms=self.store.now_ms(conn), w_attempt_id=attempt_id)
+        statement = _UPDATE
         if expected is not None:
-            guard = and_(guard, _J.c.state == expected)
-        values["updated_at_ms"] = self.store.now_ms(conn)
-        if conn.execute(_J.update().where(guard).values(**values)).rowcount != 1:
-            row = conn.execute(select(_J.c.state).where(_J.c.attempt_id == attempt_id)).first()
+            statement, values["w_state"] = _UPDATE_FROM, expected
+        if conn.execute(statement, values).rowcount != 1:
+            row = conn.execute(_ROW, {"attempt_id": attempt_id}).first()
             if row is None:
                 raise Conflict(f"no journal row for attempt {attempt_id}")
             raise Conflict(f"journal row of attempt {attempt_id} is {row.state}, not {expected}")
-        return JournalEntry.from_row(conn.execute(select(_J).where(_J.c.attempt_id == attempt_id)).one())
+        return JournalEntry.from_row(conn.execute(_ROW, {"attempt_id": attempt_id}).one())

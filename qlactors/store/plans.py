@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any, Mapping
 
-from sqlalchemy import and_, select
+from sqlalchemy import and_, bindparam, select
 from sqlalchemy.engine import Connection
 
 from ..domain.states import AttemptStatus, CancelReason, LeaseReleaseReason, LeaseStatus, RunStatus
@@ -16,13 +16,41 @@ from .schema import run_attempts, run_dispatch_leases, run_events, runs, task_re
 
 MAX_EVENT_PAYLOAD_BYTES = 16 * 1024
 
+# The hot statements are built once, with bound parameters: building a Core statement and its
+# cache key costs several times what executing it does (see docs/performance.md). Parameters of
+# a guard are named `w_*`, since an UPDATE's SET columns take the plain column names.
+_RUN = select(runs).where(runs.c.id == bindparam("run_id"))
+_RUN_LOCKED = _RUN.with_for_update()
+_ATTEMPT = select(run_attempts).where(run_attempts.c.id == bindparam("attempt_id"))
+_REVISION = select(task_revisions).where(and_(task_revisions.c.task_id == bindparam("task_id"),
+                                              task_revisions.c.revision == bindparam("revision")))
+_RUN_CAS = runs.update().where(and_(runs.c.id == bindparam("w_id"), runs.c.version == bindparam("w_version"),
+                                    runs.c.status == bindparam("w_status")))
+_ATTEMPT_CAS = run_attempts.update().where(and_(run_attempts.c.id == bindparam("w_id"),
+                                                run_attempts.c.status == bindparam("w_status")))
+_ATTEMPT_CAS_SEQ = _ATTEMPT_CAS.where(run_attempts.c.callback_sequence == bindparam("w_sequence"))
+_EVENTS_INSERT = run_events.insert()
+_LIVE_LEASE_LOCKED = select(run_dispatch_leases).where(and_(
+    run_dispatch_leases.c.attempt_id == bindparam("attempt_id"),
+    run_dispatch_leases.c.status == LeaseStatus.LEASED.value)).with_for_update()
+_LEASE_CAS = run_dispatch_leases.update().where(and_(
+    run_dispatch_leases.c.attempt_id == bindparam("w_attempt_id"),
+    run_dispatch_leases.c.lease_generation == bindparam("w_generation"),
+    run_dispatch_leases.c.status == LeaseStatus.LEASED.value,
+    run_dispatch_leases.c.version == bindparam("w_version")))
+_LEASE_PROJECTION = run_attempts.update().where(and_(
+    run_attempts.c.id == bindparam("w_attempt_id"),
+    run_attempts.c.lease_generation == bindparam("w_generation")))
+
 
 def load_run(conn: Connection, run_id: str, *, lock: bool = True):
     """The run row (locked for update on PostgreSQL when `lock`) or None."""
-    query = select(runs).where(runs.c.id == run_id)
-    if lock:
-        query = query.with_for_update()
-    return conn.execute(query).first()
+    return conn.execute(_RUN_LOCKED if lock else _RUN, {"run_id": run_id}).first()
+
+
+def load_attempt(conn: Connection, attempt_id: str):
+    """The attempt row, or None."""
+    return conn.execute(_ATTEMPT, {"attempt_id": attempt_id}).first()
 
 
 def current_attempt(conn: Connection, run_id: str):
@@ -55,7 +83,7 @@ def encode_payload(payload: Mapping[str, Any]) -> str:
 def append_events(conn: Connection, plan: Plan, now_ms: int, actor_type: str) -> None:
     if not plan.events:
         return
-    conn.execute(run_events.insert(), [
+    conn.execute(_EVENTS_INSERT, [
         {"id": new_id(), "run_id": plan.run_id, "sequence": e.sequence, "type": e.type,
          "actor_type": actor_type, "attempt_id": e.attempt_id,
          "payload_json": encode_payload(e.payload), "created_at_ms": now_ms}
@@ -90,9 +118,8 @@ def apply_plan(
     if plan.run_to.terminal:
         values["finished_at_ms"] = now_ms
     values.update(run_values or {})
-    guard = (runs.c.id == plan.run_id) & (runs.c.version == plan.expected_version) & (
-        runs.c.status == plan.run_from.value)
-    if conn.execute(runs.update().where(guard).values(**values)).rowcount != 1:
+    values.update(w_id=plan.run_id, w_version=plan.expected_version, w_status=plan.run_from.value)
+    if conn.execute(_RUN_CAS, values).rowcount != 1:
         raise Conflict(f"run {plan.run_id} changed meanwhile (expected version {plan.expected_version})")
     if plan.attempt_id is not None and plan.attempt_from is not None and (plan.changes_attempt or attempt_values):
         a_values: dict[str, Any] = {"status": plan.attempt_to.value, "updated_at_ms": now_ms}
@@ -101,19 +128,19 @@ def apply_plan(
             if plan.error_code is not None:
                 a_values["error_code"] = plan.error_code
         a_values.update(attempt_values or {})
-        a_guard = (run_attempts.c.id == plan.attempt_id) & (run_attempts.c.status == plan.attempt_from.value)
+        a_values.update(w_id=plan.attempt_id, w_status=plan.attempt_from.value)
+        statement = _ATTEMPT_CAS
         if expected_callback_sequence is not None:
-            a_guard &= run_attempts.c.callback_sequence == expected_callback_sequence
-        if conn.execute(run_attempts.update().where(a_guard).values(**a_values)).rowcount != 1:
+            statement = _ATTEMPT_CAS_SEQ
+            a_values["w_sequence"] = expected_callback_sequence
+        if conn.execute(statement, a_values).rowcount != 1:
             raise Conflict(f"attempt {plan.attempt_id} changed meanwhile (expected {plan.attempt_from.value})")
     append_events(conn, plan, now_ms, actor_type)
 
 
 def pinned_revision(conn: Connection, run_row):
     """The task revision a run pinned at admission: its command, timeout, stop grace and limits."""
-    return conn.execute(select(task_revisions).where(and_(
-        task_revisions.c.task_id == run_row.task_id,
-        task_revisions.c.revision == run_row.task_revision))).one()
+    return conn.execute(_REVISION, {"task_id": run_row.task_id, "revision": run_row.task_revision}).one()
 
 
 def end_lease(
@@ -131,22 +158,16 @@ def end_lease(
     status = LeaseStatus(status)
     if status is LeaseStatus.LEASED or (status is LeaseStatus.RELEASED) != (reason is not None):
         raise ValueError("a lease ends released (with a reason) or completed (without one)")
-    lease = conn.execute(select(run_dispatch_leases).where(and_(
-        run_dispatch_leases.c.attempt_id == attempt_id,
-        run_dispatch_leases.c.status == LeaseStatus.LEASED.value)).with_for_update()).first()
+    lease = conn.execute(_LIVE_LEASE_LOCKED, {"attempt_id": attempt_id}).first()
     if lease is None:
         return None
     version = lease.version + 1
-    guard = and_(run_dispatch_leases.c.attempt_id == attempt_id,
-                 run_dispatch_leases.c.lease_generation == lease.lease_generation,
-                 run_dispatch_leases.c.status == LeaseStatus.LEASED.value,
-                 run_dispatch_leases.c.version == lease.version)
-    changed = conn.execute(run_dispatch_leases.update().where(guard).values(
+    changed = conn.execute(_LEASE_CAS, dict(
         status=status.value, release_reason=LeaseReleaseReason(reason).value if reason else None,
-        version=version, updated_at_ms=now_ms)).rowcount
+        version=version, updated_at_ms=now_ms, w_attempt_id=attempt_id,
+        w_generation=lease.lease_generation, w_version=lease.version)).rowcount
     if changed != 1:
         raise Conflict(f"lease {lease.lease_generation} of attempt {attempt_id} changed meanwhile")
-    conn.execute(run_attempts.update().where(and_(
-        run_attempts.c.id == attempt_id,
-        run_attempts.c.lease_generation == lease.lease_generation)).values(lease_version=version))
+    conn.execute(_LEASE_PROJECTION, dict(lease_version=version, w_attempt_id=attempt_id,
+                                         w_generation=lease.lease_generation))
     return version

@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 from typing import Sequence
 
-from sqlalchemy import and_, or_, select
+from sqlalchemy import and_, bindparam, or_, select
 from sqlalchemy.engine import Connection
 
 from ..domain.states import RUN_TERMINAL, CancelReason, RunStatus, TriggerType
@@ -25,6 +25,19 @@ from .views import AttemptView, EventView, RunPage, RunView
 MAX_PAGE = 500
 DEFAULT_PAGE = 50
 _TERMINAL = [s.value for s in RUN_TERMINAL]
+# Built once (see store/plans.py): admission runs for every request and every cron fire.
+_LIVE_TASK = select(tasks).where(and_(tasks.c.name == bindparam("name"), tasks.c.deleted_at_ms.is_(None)))
+_BY_KEY = select(runs).where(runs.c.idempotency_key == bindparam("key"))
+_ATTEMPT_INSERT = run_attempts.insert()
+_REVISION_POLICY = select(task_revisions.c.retry_on_lost, task_revisions.c.max_attempts,
+                          task_revisions.c.safety, task_revisions.c.backoff_base_ms,
+                          task_revisions.c.backoff_max_ms).where(and_(
+                              task_revisions.c.task_id == bindparam("task_id"),
+                              task_revisions.c.revision == bindparam("revision")))
+_TASK_NAME = select(tasks.c.name).where(tasks.c.id == bindparam("task_id"))
+_ATTEMPTS_OF = select(run_attempts).where(run_attempts.c.run_id == bindparam("run_id")).order_by(
+    run_attempts.c.number)
+_EVENTS_OF = select(run_events).where(run_events.c.run_id == bindparam("run_id")).order_by(run_events.c.sequence)
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,8 +81,7 @@ class Runs:
                 existing = self._by_key(conn, idempotency_key)
                 if existing is not None:
                     return Admission(self._view(conn, existing), created=False)
-            head = conn.execute(select(tasks).where(and_(
-                tasks.c.name == task_name, tasks.c.deleted_at_ms.is_(None)))).first()
+            head = conn.execute(_LIVE_TASK, {"name": task_name}).first()
             if head is None:
                 raise NotFound(f"no task named {task_name!r}: see `qlactors task list`")
             now = self.store.now_ms(conn)
@@ -83,7 +95,7 @@ class Runs:
                 retry_of_run_id=retry_of_run_id, created_at_ms=now, queued_at_ms=now, updated_at_ms=now))
             if not inserted:  # a concurrent request with the same key committed first
                 return Admission(self._view(conn, self._by_key(conn, idempotency_key)), created=False)
-            conn.execute(run_attempts.insert().values(
+            conn.execute(_ATTEMPT_INSERT, dict(
                 id=attempt_id, run_id=run_id, number=1, status=plan.attempt_to.value,
                 executor_type="local_process", callback_sequence=0, created_at_ms=now, updated_at_ms=now))
             self._snapshot_policy(conn, head, run_id, now)
@@ -159,12 +171,11 @@ class Runs:
         return row
 
     def _by_key(self, conn: Connection, key: str):
-        return conn.execute(select(runs).where(runs.c.idempotency_key == key)).first()
+        return conn.execute(_BY_KEY, {"key": key}).first()
 
     def _snapshot_policy(self, conn: Connection, head, run_id: str, now: int) -> None:
         """Pin the task's retry policy at admission; no row means never retried automatically."""
-        rev = conn.execute(select(task_revisions).where(and_(
-            task_revisions.c.task_id == head.id, task_revisions.c.revision == head.current_revision))).one()
+        rev = conn.execute(_REVISION_POLICY, {"task_id": head.id, "revision": head.current_revision}).one()
         if not rev.retry_on_lost:
             return
         conn.execute(run_retry_policies.insert().values(
@@ -173,15 +184,12 @@ class Runs:
             version=0, created_at_ms=now, updated_at_ms=now))
 
     def _view(self, conn: Connection, row, *, detail: bool = True) -> RunView:
-        name = getattr(row, "task_name", None) or conn.execute(
-            select(tasks.c.name).where(tasks.c.id == row.task_id)).scalar_one()
+        name = getattr(row, "task_name", None) or conn.execute(_TASK_NAME, {"task_id": row.task_id}).scalar_one()
         attempts: Sequence = ()
         events: Sequence = ()
         if detail:
-            attempts = conn.execute(select(run_attempts).where(run_attempts.c.run_id == row.id)
-                                    .order_by(run_attempts.c.number)).all()
-            events = conn.execute(select(run_events).where(run_events.c.run_id == row.id)
-                                  .order_by(run_events.c.sequence)).all()
+            attempts = conn.execute(_ATTEMPTS_OF, {"run_id": row.id}).all()
+            events = conn.execute(_EVENTS_OF, {"run_id": row.id}).all()
         return RunView(
             id=row.id, task=name, task_revision=row.task_revision, state=row.status, version=row.version,
             trigger_type=row.trigger_type, scheduled_for_ms=row.scheduled_for_ms,

@@ -22,6 +22,9 @@ PRAGMAS = (
     "PRAGMA journal_size_limit=8388608",
 )
 
+# Store.write(durable=False): a commit that may be lost with the machine, never with the process.
+NOT_DURABLE = "PRAGMA synchronous=NORMAL"
+
 # WAL lets the CLI read while the runtime writes. It is stored in the file itself, so it is set
 # once, by the migration that accepted the file: never on a foreign or newer database.
 WAL = "PRAGMA journal_mode=WAL"
