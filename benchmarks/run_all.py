@@ -19,8 +19,9 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-BENCHMARKS = ("throughput", "latency", "idle", "launcher", "disk", "recovery")
-TIMEOUT_S = {"throughput": 900, "latency": 600, "idle": 300, "launcher": 300, "disk": 600, "recovery": 900}
+BENCHMARKS = ("throughput", "latency", "idle", "launcher", "disk", "recovery", "cron")
+TIMEOUT_S = {"throughput": 900, "latency": 600, "idle": 300, "launcher": 300, "disk": 600, "recovery": 900,
+             "cron": 900}
 
 sys.path.insert(0, str(HERE))
 import _common as c  # noqa: E402

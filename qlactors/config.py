@@ -33,6 +33,10 @@ class RuntimeSettings:
     kill_grace_ms: int
     shutdown_drain_ms: int
     publish_grace_ms: int
+    retention_max_age_ms: int
+    retention_max_runs: int
+    retention_page: int
+    disk_reserve_bytes: int
 
 
 DEFAULTS: dict[str, RuntimeSettings] = {
@@ -40,12 +44,16 @@ DEFAULTS: dict[str, RuntimeSettings] = {
         slots=1, cadence_tick_ms=5_000, idle_tick_ms=30_000, recovery_page=4, retry_page=2, cron_page=4,
         receipt_cleanup_interval_ms=300_000, receipt_cleanup_page=8,
         quarantine_retention_ms=300_000, log_cap_bytes=4 * 1024 * 1024,
-        stop_grace_ms=1_000, kill_grace_ms=1_000, shutdown_drain_ms=5_000, publish_grace_ms=50),
+        stop_grace_ms=1_000, kill_grace_ms=1_000, shutdown_drain_ms=5_000, publish_grace_ms=50,
+        retention_max_age_ms=7 * 86_400_000, retention_max_runs=100, retention_page=16,
+        disk_reserve_bytes=32 * 1024 * 1024),
     "standalone": RuntimeSettings(
         slots=4, cadence_tick_ms=1_000, idle_tick_ms=5_000, recovery_page=16, retry_page=16, cron_page=16,
         receipt_cleanup_interval_ms=60_000, receipt_cleanup_page=32,
         quarantine_retention_ms=3_600_000, log_cap_bytes=64 * 1024 * 1024,
-        stop_grace_ms=1_000, kill_grace_ms=1_000, shutdown_drain_ms=10_000, publish_grace_ms=100),
+        stop_grace_ms=1_000, kill_grace_ms=1_000, shutdown_drain_ms=10_000, publish_grace_ms=100,
+        retention_max_age_ms=30 * 86_400_000, retention_max_runs=1_000, retention_page=64,
+        disk_reserve_bytes=256 * 1024 * 1024),
 }
 
 # Hard upper bounds a config file may not exceed (pages: SEMANTICS.md §10 hard max 64).
@@ -56,6 +64,8 @@ LIMITS: dict[str, tuple[int, int]] = {
     "receipt_cleanup_page": (1, 64), "quarantine_retention_ms": (0, 86_400_000),
     "log_cap_bytes": (64 * 1024, 1 << 30), "stop_grace_ms": (0, 30_000), "kill_grace_ms": (0, 30_000),
     "shutdown_drain_ms": (100, 60_000), "publish_grace_ms": (0, 5_000),
+    "retention_max_age_ms": (3_600_000, 3_650 * 86_400_000), "retention_max_runs": (1, 1_000_000),
+    "retention_page": (1, 256), "disk_reserve_bytes": (0, 1 << 40),
 }
 
 

@@ -32,10 +32,12 @@ from .actors.supervisor import Supervisor
 from .config import Config, ensure_home
 from .domain.states import CancelReason
 from .home import RuntimeLock, nudge_endpoint
-from .process.identity import read_boot_id
+from .process.diskspace import free_space_source
+from .process.identity import boot_id_source, read_boot_id
 from .process.logs import LogStore
 from .process.receipts import ReceiptStore
 from .store.completion import CompletionService
+from .store.cron_admission import CronAdmission
 from .store.control import Control
 from .store.dispatch import Dispatch
 from .store.journal import Journal
@@ -64,12 +66,14 @@ class RuntimeContext:
     dispatch: Dispatch
     completion: CompletionService
     control: Control
+    cron: CronAdmission
     journal: Journal
     receipts: ReceiptStore
     logs: LogStore
     local_receipts: LocalReceipts
     boot_id: Callable[[], str] = read_boot_id
     launcher_shell: str = "/bin/sh"
+    free_bytes: Callable[[], int] | None = None  # free space of the logs file system; None: no disk check
 
 
 ORDER = (("recovery", Recovery), ("retry", Retry), ("scheduler", Scheduler),
@@ -80,11 +84,12 @@ class EdgeRuntime:
     """Runs in the foreground until SIGTERM/SIGINT (or `stop()`); `run()` returns an exit status."""
 
     def __init__(self, config: Config, *, cancel_running: bool = False, launcher_shell: str = "/bin/sh",
-                 boot_id: Callable[[], str] = read_boot_id) -> None:
+                 boot_id: Callable[[], str] | None = None, free_bytes: Callable[[], int] | None = None) -> None:
         self.config = config
+        self.free_bytes = free_bytes or free_space_source(config.logs_dir)
         self.cancel_running = cancel_running
         self.launcher_shell = launcher_shell
-        self.boot_id = boot_id
+        self.boot_id = boot_id or boot_id_source()
         self.ctx: RuntimeContext | None = None
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._signals = 0
@@ -121,9 +126,9 @@ class EdgeRuntime:
             config=self.config, zmq=zctx, bridge=bridge, directory=directory, fatal=fatal,
             admitting=admitting, session=dispatch.register_session(LOCAL_WORKER, self.config.runtime.slots),
             repo=repo, dispatch=dispatch, completion=CompletionService(store), control=Control(store),
-            journal=journal, receipts=receipts, logs=logs,
+            cron=CronAdmission(store), journal=journal, receipts=receipts, logs=logs,
             local_receipts=LocalReceipts(receipts, journal, self.config.runtime.quarantine_retention_ms),
-            boot_id=self.boot_id, launcher_shell=self.launcher_shell)
+            boot_id=self.boot_id, launcher_shell=self.launcher_shell, free_bytes=self.free_bytes)
         self.ctx = ctx
         bridge.route_control(directory.named("supervisor"))
         bridge.route_executor(EXECUTOR_KINDS, directory.named("executor"))

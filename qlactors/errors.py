@@ -29,3 +29,16 @@ class SchemaError(BadInput):
 
 class Conflict(QlactorsError):
     """A compare-and-set matched no row: someone else changed the state first. Never retried blindly."""
+
+
+class Retired(NotFound):
+    """The run existed but retention deleted it (its rows and log); only its tombstone is left (exit 4)."""
+
+    exit_status = 4
+
+    def __init__(self, run_id: str, retired_at_ms: int, reason: str) -> None:
+        from datetime import datetime, timezone
+
+        when = datetime.fromtimestamp(retired_at_ms / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+        super().__init__(f"run {run_id} was retired on {when} ({reason}); its log was deleted")
+        self.run_id, self.retired_at_ms, self.reason = run_id, retired_at_ms, reason

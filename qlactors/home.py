@@ -12,6 +12,7 @@ from .errors import QlactorsError
 
 LOCK_FILE = "runtime.lock"
 RECOVERY_STATUS_FILE = "recovery-status.json"  # written by Recovery, read by `status`
+DISK_HOLD_FILE = "disk-hold.json"  # written by the Supervisor while the disk reserve holds attempts back
 
 
 class AlreadyRunning(QlactorsError):
@@ -124,3 +125,32 @@ def read_recovery_status(home: Path) -> list[dict]:
         return json.loads((Path(home) / RECOVERY_STATUS_FILE).read_text()).get("unresolved", [])
     except (OSError, ValueError):
         return []
+
+
+def write_disk_hold(home: Path, *, free_bytes: int, reserve_bytes: int, path: str, since_ms: int) -> None:
+    """Publish that new attempts are held back for lack of disk space (atomically)."""
+    import json
+
+    target = Path(home) / DISK_HOLD_FILE
+    tmp = target.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"free_bytes": free_bytes, "reserve_bytes": reserve_bytes, "path": path,
+                               "since_ms": since_ms}))
+    os.replace(tmp, target)
+
+
+def clear_disk_hold(home: Path) -> None:
+    try:
+        os.unlink(Path(home) / DISK_HOLD_FILE)
+    except FileNotFoundError:
+        pass
+
+
+def read_disk_hold(home: Path) -> dict | None:
+    """The current disk-reserve hold, or None (no file, or one that cannot be read)."""
+    import json
+
+    try:
+        data = json.loads((Path(home) / DISK_HOLD_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None

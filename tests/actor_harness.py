@@ -39,6 +39,7 @@ from qlactors.process.identity import ProcessIdentity, read_boot_id, read_identi
 from qlactors.process.logs import LogStore
 from qlactors.process.receipts import ReceiptStore
 from qlactors.store.completion import CompletionService
+from qlactors.store.cron_admission import CronAdmission
 from qlactors.store.control import Control
 from qlactors.store.dispatch import Dispatch
 from qlactors.store.journal import Journal
@@ -200,7 +201,7 @@ class ActorHarness:
                 admitting=threading.Event(),
                 session=dispatch.register_session(LOCAL_WORKER, session_capacity),
                 repo=self.repo, dispatch=dispatch, completion=CompletionService(store),
-                control=Control(store), journal=journal, receipts=receipts, logs=logs,
+                control=Control(store), cron=CronAdmission(store), journal=journal, receipts=receipts, logs=logs,
                 local_receipts=LocalReceipts(receipts, journal, self.config.runtime.quarantine_retention_ms),
                 boot_id=read_boot_id, launcher_shell="/bin/sh")
         except BaseException:

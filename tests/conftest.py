@@ -74,3 +74,16 @@ def dispatch(repo):
     from qlactors.store.dispatch import Dispatch
 
     return Dispatch(repo.store)
+
+
+@pytest.fixture
+def home(tmp_path):
+    """A fresh qlactors home for the end-to-end tests (tests/edge_harness.py); every runtime and
+    launcher group it started is stopped afterwards, by pid."""
+    from edge_harness import Home
+
+    h = Home(tmp_path)
+    try:
+        yield h
+    finally:
+        h.close()

@@ -40,7 +40,8 @@ STARTUP_RACE = "event=undeliverable to=executor"
 def clean_env(**extra: str) -> dict[str, str]:
     """The inherited environment without what chooses a home or injects a fault, plus `extra`."""
     env = {k: v for k, v in os.environ.items()
-           if k not in ("QLACTORS_HOME", "XDG_DATA_HOME", "QLACTORS_FAULT")}
+           if k not in ("QLACTORS_HOME", "XDG_DATA_HOME", "QLACTORS_FAULT", "QLACTORS_TEST_BOOT_ID_FILE",
+                         "QLACTORS_TEST_FREE_BYTES_FILE")}
     env.update(extra)
     return env
 
@@ -113,10 +114,10 @@ class Edge:
     """One `qlactors edge` process (stdout and stderr into one file)."""
 
     def __init__(self, home: "Home", args: tuple[str, ...], fault: str | None, index: int,
-                 command: list[str] | None = None) -> None:
+                 command: list[str] | None = None, env: dict[str, str] | None = None) -> None:
         self.home = home
         self.log_path = home.tmp / f"edge-{index}.log"
-        env = clean_env(**({"QLACTORS_FAULT": fault} if fault else {}))
+        env = clean_env(**({"QLACTORS_FAULT": fault} if fault else {}), **(env or {}))
         with open(self.log_path, "wb") as out:
             self.proc = subprocess.Popen([*(command or QLACTORS), "--home", str(home.path), "edge", *args],
                                          stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
@@ -272,13 +273,13 @@ class Home:
     # -- the runtime ------------------------------------------------------------------------------
 
     def start_edge(self, *args: str, fault: str | None = None, wait_up: bool = True,
-                   command: list[str] | None = None) -> Edge:
+                   command: list[str] | None = None, env: dict[str, str] | None = None) -> Edge:
         """Start `qlactors --home H edge ARGS...`; by default wait until it is up.
 
         A runtime whose Executor lost its Welcome (the startup race that
         `test_runtime_whose_executor_registers_slowly_still_runs_jobs` pins) fails the test.
         """
-        edge = Edge(self, args, fault, len(self.edges), command)
+        edge = Edge(self, args, fault, len(self.edges), command, env)
         self.edges.append(edge)
         if not wait_up:
             return edge

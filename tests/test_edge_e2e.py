@@ -54,15 +54,6 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-@pytest.fixture
-def home(tmp_path):
-    h = Home(tmp_path)
-    try:
-        yield h
-    finally:
-        h.close()
-
-
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory):
     """One healthy runtime for the tests that do not crash or restart it."""

@@ -234,3 +234,15 @@ def test_read_marker_complete_line_that_does_not_parse_raises(tmp_path, data):
     path.write_bytes(data)
     with pytest.raises(ValueError):
         read_marker(path)
+
+
+def test_boot_id_source_reads_proc_unless_a_test_file_stands_in(tmp_path):
+    from qlactors.process.identity import BOOT_ID_FILE_ENV, boot_id_source, read_boot_id
+
+    assert boot_id_source({})() == read_boot_id()
+    fake = tmp_path / "boot_id"
+    fake.write_text("11111111-2222-3333-4444-555555555555\n")
+    source = boot_id_source({BOOT_ID_FILE_ENV: str(fake)})
+    assert source() == "11111111-2222-3333-4444-555555555555"
+    fake.write_text("66666666-2222-3333-4444-555555555555\n")  # a "reboot"
+    assert source() == "66666666-2222-3333-4444-555555555555"

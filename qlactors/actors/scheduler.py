@@ -1,9 +1,10 @@
 """The Scheduler: one non-overlapping cycle per cadence tick, steps in a fixed order, each with a deadline.
 
-Order (SEMANTICS.md §10): 1. recovery page, 2. retry page, 3. cron admission (arrives with the
-cron work), 4. workflow frontier (later), 5. timeouts and stop orders, then admission (executors
-are nudged when queued work waits). A step that fails or stays silent past its deadline ends the
-cycle: nothing is dispatched while authority is unknown. A tick during a cycle is coalesced.
+Order (SEMANTICS.md §10): 1. recovery page, 2. retry page, 3. cron admission (one page of due
+schedules, run by the Scheduler itself), 4. workflow frontier (later), 5. timeouts and stop
+orders, then admission (executors are nudged when queued work waits). A step that fails or stays
+silent past its deadline ends the cycle: nothing is dispatched while authority is unknown. A tick
+during a cycle is coalesced; a full cron page asks for one more cycle at once.
 """
 
 from __future__ import annotations
@@ -12,12 +13,13 @@ import logging
 import time
 from typing import Any
 
+from ..store.retention import Retention
 from .base import RuntimeActor
 from .signals import ActorFailed, CycleDone, StepDone, StepRequest, StepTimeout, Tick
 
 log = logging.getLogger("qlactors.scheduler")
 
-STEPS = ("recovery", "retry")
+STEPS = ("recovery", "retry", "cron")  # "cron" runs here, in the Scheduler; the others are actors
 STEP_DEADLINE_S = 10.0
 
 
@@ -30,6 +32,7 @@ class Scheduler(RuntimeActor):
         self.step: int | None = None  # index into STEPS while a cycle runs
         self.pending = False
         self.busy = False  # a step of the current cycle reported work
+        self.retention = Retention(ctx.repo.store, ctx.logs, ctx.receipts)
 
     def handlers(self):
         return {Tick: self.on_tick, StepDone: self.on_step_done, StepTimeout: self.on_step_timeout}
@@ -48,10 +51,50 @@ class Scheduler(RuntimeActor):
             self._finish(ok=True)
             return
         name = STEPS[index]
+        if name == "cron":
+            try:
+                self.busy = self._cron_page() or self.busy
+            except Exception as err:  # a database error ends the cycle like a failed step
+                self._finish(ok=False, detail=f"cron: {err!r}")
+                return
+            self._run_step(index + 1)
+            return
         self.ctx.bridge.call_at("scheduler-step", time.monotonic() + STEP_DEADLINE_S, self.actor_ref,
                                 StepTimeout(self.cycle, name))
         if not self.ctx.directory.tell(name, StepRequest(self.cycle)):
             self._finish(ok=False, detail=f"{name} is not running")
+
+    def _cron_page(self) -> bool:
+        """Admit one page of due schedules at one observed time; True when any was due."""
+        if not self.ctx.admitting.is_set():
+            return False  # before startup recovery and while draining: fire_once catches up later
+        cron, runtime = self.ctx.cron, self.ctx.config.runtime
+        now = cron.observed_now_ms()
+        due = cron.due(now, runtime.cron_page)
+        for schedule in due:
+            fired = cron.fire(schedule, now, tick_ms=runtime.cadence_tick_ms)
+            if fired.outcome in ("admitted", "skipped", "missed_only"):
+                log.info("event=cron_%s task=%s trigger=%s run=%s scheduled_for=%s missed=%d replaced=%s",
+                         fired.outcome, schedule.task_name, fired.trigger_id, fired.run_id,
+                         fired.scheduled_for_ms, fired.missed, fired.cancelled_run_id)
+        if len(due) >= runtime.cron_page:
+            self.pending = True  # more may be due: another cycle right after this one
+        return bool(due)
+
+    def _retire(self) -> bool:
+        """Last, after dispatch is decided: one page of retention (log files, then rows, then a
+        tombstone). A failure is logged and retried next cycle; it never holds work back.
+        True when more may be due (the next cycle comes at the tick, not the idle tick)."""
+        rt = self.ctx.config.runtime
+        try:
+            report = self.retention.retire_page(time.time_ns() // 1_000_000, max_age_ms=rt.retention_max_age_ms,
+                                                max_runs=rt.retention_max_runs, page=rt.retention_page)
+        except Exception as err:
+            log.warning("event=retention_failed cycle=%d error=%r", self.cycle, err)
+            return False
+        if report.retired:
+            log.info("event=runs_retired count=%d reasons=%s", report.retired, dict(report.reasons))
+        return report.more
 
     def on_step_done(self, msg: StepDone, _peer: bytes) -> None:
         if self.step is None or msg.cycle != self.cycle or msg.step != STEPS[self.step]:
@@ -83,10 +126,13 @@ class Scheduler(RuntimeActor):
                 # A timeout committed now is also pending: one stop order per attempt.
                 stops = tuple({o.attempt_id: o for o in orders}.values())
                 work = self.ctx.admitting.is_set() and control.queued_waiting()
-                next_due = control.next_due_ms()
+                due = [t for t in (control.next_due_ms(), self.ctx.cron.next_fire_ms()) if t is not None]
+                next_due = min(due) if due else None
                 idle = not (stops or work or self.busy or control.active_run_ids(1))
             except Exception as err:  # a database error ends the cycle like a failed step
                 ok, detail = False, f"stops/admission: {err}"
+        if ok:
+            idle = not self._retire() and idle
         if not ok:
             log.warning("event=cycle_failed cycle=%d detail=%s", self.cycle, detail)
         self.step = None

@@ -11,6 +11,7 @@ import pykka
 
 from ..domain.receipt import Receipt, ReceiptError, token_hash
 from ..faults import crash_point
+from ..home import clear_disk_hold, write_disk_hold
 from ..wire import messages as m
 from ..wire.bridge import Inbound
 from .base import RuntimeActor
@@ -44,6 +45,7 @@ class Supervisor(RuntimeActor):
         self.restarts: dict[str, deque] = {}
         self.tick_s = ctx.config.runtime.cadence_tick_ms / 1000
         self.idle_tick_s = max(self.tick_s, ctx.config.runtime.idle_tick_ms / 1000)
+        self.disk_held_since_ms: int | None = None  # set while the disk reserve holds attempts back
 
     def handlers(self):
         return {
@@ -53,6 +55,10 @@ class Supervisor(RuntimeActor):
             Tick: self.on_tick, CycleDone: self.on_cycle_done, ActorFailed: self.on_actor_failed,
             Drain: self.on_drain, str: self.on_nudge,
         }
+
+    def started(self) -> None:
+        # A hold published by a runtime that died is not this one's.
+        self._publish_hold(lambda: clear_disk_hold(self.ctx.config.home))
 
     def on_failure(self, exception_type, exception_value, traceback) -> None:
         self._close()
@@ -102,9 +108,9 @@ class Supervisor(RuntimeActor):
         from ..store.records import Fenced
 
         offer = None
-        # Nothing is offered before startup recovery is done, during shutdown, or beyond the
-        # free slots the executor says it has.
-        if self.ctx.admitting.is_set() and msg.free_slots > 0:
+        # Nothing is offered before startup recovery is done, during shutdown, beyond the free
+        # slots the executor says it has, or while the logs' file system is below the reserve.
+        if self.ctx.admitting.is_set() and msg.free_slots > 0 and self._disk_has_room():
             try:
                 offer = self.ctx.dispatch.offer(
                     msg.worker_id, msg.session_id, msg.session_generation, msg.offer_id,
@@ -122,6 +128,46 @@ class Supervisor(RuntimeActor):
             lease_generation=offer.lease_generation, lease_version=offer.lease_version,
             argv=list(offer.argv), cwd=offer.cwd, env=dict(offer.env), timeout_ms=offer.timeout_ms,
             stop_grace_ms=offer.stop_grace_ms, log_cap_bytes=offer.log_cap_bytes))
+
+    def _disk_has_room(self) -> bool:
+        """The disk reserve: below it no attempt starts and queued runs wait (logged once per hold).
+
+        No timer watches the disk: while runs wait, every cycle nudges the executors, whose next
+        pull checks again, so queued runs start within a tick of space coming back.
+        """
+        reserve = self.ctx.config.runtime.disk_reserve_bytes
+        if reserve <= 0 or self.ctx.free_bytes is None:
+            return True
+        try:
+            free = self.ctx.free_bytes()
+        except OSError as err:  # cannot tell: do not stop work on a guess, the log create will say
+            log.warning("event=disk_free_unknown path=%s error=%s", self.ctx.config.logs_dir, err)
+            return True
+        home = self.ctx.config.home
+        if free < reserve:
+            if self.disk_held_since_ms is None:
+                self.disk_held_since_ms = time.time_ns() // 1_000_000
+                log.warning("event=disk_reserve_hold free=%d reserve=%d path=%s", free, reserve,
+                            self.ctx.config.logs_dir)
+                self._publish_hold(lambda: write_disk_hold(
+                    home, free_bytes=free, reserve_bytes=reserve, path=str(self.ctx.config.logs_dir),
+                    since_ms=self.disk_held_since_ms))
+            return False
+        if self.disk_held_since_ms is not None:
+            held_s = (time.time_ns() // 1_000_000 - self.disk_held_since_ms) / 1000
+            self.disk_held_since_ms = None
+            self._publish_hold(lambda: clear_disk_hold(home))
+            log.info("event=disk_reserve_released free=%d reserve=%d held_s=%.1f", free, reserve, held_s)
+        return True
+
+    @staticmethod
+    def _publish_hold(write: Callable[[], None]) -> None:
+        # A nearly full disk may refuse even this small file: `status` then misses the reason,
+        # the hold itself (and its log line) stands.
+        try:
+            write()
+        except OSError as err:
+            log.warning("event=disk_hold_status_unwritten error=%s", err)
 
     def on_activate(self, msg: m.Activate, peer: bytes) -> None:
         result = self.ctx.dispatch.activate(fence_of(msg), msg.callback_token_hash, msg.log_artifact_id)

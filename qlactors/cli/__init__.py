@@ -27,7 +27,7 @@ def _handler(args) -> Callable:
         return runtime_commands.audit_receipts
     if args.command != "task":
         return {"run": runtime_commands.run, "runs": commands.runs, "show": commands.show,
-                "cancel": commands.cancel, "edge": runtime_commands.edge,
+                "cancel": commands.cancel, "retry": commands.retry, "edge": runtime_commands.edge,
                 "status": runtime_commands.status, "logs": runtime_commands.logs}[args.command]
     return {
         "add": lambda repo, a: commands.task_add(repo, a, a.words),

@@ -7,10 +7,12 @@ import os
 import sys
 from typing import Any
 
+from ..domain.cron import grace_ms_from_seconds
 from ..domain.model import Command, TaskSpec, parse_env_pairs, seconds_to_ms
 from ..domain.retry import RetryPolicy
 from ..errors import BadInput
 from ..store.repository import Repository
+from ..store.triggers import TriggerOptions
 from . import render
 
 
@@ -71,14 +73,31 @@ def _changes(args: argparse.Namespace, base_retry: RetryPolicy) -> dict[str, Any
     return changes
 
 
+def _trigger(args: argparse.Namespace) -> TriggerOptions | None:
+    """The schedule options the user gave (--cron, --tz, --misfire, --grace, --overlap), or None."""
+    given = vars(args)
+    grace = given.get("grace")
+    options = TriggerOptions(
+        cron=given.get("cron"), tz=given.get("tz"), misfire=given.get("misfire"),
+        grace_ms=None if grace is None else grace_ms_from_seconds(_whole("--grace", grace)),
+        overlap=given.get("overlap"))
+    return None if options == TriggerOptions() else options
+
+
+def _schedule_key(view) -> tuple | None:
+    return None if view.trigger is None else (view.trigger.id, view.trigger.revision)
+
+
 def task_add(repo: Repository, args: argparse.Namespace, words: list[str] | None) -> int:
     if not words:
         raise BadInput("no command given: put it after `--`, e.g. "
                        f"`qlactors task add {args.name} -- echo hello`")
     changes = _changes(args, RetryPolicy())
     spec = TaskSpec(name=args.name, command=Command.from_words(words), **changes)
-    view = repo.tasks.add(spec)
+    view = repo.tasks.add(spec, trigger=_trigger(args))
     print(f"task {view.name} added (revision {view.revision})")
+    if view.trigger is not None:
+        print(render.schedule_line(view))
     return 0
 
 
@@ -87,9 +106,15 @@ def task_update(repo: Repository, args: argparse.Namespace, words: list[str] | N
     changes = _changes(args, current.spec.retry)
     if words:
         changes["command"] = Command.from_words(words)
-    view = repo.tasks.update(args.name, **changes)
+    trigger, remove = _trigger(args), bool(getattr(args, "no_cron", False))
+    if remove and trigger is not None:
+        raise BadInput("--no-cron removes the schedule: it takes no --tz, --misfire, --grace or --overlap")
+    view = repo.tasks.update(args.name, trigger=trigger, remove_trigger=remove, **changes)
+    rescheduled = _schedule_key(view) != _schedule_key(current)
     print(f"task {view.name} at revision {view.revision}"
-          + ("" if view.revision != current.revision else " (nothing changed)"))
+          + ("" if view.revision != current.revision or rescheduled else " (nothing changed)"))
+    if rescheduled:
+        print(render.schedule_line(view) if view.trigger is not None else "schedule removed")
     return 0
 
 
@@ -159,3 +184,11 @@ def cancel(repo: Repository, args: argparse.Namespace) -> int:
     result = repo.runs.cancel(args.run_id)
     print(f"run {result.run.id}: " + _CANCEL_TEXT[result.outcome].format(state=result.run.state))
     return 0
+
+
+def retry(repo: Repository, args: argparse.Namespace) -> int:
+    """`retry RUN_ID [--wait]`: a new run of the same revision; stdout is its id, as for `run`."""
+    from .runtime_commands import announce_and_follow
+
+    admission = repo.runs.retry(args.run_id)
+    return announce_and_follow(repo, args, admission.run.id)

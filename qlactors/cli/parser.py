@@ -37,6 +37,21 @@ def _task_options(p: argparse.ArgumentParser, *, update: bool) -> None:
                    help="whether the job may safely run twice")
     p.add_argument("--backoff", metavar="BASE_SEC[,MAX_SEC]", default=d,
                    help="retry delay: BASE*2^(n-1), at most MAX (default 1,300)")
+    cron = p.add_mutually_exclusive_group()
+    cron.add_argument("--cron", metavar="EXPR", default=d,
+                      help="run on this schedule: 5 fields, or 6 with seconds first ('*/5 * * * * *')")
+    if update:
+        cron.add_argument("--no-cron", dest="no_cron", action="store_true", default=d,
+                          help="remove the schedule")
+    p.add_argument("--tz", metavar="ZONE", default=d,
+                   help="IANA zone of the schedule (default: the system zone, stored by name)")
+    p.add_argument("--misfire", metavar="fire_once|skip", default=d,
+                   help="after downtime: run the oldest missed occurrence once (default), or skip late ones")
+    p.add_argument("--grace", metavar="SEC", default=d,
+                   help="with --misfire skip: how late an occurrence may still run (default 30)")
+    p.add_argument("--overlap", metavar="queue|skip|replace", default=d,
+                   help="a fire while the task is at --max-concurrent: queue (default), skip, or "
+                        "replace the oldest running run")
 
 
 def build() -> Parser:
@@ -84,6 +99,11 @@ def build() -> Parser:
 
     cancel = sub.add_parser("cancel", help="cancel a run")
     cancel.add_argument("run_id")
+
+    retry = sub.add_parser("retry", help="run a finished run again (same task revision); prints the new run id")
+    retry.add_argument("run_id")
+    retry.add_argument("--wait", action="store_true",
+                       help="follow the new run to the end; exit statuses as for `run --wait`")
 
     edge = sub.add_parser("edge", help="run the local runtime in the foreground until SIGTERM/SIGINT")
     edge.add_argument("--profile", choices=("edge", "standalone"), help="budgets (default: config, else edge)")

@@ -7,13 +7,42 @@ import sys
 from datetime import datetime, timezone
 from typing import Any, Iterable, TextIO
 
-from ..store.views import RunView, TaskView
+from ..domain.cron import CronError, load_zone
+from ..store.views import RunView, TaskView, TriggerView
 
 
 def when(ms: int | None) -> str:
     if ms is None:
         return "-"
     return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
+
+
+def when_in_zone(ms: int | None, zone: str) -> str:
+    """ISO 8601 with the zone's offset (a schedule's times read as its zone's wall clock)."""
+    if ms is None:
+        return "-"
+    try:
+        tz = load_zone(zone)
+    except CronError:  # the zone database went away since the trigger was written
+        return when(ms)
+    at = datetime.fromtimestamp(ms // 1000, tz=tz).replace(microsecond=(ms % 1000) * 1000)
+    return at.isoformat(timespec="milliseconds" if ms % 1000 else "seconds")
+
+
+def next_fire(v: TaskView) -> str:
+    t = v.trigger
+    if t is None:
+        return "-"
+    if not v.enabled:
+        return "- (task disabled)"
+    return when_in_zone(t.next_fire_at_ms, t.tz)
+
+
+def schedule_line(v: TaskView) -> str:
+    """One line for `task add/update`: the schedule now in force and when it fires next."""
+    t = v.trigger
+    assert t is not None
+    return f"schedule: {t.cron} in {t.tz} (trigger revision {t.revision}), next fire {next_fire(v)}"
 
 
 def seconds(ms: int | None) -> str:
@@ -35,10 +64,11 @@ def table(rows: Iterable[tuple[str, ...]], header: tuple[str, ...], out: TextIO 
 
 def task_rows(views: Iterable[TaskView]) -> list[tuple[str, ...]]:
     return [(v.name, str(v.revision), "yes" if v.enabled else "no", str(v.spec.max_concurrent),
-             seconds(v.spec.timeout_ms), str(v.active_runs), v.spec.command.display()[:60]) for v in views]
+             seconds(v.spec.timeout_ms), str(v.active_runs), v.trigger.cron if v.trigger else "-",
+             next_fire(v), v.spec.command.display()[:60]) for v in views]
 
 
-TASK_HEADER = ("NAME", "REV", "ENABLED", "MAX", "TIMEOUT", "ACTIVE", "COMMAND")
+TASK_HEADER = ("NAME", "REV", "ENABLED", "MAX", "TIMEOUT", "ACTIVE", "CRON", "NEXT FIRE", "COMMAND")
 
 
 def task_detail(v: TaskView, out: TextIO = sys.stdout) -> None:
@@ -56,8 +86,31 @@ def task_detail(v: TaskView, out: TextIO = sys.stdout) -> None:
                           f"{seconds(r.backoff_base_ms)}..{seconds(r.backoff_max_ms)}" if r.retry_on_lost else "no"),
         ("active runs", str(v.active_runs)), ("updated", when(v.updated_at_ms)),
     ]
+    t = v.trigger
+    if t is None:
+        lines.append(("schedule", "-"))
+    else:
+        lines += [
+            ("schedule", f"{t.cron} in {t.tz} (trigger revision {t.revision})"),
+            ("misfire", t.misfire + (f", grace {seconds(t.grace_ms)}" if t.misfire == "skip" else "")),
+            ("overlap", f"{t.overlap} (limit: max concurrent {s.max_concurrent})"),
+            ("next fire", next_fire(v)),
+            ("last scheduled", when_in_zone(t.last_scheduled_at_ms, t.tz)),
+        ]
     for k, val in lines:
         out.write(f"{k + ':':<16}{val}\n")
+    if t is not None:
+        _trigger_events(t, out)
+
+
+def _trigger_events(t: TriggerView, out: TextIO) -> None:
+    out.write("\ntrigger events:\n")
+    if not t.events:
+        out.write("  (none)\n")
+        return
+    table([(e.type, when_in_zone(e.scheduled_for_ms, t.tz), str(e.count), str(e.trigger_revision),
+            when(e.at_ms), e.run_id or "-") for e in t.events],
+          ("TYPE", "SCHEDULED FOR", "COUNT", "REV", "AT", "RUN"), out, indent="  ")
 
 
 def exit_of(run: RunView) -> str:

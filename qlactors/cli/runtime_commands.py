@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..domain.states import RUN_TERMINAL, RunStatus
 from ..errors import BadInput, NotFound
-from ..home import holder_pid, nudge, read_recovery_status, runtime_is_up
+from ..home import holder_pid, nudge, read_disk_hold, read_recovery_status, runtime_is_up
 from ..store.repository import Repository
 from . import render
 
@@ -51,11 +51,16 @@ def wait_for(repo: Repository, run_id: str, poll_s: float = WAIT_POLL_S):
 
 def run(repo: Repository, args: argparse.Namespace) -> int:
     admission = repo.runs.request(args.name)
-    print(admission.run.id, flush=True)
+    return announce_and_follow(repo, args, admission.run.id)
+
+
+def announce_and_follow(repo: Repository, args: argparse.Namespace, run_id: str) -> int:
+    """Print a new run's id, nudge the runtime, and with `--wait` follow it to its exit status."""
+    print(run_id, flush=True)
     nudge(args.cfg.home)
     if not args.wait:
         return 0
-    final = wait_for(repo, admission.run.id)
+    final = wait_for(repo, run_id)
     last = final.attempts[-1] if final.attempts else None
     return exit_status_of(final.state, last.exit_code if last else None)
 
@@ -67,9 +72,11 @@ def status(repo: Repository, args: argparse.Namespace) -> int:
 
     counts = {k: v for k, v in Control(repo.store).status_counts().runs.items() if v}
     unresolved = read_recovery_status(home) if up else []
+    hold = read_disk_hold(home) if up else None  # a file left by a runtime that died says nothing
     quarantined = _count_quarantined(args.cfg.receipts_dir)
     report = {"up": up, "pid": holder_pid(home) if up else None, "home": str(home),
-              "runs": counts, "unresolved_recoveries": unresolved, "quarantined_receipts": quarantined}
+              "runs": counts, "unresolved_recoveries": unresolved, "quarantined_receipts": quarantined,
+              "disk_reserve_hold": hold}
     if args.json:
         render.dump_json(report)
     else:
@@ -80,7 +87,15 @@ def status(repo: Repository, args: argparse.Namespace) -> int:
         for item in unresolved:
             print(f"  attempt {item.get('attempt_id')}: {item.get('why')}")
         print(f"quarantined receipts: {quarantined}")
+        if hold is not None:
+            print(f"disk reserve: holding new attempts since {render.when(hold.get('since_ms'))}: "
+                  f"{_mib(hold.get('free_bytes'))} free on {hold.get('path')}, below the reserve of "
+                  f"{_mib(hold.get('reserve_bytes'))}; queued runs start when space is freed")
     return 0 if up else EXIT_DOWN
+
+
+def _mib(n: int | None) -> str:
+    return "?" if not isinstance(n, int) else f"{n / (1024 * 1024):.1f} MiB"
 
 
 def _count_quarantined(receipts_dir: Path, limit: int = 10_000) -> int:

@@ -12,8 +12,10 @@ import enum
 import os
 import re
 from dataclasses import dataclass
+from typing import Callable, Mapping
 
 BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
+BOOT_ID_FILE_ENV = "QLACTORS_TEST_BOOT_ID_FILE"
 MAX_MARKER_BYTES = 4096
 
 # /proc/PID/stat fields are numbered from 1; everything after the comm's last ')' starts at
@@ -108,6 +110,15 @@ def parse_marker(text: str) -> ProcessIdentity:
         raise ValueError("start marker pid and pgid must be positive")
     return ProcessIdentity(boot_id=values["boot_id"], pid=pid, pgid=pgid,
                            start_ticks=_uint(values["start_ticks"], "marker start_ticks"))
+
+
+def boot_id_source(environ: Mapping[str, str] = os.environ) -> Callable[[], str]:
+    """How the runtime reads the current boot id: /proc, or `QLACTORS_TEST_BOOT_ID_FILE` when set
+    (a test shows the runtime a "reboot" by rewriting that file, without rebooting)."""
+    override = environ.get(BOOT_ID_FILE_ENV)
+    if not override:
+        return read_boot_id
+    return lambda: read_boot_id(override)
 
 
 def read_boot_id(path: str = BOOT_ID_PATH) -> str:

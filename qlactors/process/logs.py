@@ -18,7 +18,7 @@ from typing import BinaryIO
 
 from qlactors.domain.receipt import ID_PATTERN, MAX_ID_LEN
 from qlactors.errors import QlactorsError
-from qlactors.process.fsutil import ensure_private_root, open_private_subdir
+from qlactors.process.fsutil import ensure_private_root, fsync_dir, open_private_subdir
 
 FILE_MODE = 0o600
 LOG_SUFFIX = ".log"
@@ -88,6 +88,35 @@ class LogStore:
         finally:
             os.close(shard_fd)
         return self.root / shard / name
+
+    def remove(self, run_id: str, attempt_id: str) -> bool:
+        """Delete the attempt's log (retention); False when it was already gone.
+
+        Through directory descriptors, never a symlinked shard (UnsafeLogPath). The shard is
+        fsynced after the unlink: retention deletes the run's rows next, and a power cut must not
+        bring back a log that no row accounts for.
+        """
+        shard, name = self.artifact_id(run_id, attempt_id).split("/")
+        try:
+            root_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return False
+        try:
+            shard_fd = open_private_subdir(root_fd, shard, create=False, what=f"log directory {self.root / shard}",
+                                           error=UnsafeLogPath)
+        finally:
+            os.close(root_fd)
+        if shard_fd is None:
+            return False
+        try:
+            try:
+                os.unlink(name, dir_fd=shard_fd)
+            except FileNotFoundError:
+                return False
+            fsync_dir(shard_fd)
+            return True
+        finally:
+            os.close(shard_fd)
 
     # The readers need no state; they are methods too so that a caller holding a LogStore
     # (`qlactors logs`, the executor) finds everything in one place.

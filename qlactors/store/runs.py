@@ -1,4 +1,4 @@
-"""The run repository: admission, cancel, and the reads behind `runs` and `show`.
+"""The run repository: admission, manual retry, cancel, and the reads behind `runs` and `show`.
 
 Every method is one short transaction. Writes follow SEMANTICS.md §3: read the run, ask the
 pure state machine for a plan, apply it with compare-and-set, append its events.
@@ -15,11 +15,11 @@ from sqlalchemy.engine import Connection
 
 from ..domain.states import RUN_TERMINAL, CancelReason, RunStatus, TriggerType
 from ..domain.transitions import plan_admission, plan_cancel
-from ..errors import BadInput, NotFound
+from ..errors import BadInput, NotFound, Retired
 from ..ids import new_id
 from .engine import Store
 from .plans import append_events, apply_plan, attempt_snapshot, current_attempt, load_run, run_snapshot
-from .schema import run_attempts, run_events, run_retry_policies, runs, task_revisions, tasks
+from .schema import run_attempts, run_events, run_retry_policies, run_tombstones, runs, task_revisions, tasks
 from .views import AttemptView, EventView, RunPage, RunView
 
 MAX_PAGE = 500
@@ -35,6 +35,8 @@ _REVISION_POLICY = select(task_revisions.c.retry_on_lost, task_revisions.c.max_a
                               task_revisions.c.task_id == bindparam("task_id"),
                               task_revisions.c.revision == bindparam("revision")))
 _TASK_NAME = select(tasks.c.name).where(tasks.c.id == bindparam("task_id"))
+_TASK_BY_ID = select(tasks).where(tasks.c.id == bindparam("task_id"))
+_TOMBSTONE = select(run_tombstones).where(run_tombstones.c.run_id == bindparam("run_id"))
 _ATTEMPTS_OF = select(run_attempts).where(run_attempts.c.run_id == bindparam("run_id")).order_by(
     run_attempts.c.number)
 _EVENTS_OF = select(run_events).where(run_events.c.run_id == bindparam("run_id")).order_by(run_events.c.sequence)
@@ -74,33 +76,71 @@ class Runs:
         With an idempotency key, a second request returns the first run (the unique key is the
         arbiter: `INSERT ... ON CONFLICT DO NOTHING`, then re-read).
         """
-        if idempotency_key is not None and not 1 <= len(idempotency_key) <= 256:
-            raise BadInput("an idempotency key is 1 to 256 characters")
         with self.store.write() as conn:
-            if idempotency_key is not None:
-                existing = self._by_key(conn, idempotency_key)
-                if existing is not None:
-                    return Admission(self._view(conn, existing), created=False)
             head = conn.execute(_LIVE_TASK, {"name": task_name}).first()
             if head is None:
                 raise NotFound(f"no task named {task_name!r}: see `qlactors task list`")
-            now = self.store.now_ms(conn)
-            run_id, attempt_id = new_id(), new_id()
-            plan = plan_admission(run_id, attempt_id, {"trigger_type": TriggerType(trigger_type).value})
-            inserted = self.store.insert_new(conn, runs, dict(
-                id=run_id, task_id=head.id, task_revision=head.current_revision,
-                trigger_type=TriggerType(trigger_type).value, trigger_id=trigger_id,
-                status=plan.run_to.value, version=plan.version, event_sequence=plan.event_sequence,
-                scheduled_for_ms=scheduled_for_ms, idempotency_key=idempotency_key,
-                retry_of_run_id=retry_of_run_id, created_at_ms=now, queued_at_ms=now, updated_at_ms=now))
-            if not inserted:  # a concurrent request with the same key committed first
-                return Admission(self._view(conn, self._by_key(conn, idempotency_key)), created=False)
-            conn.execute(_ATTEMPT_INSERT, dict(
-                id=attempt_id, run_id=run_id, number=1, status=plan.attempt_to.value,
-                executor_type="local_process", callback_sequence=0, created_at_ms=now, updated_at_ms=now))
-            self._snapshot_policy(conn, head, run_id, now)
-            append_events(conn, plan, now, actor_type)
-            return Admission(self._view(conn, load_run(conn, run_id, lock=False)), created=True)
+            return self.admit_in(conn, head, head.current_revision, trigger_type=trigger_type,
+                                 idempotency_key=idempotency_key, scheduled_for_ms=scheduled_for_ms,
+                                 trigger_id=trigger_id, retry_of_run_id=retry_of_run_id,
+                                 actor_type=actor_type)
+
+    def admit_in(
+        self,
+        conn: Connection,
+        head,
+        revision: int,
+        *,
+        trigger_type: TriggerType = TriggerType.MANUAL,
+        idempotency_key: str | None = None,
+        scheduled_for_ms: int | None = None,
+        trigger_id: str | None = None,
+        retry_of_run_id: str | None = None,
+        actor_type: str = "user",
+    ) -> Admission:
+        """Admission inside the caller's write transaction, of revision `revision` of task row `head`."""
+        if idempotency_key is not None and not 1 <= len(idempotency_key) <= 256:
+            raise BadInput("an idempotency key is 1 to 256 characters")
+        if idempotency_key is not None:
+            existing = self._by_key(conn, idempotency_key)
+            if existing is not None:
+                return Admission(self._view(conn, existing), created=False)
+        now = self.store.now_ms(conn)
+        run_id, attempt_id = new_id(), new_id()
+        plan = plan_admission(run_id, attempt_id, {"trigger_type": TriggerType(trigger_type).value})
+        inserted = self.store.insert_new(conn, runs, dict(
+            id=run_id, task_id=head.id, task_revision=revision,
+            trigger_type=TriggerType(trigger_type).value, trigger_id=trigger_id,
+            status=plan.run_to.value, version=plan.version, event_sequence=plan.event_sequence,
+            scheduled_for_ms=scheduled_for_ms, idempotency_key=idempotency_key,
+            retry_of_run_id=retry_of_run_id, created_at_ms=now, queued_at_ms=now, updated_at_ms=now))
+        if not inserted:  # a concurrent request with the same key committed first
+            return Admission(self._view(conn, self._by_key(conn, idempotency_key)), created=False)
+        conn.execute(_ATTEMPT_INSERT, dict(
+            id=attempt_id, run_id=run_id, number=1, status=plan.attempt_to.value,
+            executor_type="local_process", callback_sequence=0, created_at_ms=now, updated_at_ms=now))
+        self._snapshot_policy(conn, head.id, revision, run_id, now)
+        append_events(conn, plan, now, actor_type)
+        return Admission(self._view(conn, load_run(conn, run_id, lock=False)), created=True)
+
+    def retry(self, run_id: str, *, actor_type: str = "user") -> Admission:
+        """Admit a new run of the revision `run_id` pinned, with `retry_of_run_id` = `run_id`.
+
+        Only from a terminal run (a run still in flight has its own lost-run retry), and only
+        while its task exists. It is a fresh manual run of that revision: its own retry-policy
+        snapshot (of that revision), no trigger, no scheduled time.
+        """
+        with self.store.write() as conn:
+            row = self._require(conn, run_id)
+            if not RunStatus(row.status).terminal:
+                raise BadInput(f"run {row.id} is {row.status}, not finished: only a finished run can be "
+                               "retried; nothing was written. Wait for it to end, or cancel it first")
+            head = conn.execute(_TASK_BY_ID, {"task_id": row.task_id}).one()
+            if head.deleted_at_ms is not None:
+                raise BadInput(f"run {row.id} belongs to task {head.name!r}, which was removed; nothing was "
+                               f"written. Add the task again and use `qlactors run {head.name}`")
+            return self.admit_in(conn, head, row.task_revision, trigger_type=TriggerType.MANUAL,
+                                 retry_of_run_id=row.id, actor_type=actor_type)
 
     def cancel(self, run_id: str, reason: CancelReason = CancelReason.USER, *, actor_type: str = "user") -> CancelResult:
         """Commit a cancel intent; a run with no live process ends `cancelled` in the same transaction."""
@@ -165,17 +205,22 @@ class Runs:
     # -- inside a transaction ----------------------------------------------------------------
 
     def _require(self, conn: Connection, run_id: str, *, lock: bool = True):
-        row = load_run(conn, run_id, lock=lock) if isinstance(run_id, str) and len(run_id) <= 36 else None
+        """The run row; Retired when retention deleted it (its tombstone says when), else NotFound."""
+        valid = isinstance(run_id, str) and len(run_id) <= 36
+        row = load_run(conn, run_id, lock=lock) if valid else None
         if row is None:
+            stone = conn.execute(_TOMBSTONE, {"run_id": run_id}).first() if valid else None
+            if stone is not None:
+                raise Retired(stone.run_id, stone.retired_at_ms, stone.reason)
             raise NotFound(f"no run with id {run_id!r}: see `qlactors runs`")
         return row
 
     def _by_key(self, conn: Connection, key: str):
         return conn.execute(_BY_KEY, {"key": key}).first()
 
-    def _snapshot_policy(self, conn: Connection, head, run_id: str, now: int) -> None:
-        """Pin the task's retry policy at admission; no row means never retried automatically."""
-        rev = conn.execute(_REVISION_POLICY, {"task_id": head.id, "revision": head.current_revision}).one()
+    def _snapshot_policy(self, conn: Connection, task_id: str, revision: int, run_id: str, now: int) -> None:
+        """Pin the revision's retry policy at admission; no row means never retried automatically."""
+        rev = conn.execute(_REVISION_POLICY, {"task_id": task_id, "revision": revision}).one()
         if not rev.retry_on_lost:
             return
         conn.execute(run_retry_policies.insert().values(

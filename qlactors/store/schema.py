@@ -179,6 +179,8 @@ trigger_events = Table(
 )
 Index("ix_trigger_events_trigger_id_created_at_ms", trigger_events.c.trigger_id,
       trigger_events.c.created_at_ms)
+Index("ix_trigger_events_run_id", trigger_events.c.run_id,
+      sqlite_where=text("run_id IS NOT NULL"), postgresql_where=text("run_id IS NOT NULL"))
 
 runs = Table(
     "runs",
@@ -223,6 +225,14 @@ Index("ix_runs_status_created_at_ms_id", runs.c.status, runs.c.created_at_ms, ru
 # Schema 2: the dispatch query counts a task's dispatched runs and picks the oldest queued one.
 Index("ix_runs_task_id_status", runs.c.task_id, runs.c.status)
 Index("ix_runs_status_queued_at_ms_id", runs.c.status, runs.c.queued_at_ms, runs.c.id)
+# Schema 3: retention picks finished runs oldest first, overall (age) and per task (count), and
+# clears the references other runs hold to a retired one.
+Index("ix_runs_finished_at_ms_id", runs.c.finished_at_ms, runs.c.id,
+      sqlite_where=text("finished_at_ms IS NOT NULL"), postgresql_where=text("finished_at_ms IS NOT NULL"))
+Index("ix_runs_task_id_finished_at_ms_id", runs.c.task_id, runs.c.finished_at_ms, runs.c.id,
+      sqlite_where=text("finished_at_ms IS NOT NULL"), postgresql_where=text("finished_at_ms IS NOT NULL"))
+Index("ix_runs_retry_of_run_id", runs.c.retry_of_run_id,
+      sqlite_where=text("retry_of_run_id IS NOT NULL"), postgresql_where=text("retry_of_run_id IS NOT NULL"))
 
 run_attempts = Table(
     "run_attempts",
@@ -393,3 +403,21 @@ Index("ix_run_dispatch_leases_one_leased", run_dispatch_leases.c.attempt_id, uni
       sqlite_where=text("status = 'leased'"), postgresql_where=text("status = 'leased'"))
 Index("ix_run_dispatch_leases_status_expires_at_ms", run_dispatch_leases.c.status,
       run_dispatch_leases.c.expires_at_ms)
+
+# Schema 3: what is left of a run retention deleted, so `logs` and `show` can say "retired"
+# instead of "no such run". No FK to runs: the run row is gone by design.
+run_tombstones = Table(
+    "run_tombstones",
+    metadata,
+    Column("run_id", ID, primary_key=True),
+    Column("task_id", ID, ForeignKey("tasks.id"), nullable=False),
+    Column("finished_at_ms", MS, nullable=False),
+    Column("retired_at_ms", MS, nullable=False),
+    Column("reason", String(16), nullable=False),
+    CheckConstraint(_one_of("reason", ("max_age", "max_runs")), name="reason"),
+    *_ms("finished_at_ms", "retired_at_ms"),
+)
+# Tombstones are pruned by the same two bounds as runs: overall by age, per task by count.
+Index("ix_run_tombstones_retired_at_ms_run_id", run_tombstones.c.retired_at_ms, run_tombstones.c.run_id)
+Index("ix_run_tombstones_task_id_retired_at_ms_run_id", run_tombstones.c.task_id,
+      run_tombstones.c.retired_at_ms, run_tombstones.c.run_id)

@@ -9,24 +9,33 @@ from sqlalchemy.engine import Connection
 
 from ..domain.model import TaskSpec, validate_name
 from ..domain.states import RUN_TERMINAL
-from ..errors import AlreadyExists, Conflict, NotFound
+from ..errors import AlreadyExists, BadInput, Conflict, NotFound
 from ..ids import new_id
+from . import triggers as trigger_store
 from .engine import Store
 from .schema import runs, task_revisions, tasks
-from .views import TaskView, revision_values, spec_from_revision
+from .triggers import TriggerOptions
+from .views import TaskView, TriggerView, revision_values, spec_from_revision
 
 _LIVE = tasks.c.deleted_at_ms.is_(None)
 _TERMINAL = [s.value for s in RUN_TERMINAL]
 
 
 class Tasks:
-    """Create, edit, enable, list and remove tasks; removal keeps history readable."""
+    """Create, edit, enable, list and remove tasks and their cron schedules; removal keeps history readable.
+
+    A task's schedule (its trigger) is written in the same transaction as the task. It has its own
+    revision: editing the schedule does not add a task revision, and editing the task does not
+    touch the schedule.
+    """
 
     def __init__(self, store: Store) -> None:
         self.store = store
 
-    def add(self, spec: TaskSpec, *, enabled: bool = True) -> TaskView:
+    def add(self, spec: TaskSpec, *, enabled: bool = True, trigger: TriggerOptions | None = None) -> TaskView:
+        """A new task at revision 1, with a cron schedule when `trigger` is given."""
         spec = spec.validated()
+        settings = None if trigger is None else trigger_store.settle(trigger, None)
         task_id = new_id()
         with self.store.write() as conn:
             now = self.store.now_ms(conn)
@@ -38,43 +47,72 @@ class Tasks:
                                     f"or change it with `qlactors task update {spec.name}`")
             conn.execute(task_revisions.insert().values(
                 task_id=task_id, revision=1, created_at_ms=now, **revision_values(spec)))
-            return self._view(conn, self.head(conn, spec.name))
+            if settings is not None:
+                trigger_store.set_trigger(conn, task_id, settings, now)
+            return self._detail(conn, self.head(conn, spec.name), now_ms=now)
 
-    def update(self, name: str, **changes: Any) -> TaskView:
-        """A new revision with `changes` applied to the current one; runs keep the revision they pinned."""
+    def update(self, name: str, *, trigger: TriggerOptions | None = None, remove_trigger: bool = False,
+               **changes: Any) -> TaskView:
+        """A new revision with `changes` applied to the current one; runs keep the revision they pinned.
+
+        `trigger` sets the schedule (given fields only; see TriggerOptions), `remove_trigger`
+        removes it. Each part writes only when something differs; all of it in one transaction.
+        """
+        if trigger is not None and remove_trigger:
+            raise BadInput("a schedule cannot be set and removed at once: drop --no-cron or the --cron options")
         with self.store.write() as conn:
             head = self.head(conn, name, lock=True)
             current = self._spec(conn, head)
             spec = current.with_changes(**changes)
-            if spec == current:
-                return self._view(conn, head)
+            settings = None  # validated before anything is written
+            if trigger is not None:
+                settings = trigger_store.settle(trigger, trigger_store.current_settings(conn, head.id))
             now = self.store.now_ms(conn)
-            revision = head.current_revision + 1
-            conn.execute(task_revisions.insert().values(
-                task_id=head.id, revision=revision, created_at_ms=now, **revision_values(spec)))
-            self._cas_head(conn, head, current_revision=revision, updated_at_ms=now)
-            return self._view(conn, self.head(conn, name))
+            if spec != current:
+                revision = head.current_revision + 1
+                conn.execute(task_revisions.insert().values(
+                    task_id=head.id, revision=revision, created_at_ms=now, **revision_values(spec)))
+                self._cas_head(conn, head, current_revision=revision, updated_at_ms=now)
+                head = self.head(conn, name)
+            if settings is not None:
+                trigger_store.set_trigger(conn, head.id, settings, now)
+            elif remove_trigger:
+                trigger_store.remove_trigger(conn, head.id, now)
+            return self._detail(conn, head, now_ms=now)
 
     def set_enabled(self, name: str, enabled: bool) -> TaskView:
+        """Enable or disable cron admission. Re-enabling (only a real change) makes the schedule
+        count from now: occurrences that fell while disabled are neither run nor reported."""
         with self.store.write() as conn:
             head = self.head(conn, name, lock=True)
+            now = self.store.now_ms(conn)
             if bool(head.enabled) != enabled:
-                self._cas_head(conn, head, enabled=enabled, updated_at_ms=self.store.now_ms(conn))
-            return self._view(conn, self.head(conn, name))
+                self._cas_head(conn, head, enabled=enabled, updated_at_ms=now)
+                if enabled:
+                    trigger_store.reset_cursor(conn, head.id, now)
+            return self._detail(conn, self.head(conn, name), now_ms=now)
 
     def get(self, name: str) -> TaskView:
+        """One task in detail: with its schedule and the schedule's recent trigger events."""
         with self.store.read() as conn:
-            return self._view(conn, self.head(conn, name))
+            return self._detail(conn, self.head(conn, name))
 
     def list(self) -> list[TaskView]:
+        """Every live task by name, with its schedule but without trigger events (kept cheap)."""
         with self.store.read() as conn:
             heads = conn.execute(select(tasks).where(_LIVE).order_by(tasks.c.name)).all()
-            return [self._view(conn, head) for head in heads]
+            if not heads:
+                return []
+            schedules = trigger_store.read_live_triggers(conn, self.store.now_ms(conn))
+            return [self._view(conn, head, schedules.get(head.id)) for head in heads]
 
     def mark_removed(self, conn: Connection, name: str) -> str:
-        """Inside a caller's transaction: retire the head (its name becomes free); returns its id."""
+        """Inside a caller's transaction: retire the head (its name becomes free) and its schedule;
+        returns its id."""
         head = self.head(conn, name, lock=True)
-        self._cas_head(conn, head, deleted_at_ms=self.store.now_ms(conn), enabled=False)
+        now = self.store.now_ms(conn)
+        self._cas_head(conn, head, deleted_at_ms=now, enabled=False)
+        trigger_store.remove_trigger(conn, head.id, now)
         return head.id
 
     # -- inside a transaction ----------------------------------------------------------------
@@ -106,9 +144,14 @@ class Tasks:
         if conn.execute(tasks.update().where(guard).values(**values)).rowcount != 1:
             raise Conflict(f"task {head.name!r} changed meanwhile; nothing was written, try again")
 
-    def _view(self, conn: Connection, head) -> TaskView:
+    def _detail(self, conn: Connection, head, *, now_ms: int | None = None) -> TaskView:
+        """The task with its schedule read in detail (recent trigger events included)."""
+        now = self.store.now_ms(conn) if now_ms is None else now_ms
+        return self._view(conn, head, trigger_store.read_trigger(conn, head.id, now))
+
+    def _view(self, conn: Connection, head, trigger: TriggerView | None) -> TaskView:
         active = conn.execute(select(func.count()).select_from(runs).where(and_(
             runs.c.task_id == head.id, runs.c.status.not_in(_TERMINAL)))).scalar_one()
         return TaskView(id=head.id, revision=head.current_revision, enabled=bool(head.enabled),
                         spec=self._spec(conn, head), created_at_ms=head.created_at_ms,
-                        updated_at_ms=head.updated_at_ms, active_runs=active)
+                        updated_at_ms=head.updated_at_ms, active_runs=active, trigger=trigger)

@@ -11,6 +11,52 @@ from ..domain.retry import RetryPolicy
 
 
 @dataclass(frozen=True, slots=True)
+class TriggerEventView:
+    """An occurrence that did not become a run: `skipped` (overlap) or `missed` (folded into a catch-up)."""
+
+    type: str
+    scheduled_for_ms: int  # the first occurrence the event covers
+    count: int  # how many occurrences it covers (`trigger_events.occurrences`)
+    trigger_revision: int
+    run_id: str | None  # the run the missed occurrences were folded into, if any
+    at_ms: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"type": self.type, "scheduled_for_ms": self.scheduled_for_ms, "count": self.count,
+                "trigger_revision": self.trigger_revision, "run_id": self.run_id, "at_ms": self.at_ms}
+
+
+@dataclass(frozen=True, slots=True)
+class TriggerView:
+    """A task's live cron trigger, its schedule cursor, and (detail only) its recent events."""
+
+    id: str
+    revision: int
+    cron: str
+    tz: str
+    misfire: str
+    grace_ms: int
+    overlap: str
+    # When it fires next, for display: the stored cursor; when the cursor is not initialised yet,
+    # the first occurrence at or after the time of reading (never written); None while disabled.
+    next_fire_at_ms: int | None
+    last_scheduled_at_ms: int | None
+    updated_at_ms: int
+    events: tuple[TriggerEventView, ...] | None = None  # None: not read (task list)
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "id": self.id, "revision": self.revision, "cron": self.cron, "tz": self.tz,
+            "misfire": self.misfire, "grace_ms": self.grace_ms, "overlap": self.overlap,
+            "next_fire_at_ms": self.next_fire_at_ms, "last_scheduled_at_ms": self.last_scheduled_at_ms,
+            "updated_at_ms": self.updated_at_ms,
+        }
+        if self.events is not None:
+            data["events"] = [e.to_json() for e in self.events]
+        return data
+
+
+@dataclass(frozen=True, slots=True)
 class TaskView:
     id: str
     revision: int
@@ -19,6 +65,7 @@ class TaskView:
     created_at_ms: int
     updated_at_ms: int
     active_runs: int = 0
+    trigger: TriggerView | None = None  # its cron schedule, if it has one
 
     @property
     def name(self) -> str:
@@ -36,6 +83,7 @@ class TaskView:
                       "backoff_max_ms": s.retry.backoff_max_ms},
             "labels": list(s.labels), "active_runs": self.active_runs,
             "created_at_ms": self.created_at_ms, "updated_at_ms": self.updated_at_ms,
+            "trigger": None if self.trigger is None else self.trigger.to_json(),
         }
 
 

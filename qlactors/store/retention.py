@@ -1,0 +1,241 @@
+"""Retention: retire finished runs past the maximum age or count, one bounded page per call.
+
+For each run retired, its log files go first (a run whose rows outlive its log is only a
+`logs` that says the file is missing; a log that outlives its rows is litter nobody can find),
+then one transaction deletes its rows — events, leases, attempts, retry policy, the references
+trigger events and other runs hold to it — and writes its tombstone. The rules of what is due
+and what holds a run back are pure (`qlactors.domain.retention`); this module reads the facts
+and does the I/O. Tombstones are pruned by the same two bounds, so nothing here grows for ever.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Protocol
+
+from sqlalchemy import and_, exists, func, or_, select
+from sqlalchemy.engine import Connection
+
+from ..domain.retention import MAX_PAGE, Candidate, RetentionPolicy, hold_reason, plan_page, retire_reason
+from ..domain.states import RunStatus
+from ..errors import BadInput, Conflict, QlactorsError
+from .engine import Store
+from .plans import load_run
+from .schema import (
+    executor_journal,
+    run_attempts,
+    run_dispatch_leases,
+    run_events,
+    run_retry_policies,
+    run_tombstones,
+    runs,
+    trigger_events,
+)
+
+log = logging.getLogger("qlactors.retention")
+
+# One call examines at most this many pages of due runs: runs held back (a journal row, a
+# receipt file) are skipped without stalling the ones behind them, within a bound.
+SCAN_PAGES = 4
+
+
+class LogFiles(Protocol):
+    def remove(self, run_id: str, attempt_id: str) -> bool: ...
+
+
+class ReceiptFiles(Protocol):
+    def final_path(self, attempt_id: str) -> Path: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RetireReport:
+    """What one `retire_page` call did."""
+
+    retired: int = 0
+    reasons: Mapping[str, int] = field(default_factory=dict)
+    """Retired runs by reason: `max_age`, `max_runs`."""
+    skipped: Mapping[str, int] = field(default_factory=dict)
+    """Due runs kept for now, by reason: `journal`, `receipt`, `active` (changed meanwhile),
+    `log_error` (a log could not be deleted), `conflict` (changed meanwhile)."""
+    logs_deleted: int = 0
+    tombstones_purged: int = 0
+    more: bool = False
+    """True when the page budget ran out with due work left: call again soon, not at leisure."""
+
+
+class Retention:
+    """Retire finished runs (log files first, then rows and a tombstone) and prune tombstones."""
+
+    def __init__(self, store: Store, logs: LogFiles, receipts: ReceiptFiles) -> None:
+        self.store = store
+        self.logs = logs
+        self.receipts = receipts
+
+    def retire_page(self, now_ms: int, *, max_age_ms: int, max_runs: int, page: int) -> RetireReport:
+        """Retire at most `page` due runs, oldest finished first, then prune at most `page` tombstones."""
+        if type(now_ms) is not int or now_ms < 0:
+            raise BadInput("now_ms must be a non-negative integer")
+        if type(page) is not int or not 1 <= page <= MAX_PAGE:
+            raise BadInput(f"a retention page holds 1 to {MAX_PAGE} runs")
+        try:
+            policy = RetentionPolicy(max_age_ms=max_age_ms, max_runs=max_runs)
+        except ValueError as err:
+            raise BadInput(str(err)) from None
+        candidates, attempts, scanned_all = self._candidates(policy, now_ms, page)
+        verdicts = plan_page(policy, now_ms, candidates, page)
+        reasons: Counter[str] = Counter()
+        skipped: Counter[str] = Counter()
+        logs_deleted = 0
+        for verdict in verdicts:
+            if verdict.retire is None:
+                continue
+            if verdict.hold is not None:
+                skipped[verdict.hold.value] += 1
+                continue
+            outcome, deleted = self._retire(verdict.run_id, attempts.get(verdict.run_id, ()),
+                                            verdict.retire.value, now_ms)
+            logs_deleted += deleted
+            if outcome == "retired":
+                reasons[verdict.retire.value] += 1
+            else:
+                skipped[outcome] += 1
+        retired = sum(reasons.values())
+        # More is due when the page filled up, or when the scan was cut short and this call made
+        # room (the next scan reaches further). Held runs alone filling the scan are no reason to
+        # hurry: they wait for their journal row or receipt to clear.
+        more = len(verdicts) < len(candidates) or (not scanned_all and retired > 0)
+        purged, more_stones = self._purge_tombstones(policy, now_ms, page)
+        return RetireReport(retired=retired, reasons=dict(reasons), skipped=dict(skipped),
+                            logs_deleted=logs_deleted, tombstones_purged=purged, more=more or more_stones)
+
+    # -- choosing -----------------------------------------------------------------------------
+
+    def _candidates(self, policy: RetentionPolicy, now_ms: int,
+                    page: int) -> tuple[list[Candidate], dict[str, tuple[str, ...]], bool]:
+        """Due runs oldest first (at most SCAN_PAGES pages), their attempts, and whether that was all."""
+        limit = page * SCAN_PAGES
+        journal_row = exists().where(and_(run_attempts.c.run_id == runs.c.id,
+                                          executor_journal.c.attempt_id == run_attempts.c.id))
+        with self.store.read() as conn:
+            rows = _due(conn, runs, runs.c.finished_at_ms, runs.c.id, policy, now_ms, page, limit + 1,
+                        runs.c.status, journal_row.label("journal_row"))
+            ids = [r.key for r in rows[:limit]]
+            attempts: dict[str, list[str]] = {}
+            if ids:
+                for a in conn.execute(select(run_attempts.c.run_id, run_attempts.c.id)
+                                      .where(run_attempts.c.run_id.in_(ids)).order_by(run_attempts.c.number)):
+                    attempts.setdefault(a.run_id, []).append(a.id)
+        candidates = [Candidate(
+            run_id=r.key, terminal=RunStatus(r.row.status).terminal, finished_at_ms=r.at,
+            newer_in_task=r.newer, journal_row=bool(r.row.journal_row),
+            receipt_file=any(self._receipt_exists(a) for a in attempts.get(r.key, ())))
+            for r in rows[:limit]]
+        return candidates, {k: tuple(v) for k, v in attempts.items()}, len(rows) <= limit
+
+    def _receipt_exists(self, attempt_id: str) -> bool:
+        # lexists: a symlink planted at the receipt's path still means "someone must look first".
+        return os.path.lexists(self.receipts.final_path(attempt_id))
+
+    # -- retiring one run ---------------------------------------------------------------------
+
+    def _retire(self, run_id: str, attempt_ids: tuple[str, ...], reason: str, now_ms: int) -> tuple[str, int]:
+        """Log files first, then one transaction for the rows and the tombstone; (outcome, logs deleted)."""
+        if any(self._receipt_exists(a) for a in attempt_ids):  # re-checked right before anything goes
+            return "receipt", 0
+        deleted = 0
+        for attempt_id in attempt_ids:
+            try:
+                if self.logs.remove(run_id, attempt_id):
+                    deleted += 1
+            except (OSError, QlactorsError) as err:  # QlactorsError: UnsafeLogPath, a symlinked shard
+                # The rows stay (and the run with them) until its log can go: next page tries again.
+                log.warning("event=retention_log_error run=%s attempt=%s error=%s", run_id, attempt_id, err)
+                return "log_error", deleted
+        with self.store.write() as conn:
+            outcome = self._delete_rows(conn, run_id, reason, now_ms)
+        if outcome == "retired":
+            log.info("event=run_retired run=%s reason=%s logs_deleted=%d", run_id, reason, deleted)
+        return outcome, deleted
+
+    def _delete_rows(self, conn: Connection, run_id: str, reason: str, now_ms: int) -> str:
+        row = load_run(conn, run_id)
+        if row is None:
+            return "conflict"  # retired (or never there) meanwhile
+        hold = hold_reason(terminal=RunStatus(row.status).terminal, journal_row=self._journal_row(conn, run_id),
+                           receipt_file=False)  # the receipt files were checked just before
+        if hold is not None:
+            return hold.value
+        conn.execute(run_events.delete().where(run_events.c.run_id == run_id))
+        conn.execute(run_dispatch_leases.delete().where(run_dispatch_leases.c.run_id == run_id))
+        conn.execute(run_retry_policies.delete().where(run_retry_policies.c.run_id == run_id))
+        conn.execute(trigger_events.update().where(trigger_events.c.run_id == run_id).values(run_id=None))
+        conn.execute(runs.update().where(runs.c.retry_of_run_id == run_id).values(retry_of_run_id=None))
+        conn.execute(run_attempts.delete().where(run_attempts.c.run_id == run_id))
+        gone = conn.execute(runs.delete().where(and_(runs.c.id == run_id, runs.c.version == row.version)))
+        if gone.rowcount != 1:
+            raise Conflict(f"run {run_id} changed under its lock; nothing was retired")  # rolls back
+        conn.execute(run_tombstones.insert().values(
+            run_id=run_id, task_id=row.task_id, finished_at_ms=row.finished_at_ms,
+            retired_at_ms=now_ms, reason=reason))
+        return "retired"
+
+    @staticmethod
+    def _journal_row(conn: Connection, run_id: str) -> bool:
+        return conn.execute(select(executor_journal.c.attempt_id).join(
+            run_attempts, run_attempts.c.id == executor_journal.c.attempt_id).where(
+                run_attempts.c.run_id == run_id).limit(1)).first() is not None
+
+    # -- tombstones ---------------------------------------------------------------------------
+
+    def _purge_tombstones(self, policy: RetentionPolicy, now_ms: int, page: int) -> tuple[int, bool]:
+        """Delete at most `page` tombstones past the same bounds (age since retirement, count per task)."""
+        t = run_tombstones
+        with self.store.read() as conn:
+            rows = _due(conn, t, t.c.retired_at_ms, t.c.run_id, policy, now_ms, page, page + 1)
+        due = [r.key for r in rows[:page] if retire_reason(policy, now_ms, r.at, r.newer) is not None]
+        if not due:
+            return 0, False
+        with self.store.write() as conn:
+            purged = conn.execute(t.delete().where(t.c.run_id.in_(due))).rowcount
+        return purged, len(rows) > page
+
+
+@dataclass(frozen=True, slots=True)
+class _Due:
+    key: str
+    at: int
+    newer: int
+    row: Any  # the selected row, with any extra columns asked for
+
+
+def _due(conn: Connection, table, at, key, policy: RetentionPolicy, now_ms: int, task_budget: int,
+         limit: int, *extra) -> list[_Due]:
+    """Rows of `table` past the age bound or beyond their task's newest `max_runs`, oldest first.
+
+    `newer` is how many rows of the same task are newer. The rows of one task returned here are
+    always its oldest ones (age and count bounds each select a prefix in time order), so the
+    i-th returned row of a task with n rows has n - 1 - i newer ones. The per-task count bound is
+    applied to at most `task_budget` tasks per call, those furthest over it first.
+    """
+    task = table.c.task_id
+    counts = dict(conn.execute(select(task, func.count()).where(at.is_not(None)).group_by(task)).all())
+    over = sorted((t for t, n in counts.items() if n > policy.max_runs),
+                  key=lambda t: (policy.max_runs - counts[t], t))[:task_budget]
+    due = [at <= policy.age_cutoff_ms(now_ms)]
+    for t in over:
+        cut = conn.execute(select(at, key).where(and_(task == t, at.is_not(None)))
+                           .order_by(at.desc(), key.desc()).limit(1).offset(policy.max_runs)).one()
+        due.append(and_(task == t, or_(at < cut[0], and_(at == cut[0], key <= cut[1]))))
+    query = (select(key, task, at, *extra).where(and_(at.is_not(None), or_(*due)))
+             .order_by(at, key).limit(limit))
+    seen: Counter[str] = Counter()
+    found = []
+    for row in conn.execute(query):
+        t = row[1]
+        found.append(_Due(key=row[0], at=row[2], newer=counts[t] - 1 - seen[t], row=row))
+        seen[t] += 1
+    return found
