@@ -8,6 +8,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Mapping
 
+from .domain.retention import KEEP_AGE_MS_RANGE, KEEP_RUNS_RANGE
 from .errors import BadInput
 
 DATABASE_FILE = "qlactors.db"
@@ -64,7 +65,7 @@ LIMITS: dict[str, tuple[int, int]] = {
     "receipt_cleanup_page": (1, 64), "quarantine_retention_ms": (0, 86_400_000),
     "log_cap_bytes": (64 * 1024, 1 << 30), "stop_grace_ms": (0, 30_000), "kill_grace_ms": (0, 30_000),
     "shutdown_drain_ms": (100, 60_000), "publish_grace_ms": (0, 5_000),
-    "retention_max_age_ms": (3_600_000, 3_650 * 86_400_000), "retention_max_runs": (1, 1_000_000),
+    "retention_max_age_ms": KEEP_AGE_MS_RANGE, "retention_max_runs": KEEP_RUNS_RANGE,  # as per task
     "retention_page": (1, 256), "disk_reserve_bytes": (0, 1 << 40),
 }
 

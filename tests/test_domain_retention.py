@@ -9,10 +9,15 @@ from hypothesis import strategies as st
 from qlactors.domain.retention import (
     Candidate,
     HoldReason,
+    RetentionError,
+    RetentionPolicies,
     RetentionPolicy,
     RetireReason,
+    TaskRetention,
     hold_reason,
     judge,
+    parse_keep_days,
+    parse_keep_runs,
     plan_page,
     retire_reason,
 )
@@ -92,3 +97,53 @@ def test_what_stays_is_exactly_the_young_runs_among_the_newest_max_runs(finished
     kept = [c for c in candidates if c.run_id not in due]
     assert len(kept) <= max_runs
     assert all(NOW - c.finished_at_ms < policy.max_age_ms for c in kept)
+
+
+# -- per-task bounds ----------------------------------------------------------------------------------
+
+def test_a_task_s_own_bounds_replace_the_global_ones_field_by_field():
+    policies = RetentionPolicies(POLICY, {"short": TaskRetention(max_age_ms=DAY),
+                                         "few": TaskRetention(max_runs=1),
+                                         "both": TaskRetention(max_age_ms=30 * DAY, max_runs=5)})
+    assert policies.for_task("other") is POLICY and policies.for_task(None) is POLICY
+    assert policies.for_task("short") == RetentionPolicy(max_age_ms=DAY, max_runs=100)
+    assert policies.for_task("few") == RetentionPolicy(max_age_ms=7 * DAY, max_runs=1)
+    assert policies.for_task("both") == RetentionPolicy(max_age_ms=30 * DAY, max_runs=5)
+    assert TaskRetention().over(POLICY) is POLICY and TaskRetention().is_default
+
+
+def test_judge_and_plan_page_hold_each_candidate_to_its_task_s_bounds():
+    policies = RetentionPolicies(POLICY, {"few": TaskRetention(max_runs=1), "long": TaskRetention(max_age_ms=30 * DAY)})
+    candidates = [Candidate("few-2nd", terminal=True, finished_at_ms=NOW - DAY, newer_in_task=1, task_id="few"),
+                  Candidate("other-2nd", terminal=True, finished_at_ms=NOW - DAY, newer_in_task=1, task_id="other"),
+                  Candidate("long-old", terminal=True, finished_at_ms=NOW - 8 * DAY, newer_in_task=0, task_id="long"),
+                  Candidate("other-old", terminal=True, finished_at_ms=NOW - 8 * DAY, newer_in_task=0, task_id="o")]
+    verdicts = {v.run_id: v.retire for v in plan_page(policies, NOW, candidates, 16)}
+    assert verdicts == {"few-2nd": RetireReason.MAX_RUNS, "other-2nd": None, "long-old": None,
+                        "other-old": RetireReason.MAX_AGE}
+    assert judge(policies, NOW, candidates[0]).retired and not judge(POLICY, NOW, candidates[0]).retired
+
+
+@pytest.mark.parametrize("kw", [{"max_age_ms": 3_599_999}, {"max_age_ms": 3_650 * DAY + 1}, {"max_age_ms": 1.5},
+                                {"max_runs": 0}, {"max_runs": 1_000_001}, {"max_runs": True}])
+def test_a_task_s_own_bounds_must_be_within_the_config_s_limits(kw):
+    with pytest.raises(RetentionError):
+        TaskRetention(**kw)
+    TaskRetention(max_age_ms=3_600_000, max_runs=1)
+    TaskRetention(max_age_ms=3_650 * DAY, max_runs=1_000_000)
+
+
+def test_keep_days_and_keep_runs_parse_days_runs_and_default():
+    assert parse_keep_days("2") == 2 * DAY and parse_keep_days("0.5") == DAY // 2
+    assert parse_keep_days(str(1 / 24)) == 3_600_000 and parse_keep_days("3650") == 3_650 * DAY
+    assert parse_keep_days("default") is None and parse_keep_runs("DEFAULT") is None
+    assert parse_keep_runs("1") == 1 and parse_keep_runs("1000000") == 1_000_000
+    for text, fragment in (("abc", "not a number of days"), ("nan", "not a number of days"),
+                           ("inf", "not a number of days"), ("0.01", "out of range"), ("-1", "out of range"),
+                           ("3651", "out of range")):
+        with pytest.raises(RetentionError, match=fragment):
+            parse_keep_days(text)
+    for text, fragment in (("1.5", "not a whole number"), ("x", "not a whole number"), ("0", "out of range"),
+                           ("1000001", "out of range")):
+        with pytest.raises(RetentionError, match=fragment):
+            parse_keep_runs(text)

@@ -6,8 +6,10 @@ import secrets
 
 import pytest
 from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
 
 from qlactors.domain.receipt import Receipt, token_hash
+from qlactors.domain.retention import RetentionPolicy, TaskRetention
 from qlactors.domain.retry import RetryPolicy
 from qlactors.errors import BadInput, NotFound, Retired
 from qlactors.ids import new_id
@@ -174,6 +176,115 @@ def test_a_run_with_a_journal_row_or_a_receipt_file_is_kept_and_the_rest_of_the_
     path.unlink()
     assert retention.retire_page(T0 + 30 * DAY, max_age_ms=DAY, max_runs=100, page=16).retired == 2
     assert run_ids(repo) == set()
+
+
+# -- retention: a task's own bounds ----------------------------------------------------------------
+
+def test_a_task_with_its_own_keep_runs_keeps_that_many_while_another_keeps_the_global_count(repo, retention):
+    repo.tasks.add(spec("few"), retention=TaskRetention(max_runs=1))
+    repo.tasks.add(spec("many"))
+    repo.tasks.add(spec("more"), retention=TaskRetention(max_runs=4))
+    few = [finished_run(repo, "few", T0 + i) for i in range(4)]
+    many = [finished_run(repo, "many", T0 + 10 + i) for i in range(4)]
+    more = [finished_run(repo, "more", T0 + 20 + i) for i in range(4)]
+    report = retention.retire_page(T0 + DAY, max_age_ms=7 * DAY, max_runs=2, page=16)
+    assert report.retired == 5 and report.reasons == {"max_runs": 5}
+    assert run_ids(repo) == {few[3], *many[2:], *more}
+    stones = tombstones(repo)  # the same count per task prunes the tombstones: 1 left of few's 3
+    assert set(stones) == {few[2], *many[:2]}
+
+
+def test_a_task_s_own_age_retires_it_earlier_or_later_than_the_global_age(repo, retention):
+    repo.tasks.add(spec("short"), retention=TaskRetention(max_age_ms=DAY))
+    repo.tasks.add(spec("plain"))
+    repo.tasks.add(spec("long"), retention=TaskRetention(max_age_ms=30 * DAY, max_runs=3))
+    short, plain, long = (finished_run(repo, t, T0 + i) for i, t in enumerate(("short", "plain", "long")))
+    assert retention.retire_page(T0 + DAY - 1, max_age_ms=7 * DAY, max_runs=100, page=16).retired == 0
+    report = retention.retire_page(T0 + 2 * DAY, max_age_ms=7 * DAY, max_runs=100, page=16)
+    assert report.reasons == {"max_age": 1} and run_ids(repo) == {plain, long}
+    report = retention.retire_page(T0 + 8 * DAY, max_age_ms=7 * DAY, max_runs=100, page=16)
+    assert report.reasons == {"max_age": 1} and run_ids(repo) == {long}
+    # Tombstones age by their task's bound too: short's (retired on day 2) is gone by day 8.
+    assert set(tombstones(repo)) == {plain}
+    assert retention.retire_page(T0 + 29 * DAY, max_age_ms=7 * DAY, max_runs=100, page=16).retired == 0
+    assert retention.retire_page(T0 + 31 * DAY, max_age_ms=7 * DAY, max_runs=100, page=16).retired == 1
+    assert run_ids(repo) == set() and set(tombstones(repo)) == {long}
+    retention.retire_page(T0 + 60 * DAY, max_age_ms=7 * DAY, max_runs=100, page=16)
+    assert set(tombstones(repo)) == {long}  # 29 days since it was retired: kept, by its own 30
+    retention.retire_page(T0 + 61 * DAY, max_age_ms=7 * DAY, max_runs=100, page=16)
+    assert tombstones(repo) == {}
+
+
+def test_a_task_s_own_bounds_keep_every_safety_rule(repo, files, retention):
+    _, receipts = files
+    repo.tasks.add(spec("few", max_concurrent=1), retention=TaskRetention(max_age_ms=3_600_000, max_runs=1))
+    journaled, receipted, plain, newest = (finished_run(repo, "few", T0 + i) for i in range(4))
+    queued = repo.runs.request("few").run.id
+    attempt = attempt_ids(repo, journaled)[0]
+    Journal(repo.store).accept(attempt, journaled, "/x.log", "/x.json", "a" * 64)
+    path = receipts.final_path(attempt_ids(repo, receipted)[0])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("{}")
+    report = retention.retire_page(T0 + 30 * DAY, max_age_ms=7 * DAY, max_runs=100, page=16)
+    assert report.retired == 2 and report.skipped == {"journal": 1, "receipt": 1}
+    assert run_ids(repo) == {journaled, receipted, queued}
+    stones = tombstones(repo)  # both retired; the task's count of 1 prunes one of their tombstones
+    assert len(stones) == 1 and set(stones) <= {plain, newest}
+
+
+def test_tasks_with_their_own_age_beyond_the_page_budget_are_served_by_the_next_pages(repo, retention):
+    names = [f"t{i}" for i in range(3)]
+    for name in names:
+        repo.tasks.add(spec(name), retention=TaskRetention(max_age_ms=DAY))
+    done = {name: [finished_run(repo, name, T0 + i), finished_run(repo, name, T0 + 10 + i)] for i, name in
+            enumerate(names)}
+    retired = [retention.retire_page(T0 + 2 * DAY, max_age_ms=7 * DAY, max_runs=100, page=1).retired
+               for _ in range(6)]
+    assert retired == [1] * 6 and run_ids(repo) == set()
+    assert set(tombstones(repo)) == {r for runs_of in done.values() for r in runs_of}
+    assert retention.retire_page(T0 + 2 * DAY, max_age_ms=7 * DAY, max_runs=100, page=1).retired == 0
+
+
+def test_going_back_to_the_global_bounds(repo, retention):
+    repo.tasks.add(spec("a"), retention=TaskRetention(max_age_ms=30 * DAY, max_runs=1))
+    runs_of_a = [finished_run(repo, "a", T0 + i) for i in range(3)]
+    view = repo.tasks.update("a", retention={"max_runs": None})
+    assert view.retention == TaskRetention(max_age_ms=30 * DAY) and view.revision == 1
+    assert retention.retire_page(T0 + 8 * DAY, max_age_ms=7 * DAY, max_runs=2, page=16).reasons == {"max_runs": 1}
+    assert run_ids(repo) == set(runs_of_a[1:])
+    view = repo.tasks.update("a", retention={"max_age_ms": None})
+    assert view.retention == TaskRetention() and view.retention.is_default
+    assert retention.retire_page(T0 + 8 * DAY, max_age_ms=7 * DAY, max_runs=2, page=16).reasons == {"max_age": 2}
+    assert run_ids(repo) == set()
+
+
+def test_a_task_s_own_bounds_are_stored_on_its_head_and_bad_ones_write_nothing(repo):
+    added = repo.tasks.add(spec("a"), retention=TaskRetention(max_age_ms=2 * DAY))
+    assert added.retention == TaskRetention(max_age_ms=2 * DAY) and added.revision == 1
+    assert added.to_json()["retention"] == {"max_age_ms": 2 * DAY, "max_age_from": "task",
+                                            "max_runs": None, "max_runs_from": "global"}
+    assert added.to_json(RetentionPolicy(max_age_ms=7 * DAY, max_runs=100))["retention"]["max_runs"] == 100
+    changed = repo.tasks.update("a", retention={"max_runs": 3}, max_concurrent=2)
+    assert changed.revision == 2 and changed.retention == TaskRetention(max_age_ms=2 * DAY, max_runs=3)
+    assert repo.tasks.get("a").retention == changed.retention
+    assert [v.retention for v in repo.tasks.list()] == [changed.retention]
+    same = repo.tasks.update("a", retention={"max_runs": 3})
+    assert (same.revision, same.updated_at_ms) == (2, changed.updated_at_ms)  # nothing differs, nothing written
+    with repo.store.read() as conn:
+        before = conn.execute(select(tasks)).all()
+    for bad in ({"max_runs": 0}, {"max_age_ms": 60_000}, {"max_age_ms": 3_651 * DAY}, {"keep": 1}):
+        with pytest.raises(BadInput):
+            repo.tasks.update("a", retention=bad, max_concurrent=5)
+    with pytest.raises(BadInput):
+        repo.tasks.add(spec("b"), retention=TaskRetention(max_runs=0))
+    with repo.store.read() as conn:
+        assert conn.execute(select(tasks)).all() == before
+    # The schema keeps the same bounds, whoever writes.
+    for column, value in ((tasks.c.retention_max_runs, 0), (tasks.c.retention_max_age_ms, 1000)):
+        with pytest.raises(IntegrityError, match=f"ck_tasks_{column.name.removesuffix('_ms')}_range"):
+            with repo.store.write() as conn:
+                conn.execute(tasks.update().values({column: value}))
+    assert repo.tasks.get("a").retention == changed.retention
 
 
 # -- retention: how a run goes ----------------------------------------------------------------------
@@ -377,6 +488,9 @@ def test_a_schema_2_database_migrates_to_3_with_its_rows_kept(store_url):
         assert migrate(store) == latest_version(store.dialect_name) >= 3
         with store.read() as conn:
             assert conn.execute(select(tasks.c.name)).scalars().all() == ["old"]
+            # an existing task keeps the global retention bounds
+            assert conn.execute(select(tasks.c.retention_max_age_ms, tasks.c.retention_max_runs)).one() == (
+                None, None)
             assert conn.execute(select(func.count()).select_from(run_tombstones)).scalar_one() == 0
     finally:
         store.close()

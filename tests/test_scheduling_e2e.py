@@ -39,9 +39,9 @@ def test_a_per_second_schedule_observed_for_10_s_admits_9_to_11_runs(home):
     scheduled = [r["scheduled_for_ms"] for r in cron_runs(home, "tick")]
     assert len(scheduled) == len(set(scheduled))  # never two runs for one occurrence
     assert all(s % 1000 == 0 for s in scheduled)
-    # Admitted on time: each run was created within a second of its occurrence (not at the tick).
-    late = [r["created_at_ms"] - r["scheduled_for_ms"] for r in window]
-    assert max(late) < 1000, late
+    # Admitted on time: the cadence wakes at each fire (~10 ms late here), not at the 5 s tick.
+    late = sorted(r["created_at_ms"] - r["scheduled_for_ms"] for r in window)
+    assert late[len(late) // 2] < 250 and late[-1] < 1000, late
     assert {r["status"] for r in window[:-2]} <= {"succeeded"}, [r["status"] for r in window]
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from ..domain.cron import grace_ms_from_seconds
 from ..domain.model import Command, TaskSpec, parse_env_pairs, seconds_to_ms
+from ..domain.retention import RetentionPolicy, TaskRetention, parse_keep_days, parse_keep_runs
 from ..domain.retry import RetryPolicy
 from ..errors import BadInput
 from ..store.repository import Repository
@@ -84,6 +85,22 @@ def _trigger(args: argparse.Namespace) -> TriggerOptions | None:
     return None if options == TriggerOptions() else options
 
 
+def _retention(args: argparse.Namespace) -> dict[str, int | None]:
+    """The retention bounds the user gave (--keep-days, --keep-runs; None: back to the global one)."""
+    given = vars(args)
+    found: dict[str, int | None] = {}
+    if given.get("keep_days") is not None:
+        found["max_age_ms"] = parse_keep_days(given["keep_days"])
+    if given.get("keep_runs") is not None:
+        found["max_runs"] = parse_keep_runs(given["keep_runs"])
+    return found
+
+
+def _global_retention(args: argparse.Namespace) -> RetentionPolicy:
+    rt = args.cfg.runtime
+    return RetentionPolicy(max_age_ms=rt.retention_max_age_ms, max_runs=rt.retention_max_runs)
+
+
 def _schedule_key(view) -> tuple | None:
     return None if view.trigger is None else (view.trigger.id, view.trigger.revision)
 
@@ -94,10 +111,12 @@ def task_add(repo: Repository, args: argparse.Namespace, words: list[str] | None
                        f"`qlactors task add {args.name} -- echo hello`")
     changes = _changes(args, RetryPolicy())
     spec = TaskSpec(name=args.name, command=Command.from_words(words), **changes)
-    view = repo.tasks.add(spec, trigger=_trigger(args))
+    view = repo.tasks.add(spec, trigger=_trigger(args), retention=TaskRetention(**_retention(args)))
     print(f"task {view.name} added (revision {view.revision})")
     if view.trigger is not None:
         print(render.schedule_line(view))
+    if not view.retention.is_default:
+        print(render.retention_line(view, _global_retention(args)))
     return 0
 
 
@@ -109,12 +128,16 @@ def task_update(repo: Repository, args: argparse.Namespace, words: list[str] | N
     trigger, remove = _trigger(args), bool(getattr(args, "no_cron", False))
     if remove and trigger is not None:
         raise BadInput("--no-cron removes the schedule: it takes no --tz, --misfire, --grace or --overlap")
-    view = repo.tasks.update(args.name, trigger=trigger, remove_trigger=remove, **changes)
+    view = repo.tasks.update(args.name, trigger=trigger, remove_trigger=remove, retention=_retention(args),
+                             **changes)
     rescheduled = _schedule_key(view) != _schedule_key(current)
+    retained = view.retention != current.retention
     print(f"task {view.name} at revision {view.revision}"
-          + ("" if view.revision != current.revision or rescheduled else " (nothing changed)"))
+          + ("" if view.revision != current.revision or rescheduled or retained else " (nothing changed)"))
     if rescheduled:
         print(render.schedule_line(view) if view.trigger is not None else "schedule removed")
+    if retained:
+        print(render.retention_line(view, _global_retention(args)))
     return 0
 
 
@@ -127,7 +150,8 @@ def task_enable(repo: Repository, args: argparse.Namespace, enabled: bool) -> in
 def task_list(repo: Repository, args: argparse.Namespace) -> int:
     views = repo.tasks.list()
     if args.json:
-        render.dump_json([v.to_json() for v in views])
+        default = _global_retention(args)
+        render.dump_json([v.to_json(default) for v in views])
     else:
         render.table(render.task_rows(views), render.TASK_HEADER)
     return 0
@@ -136,9 +160,9 @@ def task_list(repo: Repository, args: argparse.Namespace) -> int:
 def task_show(repo: Repository, args: argparse.Namespace) -> int:
     view = repo.tasks.get(args.name)
     if args.json:
-        render.dump_json(view.to_json())
+        render.dump_json(view.to_json(_global_retention(args)))
     else:
-        render.task_detail(view)
+        render.task_detail(view, _global_retention(args))
     return 0
 
 

@@ -37,6 +37,12 @@ def _task_options(p: argparse.ArgumentParser, *, update: bool) -> None:
                    help="whether the job may safely run twice")
     p.add_argument("--backoff", metavar="BASE_SEC[,MAX_SEC]", default=d,
                    help="retry delay: BASE*2^(n-1), at most MAX (default 1,300)")
+    p.add_argument("--keep-days", metavar="DAYS", default=d,
+                   help="retention of this task's finished runs: keep them DAYS days (fractions allowed, "
+                        "1 hour..3650); `default`: the global retention_max_age_ms")
+    p.add_argument("--keep-runs", metavar="N", default=d,
+                   help="retention: keep this task's newest N finished runs (1..1000000); "
+                        "`default`: the global retention_max_runs")
     cron = p.add_mutually_exclusive_group()
     cron.add_argument("--cron", metavar="EXPR", default=d,
                       help="run on this schedule: 5 fields, or 6 with seconds first ('*/5 * * * * *')")

@@ -8,6 +8,7 @@ from datetime import datetime, timezone
 from typing import Any, Iterable, TextIO
 
 from ..domain.cron import CronError, load_zone
+from ..domain.retention import DAY_MS, HOUR_MS, RetentionPolicy
 from ..store.views import RunView, TaskView, TriggerView
 
 
@@ -49,6 +50,33 @@ def seconds(ms: int | None) -> str:
     return "-" if ms is None else f"{ms / 1000:g}s"
 
 
+def age(ms: int) -> str:
+    """A retention age: whole days or hours when it is one, else fractional days."""
+    if ms % DAY_MS == 0:
+        n = ms // DAY_MS
+        return f"{n} day" + ("" if n == 1 else "s")
+    if ms % HOUR_MS == 0:
+        n = ms // HOUR_MS
+        return f"{n} hour" + ("" if n == 1 else "s")
+    return f"{ms / DAY_MS:g} days"
+
+
+def retention_parts(v: TaskView, default: RetentionPolicy) -> tuple[str, str]:
+    """The age and count bounds in force for the task, each saying whose it is."""
+    own = v.retention
+    kept_for = (f"{age(own.max_age_ms)} (task)" if own.max_age_ms is not None
+                else f"{age(default.max_age_ms)} (global default)")
+    kept_runs = (f"{own.max_runs} (task)" if own.max_runs is not None
+                 else f"{default.max_runs} (global default)")
+    return kept_for, kept_runs
+
+
+def retention_line(v: TaskView, default: RetentionPolicy) -> str:
+    """One line for `task add/update`: the retention now in force."""
+    kept_for, kept_runs = retention_parts(v, default)
+    return f"retention: finished runs kept {kept_for}, newest {kept_runs}"
+
+
 def dump_json(data: Any, out: TextIO = sys.stdout) -> None:
     json.dump(data, out, indent=2, sort_keys=False)
     out.write("\n")
@@ -71,9 +99,10 @@ def task_rows(views: Iterable[TaskView]) -> list[tuple[str, ...]]:
 TASK_HEADER = ("NAME", "REV", "ENABLED", "MAX", "TIMEOUT", "ACTIVE", "CRON", "NEXT FIRE", "COMMAND")
 
 
-def task_detail(v: TaskView, out: TextIO = sys.stdout) -> None:
+def task_detail(v: TaskView, default: RetentionPolicy, out: TextIO = sys.stdout) -> None:
     s = v.spec
     r = s.retry
+    kept_for, kept_runs = retention_parts(v, default)
     lines = [
         ("name", s.name), ("id", v.id), ("revision", str(v.revision)),
         ("enabled", "yes" if v.enabled else "no"),
@@ -84,6 +113,7 @@ def task_detail(v: TaskView, out: TextIO = sys.stdout) -> None:
         ("max concurrent", str(s.max_concurrent)),
         ("retry on lost", f"yes, {r.max_attempts} attempts, {r.safety.value}, backoff "
                           f"{seconds(r.backoff_base_ms)}..{seconds(r.backoff_max_ms)}" if r.retry_on_lost else "no"),
+        ("keep for", kept_for), ("keep runs", kept_runs),
         ("active runs", str(v.active_runs)), ("updated", when(v.updated_at_ms)),
     ]
     t = v.trigger

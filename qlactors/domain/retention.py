@@ -1,19 +1,29 @@
 """Which finished runs retention may retire, and which it must keep for now: pure rules, no I/O.
 
 A finished run is kept while it is younger than the maximum age AND among the newest
-`max_runs` finished runs of its task; past either bound it is due. A due run is still held back
+`max_runs` finished runs of its task; past either bound it is due. Each bound is the task's own
+(`task add|update --keep-days/--keep-runs`, a `TaskRetention`) where it has one, else the global
+one from the config (`RetentionPolicies.for_task`). A due run is still held back
 while anything may yet need its rows: it is not terminal, an executor journal row names one of
 its attempts, or a receipt file of one of its attempts is still on disk.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from enum import Enum
-from typing import Iterable
+from typing import Iterable, Mapping
+
+from ..errors import BadInput
 
 MIN_MAX_AGE_MS = 1
 MAX_PAGE = 256
+DAY_MS = 86_400_000
+HOUR_MS = 3_600_000
+# The bounds a user may set, globally (config knobs) or per task (--keep-days, --keep-runs).
+KEEP_AGE_MS_RANGE = (HOUR_MS, 3_650 * DAY_MS)
+KEEP_RUNS_RANGE = (1, 1_000_000)
 
 
 class RetireReason(str, Enum):
@@ -44,6 +54,89 @@ class RetentionPolicy:
         """Runs finished at or before this time are past the maximum age."""
         return now_ms - self.max_age_ms
 
+    def for_task(self, task_id: str | None) -> RetentionPolicy:
+        """One policy for every task (see RetentionPolicies for per-task bounds)."""
+        return self
+
+
+class RetentionError(BadInput):
+    """A retention bound out of range; nothing was written."""
+
+
+@dataclass(frozen=True, slots=True)
+class TaskRetention:
+    """A task's own retention bounds; None in a field: the global bound (the config's) applies.
+
+    Not part of a task revision: a run pins what it executes, while how long its history is kept
+    is decided when it is retired, by the bounds in force then.
+    """
+
+    max_age_ms: int | None = None
+    max_runs: int | None = None
+
+    def __post_init__(self) -> None:
+        lo, hi = KEEP_AGE_MS_RANGE
+        if self.max_age_ms is not None and (type(self.max_age_ms) is not int or not lo <= self.max_age_ms <= hi):
+            raise RetentionError(f"retention max_age_ms must be {lo} (an hour) to {hi} (3650 days), "
+                                 f"got {self.max_age_ms!r}")
+        lo, hi = KEEP_RUNS_RANGE
+        if self.max_runs is not None and (type(self.max_runs) is not int or not lo <= self.max_runs <= hi):
+            raise RetentionError(f"retention max_runs must be {lo} to {hi}, got {self.max_runs!r}")
+
+    @property
+    def is_default(self) -> bool:
+        return self.max_age_ms is None and self.max_runs is None
+
+    def over(self, default: RetentionPolicy) -> RetentionPolicy:
+        """The policy in force for the task: its own bounds, the default's where it has none."""
+        if self.is_default:
+            return default
+        return RetentionPolicy(max_age_ms=default.max_age_ms if self.max_age_ms is None else self.max_age_ms,
+                               max_runs=default.max_runs if self.max_runs is None else self.max_runs)
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionPolicies:
+    """The global policy and the tasks that override it (task id -> its own bounds)."""
+
+    default: RetentionPolicy
+    tasks: Mapping[str, TaskRetention] = field(default_factory=dict)
+
+    def for_task(self, task_id: str | None) -> RetentionPolicy:
+        own = self.tasks.get(task_id) if task_id is not None else None
+        return self.default if own is None else own.over(self.default)
+
+
+def parse_keep_days(text: str) -> int | None:
+    """`--keep-days DAYS` (fractional allowed; `default`: the global bound) -> milliseconds or None."""
+    if text.strip().lower() == "default":
+        return None
+    try:
+        days = float(text)
+        if not math.isfinite(days):
+            raise ValueError(text)
+    except (TypeError, ValueError):
+        raise RetentionError(f"--keep-days: {text!r} is not a number of days (or `default`)") from None
+    lo, hi = KEEP_AGE_MS_RANGE
+    if not lo <= round(days * DAY_MS) <= hi:
+        raise RetentionError(f"--keep-days: {text} is out of range; give 0.0417 (an hour) to 3650 days, "
+                             "or `default`")
+    return round(days * DAY_MS)
+
+
+def parse_keep_runs(text: str) -> int | None:
+    """`--keep-runs N` (`default`: the global bound) -> N or None."""
+    if text.strip().lower() == "default":
+        return None
+    try:
+        runs = int(text, 10)
+    except (TypeError, ValueError):
+        raise RetentionError(f"--keep-runs: {text!r} is not a whole number (or `default`)") from None
+    lo, hi = KEEP_RUNS_RANGE
+    if not lo <= runs <= hi:
+        raise RetentionError(f"--keep-runs: {text} is out of range; give {lo} to {hi}, or `default`")
+    return runs
+
 
 @dataclass(frozen=True, slots=True)
 class Candidate:
@@ -56,6 +149,8 @@ class Candidate:
     """How many finished runs of the same task finished after this one (0: the newest)."""
     journal_row: bool = False
     receipt_file: bool = False
+    task_id: str | None = None
+    """Whose bounds apply (RetentionPolicies.for_task); None: the default's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,17 +187,21 @@ def hold_reason(*, terminal: bool, journal_row: bool, receipt_file: bool) -> Hol
     return None
 
 
-def judge(policy: RetentionPolicy, now_ms: int, candidate: Candidate) -> Verdict:
-    """The verdict on one run: due or not, and if due whether something still holds it."""
+Policies = RetentionPolicy | RetentionPolicies
+
+
+def judge(policy: Policies, now_ms: int, candidate: Candidate) -> Verdict:
+    """The verdict on one run, by its task's bounds: due or not, and if due whether something holds it."""
     if not candidate.terminal:
         return Verdict(candidate.run_id, None, HoldReason.ACTIVE)
-    reason = retire_reason(policy, now_ms, candidate.finished_at_ms, candidate.newer_in_task)
+    reason = retire_reason(policy.for_task(candidate.task_id), now_ms, candidate.finished_at_ms,
+                           candidate.newer_in_task)
     hold = None if reason is None else hold_reason(
         terminal=True, journal_row=candidate.journal_row, receipt_file=candidate.receipt_file)
     return Verdict(candidate.run_id, reason, hold)
 
 
-def plan_page(policy: RetentionPolicy, now_ms: int, candidates: Iterable[Candidate],
+def plan_page(policy: Policies, now_ms: int, candidates: Iterable[Candidate],
               page: int) -> list[Verdict]:
     """Verdicts in the order given (oldest first), stopping once `page` runs are to be retired."""
     if type(page) is not int or not 1 <= page <= MAX_PAGE:

@@ -6,6 +6,8 @@ then one transaction deletes its rows — events, leases, attempts, retry policy
 trigger events and other runs hold to it — and writes its tombstone. The rules of what is due
 and what holds a run back are pure (`qlactors.domain.retention`); this module reads the facts
 and does the I/O. Tombstones are pruned by the same two bounds, so nothing here grows for ever.
+Each task is held to its own bounds where it has them (`tasks.retention_max_*`), to the global
+ones (the caller's, from the config) otherwise.
 """
 
 from __future__ import annotations
@@ -20,7 +22,16 @@ from typing import Any, Mapping, Protocol
 from sqlalchemy import and_, exists, func, or_, select
 from sqlalchemy.engine import Connection
 
-from ..domain.retention import MAX_PAGE, Candidate, RetentionPolicy, hold_reason, plan_page, retire_reason
+from ..domain.retention import (
+    MAX_PAGE,
+    Candidate,
+    RetentionPolicies,
+    RetentionPolicy,
+    TaskRetention,
+    hold_reason,
+    plan_page,
+    retire_reason,
+)
 from ..domain.states import RunStatus
 from ..errors import BadInput, Conflict, QlactorsError
 from .engine import Store
@@ -33,6 +44,7 @@ from .schema import (
     run_retry_policies,
     run_tombstones,
     runs,
+    tasks,
     trigger_events,
 )
 
@@ -76,15 +88,19 @@ class Retention:
         self.receipts = receipts
 
     def retire_page(self, now_ms: int, *, max_age_ms: int, max_runs: int, page: int) -> RetireReport:
-        """Retire at most `page` due runs, oldest finished first, then prune at most `page` tombstones."""
+        """Retire at most `page` due runs, oldest finished first, then prune at most `page` tombstones.
+
+        `max_age_ms` and `max_runs` are the global bounds; a task's own bounds replace them for it.
+        """
         if type(now_ms) is not int or now_ms < 0:
             raise BadInput("now_ms must be a non-negative integer")
         if type(page) is not int or not 1 <= page <= MAX_PAGE:
             raise BadInput(f"a retention page holds 1 to {MAX_PAGE} runs")
         try:
-            policy = RetentionPolicy(max_age_ms=max_age_ms, max_runs=max_runs)
+            default = RetentionPolicy(max_age_ms=max_age_ms, max_runs=max_runs)
         except ValueError as err:
             raise BadInput(str(err)) from None
+        policy = self._policies(default)
         candidates, attempts, scanned_all = self._candidates(policy, now_ms, page)
         verdicts = plan_page(policy, now_ms, candidates, page)
         reasons: Counter[str] = Counter()
@@ -114,7 +130,15 @@ class Retention:
 
     # -- choosing -----------------------------------------------------------------------------
 
-    def _candidates(self, policy: RetentionPolicy, now_ms: int,
+    def _policies(self, default: RetentionPolicy) -> RetentionPolicies:
+        """The global bounds and every task's own (removed tasks too: their runs are still kept)."""
+        with self.store.read() as conn:
+            rows = conn.execute(select(tasks.c.id, tasks.c.retention_max_age_ms, tasks.c.retention_max_runs).where(
+                or_(tasks.c.retention_max_age_ms.is_not(None), tasks.c.retention_max_runs.is_not(None)))).all()
+        return RetentionPolicies(default, {r.id: TaskRetention(max_age_ms=r.retention_max_age_ms,
+                                                               max_runs=r.retention_max_runs) for r in rows})
+
+    def _candidates(self, policy: RetentionPolicies, now_ms: int,
                     page: int) -> tuple[list[Candidate], dict[str, tuple[str, ...]], bool]:
         """Due runs oldest first (at most SCAN_PAGES pages), their attempts, and whether that was all."""
         limit = page * SCAN_PAGES
@@ -132,7 +156,7 @@ class Retention:
         candidates = [Candidate(
             run_id=r.key, terminal=RunStatus(r.row.status).terminal, finished_at_ms=r.at,
             newer_in_task=r.newer, journal_row=bool(r.row.journal_row),
-            receipt_file=any(self._receipt_exists(a) for a in attempts.get(r.key, ())))
+            receipt_file=any(self._receipt_exists(a) for a in attempts.get(r.key, ())), task_id=r.task)
             for r in rows[:limit]]
         return candidates, {k: tuple(v) for k, v in attempts.items()}, len(rows) <= limit
 
@@ -191,12 +215,13 @@ class Retention:
 
     # -- tombstones ---------------------------------------------------------------------------
 
-    def _purge_tombstones(self, policy: RetentionPolicy, now_ms: int, page: int) -> tuple[int, bool]:
+    def _purge_tombstones(self, policy: RetentionPolicies, now_ms: int, page: int) -> tuple[int, bool]:
         """Delete at most `page` tombstones past the same bounds (age since retirement, count per task)."""
         t = run_tombstones
         with self.store.read() as conn:
             rows = _due(conn, t, t.c.retired_at_ms, t.c.run_id, policy, now_ms, page, page + 1)
-        due = [r.key for r in rows[:page] if retire_reason(policy, now_ms, r.at, r.newer) is not None]
+        due = [r.key for r in rows[:page]
+               if retire_reason(policy.for_task(r.task), now_ms, r.at, r.newer) is not None]
         if not due:
             return 0, False
         with self.store.write() as conn:
@@ -207,28 +232,46 @@ class Retention:
 @dataclass(frozen=True, slots=True)
 class _Due:
     key: str
+    task: str
     at: int
     newer: int
     row: Any  # the selected row, with any extra columns asked for
 
 
-def _due(conn: Connection, table, at, key, policy: RetentionPolicy, now_ms: int, task_budget: int,
+def _due(conn: Connection, table, at, key, policy: RetentionPolicies, now_ms: int, task_budget: int,
          limit: int, *extra) -> list[_Due]:
-    """Rows of `table` past the age bound or beyond their task's newest `max_runs`, oldest first.
+    """Rows of `table` past their task's age bound or beyond its newest `max_runs`, oldest first.
 
     `newer` is how many rows of the same task are newer. The rows of one task returned here are
     always its oldest ones (age and count bounds each select a prefix in time order), so the
-    i-th returned row of a task with n rows has n - 1 - i newer ones. The per-task count bound is
-    applied to at most `task_budget` tasks per call, those furthest over it first.
+    i-th returned row of a task with n rows has n - 1 - i newer ones. The global age bound is one
+    range over every task without a longer bound of its own; a task's own age bound, and the
+    per-task count bound, are applied to at most `task_budget` tasks each per call (those with
+    the oldest due row, and those furthest over their count, first).
     """
     task = table.c.task_id
-    counts = dict(conn.execute(select(task, func.count()).where(at.is_not(None)).group_by(task)).all())
-    over = sorted((t for t, n in counts.items() if n > policy.max_runs),
-                  key=lambda t: (policy.max_runs - counts[t], t))[:task_budget]
-    due = [at <= policy.age_cutoff_ms(now_ms)]
+    stats = {r[0]: (r[1], r[2]) for r in conn.execute(
+        select(task, func.count(), func.min(at)).where(at.is_not(None)).group_by(task))}
+    counts = {t: n for t, (n, _) in stats.items()}
+    default = policy.default
+    own = {t: policy.for_task(t) for t in stats if t in policy.tasks}
+    # A task whose own age bound is longer than the global one must not be swept by the global
+    # range; one with a shorter bound is (what that range selects is due for it too), and gets
+    # its own range below for the rest.
+    longer = sorted(t for t, p in own.items() if p.max_age_ms > default.max_age_ms)
+    cutoff = at <= default.age_cutoff_ms(now_ms)
+    due = [and_(cutoff, task.not_in(longer)) if longer else cutoff]
+    aged = sorted((t for t, p in own.items()
+                   if p.max_age_ms != default.max_age_ms and stats[t][1] <= p.age_cutoff_ms(now_ms)),
+                  key=lambda t: (stats[t][1], t))[:task_budget]
+    for t in aged:
+        due.append(and_(task == t, at <= own[t].age_cutoff_ms(now_ms)))
+    over = sorted((t for t, n in counts.items() if n > policy.for_task(t).max_runs),
+                  key=lambda t: (policy.for_task(t).max_runs - counts[t], t))[:task_budget]
     for t in over:
+        keep = policy.for_task(t).max_runs
         cut = conn.execute(select(at, key).where(and_(task == t, at.is_not(None)))
-                           .order_by(at.desc(), key.desc()).limit(1).offset(policy.max_runs)).one()
+                           .order_by(at.desc(), key.desc()).limit(1).offset(keep)).one()
         due.append(and_(task == t, or_(at < cut[0], and_(at == cut[0], key <= cut[1]))))
     query = (select(key, task, at, *extra).where(and_(at.is_not(None), or_(*due)))
              .order_by(at, key).limit(limit))
@@ -236,6 +279,6 @@ def _due(conn: Connection, table, at, key, policy: RetentionPolicy, now_ms: int,
     found = []
     for row in conn.execute(query):
         t = row[1]
-        found.append(_Due(key=row[0], at=row[2], newer=counts[t] - 1 - seen[t], row=row))
+        found.append(_Due(key=row[0], task=t, at=row[2], newer=counts[t] - 1 - seen[t], row=row))
         seen[t] += 1
     return found

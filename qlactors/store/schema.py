@@ -24,6 +24,7 @@ from sqlalchemy import (
     text,
 )
 
+from ..domain.retention import KEEP_AGE_MS_RANGE, KEEP_RUNS_RANGE
 from ..domain.states import (
     ATTEMPT_ACTIVE,
     AttemptStatus,
@@ -84,7 +85,16 @@ tasks = Table(
     Column("created_at_ms", MS, nullable=False),
     Column("updated_at_ms", MS, nullable=False),
     Column("deleted_at_ms", MS),
+    # Schema 3: the task's own retention bounds (NULL: the global config bound). On the head, not
+    # in task_revisions: a revision is what a run pins and executes, while retention is decided
+    # when a run is retired, by the bounds in force then; changing them is no new revision.
+    Column("retention_max_age_ms", MS),
+    Column("retention_max_runs", Integer),
     CheckConstraint("current_revision >= 1 AND version >= 1", name="counters_positive"),
+    CheckConstraint(f"retention_max_age_ms IS NULL OR (retention_max_age_ms >= {KEEP_AGE_MS_RANGE[0]} "
+                    f"AND retention_max_age_ms <= {KEEP_AGE_MS_RANGE[1]})", name="retention_max_age_range"),
+    CheckConstraint(f"retention_max_runs IS NULL OR (retention_max_runs >= {KEEP_RUNS_RANGE[0]} "
+                    f"AND retention_max_runs <= {KEEP_RUNS_RANGE[1]})", name="retention_max_runs_range"),
     *_ms("created_at_ms", "updated_at_ms", "deleted_at_ms"),
 )
 # A removed task keeps its row (history stays readable) and frees its name.

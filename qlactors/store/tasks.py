@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import replace
+from typing import Any, Mapping
 
 from sqlalchemy import and_, func, select
 from sqlalchemy.engine import Connection
 
 from ..domain.model import TaskSpec, validate_name
+from ..domain.retention import TaskRetention
 from ..domain.states import RUN_TERMINAL
 from ..errors import AlreadyExists, BadInput, Conflict, NotFound
 from ..ids import new_id
@@ -27,13 +29,19 @@ class Tasks:
     A task's schedule (its trigger) is written in the same transaction as the task. It has its own
     revision: editing the schedule does not add a task revision, and editing the task does not
     touch the schedule.
+
+    A task's own retention bounds (`TaskRetention`) live on its head, not in its revisions: a
+    revision is what a run pins and executes, while retention is decided when a finished run is
+    retired, by the bounds in force then. Changing them is a head change, not a new revision.
     """
 
     def __init__(self, store: Store) -> None:
         self.store = store
 
-    def add(self, spec: TaskSpec, *, enabled: bool = True, trigger: TriggerOptions | None = None) -> TaskView:
-        """A new task at revision 1, with a cron schedule when `trigger` is given."""
+    def add(self, spec: TaskSpec, *, enabled: bool = True, trigger: TriggerOptions | None = None,
+            retention: TaskRetention = TaskRetention()) -> TaskView:
+        """A new task at revision 1, with a cron schedule when `trigger` is given and its own
+        retention bounds when `retention` has any."""
         spec = spec.validated()
         settings = None if trigger is None else trigger_store.settle(trigger, None)
         task_id = new_id()
@@ -41,7 +49,7 @@ class Tasks:
             now = self.store.now_ms(conn)
             inserted = self.store.insert_new(conn, tasks, dict(
                 id=task_id, name=spec.name, current_revision=1, version=1, enabled=enabled,
-                created_at_ms=now, updated_at_ms=now))
+                created_at_ms=now, updated_at_ms=now, **_retention_values(retention)))
             if not inserted:
                 raise AlreadyExists(f"a task named {spec.name!r} already exists: pick another name, "
                                     f"or change it with `qlactors task update {spec.name}`")
@@ -52,14 +60,19 @@ class Tasks:
             return self._detail(conn, self.head(conn, spec.name), now_ms=now)
 
     def update(self, name: str, *, trigger: TriggerOptions | None = None, remove_trigger: bool = False,
-               **changes: Any) -> TaskView:
+               retention: Mapping[str, int | None] | None = None, **changes: Any) -> TaskView:
         """A new revision with `changes` applied to the current one; runs keep the revision they pinned.
 
         `trigger` sets the schedule (given fields only; see TriggerOptions), `remove_trigger`
-        removes it. Each part writes only when something differs; all of it in one transaction.
+        removes it. `retention` sets the given TaskRetention fields (None: back to the global
+        bound) on the head, no new revision. Each part writes only when something differs; all of
+        it in one transaction.
         """
         if trigger is not None and remove_trigger:
             raise BadInput("a schedule cannot be set and removed at once: drop --no-cron or the --cron options")
+        unknown = set(retention or {}) - set(TaskRetention.__dataclass_fields__)
+        if unknown:
+            raise BadInput(f"unknown retention field(s) {sorted(unknown)}")
         with self.store.write() as conn:
             head = self.head(conn, name, lock=True)
             current = self._spec(conn, head)
@@ -67,12 +80,19 @@ class Tasks:
             settings = None  # validated before anything is written
             if trigger is not None:
                 settings = trigger_store.settle(trigger, trigger_store.current_settings(conn, head.id))
+            kept = _retention_of(head)
+            new_retention = replace(kept, **(retention or {}))  # validated before anything is written
             now = self.store.now_ms(conn)
+            head_values: dict[str, Any] = {}
             if spec != current:
                 revision = head.current_revision + 1
                 conn.execute(task_revisions.insert().values(
                     task_id=head.id, revision=revision, created_at_ms=now, **revision_values(spec)))
-                self._cas_head(conn, head, current_revision=revision, updated_at_ms=now)
+                head_values["current_revision"] = revision
+            if new_retention != kept:
+                head_values.update(_retention_values(new_retention))
+            if head_values:
+                self._cas_head(conn, head, updated_at_ms=now, **head_values)
                 head = self.head(conn, name)
             if settings is not None:
                 trigger_store.set_trigger(conn, head.id, settings, now)
@@ -154,4 +174,14 @@ class Tasks:
             runs.c.task_id == head.id, runs.c.status.not_in(_TERMINAL)))).scalar_one()
         return TaskView(id=head.id, revision=head.current_revision, enabled=bool(head.enabled),
                         spec=self._spec(conn, head), created_at_ms=head.created_at_ms,
-                        updated_at_ms=head.updated_at_ms, active_runs=active, trigger=trigger)
+                        updated_at_ms=head.updated_at_ms, active_runs=active, trigger=trigger,
+                        retention=_retention_of(head))
+
+
+def _retention_values(retention: TaskRetention) -> dict[str, int | None]:
+    """The head columns of a task's own retention bounds."""
+    return {"retention_max_age_ms": retention.max_age_ms, "retention_max_runs": retention.max_runs}
+
+
+def _retention_of(head) -> TaskRetention:
+    return TaskRetention(max_age_ms=head.retention_max_age_ms, max_runs=head.retention_max_runs)

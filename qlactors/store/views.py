@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..domain.model import Command, TaskSpec
+from ..domain.retention import RetentionPolicy, TaskRetention
 from ..domain.retry import RetryPolicy
 
 
@@ -66,12 +67,23 @@ class TaskView:
     updated_at_ms: int
     active_runs: int = 0
     trigger: TriggerView | None = None  # its cron schedule, if it has one
+    retention: TaskRetention = TaskRetention()  # its own bounds; None fields: the global ones
 
     @property
     def name(self) -> str:
         return self.spec.name
 
-    def to_json(self) -> dict[str, Any]:
+    def retention_json(self, default: RetentionPolicy | None) -> dict[str, Any]:
+        """The bounds in force and where each comes from: `task` (its own) or `global` (the config's;
+        null when `default` is not known)."""
+        data: dict[str, Any] = {}
+        for bound in ("max_age_ms", "max_runs"):
+            own = getattr(self.retention, bound)
+            data[bound] = own if own is not None else None if default is None else getattr(default, bound)
+            data[bound.removesuffix("_ms") + "_from"] = "global" if own is None else "task"
+        return data
+
+    def to_json(self, retention_default: RetentionPolicy | None = None) -> dict[str, Any]:
         s = self.spec
         return {
             "id": self.id, "name": s.name, "revision": self.revision, "enabled": self.enabled,
@@ -84,6 +96,7 @@ class TaskView:
             "labels": list(s.labels), "active_runs": self.active_runs,
             "created_at_ms": self.created_at_ms, "updated_at_ms": self.updated_at_ms,
             "trigger": None if self.trigger is None else self.trigger.to_json(),
+            "retention": self.retention_json(retention_default),
         }
 
 

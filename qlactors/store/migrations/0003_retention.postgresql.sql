@@ -1,6 +1,7 @@
 -- qlactors schema 3: retention. Tombstones of retired runs (so `logs` and `show` say "retired"),
 -- and the indexes retention reads by: finished runs oldest first, overall and per task, and the
--- references to a run that must be cleared before it is deleted.
+-- references to a run that must be cleared before it is deleted. And a task's own retention
+-- bounds on its head (NULL: the global bound of the config).
 
 CREATE TABLE run_tombstones (
 	run_id VARCHAR(36) NOT NULL,
@@ -26,3 +27,11 @@ CREATE INDEX ix_runs_task_id_finished_at_ms_id ON runs (task_id, finished_at_ms,
 CREATE INDEX ix_runs_retry_of_run_id ON runs (retry_of_run_id) WHERE retry_of_run_id IS NOT NULL;
 
 CREATE INDEX ix_trigger_events_run_id ON trigger_events (run_id) WHERE run_id IS NOT NULL;
+
+ALTER TABLE tasks ADD COLUMN retention_max_age_ms BIGINT;
+
+ALTER TABLE tasks ADD COLUMN retention_max_runs INTEGER;
+
+ALTER TABLE tasks ADD CONSTRAINT ck_tasks_retention_max_age_range CHECK (retention_max_age_ms IS NULL OR (retention_max_age_ms >= 3600000 AND retention_max_age_ms <= 315360000000));
+
+ALTER TABLE tasks ADD CONSTRAINT ck_tasks_retention_max_runs_range CHECK (retention_max_runs IS NULL OR (retention_max_runs >= 1 AND retention_max_runs <= 1000000));
