@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import pathlib
 import subprocess
 import sys
@@ -232,9 +231,12 @@ def test_unknown_and_malformed_zones_are_refused():
         assert err.value.field == "zone"
 
 
-@pytest.mark.skipif(importlib.util.find_spec("tzdata") is not None,
-                    reason="the tzdata Python package is installed, so the database cannot go missing")
-def test_a_missing_zone_database_names_the_package_to_install(tmp_path):
+def test_a_missing_zone_database_names_the_package_to_install(tmp_path, monkeypatch):
+    # No system database (an empty search path) and no `tzdata` Python package, whether or not
+    # one is installed here: the import of it fails as it would where it is absent.
+    for module in [m for m in sys.modules if m == "tzdata" or m.startswith("tzdata.")]:
+        monkeypatch.delitem(sys.modules, module)
+    monkeypatch.setitem(sys.modules, "tzdata", None)
     zoneinfo.reset_tzpath(to=[str(tmp_path)])
     zoneinfo.ZoneInfo.clear_cache()
     try:
