@@ -153,9 +153,11 @@ def write_config(home: Path, *, profile: str | None = None, runtime: dict | None
     lines = []
     if profile:
         lines.append(f'profile = "{profile}"')
-    if runtime:
-        lines.append("[runtime]")
-        lines += [f"{k} = {v}" for k, v in runtime.items()]
+    # Benchmarks count finished runs in the database: retention (edge keeps 100 per task) must
+    # not retire them under the count, unless a benchmark sets its own bound.
+    runtime = {"retention_max_runs": 1_000_000, **(runtime or {})}
+    lines.append("[runtime]")
+    lines += [f"{k} = {v}" for k, v in runtime.items()]
     if shell:
         lines += ["[launcher]", f'shell = "{shell}"']
     path = home / "qlactors.toml"

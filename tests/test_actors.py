@@ -1245,6 +1245,42 @@ def test_scheduler_ticks_during_a_cycle_are_coalesced_into_one_more_cycle(sched)
     assert len(sched.inbox.items("supervisor", CycleDone)) == 2
 
 
+def test_scheduler_a_due_schedule_is_admitted_in_the_cycle_and_the_next_fire_is_reported(sched):
+    from qlactors.store.triggers import TriggerOptions
+
+    step_stub(sched, "recovery")
+    step_stub(sched, "retry")
+    sched.stub("supervisor")
+    sched.repo.tasks.add(spec("every-second"), trigger=TriggerOptions(cron="* * * * * *", tz="UTC"))
+    ref = sched.start("scheduler", Scheduler)
+    ref.tell(Tick("test"))
+    [done] = sched.inbox.wait("supervisor", CycleDone)
+    # First sight initialises the cursor (and admits a fire that falls exactly on it).
+    assert done.ok and done.next_due_ms is not None and not done.idle
+    time.sleep(max(0.0, done.next_due_ms / 1000 - time.time()) + 0.01)
+    ref.tell(Tick("due"))
+    [_, second] = sched.inbox.wait("supervisor", CycleDone, count=2)
+    runs = [r for r in sched.repo.runs.list().runs if r.trigger_type == "cron"]
+    assert second.ok and second.work_waiting and runs
+    assert done.next_due_ms in {r.scheduled_for_ms for r in runs}
+    assert second.next_due_ms > done.next_due_ms  # the cursor moved past the admitted fire
+
+
+def test_scheduler_a_failing_cron_step_ends_the_cycle_before_stops_and_admission(sched, monkeypatch):
+    step_stub(sched, "recovery")
+    step_stub(sched, "retry")
+    sched.stub("supervisor")
+    sched.repo.tasks.add(spec("waiting"))
+    sched.repo.runs.request("waiting")
+
+    def broken(*_a, **_k):
+        raise RuntimeError("database is locked")
+    monkeypatch.setattr(sched.ctx.cron, "due", broken)
+    sched.start("scheduler", Scheduler).tell(Tick("test"))
+    [done] = sched.inbox.wait("supervisor", CycleDone)
+    assert not done.ok and not done.work_waiting and done.stops == ()
+
+
 # =============================================================================================
 # Recovery and Retry alone, on the real store
 # =============================================================================================
