@@ -1,7 +1,6 @@
 """Cron admission in the store (SEMANTICS.md §8): the due page, one transaction per decision,
 overlap, trigger events and exactly one run per occurrence under concurrent admitters; on
-SQLite and PostgreSQL. Trigger rows are written directly here: this tests admission, not the
-task commands that write them."""
+SQLite and PostgreSQL. Triggers are written by the trigger repository at a simulated time."""
 
 from __future__ import annotations
 
@@ -15,10 +14,10 @@ import pytest
 from sqlalchemy import func, select
 
 from qlactors.domain.model import Command
-from qlactors.ids import new_id
 from qlactors.store.cron_admission import CronAdmission
 from qlactors.store.repository import Repository
 from qlactors.store.schema import runs, tasks, trigger_events, trigger_schedules, triggers
+from qlactors.store.triggers import TriggerOptions, set_trigger, settle
 from store_helpers import spec
 
 MINUTE = 60_000
@@ -35,19 +34,12 @@ T0 = ms("2026-03-02T10:00:00")  # a Monday, in UTC
 def add_trigger(repo, task: str, cron: str = "*/5 * * * *", *, tz: str = "UTC", misfire: str = "fire_once",
                 grace_ms: int = 30_000, overlap: str = "queue", since_ms: int = T0,
                 max_concurrent: int = 1, command=("true",)) -> str:
-    """A task with one live trigger whose schedule row is uninitialised as of `since_ms`."""
+    """A task with one live trigger, written at `since_ms`: its cursor counts from then."""
     repo.tasks.add(spec(task, command=Command.from_words(list(command)), max_concurrent=max_concurrent))
-    trigger_id = new_id()
+    settings = settle(TriggerOptions(cron=cron, tz=tz, misfire=misfire, grace_ms=grace_ms, overlap=overlap), None)
     with repo.store.write() as conn:
         task_id = conn.execute(select(tasks.c.id).where(tasks.c.name == task)).scalar_one()
-        conn.execute(triggers.insert().values(
-            id=trigger_id, task_id=task_id, revision=1, cron=cron, tz=tz, misfire=misfire, grace_ms=grace_ms,
-            overlap=overlap, created_at_ms=since_ms, updated_at_ms=since_ms, deleted_at_ms=None))
-        conn.execute(trigger_schedules.insert().values(
-            trigger_id=trigger_id, trigger_revision=1, next_fire_at_ms=None, last_scheduled_at_ms=None,
-            state_version=0, claim_owner=None, claim_token_hash=None, claim_version=0,
-            claim_expires_at_ms=None, updated_at_ms=since_ms))
-    return trigger_id
+        return set_trigger(conn, task_id, settings, since_ms).trigger_id
 
 
 def cycle(cron: CronAdmission, now_ms: int, page: int = 16, tick_ms: int = 1000) -> list:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
 
@@ -11,6 +12,11 @@ import pykka
 
 from ..wire.bridge import Inbound, Outbox
 from .signals import ActorFailed
+
+def now_ms() -> int:
+    """Wall-clock milliseconds (edge: the same clock the store uses)."""
+    return time.time_ns() // 1_000_000
+
 
 log = logging.getLogger("qlactors.actors")
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..process.receipts import Invalid, Missing, ReceiptStore, Unsafe, Valid
+from .base import now_ms
 
 log = logging.getLogger("qlactors.receipts")
 
@@ -26,11 +26,6 @@ class Found:
     receipt: Any = None
     dropped: int | None = None
     reason: str = ""
-
-
-def now_ms() -> int:
-    """Wall-clock milliseconds (edge: the same clock the store uses)."""
-    return time.time_ns() // 1_000_000
 
 
 class LocalReceipts:

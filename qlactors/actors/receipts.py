@@ -9,8 +9,7 @@ from typing import Any
 
 from ..faults import crash_point
 from ..wire import messages as m
-from .base import RuntimeActor
-from .receipt_files import now_ms
+from .base import RuntimeActor, now_ms
 from .signals import Cleanup, Consume, NoReceipt
 
 log = logging.getLogger("qlactors.receipts")

@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from ..store.retention import Retention
-from .base import RuntimeActor
+from .base import RuntimeActor, now_ms
 from .signals import ActorFailed, CycleDone, StepDone, StepRequest, StepTimeout, Tick
 
 log = logging.getLogger("qlactors.scheduler")
@@ -87,7 +87,7 @@ class Scheduler(RuntimeActor):
         True when more may be due (the next cycle comes at the tick, not the idle tick)."""
         rt = self.ctx.config.runtime
         try:
-            report = self.retention.retire_page(time.time_ns() // 1_000_000, max_age_ms=rt.retention_max_age_ms,
+            report = self.retention.retire_page(now_ms(), max_age_ms=rt.retention_max_age_ms,
                                                 max_runs=rt.retention_max_runs, page=rt.retention_page)
         except Exception as err:
             log.warning("event=retention_failed cycle=%d error=%r", self.cycle, err)

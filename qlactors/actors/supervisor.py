@@ -14,7 +14,7 @@ from ..faults import crash_point
 from ..home import clear_disk_hold, write_disk_hold
 from ..wire import messages as m
 from ..wire.bridge import Inbound
-from .base import RuntimeActor
+from .base import RuntimeActor, now_ms
 from .signals import ActorFailed, AttemptEnded, CycleDone, Drain, Tick
 
 log = logging.getLogger("qlactors.supervisor")
@@ -146,7 +146,7 @@ class Supervisor(RuntimeActor):
         home = self.ctx.config.home
         if free < reserve:
             if self.disk_held_since_ms is None:
-                self.disk_held_since_ms = time.time_ns() // 1_000_000
+                self.disk_held_since_ms = now_ms()
                 log.warning("event=disk_reserve_hold free=%d reserve=%d path=%s", free, reserve,
                             self.ctx.config.logs_dir)
                 self._publish_hold(lambda: write_disk_hold(
@@ -154,7 +154,7 @@ class Supervisor(RuntimeActor):
                     since_ms=self.disk_held_since_ms))
             return False
         if self.disk_held_since_ms is not None:
-            held_s = (time.time_ns() // 1_000_000 - self.disk_held_since_ms) / 1000
+            held_s = (now_ms() - self.disk_held_since_ms) / 1000
             self.disk_held_since_ms = None
             self._publish_hold(lambda: clear_disk_hold(home))
             log.info("event=disk_reserve_released free=%d reserve=%d held_s=%.1f", free, reserve, held_s)

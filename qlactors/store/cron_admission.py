@@ -16,7 +16,7 @@ import dataclasses
 import logging
 from dataclasses import dataclass
 
-from sqlalchemy import and_, bindparam, func, literal_column, or_, select
+from sqlalchemy import and_, bindparam, func, or_, select
 from sqlalchemy.engine import Connection
 
 from ..domain.cron import (
@@ -32,7 +32,7 @@ from ..domain.states import RunStatus, TriggerType
 from ..errors import BadInput
 from ..ids import new_id
 from .engine import Store
-from .plans import load_run
+from .plans import load_run, sql_states
 from .runs import Runs
 from .schema import runs, task_revisions, tasks, trigger_events, trigger_schedules
 from .triggers import DUE_COLUMNS, DUE_FROM, DUE_WHERE, DueSchedule
@@ -45,8 +45,8 @@ log = logging.getLogger("qlactors.cron")
 
 _R = RunStatus
 # Runs that hold or wait for one of the task's `max_concurrent` places; the running ones.
-_HOLDING = [literal_column(repr(s.value)) for s in (_R.QUEUED, _R.DISPATCHING, _R.RUNNING)]
-_RUNNING = [literal_column(repr(s.value)) for s in (_R.DISPATCHING, _R.RUNNING)]
+_HOLDING = sql_states(_R.QUEUED, _R.DISPATCHING, _R.RUNNING)
+_RUNNING = sql_states(_R.DISPATCHING, _R.RUNNING)
 
 # Live triggers of enabled, live tasks (the join and filter are the trigger repository's).
 _ADMITTING = and_(DUE_WHERE, tasks.c.enabled.is_(True))
@@ -55,9 +55,9 @@ _DUE = (select(*DUE_COLUMNS).select_from(DUE_FROM)
                                     trigger_schedules.c.next_fire_at_ms <= bindparam("now"))))
         .order_by(trigger_schedules.c.next_fire_at_ms.asc().nulls_first(), trigger_schedules.c.trigger_id)
         .limit(bindparam("limit")))
-_NEXT_FIRE = select(func.min(trigger_schedules.c.next_fire_at_ms)).select_from(DUE_FROM).where(_ADMITTING)
-_UNINITIALISED = select(trigger_schedules.c.trigger_id).select_from(DUE_FROM).where(
-    and_(_ADMITTING, trigger_schedules.c.next_fire_at_ms.is_(None))).limit(1)
+# The earliest cursor, -1 when one is not initialised yet (it is due at once), NULL without any.
+_NEXT_FIRE = select(func.min(func.coalesce(trigger_schedules.c.next_fire_at_ms, -1))).select_from(
+    DUE_FROM).where(_ADMITTING)
 _CURSOR_CAS = trigger_schedules.update().where(and_(
     trigger_schedules.c.trigger_id == bindparam("w_trigger_id"),
     trigger_schedules.c.trigger_revision == bindparam("w_revision"),
@@ -108,9 +108,8 @@ class CronAdmission:
     def next_fire_ms(self) -> int | None:
         """When the cadence must wake for cron: the earliest cursor, or now if one is uninitialised."""
         with self.store.read() as conn:
-            if conn.execute(_UNINITIALISED).first() is not None:
-                return self.store.now_ms(conn)
-            return conn.execute(_NEXT_FIRE).scalar_one()
+            earliest = conn.execute(_NEXT_FIRE).scalar_one()
+            return self.store.now_ms(conn) if earliest == -1 else earliest
 
     def fire(self, due: DueSchedule, now_ms: int, *, tick_ms: int = 0) -> Fired:
         """Decide and commit one schedule at the cycle's `now_ms`; an initialised cursor that is

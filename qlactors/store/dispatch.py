@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 
-from sqlalchemy import and_, bindparam, exists, func, literal_column, select
+from sqlalchemy import and_, bindparam, exists, func, select
 from sqlalchemy.engine import Connection
 
 from ..domain.model import Command
@@ -50,6 +50,7 @@ from .plans import (
     load_run,
     pinned_revision,
     run_snapshot,
+    sql_states,
 )
 from .schema import run_attempts, run_dispatch_leases, runs, task_revisions, tasks, worker_sessions
 
@@ -407,10 +408,8 @@ class Dispatch:
             return Outcome(APPLIED, "attempt_terminal" if status.terminal else None, run.status)
 
 
-# Constant state lists, written into the SQL: a plain `in_(list)` is an "expanding" parameter,
-# re-rendered on every execution of the statement.
-_ACTIVE = [literal_column(repr(s.value)) for s in (_A.CLAIMED, _A.STARTING, _A.RUNNING)]
-_DISPATCHED = [literal_column(repr(s.value)) for s in (_R.DISPATCHING, _R.RUNNING)]
+_ACTIVE = sql_states(_A.CLAIMED, _A.STARTING, _A.RUNNING)
+_DISPATCHED = sql_states(_R.DISPATCHING, _R.RUNNING)
 
 
 def _session_mismatch(session, worker_id: str, generation: int, now: int, *, online_only: bool) -> str | None:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+from enum import Enum
 from typing import Any, Mapping
 
-from sqlalchemy import and_, bindparam, select
+from sqlalchemy import and_, bindparam, literal_column, select
 from sqlalchemy.engine import Connection
 
 from ..domain.states import AttemptStatus, CancelReason, LeaseReleaseReason, LeaseStatus, RunStatus
@@ -41,6 +42,12 @@ _LEASE_CAS = run_dispatch_leases.update().where(and_(
 _LEASE_PROJECTION = run_attempts.update().where(and_(
     run_attempts.c.id == bindparam("w_attempt_id"),
     run_attempts.c.lease_generation == bindparam("w_generation")))
+
+
+def sql_states(*states: Enum) -> list:
+    """Constant states for `in_()`, written into the SQL: a plain list is an "expanding" parameter,
+    re-rendered on every execution of a statement that is otherwise built once."""
+    return [literal_column(repr(s.value)) for s in states]
 
 
 def load_run(conn: Connection, run_id: str, *, lock: bool = True):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 from sqlalchemy import and_, bindparam, or_, select
 from sqlalchemy.engine import Connection
@@ -60,19 +60,10 @@ class Runs:
 
     # -- writes ------------------------------------------------------------------------------
 
-    def request(
-        self,
-        task_name: str,
-        *,
-        trigger_type: TriggerType = TriggerType.MANUAL,
-        idempotency_key: str | None = None,
-        scheduled_for_ms: int | None = None,
-        trigger_id: str | None = None,
-        retry_of_run_id: str | None = None,
-        actor_type: str = "user",
-    ) -> Admission:
+    def request(self, task_name: str, **admission: Any) -> Admission:
         """Admit a run of the task's current revision: run `queued`, attempt 1 `claimed`, events.
 
+        `admission`: the keywords of `admit_in` (trigger, idempotency key, scheduled time...).
         With an idempotency key, a second request returns the first run (the unique key is the
         arbiter: `INSERT ... ON CONFLICT DO NOTHING`, then re-read).
         """
@@ -80,10 +71,7 @@ class Runs:
             head = conn.execute(_LIVE_TASK, {"name": task_name}).first()
             if head is None:
                 raise NotFound(f"no task named {task_name!r}: see `qlactors task list`")
-            return self.admit_in(conn, head, head.current_revision, trigger_type=trigger_type,
-                                 idempotency_key=idempotency_key, scheduled_for_ms=scheduled_for_ms,
-                                 trigger_id=trigger_id, retry_of_run_id=retry_of_run_id,
-                                 actor_type=actor_type)
+            return self.admit_in(conn, head, head.current_revision, **admission)
 
     def admit_in(
         self,
