@@ -142,7 +142,7 @@ if [ "$q_cap" != 0 ] && [ -n "$q_fifo" ] && [ -p "$q_fifo" ]; then
         # Only when input may remain is there anything to drain and count (one more exec).
         q_n=0
         if [ -n "$q_more" ]; then
-            q_n=$(wc -c)
+            q_n=$(LC_ALL=C wc -c)
             q_uint "${q_n##* }"
         fi
         # Written in place by the builtin: the launcher publishes the receipt only after this
@@ -205,11 +205,12 @@ if q_ids_ok && ! [ -e "$q_final" ] && ! [ -L "$q_final" ]; then
     q_back=
     # read-back catches a short write; `read` fails at the missing newline, hence `|| :`.
     printf '%s' "$q_json" >"$q_tmp" && { IFS= read -r q_back <"$q_tmp" || :; }
-    if [ "$q_back" = "$q_json" ] && sync "$q_tmp" && ln "$q_tmp" "$q_final"; then
-        rm -f "$q_tmp"
-        sync "$q_rdir"
+    # LC_ALL=C: the tools skip loading the job's locale (~0.15 ms of CPU each).
+    if [ "$q_back" = "$q_json" ] && LC_ALL=C sync "$q_tmp" && LC_ALL=C ln "$q_tmp" "$q_final"; then
+        LC_ALL=C rm -f "$q_tmp"
+        LC_ALL=C sync "$q_rdir"
     else
-        rm -f "$q_tmp"
+        LC_ALL=C rm -f "$q_tmp"
     fi
 fi
 

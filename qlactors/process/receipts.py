@@ -149,6 +149,9 @@ class ReceiptStore:
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
+        # Shards this process has made or checked: nothing of qlactors removes a shard, and the
+        # executor asks for one several times per launch (a mkdir and two opens each time).
+        self._checked_shards: set[str] = set()
 
     # --- paths ---------------------------------------------------------------------------
 
@@ -174,9 +177,11 @@ class ReceiptStore:
     def shard_dir(self, attempt_id: str) -> Path:
         """The attempt's shard directory, created 0700 if missing; refuses a symlinked shard."""
         shard = receipt_shard(attempt_id)
-        fd = self._open_shard(shard, create=True)
-        assert fd is not None
-        os.close(fd)
+        if shard not in self._checked_shards:
+            fd = self._open_shard(shard, create=True)
+            assert fd is not None
+            os.close(fd)
+            self._checked_shards.add(shard)
         return self.root / shard
 
     def final_path(self, attempt_id: str) -> Path:

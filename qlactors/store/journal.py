@@ -30,7 +30,7 @@ MAX_PATH = 4096
 _J = executor_journal
 # Built once (see store/plans.py): the executor writes its journal several times per job.
 _ROW = select(_J).where(_J.c.attempt_id == bindparam("attempt_id"))
-_UPDATE = _J.update().where(_J.c.attempt_id == bindparam("w_attempt_id"))
+_UPDATE = _J.update().where(_J.c.attempt_id == bindparam("w_attempt_id")).returning(*_J.c)
 _UPDATE_FROM = _UPDATE.where(_J.c.state == bindparam("w_state"))
 _DELETE = _J.delete().where(_J.c.attempt_id == bindparam("attempt_id"))
 
@@ -161,9 +161,10 @@ class Journal:
         statement = _UPDATE
         if expected is not None:
             statement, values["w_state"] = _UPDATE_FROM, expected
-        if conn.execute(statement, values).rowcount != 1:
+        updated = conn.execute(statement, values).first()  # the row as written (RETURNING)
+        if updated is None:
             row = conn.execute(_ROW, {"attempt_id": attempt_id}).first()
             if row is None:
                 raise Conflict(f"no journal row for attempt {attempt_id}")
             raise Conflict(f"journal row of attempt {attempt_id} is {row.state}, not {expected}")
-        return JournalEntry.from_row(conn.execute(_ROW, {"attempt_id": attempt_id}).one())
+        return JournalEntry.from_row(updated)
