@@ -1,10 +1,11 @@
 """A harness for end-to-end tests of `qlactors edge`: a real runtime process, driven by the real CLI.
 
-`Home` owns one home directory: it runs `qlactors --home H ...` commands as subprocesses, starts
-and stops edge processes (`Edge`), and on `close()` stops every edge it started (SIGTERM, 10 s,
-SIGKILL by pid) and SIGKILLs the process group of every job launcher the home recorded (database
-rows, journal rows, start markers) — only groups that still hold a process of that session started
-no earlier than the launcher; never by name.
+`Home` owns one home directory (optionally with a config file, `<home>/qlactors.toml`, which every
+command and runtime finds there on its own): it runs `qlactors --home H ...` commands as
+subprocesses, starts and stops edge processes (`Edge`), and on `close()` stops every edge it
+started (SIGTERM, 10 s, SIGKILL by pid) and SIGKILLs the process group of every job launcher the
+home recorded (database rows, journal rows, start markers) — only groups that still hold a process
+of that session started no earlier than the launcher; never by name.
 
 Every `qlactors` subprocess costs close to a second of CPU (its imports), so what a test is not
 about stays in-process: conditions are polled on the SQLite file opened read-only, set-up
@@ -189,11 +190,16 @@ class Edge:
 
 
 class Home:
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, config: str | None = None) -> None:
+        """A home at `tmp/home`; `config` (TOML text) becomes its `qlactors.toml`, which the CLI and
+        the runtime read from the home when no `--config` is given."""
         self.tmp = Path(tmp)
         self.path = self.tmp / "home"
         self.edges: list[Edge] = []
         self.groups: dict[int, int | None] = {}  # pgid -> launcher start ticks, to clean up
+        if config is not None:
+            self.path.mkdir(mode=0o700, parents=True, exist_ok=True)
+            (self.path / "qlactors.toml").write_text(config)
 
     @property
     def db_path(self) -> Path:
@@ -201,7 +207,7 @@ class Home:
 
     # -- commands ---------------------------------------------------------------------------------
 
-    def ql(self, *args: Any, timeout: float = 30.0) -> subprocess.CompletedProcess:
+    def ql(self, *args: Any, timeout: float = 60.0) -> subprocess.CompletedProcess:
         """`qlactors --home H ARGS...`; stdout and stderr as text (decoding errors replaced)."""
         result = subprocess.run([*QLACTORS, "--home", str(self.path), *map(str, args)],
                                 stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout,
@@ -210,14 +216,15 @@ class Home:
         result.stderr = result.stderr.decode("utf-8", "replace")
         return result
 
-    def ql_bytes(self, *args: Any, timeout: float = 30.0) -> subprocess.CompletedProcess:
+    def ql_bytes(self, *args: Any, timeout: float = 60.0) -> subprocess.CompletedProcess:
         return subprocess.run([*QLACTORS, "--home", str(self.path), *map(str, args)],
                               stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout,
                               env=clean_env())
 
-    def ok(self, *args: Any, timeout: float = 30.0) -> subprocess.CompletedProcess:
+    def ok(self, *args: Any, timeout: float = 60.0) -> subprocess.CompletedProcess:
         result = self.ql(*args, timeout=timeout)
-        assert result.returncode == 0, (args, result.returncode, result.stdout, result.stderr)
+        assert result.returncode == 0, (args, result.returncode, result.stdout, result.stderr,
+                                        self.edge_logs())
         return result
 
     @staticmethod
@@ -304,7 +311,10 @@ class Home:
         return rows[0]
 
     def attempt_row(self, run_id: str) -> sqlite3.Row | None:
-        rows = self.query("SELECT * FROM run_attempts WHERE run_id = ? ORDER BY number DESC LIMIT 1", (run_id,))
+        """The run's latest attempt, plus its run's `run_status` and `run_error_code`."""
+        rows = self.query("SELECT a.*, r.status AS run_status, r.error_code AS run_error_code "
+                          "FROM run_attempts a JOIN runs r ON r.id = a.run_id "
+                          "WHERE a.run_id = ? ORDER BY a.number DESC LIMIT 1", (run_id,))
         if rows:
             self._remember(rows[0])
         return rows[0] if rows else None

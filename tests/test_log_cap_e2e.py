@@ -8,29 +8,18 @@ gets SIGPIPE." Every case runs under the launcher's default shell and under busy
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
 import signal
-import sqlite3
-import subprocess
 import sys
-import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from qlactors.process.logs import LogStore
-from edge_harness import clean_env, start_ticks
+from edge_harness import Home, wait_until
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs Linux /proc")
 
-_EXE = Path(sys.executable).parent / "qlactors"
-QLACTORS = [str(_EXE)] if _EXE.exists() else [sys.executable, "-m", "qlactors"]
-
 CAP = 65536  # the smallest cap a config may set
-TERMINAL = ("succeeded", "failed", "cancelled", "timed_out")
 DEADLINE_S = 10.0
 BUSYBOX = "/bin/busybox"
 SIGPIPE_STATUS = 128 + signal.SIGPIPE  # 141: what a job killed by SIGPIPE would report
@@ -47,128 +36,39 @@ TASKS = {
 }
 
 
-
-class Home:
-    """One home with its config and a running `qlactors edge` (stderr kept for failures)."""
-
-    def __init__(self, base: Path, shell: str) -> None:
-        self.home, self.config, self.log = base / "home", base / "qlactors.toml", base / "edge.log"
-        self.shell = shell
-        self.config.write_text(f'[runtime]\nlog_cap_bytes = {CAP}\nslots = 4\n\n'
-                               f'[launcher]\nshell = "{shell}"\n')
-        self.proc: subprocess.Popen | None = None
-
-    def ql(self, *args: str, text: bool = True) -> subprocess.CompletedProcess:
-        return subprocess.run([*QLACTORS, "--home", str(self.home), "--config", str(self.config), *args],
-                              capture_output=True, text=text, timeout=60, env=clean_env())
-
-    def ok(self, *args: str, text: bool = True) -> subprocess.CompletedProcess:
-        result = self.ql(*args, text=text)
-        assert result.returncode == 0, (args, result.returncode, result.stdout, result.stderr,
-                                        self.stderr())
-        return result
-
-    def show(self, run_id: str) -> dict:
-        return json.loads(self.ok("show", run_id, "--json").stdout)
-
-    def start(self) -> None:
-        with open(self.log, "ab") as err:
-            self.proc = subprocess.Popen(
-                [*QLACTORS, "--home", str(self.home), "--config", str(self.config), "edge"],
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, env=clean_env(),
-                start_new_session=True)
-
-    def stop(self) -> None:
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self.proc = None
-
-    def stderr(self) -> str:
-        try:
-            return self.log.read_text(errors="replace")[-6000:]
-        except FileNotFoundError:
-            return ""
-
-    def attempt(self, run_id: str) -> sqlite3.Row | None:
-        """The run's latest attempt straight from the database (polling the CLI costs a second a call)."""
-        conn = sqlite3.connect(self.home / "qlactors.db", timeout=10)
-        conn.row_factory = sqlite3.Row
-        try:
-            return conn.execute(
-                "SELECT a.*, r.status AS run_status FROM run_attempts a JOIN runs r ON r.id = a.run_id "
-                "WHERE a.run_id = ? ORDER BY a.number DESC LIMIT 1", (run_id,)).fetchone()
-        finally:
-            conn.close()
-
-    def logs_and_show(self, run_id: str) -> tuple[bytes, dict]:
-        with ThreadPoolExecutor(max_workers=2) as pool:
-            logs = pool.submit(self.ok, "logs", run_id, text=False)
-            shown = pool.submit(self.show, run_id)
-            return logs.result().stdout, shown.result()
-
-    def log_path(self, run_id: str, attempt_id: str) -> Path:
-        return LogStore(self.home / "logs").path_for(run_id, attempt_id)
-
-    def wait_until(self, predicate, what: str, timeout_s: float = DEADLINE_S):
-        deadline = time.monotonic() + timeout_s
-        while True:
-            value = predicate()
-            if value:
-                return value
-            if self.proc is not None and self.proc.poll() is not None:
-                pytest.fail(f"edge exited while waiting for {what}:\n{self.stderr()}")
-            if time.monotonic() > deadline:
-                pytest.fail(f"timed out after {timeout_s}s waiting for {what}\nedge stderr:\n{self.stderr()}")
-            time.sleep(0.05)
-
-
-
 @pytest.fixture(scope="module", params=["/bin/sh", f"{BUSYBOX} sh"], ids=["sh", "busybox"])
-def edge(request, tmp_path_factory):
-    shell = request.param
-    if shell.startswith(BUSYBOX) and not os.access(BUSYBOX, os.X_OK):
+def shell(request):
+    if request.param.startswith(BUSYBOX) and not os.access(BUSYBOX, os.X_OK):
         if os.environ.get("CI") == "true":
             pytest.fail(f"{BUSYBOX} is required in CI")
         pytest.skip(f"{BUSYBOX} is not installed (set CI=true to make this a failure)")
-    home = Home(tmp_path_factory.mktemp("logcap"), shell)
-    launched: list[tuple[int, int, int]] = []
-    home.launched = launched
-    home.ok("task", "add", "big", *TASKS["big"])  # alone first: it creates the database
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        list(pool.map(lambda name: home.ok("task", "add", name, *TASKS[name]),
-                      [n for n in TASKS if n != "big"]))
-    home.start()
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def edge(shell, tmp_path_factory):
+    """One home with the cap and the shell configured, and a running `qlactors edge`; on the way
+    out the runtime and every launcher group it recorded are stopped, by pid."""
+    home = Home(tmp_path_factory.mktemp("logcap"),
+                config=f'[runtime]\nlog_cap_bytes = {CAP}\nslots = 4\n\n[launcher]\nshell = "{shell}"\n')
     try:
+        home.add_tasks(*((name, *args) for name, args in TASKS.items()))
+        home.start_edge()
         yield home
     finally:
-        home.stop()
-        # The runtime leaves jobs running when stopped: end any of ours by exact identity.
-        for pid, pgid, ticks in launched:
-            if start_ticks(pid) == ticks:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(pgid, signal.SIGKILL)
+        home.close()
 
 
-def _remember(edge: Home, run_id: str) -> sqlite3.Row:
-    row = edge.wait_until(lambda: (a := edge.attempt(run_id)) is not None and a["pid"] is not None and a,
-                          "the attempt's process identity")
-    edge.launched.append((row["pid"], row["pgid"], row["start_ticks"]))
-    return row
+def _logs_and_show(edge: Home, run_id: str) -> tuple[bytes, dict]:
+    return tuple(edge.gather(lambda: edge.logs(run_id), lambda: edge.show(run_id)))
 
 
 def test_output_beyond_the_cap_keeps_exactly_the_cap_counts_the_rest_and_keeps_the_exit_code(edge):
     waited = edge.ql("run", "big", "--wait")
     run_id = waited.stdout.strip()
-    assert waited.returncode == 9, (waited, edge.stderr())  # the job's own exit code
+    assert waited.returncode == 9, (waited, edge.edge_logs())  # the job's own exit code
 
-    logs, run = edge.logs_and_show(run_id)
+    logs, run = _logs_and_show(edge, run_id)
     expected = (LINE * (TOTAL // len(LINE) + 1))[:TOTAL]
     assert len(logs) == CAP
     assert logs == expected[:CAP]
@@ -183,8 +83,8 @@ def test_output_beyond_the_cap_keeps_exactly_the_cap_counts_the_rest_and_keeps_t
 def test_a_small_job_runs_end_to_end_with_its_output_and_exit_code(edge):
     waited = edge.ql("run", "small", "--wait")
     run_id = waited.stdout.strip()
-    assert waited.returncode == 3, (waited, edge.stderr())
-    logs, run = edge.logs_and_show(run_id)
+    assert waited.returncode == 3, (waited, edge.edge_logs())
+    logs, run = _logs_and_show(edge, run_id)
     assert logs == b"out\nerr\n"
     [attempt] = run["attempts"]
     assert attempt["exit_code"] == 3
@@ -192,24 +92,25 @@ def test_a_small_job_runs_end_to_end_with_its_output_and_exit_code(edge):
 
 
 @pytest.mark.parametrize("name", sorted(WRITERS))
-def test_a_job_writing_while_it_is_cancelled_ends_by_term_never_by_sigpipe(edge, name):
+def test_a_job_writing_while_it_is_cancelled_ends_by_term_never_by_sigpipe(edge, shell, name):
     expected_exit = WRITERS[name][1]
-    run_id = edge.ok("run", name).stdout.strip()
-    row = _remember(edge, run_id)
+    run_id = edge.run(name)
+    row = edge.wait_running(run_id)  # the launcher's identity is recorded: close() ends its group
 
     # The launcher runs under the configured shell.
     argv0 = Path(f"/proc/{row['pid']}/cmdline").read_bytes().split(b"\0")[0].decode()
-    assert argv0 == edge.shell.split()[0], argv0
+    assert argv0 == shell.split()[0], argv0
 
     # Cancel once the cap is reached: the reader is then draining and counting, the job still writing.
-    log = edge.log_path(run_id, row["id"])
-    edge.wait_until(lambda: log.exists() and log.stat().st_size >= CAP, "the log to reach the cap")
+    log = edge.log_path(run_id)
+    wait_until(lambda: log.exists() and log.stat().st_size >= CAP, DEADLINE_S,
+               lambda: f"the log to reach the cap\n{edge.edge_logs()}")
     edge.ok("cancel", run_id)
-    edge.wait_until(lambda: edge.attempt(run_id)["run_status"] in TERMINAL, "the run to end")
+    edge.wait_terminal(run_id)
 
-    data, run = edge.logs_and_show(run_id)
+    data, run = _logs_and_show(edge, run_id)
     [attempt] = run["attempts"]
-    what = (run, edge.stderr())
+    what = (run, edge.edge_logs())
     assert run["state"] == "cancelled", what
     assert attempt["state"] == "cancelled", what
     # A receipt landed (the launcher survives TERM to publish it) and names TERM, not SIGPIPE.

@@ -30,26 +30,19 @@ import hashlib
 import json
 import os
 import secrets
-import signal
 import sqlite3
 import stat
-import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from qlactors.domain.receipt import Receipt, encode_receipt, token_hash
-from edge_harness import clean_env, start_ticks
+from edge_harness import FAULT_EXIT, TERMINAL, Home, kill_group, pid_alive, start_ticks, wait_until
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs Linux /proc")
 
-_EXE = Path(sys.executable).parent / "qlactors"
-QLACTORS = [str(_EXE)] if _EXE.exists() else [sys.executable, "-m", "qlactors"]
-
-TERMINAL = ("succeeded", "failed", "cancelled", "timed_out")
 SETTLE_S = 10.0  # per phase: every run running, then every run resolved after the restart
 
 # Every case plants something for one run. "control" is the positive control.
@@ -66,114 +59,13 @@ cadence_tick_ms = 200
 """
 
 
-# --- plumbing ------------------------------------------------------------------------------------
-
-
-
-def ql(home: Path, config: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*QLACTORS, "--home", str(home), "--config", str(config), *args],
-                          capture_output=True, text=True, timeout=60, env=clean_env())
-
-
-def ok(home: Path, config: Path, *args: str) -> subprocess.CompletedProcess:
-    result = ql(home, config, *args)
-    assert result.returncode == 0, (args, result.returncode, result.stdout, result.stderr)
-    return result
-
-
-@contextlib.contextmanager
-def db(home: Path):
-    conn = sqlite3.connect(home / "qlactors.db", timeout=10)
-    conn.row_factory = sqlite3.Row
-    try:
-        yield conn
-    finally:
-        conn.close()
-
-
-def attempt_row(home: Path, run_id: str) -> sqlite3.Row:
-    with db(home) as conn:
-        return conn.execute(
-            "SELECT a.*, r.status AS run_status, r.error_code AS run_error_code FROM run_attempts a "
-            "JOIN runs r ON r.id = a.run_id WHERE a.run_id = ? ORDER BY a.number DESC LIMIT 1",
-            (run_id,)).fetchone()
-
-
-def journal_state(home: Path, attempt_id: str) -> str | None:
-    with db(home) as conn:
-        row = conn.execute("SELECT state FROM executor_journal WHERE attempt_id = ?", (attempt_id,)).fetchone()
-    return None if row is None else row["state"]
-
-
 def shard_of(attempt_id: str) -> str:
     return hashlib.sha256(attempt_id.encode("ascii")).hexdigest()[:2]
 
 
-
-def kill_group_if_ours(pid: int | None, pgid: int | None, ticks: int | None) -> None:
-    """SIGKILL a launcher's process group, only while the launcher is the process we recorded."""
-    if pid is None or pgid is None or ticks is None:
-        return
-    if start_ticks(pid) != ticks:
-        return  # gone, or the pid was recycled: never signal a stranger
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signal.SIGKILL)
-
-
-class Edge:
-    """`qlactors edge` as a subprocess; stderr goes to a file shown when a test fails."""
-
-    def __init__(self, home: Path, config: Path, log: Path) -> None:
-        self.home, self.config, self.log = home, config, log
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        with open(self.log, "ab") as err:
-            self.proc = subprocess.Popen(
-                [*QLACTORS, "--home", str(self.home), "--config", str(self.config), "edge"],
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err, env=clean_env(),
-                start_new_session=True)
-
-    def kill9(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-        if self.proc is not None:
-            self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self.proc = None
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def stderr(self) -> str:
-        try:
-            return self.log.read_text(errors="replace")[-6000:]
-        except FileNotFoundError:
-            return ""
-
-
-def wait_until(predicate, timeout_s: float, what: str, edge: Edge | None = None, poll_s: float = 0.05):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if edge is not None and not edge.alive():
-            pytest.fail(f"edge exited while waiting for {what}:\n{edge.stderr()}")
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s}s waiting for {what}"
-                        + (f"\nedge stderr:\n{edge.stderr()}" if edge is not None else ""))
-        time.sleep(poll_s)
+def journal_state(home: Home, attempt_id: str) -> str | None:
+    row = home.journal_row(attempt_id)
+    return None if row is None else row["state"]
 
 
 # --- the planted receipts ------------------------------------------------------------------------
@@ -197,7 +89,7 @@ def plant(case: str, home: Path, run_id: str, attempt_id: str, started_at_ms: in
     keep_real_token = case == "wrong_token"
     if not keep_real_token:
         # The test cannot know the launcher's token: make the database expect ours instead.
-        with db(home) as conn:
+        with contextlib.closing(sqlite3.connect(home / "qlactors.db", timeout=10)) as conn:
             conn.execute("UPDATE run_attempts SET callback_token_hash = ? WHERE id = ?",
                          (token_hash(token), attempt_id))
             conn.execute("UPDATE executor_journal SET callback_token_hash = ? WHERE attempt_id = ?",
@@ -260,60 +152,45 @@ def plant(case: str, home: Path, run_id: str, attempt_id: str, started_at_ms: in
 @pytest.fixture(scope="module")
 def recovered(tmp_path_factory):
     """Run the whole scenario once; each test then checks one case's outcome."""
-    base = tmp_path_factory.mktemp("failclosed")
-    home, config = base / "home", base / "qlactors.toml"
-    config.write_text(CONFIG)
-    ok(home, config, "task", "add", "sleeper", "--max-concurrent", "16", "--", "sleep 30")
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        results = list(pool.map(lambda _: ok(home, config, "run", "sleeper"), ALL))
-    run_ids = dict(zip(ALL, (r.stdout.strip() for r in results)))
-
-    edge = Edge(home, config, base / "edge.log")
-    identities: list[tuple] = []
+    home = Home(tmp_path_factory.mktemp("failclosed"), config=CONFIG)
     try:
-        edge.start()
+        home.add_tasks(("sleeper", "--max-concurrent", "16", "--", "sleep 30"))
+        run_ids = {case: home.run("sleeper") for case in ALL}
+        edge = home.start_edge()
 
         def all_running():
-            rows = [attempt_row(home, rid) for rid in run_ids.values()]
-            return rows if all(r["status"] == "running" and r["pid"] is not None for r in rows) else None
+            rows = [home.attempt_row(rid) for rid in run_ids.values()]
+            return rows if all(r is not None and r["status"] == "running" and r["pid"] is not None
+                               for r in rows) else None
 
-        rows = wait_until(all_running, SETTLE_S, "every run running", edge)
+        rows = wait_until(all_running, SETTLE_S, lambda: f"every run running\n{home.edge_logs()}")
         identities = [(r["pid"], r["pgid"], r["start_ticks"]) for r in rows]
 
         # Down hard: the runtime first (so it cannot observe the exits), then each job's group.
         edge.kill9()
-        for ident in identities:
-            kill_group_if_ours(*ident)
-        wait_until(lambda: all(start_ticks(pid) is None or _is_zombie(pid) for pid, _, _ in identities),
-                   SETTLE_S, "every launcher gone")
+        for _, pgid, ticks in identities:
+            kill_group(pgid, ticks)
+        wait_until(lambda: not any(pid_alive(pid) for pid, _, _ in identities), SETTLE_S,
+                   "every launcher gone")
 
         planted = {}
         for case, run_id in run_ids.items():
-            row = attempt_row(home, run_id)
-            planted[case] = plant(case, home, run_id, row["id"], row["started_at_ms"])
+            row = home.attempt_row(run_id)
+            planted[case] = plant(case, home.path, run_id, row["id"], row["started_at_ms"])
             planted[case]["attempt_id"] = row["id"]
             planted[case]["run_id"] = run_id
 
-        edge.start()
+        home.start_edge()
         resolved = wait_until(
-            lambda: all(attempt_row(home, rid)["run_status"] in TERMINAL for rid in run_ids.values()),
-            SETTLE_S, "every run resolved after the restart", edge)
+            lambda: all(home.attempt_row(rid)["run_status"] in TERMINAL for rid in run_ids.values()),
+            SETTLE_S, lambda: f"every run resolved after the restart\n{home.edge_logs()}")
         assert resolved
-        outcome = {case: dict(attempt_row(home, info["run_id"])) for case, info in planted.items()}
+        outcome = {case: dict(home.attempt_row(info["run_id"])) for case, info in planted.items()}
         journal = {case: journal_state(home, info["attempt_id"]) for case, info in planted.items()}
-        yield {"home": home, "planted": planted, "outcome": outcome, "journal": journal, "edge": edge}
+        yield {"home": home.path, "planted": planted, "outcome": outcome, "journal": journal,
+               "edge_logs": home.edge_logs}
     finally:
-        edge.stop()
-        for ident in identities:
-            kill_group_if_ours(*ident)
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError):
-        return True
-    return text[text.rindex(")") + 2:].split()[0] == "Z"
+        home.close()
 
 
 def _mode(path: Path) -> int:
@@ -328,7 +205,7 @@ def test_a_bad_receipt_fails_closed_is_quarantined_and_never_completes_the_run(r
     home, info = recovered["home"], recovered["planted"][case]
     row = recovered["outcome"][case]
     attempt_id = info["attempt_id"]
-    what = (case, row, recovered["edge"].stderr())
+    what = (case, row, recovered["edge_logs"]())
 
     # Not completed from the receipt: the attempt was lost (the process ended with no valid
     # receipt) and Retry ended the run failed without an exit code.
@@ -369,7 +246,7 @@ def test_a_bad_receipt_fails_closed_is_quarantined_and_never_completes_the_run(r
 
 def test_positive_control_a_valid_receipt_with_the_right_token_completes_the_run_and_is_deleted(recovered):
     info, row = recovered["planted"]["control"], recovered["outcome"]["control"]
-    what = (row, recovered["edge"].stderr())
+    what = (row, recovered["edge_logs"]())
     assert row["run_status"] == "failed", what
     assert row["status"] == "failed", what
     assert row["exit_code"] == 5, what
@@ -399,48 +276,37 @@ def _marker_identity(home: Path, attempt_id: str) -> tuple[int, int, int] | None
     return int(fields["pid"]), int(fields["pgid"]), int(fields["start_ticks"])
 
 
-def _restart_scenario(tmp_path: Path, *, fault: str | None) -> tuple[dict, Edge, str]:
-    """A job (`sleep 3; exit 4`) outlives its runtime; a new runtime must take its receipt."""
-    home, config = tmp_path / "home", tmp_path / "qlactors.toml"
-    config.write_text(CONFIG)
-    ok(home, config, "task", "add", "survivor", "--", "sleep 3; exit 4")
-    run_id = ok(home, config, "run", "survivor").stdout.strip()
-    first = Edge(home, config, tmp_path / "edge1.log")
-    second = Edge(home, config, tmp_path / "edge2.log")
-    ident: tuple | None = None
+def _restart_scenario(tmp_path: Path, *, fault: str | None) -> tuple[dict, str, str]:
+    """A job (`sleep 3; exit 4`) outlives its runtime; a new runtime must take its receipt.
+
+    The completed attempt row (with `edge_alive`), the second runtime's log, and the run id."""
+    home = Home(tmp_path, config=CONFIG)
     try:
+        home.add_tasks(("survivor", "--", "sleep 3; exit 4"))
+        run_id = home.run("survivor")
         if fault is None:
-            first.start()
-            row = wait_until(lambda: (r := attempt_row(home, run_id))["status"] == "running" and r,
-                             SETTLE_S, "the run running", first)
+            first = home.start_edge()
+            row = wait_until(lambda: (r := home.attempt_row(run_id)) is not None
+                             and r["status"] == "running" and r, SETTLE_S, lambda: f"the run running\n{home.edge_logs()}")
             ident = (row["pid"], row["pgid"], row["start_ticks"])
             first.kill9()
         else:
             # QLACTORS_FAULT=after_spawn: the runtime dies right after the spawn, before the
             # identity is journalled or reported; only the launcher's start marker knows it.
-            with open(first.log, "ab") as err:
-                first.proc = subprocess.Popen(
-                    [*QLACTORS, "--home", str(home), "--config", str(config), "edge"],
-                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
-                    env={**clean_env(), "QLACTORS_FAULT": fault}, start_new_session=True)
-            assert first.proc.wait(SETTLE_S) == 86, first.stderr()
-            first.proc = None
-            attempt_id = attempt_row(home, run_id)["id"]
-            ident = wait_until(lambda: _marker_identity(home, attempt_id), SETTLE_S, "the start marker")
+            first = home.start_edge(fault=fault, wait_up=False)
+            assert first.wait_exit(SETTLE_S) == FAULT_EXIT, first.describe()
+            attempt_id = home.attempt_row(run_id)["id"]
+            ident = wait_until(lambda: _marker_identity(home.path, attempt_id), SETTLE_S, "the start marker")
         assert start_ticks(ident[0]) == ident[2], "the job must still be running at the restart"
-        second.start()
+        second = home.start_edge()
         deadline = time.monotonic() + SETTLE_S
-        while time.monotonic() < deadline and attempt_row(home, run_id)["run_status"] not in TERMINAL:
+        while time.monotonic() < deadline and home.attempt_row(run_id)["run_status"] not in TERMINAL:
             time.sleep(0.05)
-        row = dict(attempt_row(home, run_id))
-        row["edge_alive"] = second.alive()
-        return row, second, run_id
+        row = dict(home.attempt_row(run_id))
+        row["edge_alive"] = second.proc.poll() is None
     finally:
-        first.kill9()
-        first.stop()
-        second.stop()
-        if ident is not None:
-            kill_group_if_ours(*ident)
+        home.close()
+    return row, second.log(), run_id
 
 
 def _assert_completed_from_receipt(home: Path, row: dict, edge_log: str) -> None:
@@ -455,10 +321,10 @@ def _assert_completed_from_receipt(home: Path, row: dict, edge_log: str) -> None
 
 
 def test_a_receipt_of_a_job_that_outlived_its_runtime_completes_the_run_after_restart(tmp_path):
-    row, edge, _ = _restart_scenario(tmp_path, fault=None)
-    _assert_completed_from_receipt(tmp_path / "home", row, edge.stderr())
+    row, edge_log, _ = _restart_scenario(tmp_path, fault=None)
+    _assert_completed_from_receipt(tmp_path / "home", row, edge_log)
 
 
 def test_a_receipt_lands_after_a_crash_between_spawn_and_started(tmp_path):
-    row, edge, _ = _restart_scenario(tmp_path, fault="after_spawn")
-    _assert_completed_from_receipt(tmp_path / "home", row, edge.stderr())
+    row, edge_log, _ = _restart_scenario(tmp_path, fault="after_spawn")
+    _assert_completed_from_receipt(tmp_path / "home", row, edge_log)
