@@ -13,6 +13,13 @@ transaction). The SQLite file gets the same durability as qlactors' (WAL, synchr
 It runs twice: sequentially (the loop the issue describes) and with P threads (the same
 parallelism as the runtime). The ratio is judged against the FASTER floor (the stricter one).
 
+Launcher ceiling (reported, not judged), same run, same N and parallelism: a loop that does
+nothing but what no runtime can avoid, i.e. it spawns qlactors' own launcher the way the executor
+does (new session, log FIFO, receipt directory, cap), waits for it through a pidfd, reads and
+deletes its receipt. No database, no actors. It is the fastest any runtime built on this
+launcher can go on this machine, so `ceiling / floor` bounds the judged ratio from above, and
+`qlactors / ceiling` is the share of that bound the runtime reaches.
+
 Also (reported, not judged): a backlog of a few runs queued at once on the default `edge`
 profile (no config file: slots 1, 5 s cadence), which shows how fast a queue drains there.
 
@@ -21,6 +28,8 @@ Requirement: qlactors' throughput at least 25% of the floor loop.
 
 from __future__ import annotations
 
+import os
+import select
 import sqlite3
 import subprocess
 import sys
@@ -75,6 +84,54 @@ def floor_loop(path: Path, jobs: int, parallel: int) -> float:
     done = sqlite3.connect(path).execute("SELECT COUNT(*) FROM jobs WHERE status = 'done'").fetchone()[0]
     assert done >= jobs, f"floor loop finished {done} of {jobs}"
     return jobs / elapsed
+
+
+def launcher_ceiling(root: Path, jobs: int, parallel: int) -> tuple[float, float]:
+    """Jobs per second and launcher-tree CPU ms per job of a loop that only runs launchers."""
+    from qlactors.process.launch import job_environment, spawn, uptime_ms
+
+    receipts = root / "receipts"
+    receipts.mkdir(parents=True)
+    base_env = job_environment(os.environ, {})
+
+    def launch(i: int) -> int:
+        fifo = root / f"{i}.fifo"
+        os.mkfifo(fifo, 0o600)
+        env = dict(base_env, QLACTORS_RUN_ID=f"run{i}", QLACTORS_ATTEMPT_ID=f"att{i}",
+                   QLACTORS_TOKEN="t" * 43, QLACTORS_RECEIPT_DIR=str(receipts),
+                   QLACTORS_MARKER=str(root / f"{i}.marker"), QLACTORS_LOG=str(root / f"{i}.log"),
+                   QLACTORS_LOG_CAP=str(1 << 20), QLACTORS_FIFO=str(fifo),
+                   QLACTORS_DROPPED=str(root / f"{i}.dropped"),
+                   QLACTORS_CLOCK_BASE_MS=str(time.time_ns() // 1_000_000 - uptime_ms()))
+        return os.pidfd_open(spawn(["true"], env))
+
+    poller, live, started, done = select.epoll(), {}, 0, 0
+    cpu0 = c.children_cpu_seconds(os.getpid())
+    start = time.perf_counter()
+    try:
+        while done < jobs:
+            while len(live) < parallel and started < jobs:
+                fd = launch(started)
+                live[fd] = started
+                poller.register(fd, select.EPOLLIN)
+                started += 1
+            for fd, _ in poller.poll():
+                i = live.pop(fd)
+                poller.unregister(fd)
+                os.waitid(os.P_PIDFD, fd, os.WEXITED)
+                os.close(fd)
+                receipt = receipts / f"att{i}.json"
+                assert '"exitCode":0' in receipt.read_text(), f"launcher {i} published no good receipt"
+                receipt.unlink()
+                (root / f"{i}.fifo").unlink()
+                done += 1
+        elapsed = time.perf_counter() - start
+    finally:  # on a failure, reap the launchers still running (each runs `true`: they end at once)
+        for fd in live:
+            os.waitid(os.P_PIDFD, fd, os.WEXITED)
+            os.close(fd)
+        poller.close()
+    return jobs / elapsed, (c.children_cpu_seconds(os.getpid()) - cpu0) * 1000 / jobs
 
 
 def qlactors_run(home: Path, jobs: int, slots: int, timeout: float) -> tuple[float, dict]:
@@ -158,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     floor_dir.mkdir()
     seq = floor_loop(floor_dir / "seq.db", jobs, 1)
     par = floor_loop(floor_dir / "par.db", jobs, args.slots)
+    ceiling, ceiling_cpu = launcher_ceiling(home.parent / "ceiling", jobs, args.slots)
     rate, details = qlactors_run(home, jobs, args.slots, timeout=max(120, jobs * 0.5))
     floor = max(seq, par)
     which = "sequential" if seq >= par else f"{args.slots} threads"
@@ -167,6 +225,10 @@ def main(argv: list[str] | None = None) -> int:
     result.add("vs sequential floor loop", rate, "jobs/s", seq, "floor loop, sequential")
     result.add(f"vs parallel floor loop ({args.slots} threads)", rate, "jobs/s", par,
                f"floor loop, {args.slots} threads")
+    result.add(f"launcher ceiling: launchers only, no runtime, {args.slots} at a time", ceiling, "jobs/s",
+               floor, "floor loop (as judged)", note=f"launcher trees {ceiling_cpu:.1f} ms CPU per job; "
+               "the highest ratio any runtime on this launcher can reach here")
+    result.add("qlactors vs the launcher ceiling", rate, "jobs/s", ceiling, "launcher ceiling")
     backlog = args.backlog if args.backlog is not None else (4 if args.quick else 6)
     if backlog > 0:
         b_rate, b_details = backlog_run(c.temp_home("backlog", args.keep), backlog)
@@ -178,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     if succeeded < jobs:
         result.metrics[0].passed = False
         result.metrics[0].note = f"only {succeeded} of {jobs} runs succeeded: {details['counts']}"
+    details["launcher_ceiling"] = {"jobs_per_s": round(ceiling, 1), "launcher_cpu_ms_per_run": round(ceiling_cpu, 1)}
     result.details = {**details, "jobs": jobs, "slots": args.slots, "machine": c.machine_notes()}
     print(f"requests took {details['requests_s']} s of {details['total_s']} s; counts {details['counts']}")
     print(f"runtime CPU {details['runtime_cpu_s']} s ({details['runtime_cpu_ms_per_run']} ms/run), reaped "
