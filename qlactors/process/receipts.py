@@ -175,7 +175,11 @@ class ReceiptStore:
             os.close(root_fd)
 
     def shard_dir(self, attempt_id: str) -> Path:
-        """The attempt's shard directory, created 0700 if missing; refuses a symlinked shard."""
+        """The attempt's shard directory, created 0700 if missing; refuses a symlinked shard.
+
+        Checked once per process and shard: the receipts root is the runtime user's own (0700),
+        and every read, delete and quarantine opens the shard again without following symlinks.
+        """
         shard = receipt_shard(attempt_id)
         if shard not in self._checked_shards:
             fd = self._open_shard(shard, create=True)
