@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -107,50 +108,43 @@ def nudge(home: Path) -> bool:
         ctx.term()
 
 
-def write_recovery_status(home: Path, unresolved: dict[str, str]) -> None:
-    """Publish the attempts recovery could not judge (atomically: temp file, then rename)."""
-    import json
-
-    path = Path(home) / RECOVERY_STATUS_FILE
+def _write_json(home: Path, name: str, data: dict) -> None:
+    """Publish a small status file of the home atomically: temp file, then rename."""
+    path = Path(home) / name
     tmp = path.with_suffix(".tmp")
-    items = [{"attempt_id": aid, "why": why} for aid, why in sorted(unresolved.items())]
-    tmp.write_text(json.dumps({"unresolved": items}))
+    tmp.write_text(json.dumps(data))
     os.replace(tmp, path)
 
 
-def read_recovery_status(home: Path) -> list[dict]:
-    import json
-
+def _read_json(home: Path, name: str) -> dict | None:
+    """A status file of the home, or None (no file, or one that cannot be read as an object)."""
     try:
-        return json.loads((Path(home) / RECOVERY_STATUS_FILE).read_text()).get("unresolved", [])
+        data = json.loads((Path(home) / name).read_text())
     except (OSError, ValueError):
-        return []
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def write_recovery_status(home: Path, unresolved: dict[str, str]) -> None:
+    """Publish the attempts recovery could not judge."""
+    items = [{"attempt_id": aid, "why": why} for aid, why in sorted(unresolved.items())]
+    _write_json(home, RECOVERY_STATUS_FILE, {"unresolved": items})
+
+
+def read_recovery_status(home: Path) -> list[dict]:
+    return (_read_json(home, RECOVERY_STATUS_FILE) or {}).get("unresolved", [])
 
 
 def write_disk_hold(home: Path, *, free_bytes: int, reserve_bytes: int, path: str, since_ms: int) -> None:
-    """Publish that new attempts are held back for lack of disk space (atomically)."""
-    import json
-
-    target = Path(home) / DISK_HOLD_FILE
-    tmp = target.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"free_bytes": free_bytes, "reserve_bytes": reserve_bytes, "path": path,
-                               "since_ms": since_ms}))
-    os.replace(tmp, target)
+    """Publish that new attempts are held back for lack of disk space."""
+    _write_json(home, DISK_HOLD_FILE, {"free_bytes": free_bytes, "reserve_bytes": reserve_bytes,
+                                       "path": path, "since_ms": since_ms})
 
 
 def clear_disk_hold(home: Path) -> None:
-    try:
-        os.unlink(Path(home) / DISK_HOLD_FILE)
-    except FileNotFoundError:
-        pass
+    (Path(home) / DISK_HOLD_FILE).unlink(missing_ok=True)
 
 
 def read_disk_hold(home: Path) -> dict | None:
     """The current disk-reserve hold, or None (no file, or one that cannot be read)."""
-    import json
-
-    try:
-        data = json.loads((Path(home) / DISK_HOLD_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
+    return _read_json(home, DISK_HOLD_FILE)

@@ -45,7 +45,7 @@ class LocalReceipts:
         """A fresh log-cap FIFO (0600) for a launch, or None when it cannot be made (logged)."""
         path = self.fifo_path(attempt_id)
         try:
-            _unlink(path)  # a stale one from an earlier launch of this attempt
+            path.unlink(missing_ok=True)  # a stale one from an earlier launch of this attempt
             os.mkfifo(path, 0o600)
         except OSError as err:
             log.warning("event=fifo_failed attempt=%s error=%s", attempt_id, err)
@@ -54,7 +54,7 @@ class LocalReceipts:
 
     def remove_fifo(self, attempt_id: str) -> None:
         """After the launcher ended (it never removes the FIFO itself)."""
-        _unlink(self.fifo_path(attempt_id))
+        self.fifo_path(attempt_id).unlink(missing_ok=True)
 
     def look(self, attempt_id: str) -> Found:
         result = self.receipts.read(attempt_id)
@@ -81,7 +81,7 @@ class LocalReceipts:
         """After a committed completion (or already_terminal): files first, the journal row last."""
         self.receipts.delete(attempt_id)
         self.receipts.remove_temps(attempt_id)
-        _unlink(self.dropped_path(attempt_id))
+        self.dropped_path(attempt_id).unlink(missing_ok=True)
         self.remove_fifo(attempt_id)
         self.journal.clear(attempt_id)
 
@@ -94,10 +94,3 @@ class LocalReceipts:
             log.warning("event=receipt_quarantined attempt=%s to=%s", attempt_id, where)
         except FileNotFoundError:
             pass
-
-
-def _unlink(path: Path) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
