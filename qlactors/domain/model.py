@@ -17,6 +17,8 @@ MAX_ENV_ENTRIES = 256
 MAX_ENV_VALUE_BYTES = 64 * 1024
 MAX_COMMAND_BYTES = 128 * 1024
 MAX_LABELS = 32
+MAX_QUEUED_LIMIT = 1024
+MAX_RANDOM_DELAY_MS = 24 * 3600 * 1000
 RESERVED_ENV_PREFIX = "QLACTORS_"
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -86,6 +88,9 @@ class TaskSpec:
     max_concurrent: int = 1
     retry: RetryPolicy = field(default_factory=RetryPolicy)  # validated when built
     labels: tuple[str, ...] = ()
+    keep_leftovers: bool = False  # leave what the job left in its process group running (§5)
+    max_queued: int = 1  # cron fires that may wait `queued` under overlap `queue` (§8)
+    random_delay_ms: int = 0  # the most a cron fire is delayed at random (§8); 0 = none
 
     def validated(self) -> "TaskSpec":
         """Return self when every field is within bounds, else raise TaskSpecError naming the field."""
@@ -101,6 +106,12 @@ class TaskSpec:
                    hint="give seconds between 0 and 30")
         _check_int("--max-concurrent", self.max_concurrent, 1, MAX_CONCURRENT_LIMIT, "runs",
                    hint=f"give a whole number between 1 and {MAX_CONCURRENT_LIMIT}")
+        _check_int("--max-queued", self.max_queued, 1, MAX_QUEUED_LIMIT, "runs",
+                   hint=f"give a whole number between 1 and {MAX_QUEUED_LIMIT}")
+        _check_int("--random-delay", self.random_delay_ms, 0, MAX_RANDOM_DELAY_MS, "milliseconds",
+                   hint="give seconds between 0 and 86400 (a day)")
+        if type(self.keep_leftovers) is not bool:
+            raise TaskSpecError("--keep-leftovers is a flag")
         if len(self.labels) > MAX_LABELS:
             raise TaskSpecError(f"at most {MAX_LABELS} labels")
         return self

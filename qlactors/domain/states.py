@@ -66,6 +66,7 @@ class LeaseReleaseReason(str, Enum):
     SHUTDOWN = "shutdown"
     START_FAILED = "start_failed"
     LEASE_EXPIRED = "lease_expired"
+    CANCELLED = "cancelled"
 
 
 R, A, L = RunStatus, AttemptStatus, LeaseStatus

@@ -119,6 +119,12 @@ task_revisions = Table(
     Column("backoff_max_ms", MS, nullable=False),
     Column("labels_json", Text, nullable=False),
     Column("created_at_ms", MS, nullable=False),
+    # Schema 4: leave what the job left in its process group running (SEMANTICS.md §5); how many
+    # cron fires of the task may wait `queued` under overlap `queue` (§8); the most a fire is
+    # delayed at random to spread many tasks' schedules (§8, 0 = none).
+    Column("keep_leftovers", Boolean, nullable=False),
+    Column("max_queued", Integer, nullable=False),
+    Column("random_delay_ms", MS, nullable=False),
     PrimaryKeyConstraint("task_id", "revision"),
     CheckConstraint("revision >= 1", name="revision_positive"),
     CheckConstraint("timeout_ms IS NULL OR (timeout_ms >= 1 AND timeout_ms <= 31536000000)",
@@ -129,6 +135,8 @@ task_revisions = Table(
     CheckConstraint(_one_of("safety", RetrySafety), name="safety"),
     CheckConstraint("backoff_base_ms >= 0 AND backoff_base_ms <= backoff_max_ms "
                     "AND backoff_max_ms <= 86400000", name="backoff_range"),
+    CheckConstraint("max_queued >= 1 AND max_queued <= 1024", name="max_queued_range"),
+    CheckConstraint("random_delay_ms >= 0 AND random_delay_ms <= 86400000", name="random_delay_range"),
     *_ms("created_at_ms"),
 )
 
@@ -215,6 +223,8 @@ runs = Table(
     Column("started_at_ms", MS),
     Column("finished_at_ms", MS),
     Column("updated_at_ms", MS, nullable=False),
+    # Schema 4: not offered before this time (a cron fire's random delay); NULL: at once.
+    Column("not_before_ms", MS),
     UniqueConstraint("idempotency_key"),
     CheckConstraint(_one_of("status", RunStatus), name="status"),
     CheckConstraint(_one_of("trigger_type", TriggerType), name="trigger_type"),
@@ -227,7 +237,7 @@ runs = Table(
         name="finished_iff_terminal"),
     CheckConstraint("trigger_type <> 'cron' OR trigger_id IS NOT NULL", name="cron_has_trigger"),
     *_ms("scheduled_for_ms", "cancel_requested_at_ms", "created_at_ms", "queued_at_ms",
-         "started_at_ms", "finished_at_ms", "updated_at_ms"),
+         "started_at_ms", "finished_at_ms", "updated_at_ms", "not_before_ms"),
 )
 Index("ix_runs_created_at_ms_id", runs.c.created_at_ms, runs.c.id)
 Index("ix_runs_task_id_created_at_ms_id", runs.c.task_id, runs.c.created_at_ms, runs.c.id)

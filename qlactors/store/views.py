@@ -114,6 +114,9 @@ def spec_from_revision(name: str, row: Any) -> TaskSpec:
                             safety=row.safety, backoff_base_ms=row.backoff_base_ms,
                             backoff_max_ms=row.backoff_max_ms),
         labels=tuple(json.loads(row.labels_json)),
+        keep_leftovers=bool(row.keep_leftovers),
+        max_queued=row.max_queued,
+        random_delay_ms=row.random_delay_ms,
     )
 
 
@@ -132,6 +135,9 @@ def revision_values(spec: TaskSpec) -> dict[str, Any]:
         "backoff_base_ms": spec.retry.backoff_base_ms,
         "backoff_max_ms": spec.retry.backoff_max_ms,
         "labels_json": json.dumps(list(spec.labels)),
+        "keep_leftovers": spec.keep_leftovers,
+        "max_queued": spec.max_queued,
+        "random_delay_ms": spec.random_delay_ms,
     }
 
 
