@@ -6,6 +6,7 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import CheckConstraint, inspect, text
+from sqlalchemy.exc import IntegrityError
 
 from qlactors.errors import SchemaError
 from qlactors.store.engine import Store
@@ -73,3 +74,47 @@ def test_foreign_database_is_refused(store):
 def test_migration_files_are_numbered_for_both_dialects():
     assert [m.version for m in available("sqlite")] == [m.version for m in available("postgresql")]
     assert latest_version("sqlite") >= 1
+
+
+def test_schema_3_database_upgrades_to_4_keeping_its_rows(store, monkeypatch):
+    """A database written by schema 3 keeps its tasks, runs and leases through schema 4's rebuild."""
+    import qlactors.store.migrations as migrations
+    from qlactors.store.schema import run_attempts, run_dispatch_leases, runs, task_revisions, tasks, worker_sessions
+
+    shipped = available(store.dialect_name)
+    monkeypatch.setattr(migrations, "available", lambda dialect: shipped[:3])
+    assert migrate(store) == 3
+    monkeypatch.undo()
+    t = 1_700_000_000_000
+    with store.write() as conn:
+        conn.execute(tasks.insert().values(id="t1", name="old", current_revision=1, version=1, enabled=True,
+                                           created_at_ms=t, updated_at_ms=t))
+        conn.execute(task_revisions.insert().values(
+            task_id="t1", revision=1, command_json='{"argv": ["true"]}', cwd=None, env_json="{}",
+            timeout_ms=None, stop_grace_ms=1000, max_concurrent=1, retry_on_lost=False, max_attempts=1,
+            safety="unknown", backoff_base_ms=1000, backoff_max_ms=300000, labels_json="[]", created_at_ms=t))
+        conn.execute(runs.insert().values(id="r1", task_id="t1", task_revision=1, trigger_type="manual",
+                                          status="dispatching", version=2, event_sequence=2,
+                                          created_at_ms=t, queued_at_ms=t, updated_at_ms=t))
+        conn.execute(run_attempts.insert().values(id="a1", run_id="r1", number=1, status="claimed",
+                                                  executor_type="local", callback_sequence=0,
+                                                  created_at_ms=t, updated_at_ms=t))
+        conn.execute(worker_sessions.insert().values(session_id="s1", worker_id="local", generation=1,
+                                                     status="online", version=1, capacity=1, free_slots=0,
+                                                     created_at_ms=t, updated_at_ms=t))
+        conn.execute(run_dispatch_leases.insert().values(
+            attempt_id="a1", lease_generation=1, run_id="r1", status="released", version=2,
+            worker_id="local", session_id="s1", session_generation=1, token_hash="0" * 64, offer_id="o1",
+            release_reason="declined", created_at_ms=t, updated_at_ms=t))
+    assert migrate(store) == latest_version(store.dialect_name) >= 4
+    with store.write() as conn:
+        revision = conn.execute(task_revisions.select()).one()
+        assert (revision.keep_leftovers, revision.max_queued, revision.random_delay_ms) == (False, 1, 0)
+        assert conn.execute(runs.select()).one().not_before_ms is None
+        lease = conn.execute(run_dispatch_leases.select()).one()
+        assert (lease.offer_id, lease.release_reason) == ("o1", "declined")
+        # Schema 4 accepts `cancelled` as a release reason, and still refuses what is not one.
+        conn.execute(run_dispatch_leases.update().values(release_reason="cancelled"))
+    with pytest.raises(IntegrityError, match="release_reason"):
+        with store.write() as conn:
+            conn.execute(run_dispatch_leases.update().values(release_reason="whatever"))
