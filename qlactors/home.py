@@ -14,6 +14,7 @@ from .errors import QlactorsError
 LOCK_FILE = "runtime.lock"
 RECOVERY_STATUS_FILE = "recovery-status.json"  # written by Recovery, read by `status`
 DISK_HOLD_FILE = "disk-hold.json"  # written by the Supervisor while the disk reserve holds attempts back
+FILE_MODE = 0o600  # every file in the home; directories are 0700
 
 
 class AlreadyRunning(QlactorsError):
@@ -39,7 +40,7 @@ class RuntimeLock:
         self.fd = -1
 
     def acquire(self) -> None:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as err:
@@ -112,7 +113,10 @@ def _write_json(home: Path, name: str, data: dict) -> None:
     """Publish a small status file of the home atomically: temp file, then rename."""
     path = Path(home) / name
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
+    with os.fdopen(fd, "w") as out:
+        os.fchmod(fd, FILE_MODE)  # files in the home are the user's only, whatever the umask
+        out.write(json.dumps(data))
     os.replace(tmp, path)
 
 
