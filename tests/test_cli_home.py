@@ -7,12 +7,18 @@ ignores permission bits.
 
 from __future__ import annotations
 
+import json
 import os
 import stat
+import subprocess
+import time
 from pathlib import Path
 
+import pytest
+
 from edge_harness import Home
-from test_cli import ok, ql
+from qlactors.domain.receipt import receipt_shard
+from test_cli import QLACTORS, assert_refused, clean_env, in_parallel, ok, ok_json, ql
 
 
 def _modes(root: Path) -> dict[str, str]:
@@ -70,3 +76,99 @@ def test_a_database_outside_the_home_named_by_the_config_is_created_0600(tmp_pat
     ok("--config", config, "task", "add", "t", "--", "true", home=tmp_path / "home")
     assert stat.S_IMODE(other.stat().st_mode) == 0o600
     assert ql("--config", config, "task", "list", home=tmp_path / "home").returncode == 0
+
+
+# --- a home whose database was deleted -------------------------------------------------------------
+
+
+def _plant_old(path: Path, age_s: float = 3600) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    path.write_text("{}")
+    old = time.time() - age_s
+    os.utime(path, (old, old))
+    return path
+
+
+def _deleted_database_home(tmp_path: Path) -> tuple[Path, Path, str]:
+    """A home that ran jobs (a log, a receipt left) and whose database (with WAL) was deleted."""
+    home = tmp_path / "home"
+    ok("task", "add", "t", "--", "true", home=home)
+    attempt_id = "01a22a70-6402-7001-a4c5-00000000beef"
+    shard = receipt_shard(attempt_id)
+    _plant_old(home / "logs" / "d8" / "01a22a70-6402-72c8-901a-f51ac2366c0c.log")
+    receipt = _plant_old(home / "receipts" / shard / f"{attempt_id}.json")
+    for name in ("qlactors.db", "qlactors.db-wal", "qlactors.db-shm"):
+        (home / name).unlink(missing_ok=True)
+    return home, receipt, shard
+
+
+def test_a_home_whose_database_was_deleted_is_refused_instead_of_recreated_empty(tmp_path):
+    home, receipt, _ = _deleted_database_home(tmp_path)
+    edge = subprocess.run([*QLACTORS, "--home", str(home), "edge"], capture_output=True, text=True,
+                          timeout=60, env=clean_env(), stdin=subprocess.DEVNULL)
+    listed, added, ran = in_parallel([(("runs",), {"home": home}), (("task", "add", "u", "--", "true"), {"home": home}),
+                                      (("run", "t"), {"home": home})])
+    for result in (edge, listed, added, ran):
+        assert_refused(result, f"no database at {home / 'qlactors.db'}")
+        line = result.stderr.strip()
+        assert "1 file under logs/ and 1 file under receipts/" in line, line
+        assert "restore qlactors.db" in line and "move logs/ and receipts/ aside" in line, line
+    assert not (home / "qlactors.db").exists()  # nothing was created
+    assert receipt.exists() and not (home / "runtime.lock").exists()
+
+    # Moving them aside, as the message says, starts afresh.
+    (home / "logs").rename(tmp_path / "logs.old")
+    (home / "receipts").rename(tmp_path / "receipts.old")
+    assert ok_json("task", "list", home=home) == []
+
+
+def test_audit_without_a_database_lists_the_orphans_and_creates_nothing(tmp_path):
+    home, receipt, shard = _deleted_database_home(tmp_path)
+    report = ql("audit", "receipts", "--shard", shard, "--shards", "1", "--json", home=home)
+    assert report.returncode == 0, report
+    assert "no database" in report.stderr and "Traceback" not in report.stderr, report.stderr
+    data = json.loads(report.stdout)
+    assert data["orphans"] == [f"{shard}/{receipt.name}"], data
+    assert data["counts"]["orphan"] == 1
+    moved = ql("audit", "receipts", "--shard", shard, "--shards", "1", "--quarantine", home=home)
+    assert_refused(moved, "no database")
+    assert receipt.exists() and not (home / "receipts" / ".orphan-quarantine").exists()
+    assert not (home / "qlactors.db").exists()
+
+
+# --- a read-only home --------------------------------------------------------------------------------
+
+
+def _read_only(home: Path, *args: str | Path, config: Path | None = None) -> subprocess.CompletedProcess:
+    """`qlactors --home HOME ARGS` with HOME bind-mounted read-only in a namespace of its own."""
+    argv = [*QLACTORS, "--home", str(home), *(["--config", str(config)] if config else []), *map(str, args)]
+    script = f'mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" && shift && exec "$@"'
+    result = subprocess.run(["unshare", "-Urm", "sh", "-c", script, "sh", str(home), *argv],
+                            capture_output=True, text=True, timeout=60, env=clean_env(),
+                            stdin=subprocess.DEVNULL)
+    if result.returncode != 0 and "Operation not permitted" in result.stderr and "qlactors" not in result.stderr:
+        pytest.skip(f"no user and mount namespace here: {result.stderr.strip()}")
+    return result
+
+
+def test_edge_and_writing_commands_on_a_read_only_home_say_it_is_not_writable(tmp_path):
+    home = tmp_path / "home"
+    ok("task", "add", "t", "--", "true", home=home)
+    elsewhere = tmp_path / "db"
+    elsewhere.mkdir()
+    config = tmp_path / "c.toml"
+    config.write_text(f'[database]\nurl = "sqlite:///{elsewhere / "x.db"}"\n')
+    before = _modes(home)
+    cases = [
+        _read_only(home, "edge"),
+        _read_only(home, "task", "add", "u", "--", "true"),
+        _read_only(home, "run", "t"),
+        _read_only(home, "runs"),
+        # The database elsewhere is writable: the runtime's lock, logs and receipts still are not.
+        _read_only(home, "edge", config=config),
+    ]
+    for result in cases:
+        assert_refused(result, f"home {home} is not writable (it is on a read-only file system)")
+        assert "pass --home" in result.stderr
+    assert _modes(home) == before
+    assert not (elsewhere / "x.db").exists()

@@ -151,15 +151,33 @@ def logs(repo: Repository, args: argparse.Namespace) -> int:
     return 0
 
 
-def audit_receipts(repo: Repository, args: argparse.Namespace) -> int:
-    from ..process.audit import audit
+def audit_receipts(repo: Repository | None, args: argparse.Namespace) -> int:
+    """`audit receipts`; `repo` is None when the home has no database (it is never created here)."""
+    from ..process.audit import DEFAULT_MIN_AGE_MS, audit
     from ..store.journal import Journal
 
-    journal = Journal(repo.store)
+    if repo is None:
+        if args.quarantine:
+            raise BadInput("audit receipts --quarantine: the home has no database, so nothing can "
+                           "tell an orphan from a receipt it still needs; nothing was moved: restore "
+                           "the database first, or move receipts/ aside yourself")
+        print(f"qlactors: the home has no database: no journal or run knows any receipt, so every "
+              f"receipt older than {DEFAULT_MIN_AGE_MS // 60_000} minutes is listed as an orphan; "
+              "nothing was created", file=sys.stderr)
+
+        def is_registered(_attempt_id: str) -> bool:
+            return False
+        is_active = is_registered
+    else:
+        journal = Journal(repo.store)
+
+        def is_registered(attempt_id: str) -> bool:
+            return journal.get(attempt_id) is not None
+
+        def is_active(attempt_id: str) -> bool:
+            return repo.runs.attempt_state(attempt_id) not in (None, *TERMINAL_STATES)
     try:
-        report = audit(args.cfg.receipts_dir,
-                       is_registered=lambda aid: journal.get(aid) is not None,
-                       is_active=lambda aid: repo.runs.attempt_state(aid) not in (None, *TERMINAL_STATES),
+        report = audit(args.cfg.receipts_dir, is_registered=is_registered, is_active=is_active,
                        now_ms=time.time_ns() // 1_000_000, start_shard=args.shard, shards=args.shards,
                        per_shard=args.per_shard, quarantine=args.quarantine)
     except ValueError as err:
