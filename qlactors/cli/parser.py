@@ -114,7 +114,9 @@ def build() -> Parser:
     run.add_argument("name", type=utf8)
     run.add_argument("--wait", action="store_true",
                      help="follow it to the end; exit with the job's exit code (124 timed out, "
-                          "130 cancelled, 125 failed without an exit code)")
+                          "130 cancelled or interrupted, 125 failed without an exit code)")
+    run.add_argument("--wait-timeout", metavar="SEC",
+                     help="with --wait: give up waiting after SEC seconds, exit 75 (the run goes on)")
 
     runs = sub.add_parser("runs", help="list runs, newest first")
     runs.add_argument("--task", metavar="NAME", type=utf8)
@@ -134,6 +136,8 @@ def build() -> Parser:
     retry.add_argument("run_id", type=utf8)
     retry.add_argument("--wait", action="store_true",
                        help="follow the new run to the end; exit statuses as for `run --wait`")
+    retry.add_argument("--wait-timeout", metavar="SEC",
+                       help="with --wait: give up waiting after SEC seconds, exit 75 (the run goes on)")
 
     edge = sub.add_parser("edge", help="run the local runtime in the foreground until SIGTERM/SIGINT")
     edge.add_argument("--profile", choices=("edge", "standalone"), help="budgets (default: config, else edge)")

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 import time
 from pathlib import Path
 
+from ..domain.model import seconds_to_ms
 from ..domain.states import RUN_TERMINAL, RunStatus
 from ..errors import BadInput, NotFound
 from ..home import holder_pid, nudge, read_disk_hold, read_recovery_status, runtime_is_up
 from ..store.repository import Repository
 from . import render
 
-EXIT_TIMED_OUT, EXIT_CANCELLED, EXIT_FAILED_NO_CODE, EXIT_DOWN = 124, 130, 125, 3
+EXIT_TIMED_OUT, EXIT_CANCELLED, EXIT_FAILED_NO_CODE, EXIT_DOWN, EXIT_WAIT_TIMEOUT = 124, 130, 125, 3, 75
 WAIT_POLL_S = 0.1
 TERMINAL_STATES = frozenset(s.value for s in RUN_TERMINAL)
 
@@ -40,16 +42,22 @@ def exit_status_of(state: str, exit_code: int | None) -> int:
     return EXIT_FAILED_NO_CODE if exit_code is None else exit_code
 
 
-def wait_for(repo: Repository, run_id: str, poll_s: float = WAIT_POLL_S):
-    """Poll the database (a read transaction each time) until the run is terminal."""
-    while True:
-        run = repo.runs.get(run_id)
-        if run.state in TERMINAL_STATES:
-            return run
-        time.sleep(poll_s)
+def wait_options(args: argparse.Namespace) -> int | None:
+    """`--wait-timeout SEC` in ms (None: wait as long as it takes); checked before any write."""
+    text = getattr(args, "wait_timeout", None)
+    if text is None:
+        return None
+    if not args.wait:
+        raise BadInput("--wait-timeout needs --wait; nothing was written")
+    ms = seconds_to_ms("--wait-timeout", text)
+    if ms == 0:
+        raise BadInput("--wait-timeout: give a number of seconds above 0 (without it, --wait waits "
+                       "as long as the run takes); nothing was written")
+    return ms
 
 
 def run(repo: Repository, args: argparse.Namespace) -> int:
+    wait_options(args)
     admission = repo.runs.request(args.name)
     return announce_and_follow(repo, args, admission.run.id)
 
@@ -60,9 +68,76 @@ def announce_and_follow(repo: Repository, args: argparse.Namespace, run_id: str)
     nudge(args.cfg.home)
     if not args.wait:
         return 0
-    final = wait_for(repo, run_id)
-    last = final.attempts[-1] if final.attempts else None
-    return exit_status_of(final.state, last.exit_code if last else None)
+    return Follow(repo, args.cfg.home, run_id, wait_options(args)).exit_status()
+
+
+class Follow:
+    """`--wait`: poll the run (a read transaction each time) until it ends, the wait times out,
+    or SIGINT arrives. Stderr says when no runtime is up to run it (once per change), and why
+    the exit status is 75, 124, 125 or 130; the run itself is never touched."""
+
+    def __init__(self, repo: Repository, home: Path, run_id: str, timeout_ms: int | None,
+                 poll_s: float = WAIT_POLL_S) -> None:
+        self.repo, self.home, self.run_id = repo, home, run_id
+        self.timeout_ms, self.poll_s = timeout_ms, poll_s
+        self.runtime_up: bool | None = None  # as last said on stderr; None: nothing said yet
+        self.interrupted = False
+
+    def exit_status(self) -> int:
+        previous = signal.signal(signal.SIGINT, self._on_sigint)  # a flag, not KeyboardInterrupt
+        try:                                                      # inside a database read
+            return self._follow()
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    def _on_sigint(self, _signum, _frame) -> None:
+        self.interrupted = True
+
+    def _follow(self) -> int:
+        started = time.monotonic()
+        while True:
+            run = self.repo.runs.get(self.run_id)
+            if run.state in TERMINAL_STATES:
+                return self._ended(run)
+            if self.interrupted:
+                _say(f"interrupted: run {run.id} goes on ({run.state}); follow it with "
+                     f"`qlactors logs -f {run.id}`, stop it with `qlactors cancel {run.id}`")
+                return EXIT_CANCELLED
+            if self.timeout_ms is not None and (time.monotonic() - started) * 1000 >= self.timeout_ms:
+                _say(f"run {run.id} is still {run.state} after --wait-timeout "
+                     f"{render.seconds(self.timeout_ms)}; it goes on: follow it with "
+                     f"`qlactors show {run.id}`")
+                return EXIT_WAIT_TIMEOUT
+            self._say_runtime(run.state)
+            time.sleep(self.poll_s)
+
+    def _say_runtime(self, state: str) -> None:
+        up = runtime_is_up(self.home)
+        if up == self.runtime_up or (up and self.runtime_up is None):
+            self.runtime_up = up
+            return
+        if up:
+            _say(f"a runtime is up for {self.home} (pid {holder_pid(self.home) or '?'}): "
+                 f"following run {self.run_id}")
+        else:
+            _say(f"no runtime is up for {self.home}: run {self.run_id} stays {state} until one "
+                 "starts (`qlactors edge`); still waiting")
+        self.runtime_up = up
+
+    def _ended(self, run) -> int:
+        last = run.attempts[-1] if run.attempts else None
+        status = exit_status_of(run.state, last.exit_code if last else None)
+        if run.state == RunStatus.CANCELLED.value:
+            _say(f"run {run.id} was cancelled ({run.cancel_reason or 'no reason recorded'})")
+        elif run.state == RunStatus.TIMED_OUT.value:
+            _say(f"run {run.id} timed out")
+        elif status == EXIT_FAILED_NO_CODE and (last is None or last.exit_code is None):
+            _say(f"run {run.id} failed without an exit code ({run.error_code or 'no error code'})")
+        return status
+
+
+def _say(line: str) -> None:
+    print(f"qlactors: {line}", file=sys.stderr, flush=True)
 
 
 def status(repo: Repository, args: argparse.Namespace) -> int:

@@ -1,0 +1,132 @@
+"""`run --wait` and `logs` say what is going on (issue 9, §5): a real runtime, real commands, real SIGINT.
+
+`run --wait` with no runtime up says so once and keeps waiting; `--wait-timeout` exits 75 and
+Ctrl-C exits 130, both leaving the run going on; a cancelled run's 130 says it was cancelled.
+`logs` of a run that never started says so. `status --json` names the active runs as the text.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from edge_harness import QLACTORS, TERMINAL, Home, clean_env, wait_until
+from test_cli import assert_refused
+
+NO_RUNTIME = "no runtime is up for"
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    """One runtime with room for several sleepers at once."""
+    home = Home(tmp_path_factory.mktemp("wait"), config="[runtime]\nslots = 4\n")
+    try:
+        home.add_tasks(("sleeper", "--", "sleep 30"), ("quick", "--", "echo hi"))
+        home.start_edge()
+        yield home
+    finally:
+        home.close()
+
+
+class Waiter:
+    """`qlactors run NAME --wait ...` in the background, stderr into a file read as it grows."""
+
+    def __init__(self, home: Home, *args: str) -> None:
+        self.err_path = home.tmp / f"waiter-{id(self)}.err"
+        with open(self.err_path, "wb") as err:
+            self.proc = subprocess.Popen([*QLACTORS, "--home", str(home.path), "run", *args],
+                                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err,
+                                         env=clean_env())
+        self.run_id = self.proc.stdout.readline().decode().strip()
+        assert self.run_id, self.stderr()
+
+    def stderr(self) -> str:
+        return self.err_path.read_bytes().decode("utf-8", "replace")
+
+    def wait(self, timeout: float = 15.0) -> int:
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        self.proc.stdout.close()
+
+
+def _lines(text: str, fragment: str) -> list[str]:
+    return [line for line in text.splitlines() if fragment in line]
+
+
+def test_run_wait_with_no_runtime_up_says_so_once_keeps_waiting_and_follows_when_one_starts(tmp_path):
+    home = Home(tmp_path)
+    waiter = None
+    try:
+        home.add_tasks(("t", "--", "echo hi; exit 7"))
+        waiter = Waiter(home, "t", "--wait")
+        wait_until(lambda: NO_RUNTIME in waiter.stderr(), 15, lambda: f"the no-runtime line: {waiter.stderr()!r}")
+        assert waiter.proc.poll() is None, waiter.stderr()  # it keeps waiting
+        assert home.state(waiter.run_id) == "queued"
+        home.start_edge()
+        assert waiter.wait() == 7, (waiter.stderr(), home.edge_logs())
+        err = waiter.stderr()
+        assert len(_lines(err, NO_RUNTIME)) == 1, err  # said once, not at every poll
+        [line] = _lines(err, NO_RUNTIME)
+        assert line == (f"qlactors: no runtime is up for {home.path}: run {waiter.run_id} stays queued "
+                        "until one starts (`qlactors edge`); still waiting"), line
+        assert len(_lines(err, "a runtime is up for")) == 1, err  # and again once when it changed
+        assert "Traceback" not in err
+    finally:
+        if waiter is not None:
+            waiter.close()
+        home.close()
+
+
+def test_wait_timeout_exits_75_and_the_run_goes_on(shared):
+    waiter = Waiter(shared, "sleeper", "--wait", "--wait-timeout", "1.5")
+    shared.wait_running(waiter.run_id)
+    assert waiter.wait() == 75, waiter.stderr()
+    [line] = waiter.stderr().splitlines()
+    assert line.startswith(f"qlactors: run {waiter.run_id} is still running after --wait-timeout 1.5s; "
+                           "it goes on"), line
+    assert shared.state(waiter.run_id) == "running"  # the wait gave up, the run did not
+    shared.ok("cancel", waiter.run_id)
+    shared.wait_terminal(waiter.run_id)
+
+
+def test_sigint_on_run_wait_exits_130_and_says_the_run_goes_on(shared):
+    waiter = Waiter(shared, "sleeper", "--wait")
+    shared.wait_running(waiter.run_id)
+    waiter.proc.send_signal(signal.SIGINT)
+    assert waiter.wait() == 130, waiter.stderr()
+    [line] = waiter.stderr().splitlines()
+    assert line.startswith(f"qlactors: interrupted: run {waiter.run_id} goes on (running)"), line
+    assert "Traceback" not in waiter.stderr()
+    assert shared.state(waiter.run_id) == "running"  # Ctrl-C stopped the waiting only
+    shared.ok("cancel", waiter.run_id)
+    shared.wait_terminal(waiter.run_id)
+
+
+def test_a_cancelled_runs_130_says_it_was_cancelled(shared):
+    waiter = Waiter(shared, "sleeper", "--wait")
+    shared.wait_running(waiter.run_id)
+    shared.ok("cancel", waiter.run_id)
+    assert waiter.wait() == 130, waiter.stderr()
+    assert waiter.stderr().splitlines() == [f"qlactors: run {waiter.run_id} was cancelled (user)"]
+
+
+def test_wait_timeout_without_wait_or_not_above_zero_is_refused_and_requests_no_run(shared):
+    cases = [(("run", "quick", "--wait-timeout", "5"), "--wait-timeout needs --wait"),
+             (("run", "quick", "--wait", "--wait-timeout", "0"), "above 0"),
+             (("run", "quick", "--wait", "--wait-timeout", "1e3"), "not a number of seconds")]
+    before = shared.query("SELECT COUNT(*) AS n FROM runs")[0]["n"]
+    results = shared.gather(*[lambda argv=argv: shared.ql(*argv) for argv, _ in cases])
+    for (_, fragment), result in zip(cases, results):
+        assert_refused(result, fragment)
+    assert shared.query("SELECT COUNT(*) AS n FROM runs")[0]["n"] == before
