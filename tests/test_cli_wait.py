@@ -10,11 +10,10 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
-from pathlib import Path
 
 import pytest
 
-from edge_harness import QLACTORS, TERMINAL, Home, clean_env, wait_until
+from edge_harness import QLACTORS, Home, clean_env, wait_until
 from test_cli import assert_refused
 
 NO_RUNTIME = "no runtime is up for"
@@ -130,3 +129,82 @@ def test_wait_timeout_without_wait_or_not_above_zero_is_refused_and_requests_no_
     for (_, fragment), result in zip(cases, results):
         assert_refused(result, fragment)
     assert shared.query("SELECT COUNT(*) AS n FROM runs")[0]["n"] == before
+
+
+# --- logs of a run that never started ----------------------------------------------------------------
+
+
+def test_logs_of_a_run_that_never_started_says_so_plainly(tmp_path):
+    home = Home(tmp_path)  # no runtime: runs stay queued, or end cancelled before they start
+    home.add_tasks(("t", "--", "echo never"))
+    queued, cancelled = home.run("t"), home.run("t")
+    home.main("cancel", cancelled)
+    waiting, ended, ended_attempt = home.gather(lambda: home.ql("logs", queued),
+                                                lambda: home.ql("logs", cancelled),
+                                                lambda: home.ql("logs", cancelled, "--attempt", "1"))
+    for result in (waiting, ended, ended_attempt):
+        assert result.returncode == 0 and result.stdout == "", result
+        assert len(result.stderr.splitlines()) == 1 and "Traceback" not in result.stderr, result
+    assert waiting.stderr.startswith(f"qlactors: run {queued} has not started yet (attempt 1 claimed): "
+                                     "no output so far"), waiting.stderr
+    assert ended.stderr.startswith(f"qlactors: run {cancelled} attempt 1 never started (cancelled"), ended.stderr
+    assert ended_attempt.stderr == ended.stderr
+
+
+def test_logs_follow_of_a_queued_run_cancelled_before_it_starts_says_it_never_started(tmp_path):
+    home = Home(tmp_path)
+    home.add_tasks(("t", "--", "echo never"))
+    run_id = home.run("t")
+    err_path = tmp_path / "follow.err"
+    with open(err_path, "wb") as err:
+        follower = subprocess.Popen([*QLACTORS, "--home", str(home.path), "logs", run_id, "-f"],
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err, env=clean_env())
+    try:
+        wait_until(lambda: b"has not started yet" in err_path.read_bytes(), 15, "the follower's first line")
+        home.main("cancel", run_id)
+        out, _ = follower.communicate(timeout=15)
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+            follower.communicate()
+    assert follower.returncode == 0 and out == b""
+    lines = err_path.read_text().splitlines()
+    assert lines == [f"qlactors: run {run_id} has not started yet (claimed); waiting for it",
+                     f"qlactors: run {run_id} attempt 1 never started (cancelled, "
+                     f"{home.view(run_id)['attempts'][0]['error_code']}): it has no output"], lines
+
+
+# --- status --json names the active runs as the text does ------------------------------------------
+
+
+def _active_line(text: str) -> str:
+    [line] = [line for line in text.splitlines() if line.startswith("active runs: ")]
+    return line
+
+
+def test_status_json_names_the_active_runs_as_the_text_does_runtime_down(tmp_path):
+    home = Home(tmp_path)
+    home.add_tasks(("t", "--", "true"))
+    home.run("t")
+    home.main("cancel", home.run("t"))
+    as_json, as_text = home.gather(lambda: home.ql("status", "--json"), lambda: home.ql("status"))
+    assert as_json.returncode == 3 and as_text.returncode == 3
+    report = json.loads(as_json.stdout)
+    assert report["active_runs"] == {"queued": 1}  # the cancelled run is not active
+    assert report["runs"] == {"cancelled": 1, "queued": 1}
+    assert _active_line(as_text.stdout) == "active runs: queued 1"
+
+
+def test_status_json_names_the_active_runs_as_the_text_does_runtime_up(shared):
+    run_id = shared.run("sleeper")
+    try:
+        shared.wait_running(run_id)
+        as_json, as_text = shared.gather(lambda: shared.ql("status", "--json"), lambda: shared.ql("status"))
+        assert as_json.returncode == 0 and as_text.returncode == 0, (as_json, as_text)
+        active = json.loads(as_json.stdout)["active_runs"]
+        assert active == {"running": 1}, active
+        assert _active_line(as_text.stdout) == "active runs: running 1"
+        assert json.loads(shared.ql("status", "--json").stdout)["up"] is True
+    finally:
+        shared.ok("cancel", run_id)
+        shared.wait_terminal(run_id)

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 from ..domain.model import seconds_to_ms
-from ..domain.states import RUN_TERMINAL, RunStatus
+from ..domain.states import RUN_TERMINAL, AttemptStatus, RunStatus
 from ..errors import BadInput, NotFound
 from ..home import holder_pid, nudge, read_disk_hold, read_recovery_status, runtime_is_up
 from ..store.repository import Repository
@@ -146,18 +146,18 @@ def status(repo: Repository, args: argparse.Namespace) -> int:
     from ..store.control import Control
 
     counts = {k: v for k, v in Control(repo.store).status_counts().runs.items() if v}
+    active = {k: v for k, v in sorted(counts.items()) if not RunStatus(k).terminal}
     unresolved = read_recovery_status(home) if up else []
     hold = read_disk_hold(home) if up else None  # a file left by a runtime that died says nothing
     quarantined = _count_quarantined(args.cfg.receipts_dir)
     report = {"up": up, "pid": holder_pid(home) if up else None, "home": str(home),
-              "runs": counts, "unresolved_recoveries": unresolved, "quarantined_receipts": quarantined,
+              "runs": counts, "active_runs": active, "unresolved_recoveries": unresolved, "quarantined_receipts": quarantined,
               "disk_reserve_hold": hold}
     if args.json:
         render.dump_json(report)
     else:
         print(f"runtime: {'up (pid ' + str(report['pid']) + ')' if up else 'down'}  home: {home}")
-        active = {k: v for k, v in counts.items() if not RunStatus(k).terminal}
-        print("active runs: " + (", ".join(f"{k} {v}" for k, v in sorted(active.items())) or "none"))
+        print("active runs: " + (", ".join(f"{k} {v}" for k, v in active.items()) or "none"))
         print(f"unresolved recoveries: {len(unresolved)}")
         for item in unresolved:
             print(f"  attempt {item.get('attempt_id')}: {item.get('why')}")
@@ -201,19 +201,26 @@ def logs(repo: Repository, args: argparse.Namespace) -> int:
     path = LogStore(args.cfg.logs_dir).path_for(run_view.id, attempt.id)
     out = sys.stdout.buffer
 
+    def current():
+        return next(a for a in repo.runs.get(run_view.id).attempts if a.id == attempt.id)
+
     def done() -> bool:
         return repo.runs.get(run_view.id).state in TERMINAL_STATES
 
     if args.follow:
+        if not path.exists() and attempt.started_at_ms is None:
+            _say(f"run {run_view.id} has not started yet ({attempt.state}); waiting for it")
         while not path.exists():  # not started yet: wait for the log or the end of the run
             if done():
+                _say(_not_started(run_view.id, current()))
                 return 0
             time.sleep(0.2)
         follow(path, 0, done, out=out)
         return 0
+    if attempt.started_at_ms is None and (not path.exists() or path.stat().st_size == 0):
+        _say(_not_started(run_view.id, attempt))  # nothing to print, and the reason is no failure
+        return 0
     if not path.exists():
-        if attempt.state in ("claimed",):
-            return 0  # nothing written yet
         raise BadInput(f"no log file for run {run_view.id} attempt {attempt.number} (expected {path})")
     offset = 0
     while True:
@@ -224,6 +231,15 @@ def logs(repo: Repository, args: argparse.Namespace) -> int:
         offset += len(chunk)
     out.flush()
     return 0
+
+
+def _not_started(run_id: str, attempt) -> str:
+    """Why an attempt has no output: it has not started yet, or it ended before it could."""
+    if AttemptStatus(attempt.state).terminal:
+        why = attempt.state + (f", {attempt.error_code}" if attempt.error_code else "")
+        return f"run {run_id} attempt {attempt.number} never started ({why}): it has no output"
+    return (f"run {run_id} has not started yet (attempt {attempt.number} {attempt.state}): no output "
+            f"so far; `qlactors logs -f {run_id}` waits for it")
 
 
 def audit_receipts(repo: Repository | None, args: argparse.Namespace) -> int:
