@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -208,3 +209,54 @@ def test_status_json_names_the_active_runs_as_the_text_does_runtime_up(shared):
     finally:
         shared.ok("cancel", run_id)
         shared.wait_terminal(run_id)
+
+
+# --- the documentation of all this -------------------------------------------------------------------
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_docs_cli_has_one_exit_status_table_with_every_code():
+    text = (REPO / "docs" / "cli.md").read_text()
+    assert text.count("## Exit status") == 1
+    section = text.split("## Exit status", 1)[1].split("\n## ", 1)[0]
+    codes = [line.split("|")[1].strip() for line in section.splitlines()
+             if line.startswith("| ") and not line.startswith("| ---")]
+    assert codes[0] == "status"
+    assert codes[1:] == ["0", "1", "2", "3", "4", "75", "124", "125", "130", "other"]
+
+
+def test_user_docs_point_at_no_design_file_users_do_not_have():
+    for name in ("README.md", "docs/cli.md", "docs/protocol.md"):
+        text = (REPO / name).read_text()
+        assert "../shared" not in text and "SEMANTICS.md" not in text, name
+
+
+def test_readme_says_the_edge_default_runs_one_job_at_a_time_and_names_the_real_setting():
+    from qlactors.config import DEFAULTS
+
+    readme = (REPO / "README.md").read_text()
+    assert "one job at a time" in readme
+    assert DEFAULTS["edge"].slots == 1 and "slots = 1" in (REPO / "configs" / "edge.toml").read_text()
+    assert "[runtime]\nslots = 4\n" in readme
+
+
+def test_ctrl_c_on_any_other_command_exits_130_with_one_line(tmp_path):
+    home = Home(tmp_path)
+    home.add_tasks(("t", "--", "echo never"))
+    run_id = home.run("t")
+    err_path = tmp_path / "follow.err"
+    with open(err_path, "wb") as err:
+        follower = subprocess.Popen([*QLACTORS, "--home", str(home.path), "logs", run_id, "-f"],
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err, env=clean_env())
+    try:
+        wait_until(lambda: b"has not started yet" in err_path.read_bytes(), 15, "the follower's first line")
+        follower.send_signal(signal.SIGINT)
+        follower.communicate(timeout=15)
+    finally:
+        if follower.poll() is None:
+            follower.kill()
+            follower.communicate()
+    assert follower.returncode == 130
+    assert err_path.read_text().splitlines()[1:] == ["qlactors: interrupted"]
+    assert home.state(run_id) == "queued"

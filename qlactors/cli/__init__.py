@@ -80,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"qlactors: {err.strerror or err}{where}; the command stopped there", file=sys.stderr)
         return EXIT_RUNTIME
     except KeyboardInterrupt:
+        print("qlactors: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
         return EXIT_OK
