@@ -72,10 +72,16 @@ def _why_not_writable(home: Path) -> str:
 def _missing_database(database_url: str) -> Path | None:
     """The SQLite file the URL names, when it does not exist (None: it exists, or not SQLite)."""
     from sqlalchemy.engine import make_url  # the commands that get here open the store anyway
+    from sqlalchemy.exc import ArgumentError
 
     from .store.sqlite import database_path
 
-    path = database_path(make_url(database_url))
+    try:
+        url = make_url(database_url)
+    except ArgumentError:
+        raise BadInput(f"[database] url = {database_url!r} is not a database URL: use "
+                       "sqlite:///PATH or postgresql+psycopg://USER@HOST/DB") from None
+    path = database_path(url)
     return None if path is None or path.exists() else path
 
 

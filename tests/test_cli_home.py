@@ -172,3 +172,20 @@ def test_edge_and_writing_commands_on_a_read_only_home_say_it_is_not_writable(tm
         assert "pass --home" in result.stderr
     assert _modes(home) == before
     assert not (elsewhere / "x.db").exists()
+
+
+def test_a_database_url_that_is_no_url_is_refused_with_one_line(tmp_path):
+    config = tmp_path / "c.toml"
+    config.write_text('[database]\nurl = "nonsense"\n')
+    assert_refused(ql("--config", config, "task", "list", home=tmp_path / "home"), "is not a database URL")
+
+
+def test_a_file_system_refusal_nothing_foresaw_is_one_line_naming_the_path(tmp_path):
+    home = tmp_path / "home"
+    ok("task", "list", home=home)
+    (home / "runtime.lock").mkdir()  # the runtime cannot open its lock file
+    result = subprocess.run([*QLACTORS, "--home", str(home), "edge"], capture_output=True, text=True,
+                            timeout=60, env=clean_env(), stdin=subprocess.DEVNULL)
+    assert result.returncode == 1, result
+    assert result.stderr.splitlines() == [f"qlactors: Is a directory ({home / 'runtime.lock'}); "
+                                          "the command stopped there"], result.stderr
