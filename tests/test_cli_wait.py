@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from edge_harness import QLACTORS, Home, clean_env, wait_until
+from edge_harness import QLACTORS, TERMINAL, Home, clean_env, wait_until
 from test_cli import assert_refused
 
 NO_RUNTIME = "no runtime is up for"
@@ -98,6 +98,14 @@ def test_wait_timeout_exits_75_and_the_run_goes_on(shared):
     assert shared.state(waiter.run_id) == "running"  # the wait gave up, the run did not
     shared.ok("cancel", waiter.run_id)
     shared.wait_terminal(waiter.run_id)
+
+    retried = shared.ql("retry", waiter.run_id, "--wait", "--wait-timeout", "0.5")  # the same for retry
+    assert retried.returncode == 75, retried
+    new_id = retried.stdout.strip()
+    assert new_id != waiter.run_id and f"qlactors: run {new_id} is still " in retried.stderr, retried
+    assert shared.state(new_id) not in TERMINAL
+    shared.ok("cancel", new_id)
+    shared.wait_terminal(new_id)
 
 
 def test_sigint_on_run_wait_exits_130_and_says_the_run_goes_on(shared):

@@ -236,6 +236,6 @@ def retry(repo: Repository, args: argparse.Namespace) -> int:
     """`retry RUN_ID [--wait]`: a new run of the same revision; stdout is its id, as for `run`."""
     from .runtime_commands import announce_and_follow, wait_options
 
-    wait_options(args)
+    timeout_ms = wait_options(args)
     admission = repo.runs.retry(args.run_id)
-    return announce_and_follow(repo, args, admission.run.id)
+    return announce_and_follow(repo, args, admission.run.id, timeout_ms)

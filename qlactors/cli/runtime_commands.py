@@ -57,18 +57,19 @@ def wait_options(args: argparse.Namespace) -> int | None:
 
 
 def run(repo: Repository, args: argparse.Namespace) -> int:
-    wait_options(args)
+    timeout_ms = wait_options(args)
     admission = repo.runs.request(args.name)
-    return announce_and_follow(repo, args, admission.run.id)
+    return announce_and_follow(repo, args, admission.run.id, timeout_ms)
 
 
-def announce_and_follow(repo: Repository, args: argparse.Namespace, run_id: str) -> int:
+def announce_and_follow(repo: Repository, args: argparse.Namespace, run_id: str,
+                        timeout_ms: int | None) -> int:
     """Print a new run's id, nudge the runtime, and with `--wait` follow it to its exit status."""
     print(run_id, flush=True)
     nudge(args.cfg.home)
     if not args.wait:
         return 0
-    return Follow(repo, args.cfg.home, run_id, wait_options(args)).exit_status()
+    return Follow(repo, args.cfg.home, run_id, timeout_ms).exit_status()
 
 
 class Follow:
