@@ -9,15 +9,95 @@ import json
 import os
 from pathlib import Path
 
-from .errors import QlactorsError
+from .errors import BadInput, QlactorsError
 
 LOCK_FILE = "runtime.lock"
 RECOVERY_STATUS_FILE = "recovery-status.json"  # written by Recovery, read by `status`
 DISK_HOLD_FILE = "disk-hold.json"  # written by the Supervisor while the disk reserve holds attempts back
+FILE_MODE = 0o600  # every file in the home; directories are 0700
 
 
 class AlreadyRunning(QlactorsError):
     """Another runtime holds this home's lock."""
+
+
+class HomeUnusable(BadInput):
+    """The home cannot be used as it is (not writable, or its database gone); nothing was changed."""
+
+
+LEFTOVER_DIRS = ("logs", "receipts")
+_LEFTOVER_COUNT_LIMIT = 10_000  # counting stops here: the point is that something is there
+
+
+def check_home(home: Path, database_url: str, *, audit: bool = False) -> Path | None:
+    """Refuse a home no command can work in; None when it is fine.
+
+    Not writable: SQLite must write beside its database even to read it (WAL index), and the
+    runtime writes its lock, logs and receipts there. No database while `logs/` or `receipts/`
+    hold files of earlier runs: creating an empty one would silently forget those runs (and let
+    their receipts be judged orphans), so only `audit` (`audit=True`), which never creates a
+    database, may go on: it gets the missing database's path back.
+    """
+    home = Path(home)
+    if not os.access(home, os.W_OK | os.X_OK):
+        raise HomeUnusable(
+            f"home {home} is not writable ({_why_not_writable(home)}): qlactors keeps its database, "
+            "logs and receipts there and writes even to read them; nothing was changed: make it "
+            "writable, or pass --home (or set QLACTORS_HOME) to a writable directory")
+    database = _missing_database(database_url)
+    if database is None:
+        return None
+    if audit:
+        return database
+    found = {name: _count_files(home / name) for name in LEFTOVER_DIRS}
+    if any(found.values()):
+        held = " and ".join(f"{_plural(n)} under {name}/" for name, n in found.items() if n)
+        raise HomeUnusable(
+            f"no database at {database}, but {home} holds {held} from earlier runs; nothing was "
+            f"created: restore {database.name} from a backup, or move "
+            f"{' and '.join(f'{name}/' for name in LEFTOVER_DIRS)} aside to start afresh "
+            "(`qlactors audit receipts` lists the receipts no database knows)")
+    return None
+
+
+def _why_not_writable(home: Path) -> str:
+    try:
+        if os.statvfs(home).f_flag & os.ST_RDONLY:
+            return "it is on a read-only file system"
+    except OSError:
+        pass
+    return f"permission denied for uid {os.getuid()}"
+
+
+def _missing_database(database_url: str) -> Path | None:
+    """The SQLite file the URL names, when it does not exist (None: it exists, or not SQLite)."""
+    from sqlalchemy.engine import make_url  # the commands that get here open the store anyway
+    from sqlalchemy.exc import ArgumentError
+
+    from .store.sqlite import database_path
+
+    try:
+        url = make_url(database_url)
+    except ArgumentError:
+        raise BadInput(f"[database] url = {database_url!r} is not a database URL: use "
+                       "sqlite:///PATH or postgresql+psycopg://USER@HOST/DB") from None
+    path = database_path(url)
+    return None if path is None or path.exists() else path
+
+
+def _count_files(root: Path) -> int:
+    """Regular files below `root` (bounded; a missing root has none)."""
+    count = 0
+    for _dirpath, _dirnames, filenames in os.walk(root):
+        count += len(filenames)
+        if count >= _LEFTOVER_COUNT_LIMIT:
+            break
+    return count
+
+
+def _plural(n: int) -> str:
+    more = "+" if n >= _LEFTOVER_COUNT_LIMIT else ""
+    return f"{n}{more} file" + ("" if n == 1 else "s")
 
 
 def nudge_endpoint(home: Path) -> str:
@@ -39,7 +119,7 @@ class RuntimeLock:
         self.fd = -1
 
     def acquire(self) -> None:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as err:
@@ -112,7 +192,10 @@ def _write_json(home: Path, name: str, data: dict) -> None:
     """Publish a small status file of the home atomically: temp file, then rename."""
     path = Path(home) / name
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
+    with os.fdopen(fd, "w") as out:
+        os.fchmod(fd, FILE_MODE)  # files in the home are the user's only, whatever the umask
+        out.write(json.dumps(data))
     os.replace(tmp, path)
 
 

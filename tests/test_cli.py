@@ -76,6 +76,7 @@ def assert_refused(result: subprocess.CompletedProcess, fragment: str) -> None:
 
 def test_task_add_one_spaced_word_is_a_shell_string_several_words_an_argv_and_options_are_stored(tmp_path):
     home = tmp_path / "home"
+    (tmp_path / "sub" / "dir").mkdir(parents=True)  # a --cwd that does not exist is refused
     ok("task", "add", "sh1", "--", "echo hi && echo there", home=home)
     added = ok("task", "add", "argv1", "--timeout", "2.5", "--stop-grace", "3", "--max-concurrent", "4",
                "--cwd", "sub/dir", "--env", "A=1", "--env", "B=x=y", "--retry-on-lost",

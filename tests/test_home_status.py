@@ -35,3 +35,14 @@ def test_an_unreadable_status_file_reads_as_nothing(tmp_path, text):
     (tmp_path / DISK_HOLD_FILE).write_text(text)
     assert read_recovery_status(tmp_path) == []
     assert read_disk_hold(tmp_path) is None
+
+
+def test_status_files_are_private_whatever_the_umask(tmp_path):
+    old = os.umask(0o022)
+    try:
+        write_recovery_status(tmp_path, {"a-1": "identity missing"})
+        write_disk_hold(tmp_path, free_bytes=1, reserve_bytes=2, path="/logs", since_ms=3)
+    finally:
+        os.umask(old)
+    for name in (RECOVERY_STATUS_FILE, DISK_HOLD_FILE):
+        assert (tmp_path / name).stat().st_mode & 0o777 == 0o600, name

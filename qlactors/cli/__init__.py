@@ -53,12 +53,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("`-- COMMAND` belongs to `task add` and `task update` only")
     args.words = words
     try:
+        from ..home import check_home
         from ..store.repository import Repository
 
         cfg = config_mod.load(args.home, args.config, profile=getattr(args, "profile", None))
         config_mod.ensure_home(cfg)
         args.cfg = cfg
         handler = _handler(args)
+        if check_home(cfg.home, cfg.database_url, audit=args.command == "audit") is not None:
+            return handler(None, args)  # `audit` without a database: it never creates one
         repo = Repository.open(cfg.database_url)
         try:
             status = handler(repo, args)
@@ -72,7 +75,12 @@ def main(argv: list[str] | None = None) -> int:
     except QlactorsError as err:
         print(f"qlactors: {err}", file=sys.stderr)
         return err.exit_status
+    except OSError as err:  # the file system refused something no check above foresaw
+        where = f" ({err.filename})" if err.filename else ""
+        print(f"qlactors: {err.strerror or err}{where}; the command stopped there", file=sys.stderr)
+        return EXIT_RUNTIME
     except KeyboardInterrupt:
+        print("qlactors: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
         return EXIT_OK

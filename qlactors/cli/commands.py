@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import stat
 import sys
 from typing import Any
 
 from ..domain.cron import grace_ms_from_seconds
 from ..domain.model import Command, TaskSpec, parse_env_pairs, seconds_to_ms
+from ..domain.numbers import parse_whole
 from ..domain.retention import RetentionPolicy, TaskRetention, parse_keep_days, parse_keep_runs
 from ..domain.retry import RetryPolicy
 from ..errors import BadInput
@@ -18,16 +20,34 @@ from . import render
 
 
 def _whole(option: str, text: str) -> int:
-    try:
-        return int(text, 10)
-    except (TypeError, ValueError):
-        raise BadInput(f"{option}: {text!r} is not a whole number") from None
+    return parse_whole(option, text)
 
 
 def _directory(text: str) -> str:
     if not text:
         raise BadInput("--cwd needs a directory")
     return os.path.abspath(text)
+
+
+def _check_cwd(repo: Repository, changes: dict[str, Any]) -> None:
+    """Refuse a `--cwd` that this box can tell is no directory (edge: the jobs run here).
+
+    Only a definite answer refuses (no such path, not a directory): a path this user may not
+    look into is kept, and so is any path of a cluster task, whose jobs run on the workers; the
+    job's start is the final judge there (`EXECUTOR_START_FAILED`).
+    """
+    path = changes.get("cwd")
+    if path is None or repo.store.is_postgres:
+        return
+    try:
+        found = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        raise BadInput(f"--cwd {path}: no such directory; nothing was written: create it first "
+                       "or give another one") from None
+    except OSError:
+        return  # cannot be checked from here (permissions, a stale mount): the start decides
+    if not stat.S_ISDIR(found.st_mode):
+        raise BadInput(f"--cwd {path}: not a directory; nothing was written: give a directory")
 
 
 def _timeout(text: str) -> int | None:
@@ -110,6 +130,7 @@ def task_add(repo: Repository, args: argparse.Namespace, words: list[str] | None
         raise BadInput("no command given: put it after `--`, e.g. "
                        f"`qlactors task add {args.name} -- echo hello`")
     changes = _changes(args, RetryPolicy())
+    _check_cwd(repo, changes)
     spec = TaskSpec(name=args.name, command=Command.from_words(words), **changes)
     view = repo.tasks.add(spec, trigger=_trigger(args), retention=TaskRetention(**_retention(args)))
     print(f"task {view.name} added (revision {view.revision})")
@@ -123,6 +144,7 @@ def task_add(repo: Repository, args: argparse.Namespace, words: list[str] | None
 def task_update(repo: Repository, args: argparse.Namespace, words: list[str] | None) -> int:
     current = repo.tasks.get(args.name)
     changes = _changes(args, current.spec.retry)
+    _check_cwd(repo, changes)
     if words:
         changes["command"] = Command.from_words(words)
     trigger, remove = _trigger(args), bool(getattr(args, "no_cron", False))
@@ -212,7 +234,8 @@ def cancel(repo: Repository, args: argparse.Namespace) -> int:
 
 def retry(repo: Repository, args: argparse.Namespace) -> int:
     """`retry RUN_ID [--wait]`: a new run of the same revision; stdout is its id, as for `run`."""
-    from .runtime_commands import announce_and_follow
+    from .runtime_commands import announce_and_follow, wait_options
 
+    timeout_ms = wait_options(args)
     admission = repo.runs.retry(args.run_id)
-    return announce_and_follow(repo, args, admission.run.id)
+    return announce_and_follow(repo, args, admission.run.id, timeout_ms)

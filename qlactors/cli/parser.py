@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from .. import __version__
+from ..domain.numbers import WHOLE_HINT, whole_or_none
 from ..domain.states import RunStatus
 
 
@@ -13,6 +14,29 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str):
         self.exit(2, f"qlactors: {message} (see `{self.prog} --help`)\n")
+
+
+def whole(text: str) -> int:
+    """An argparse `type` for N options: the strict grammar of docs/cli.md "Numbers"."""
+    value = whole_or_none(text)
+    if value is None:
+        raise argparse.ArgumentTypeError(f"{text!r} {WHOLE_HINT}")
+    return value
+
+
+def utf8(value: str) -> str:
+    """An argparse `type` for names and ids: text that is valid UTF-8 (argv may hold any bytes).
+
+    Python turns undecodable argv bytes into lone surrogates, which the database driver cannot
+    encode; refusing them here gives one line instead of a traceback, before anything is opened.
+    """
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raw = value.encode("utf-8", "surrogateescape")
+        raise argparse.ArgumentTypeError(f"{raw!r} is not valid UTF-8 (task names and run ids are "
+                                         "letters, digits, '.', '_' and '-')") from None
+    return value
 
 
 def _task_options(p: argparse.ArgumentParser, *, update: bool) -> None:
@@ -70,46 +94,50 @@ def build() -> Parser:
     task = sub.add_parser("task", help="add, change, list and remove tasks")
     tsub = task.add_subparsers(dest="task_command", metavar="ACTION", required=True, parser_class=Parser)
     add = tsub.add_parser("add", help="add a task: task add NAME [options] -- COMMAND [ARG]...")
-    add.add_argument("name")
+    add.add_argument("name", type=utf8)
     _task_options(add, update=False)
     upd = tsub.add_parser("update", help="change a task (a new revision): task update NAME [options] [-- COMMAND...]")
-    upd.add_argument("name")
+    upd.add_argument("name", type=utf8)
     _task_options(upd, update=True)
     for action, text in (("enable", "allow cron admission again"), ("disable", "stop cron admission (run still works)")):
-        tsub.add_parser(action, help=text).add_argument("name")
+        tsub.add_parser(action, help=text).add_argument("name", type=utf8)
     lst = tsub.add_parser("list", help="list tasks")
     lst.add_argument("--json", action="store_true")
     show = tsub.add_parser("show", help="show one task")
-    show.add_argument("name")
+    show.add_argument("name", type=utf8)
     show.add_argument("--json", action="store_true")
     rm = tsub.add_parser("rm", help="remove a task (history is kept)")
-    rm.add_argument("name")
+    rm.add_argument("name", type=utf8)
     rm.add_argument("--force", action="store_true", help="cancel its active runs instead of refusing")
 
     run = sub.add_parser("run", help="request a run now; prints the run id")
-    run.add_argument("name")
+    run.add_argument("name", type=utf8)
     run.add_argument("--wait", action="store_true",
                      help="follow it to the end; exit with the job's exit code (124 timed out, "
-                          "130 cancelled, 125 failed without an exit code)")
+                          "130 cancelled or interrupted, 125 failed without an exit code)")
+    run.add_argument("--wait-timeout", metavar="SEC",
+                     help="with --wait: give up waiting after SEC seconds, exit 75 (the run goes on)")
 
     runs = sub.add_parser("runs", help="list runs, newest first")
-    runs.add_argument("--task", metavar="NAME")
+    runs.add_argument("--task", metavar="NAME", type=utf8)
     runs.add_argument("--state", choices=[s.value for s in RunStatus])
-    runs.add_argument("--limit", type=int, default=20, metavar="N", help="at most N runs (default 20, max 500)")
-    runs.add_argument("--after", metavar="CURSOR", help="continue from a previous page's cursor")
+    runs.add_argument("--limit", type=whole, default=20, metavar="N", help="at most N runs (default 20, max 500)")
+    runs.add_argument("--after", metavar="CURSOR", type=utf8, help="continue from a previous page's cursor")
     runs.add_argument("--json", action="store_true")
 
     show_run = sub.add_parser("show", help="a run with its attempts and events")
-    show_run.add_argument("run_id")
+    show_run.add_argument("run_id", type=utf8)
     show_run.add_argument("--json", action="store_true")
 
     cancel = sub.add_parser("cancel", help="cancel a run")
-    cancel.add_argument("run_id")
+    cancel.add_argument("run_id", type=utf8)
 
     retry = sub.add_parser("retry", help="run a finished run again (same task revision); prints the new run id")
-    retry.add_argument("run_id")
+    retry.add_argument("run_id", type=utf8)
     retry.add_argument("--wait", action="store_true",
                        help="follow the new run to the end; exit statuses as for `run --wait`")
+    retry.add_argument("--wait-timeout", metavar="SEC",
+                       help="with --wait: give up waiting after SEC seconds, exit 75 (the run goes on)")
 
     edge = sub.add_parser("edge", help="run the local runtime in the foreground until SIGTERM/SIGINT")
     edge.add_argument("--profile", choices=("edge", "standalone"), help="budgets (default: config, else edge)")
@@ -121,16 +149,16 @@ def build() -> Parser:
     status.add_argument("--json", action="store_true")
 
     logs = sub.add_parser("logs", help="the job's output, byte for byte")
-    logs.add_argument("run_id")
-    logs.add_argument("--attempt", type=int, metavar="N", help="attempt number (default: the latest)")
+    logs.add_argument("run_id", type=utf8)
+    logs.add_argument("--attempt", type=whole, metavar="N", help="attempt number (default: the latest)")
     logs.add_argument("-f", "--follow", action="store_true", help="keep printing until the run ends")
 
     audit = sub.add_parser("audit", help="read-only checks of the home's files")
     asub = audit.add_subparsers(dest="audit_command", metavar="WHAT", required=True, parser_class=Parser)
     receipts = asub.add_parser("receipts", help="classify receipt files no journal row accounts for")
     receipts.add_argument("--shard", default="00", metavar="HEX", help="first shard to read (00..ff)")
-    receipts.add_argument("--shards", type=int, default=8, metavar="N", help="shards to read (max 32)")
-    receipts.add_argument("--per-shard", type=int, default=32, metavar="N", help="entries per shard (max 64)")
+    receipts.add_argument("--shards", type=whole, default=8, metavar="N", help="shards to read (max 32)")
+    receipts.add_argument("--per-shard", type=whole, default=32, metavar="N", help="entries per shard (max 64)")
     receipts.add_argument("--quarantine", action="store_true",
                           help="move eligible orphans into .orphan-quarantine (never deletes)")
     receipts.add_argument("--json", action="store_true")

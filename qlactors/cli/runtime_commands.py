@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 import time
 from pathlib import Path
 
-from ..domain.states import RUN_TERMINAL, RunStatus
+from ..domain.model import seconds_to_ms
+from ..domain.states import RUN_TERMINAL, AttemptStatus, RunStatus
 from ..errors import BadInput, NotFound
 from ..home import holder_pid, nudge, read_disk_hold, read_recovery_status, runtime_is_up
 from ..store.repository import Repository
 from . import render
 
-EXIT_TIMED_OUT, EXIT_CANCELLED, EXIT_FAILED_NO_CODE, EXIT_DOWN = 124, 130, 125, 3
+EXIT_TIMED_OUT, EXIT_CANCELLED, EXIT_FAILED_NO_CODE, EXIT_DOWN, EXIT_WAIT_TIMEOUT = 124, 130, 125, 3, 75
 WAIT_POLL_S = 0.1
 TERMINAL_STATES = frozenset(s.value for s in RUN_TERMINAL)
 
@@ -40,29 +42,103 @@ def exit_status_of(state: str, exit_code: int | None) -> int:
     return EXIT_FAILED_NO_CODE if exit_code is None else exit_code
 
 
-def wait_for(repo: Repository, run_id: str, poll_s: float = WAIT_POLL_S):
-    """Poll the database (a read transaction each time) until the run is terminal."""
-    while True:
-        run = repo.runs.get(run_id)
-        if run.state in TERMINAL_STATES:
-            return run
-        time.sleep(poll_s)
+def wait_options(args: argparse.Namespace) -> int | None:
+    """`--wait-timeout SEC` in ms (None: wait as long as it takes); checked before any write."""
+    text = getattr(args, "wait_timeout", None)
+    if text is None:
+        return None
+    if not args.wait:
+        raise BadInput("--wait-timeout needs --wait; nothing was written")
+    ms = seconds_to_ms("--wait-timeout", text)
+    if ms == 0:
+        raise BadInput("--wait-timeout: give a number of seconds above 0 (without it, --wait waits "
+                       "as long as the run takes); nothing was written")
+    return ms
 
 
 def run(repo: Repository, args: argparse.Namespace) -> int:
+    timeout_ms = wait_options(args)
     admission = repo.runs.request(args.name)
-    return announce_and_follow(repo, args, admission.run.id)
+    return announce_and_follow(repo, args, admission.run.id, timeout_ms)
 
 
-def announce_and_follow(repo: Repository, args: argparse.Namespace, run_id: str) -> int:
+def announce_and_follow(repo: Repository, args: argparse.Namespace, run_id: str,
+                        timeout_ms: int | None) -> int:
     """Print a new run's id, nudge the runtime, and with `--wait` follow it to its exit status."""
     print(run_id, flush=True)
     nudge(args.cfg.home)
     if not args.wait:
         return 0
-    final = wait_for(repo, run_id)
-    last = final.attempts[-1] if final.attempts else None
-    return exit_status_of(final.state, last.exit_code if last else None)
+    return Follow(repo, args.cfg.home, run_id, timeout_ms).exit_status()
+
+
+class Follow:
+    """`--wait`: poll the run (a read transaction each time) until it ends, the wait times out,
+    or SIGINT arrives. Stderr says when no runtime is up to run it (once per change), and why
+    the exit status is 75, 124, 125 or 130; the run itself is never touched."""
+
+    def __init__(self, repo: Repository, home: Path, run_id: str, timeout_ms: int | None,
+                 poll_s: float = WAIT_POLL_S) -> None:
+        self.repo, self.home, self.run_id = repo, home, run_id
+        self.timeout_ms, self.poll_s = timeout_ms, poll_s
+        self.runtime_up: bool | None = None  # as last said on stderr; None: nothing said yet
+        self.interrupted = False
+
+    def exit_status(self) -> int:
+        previous = signal.signal(signal.SIGINT, self._on_sigint)  # a flag, not KeyboardInterrupt
+        try:                                                      # inside a database read
+            return self._follow()
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    def _on_sigint(self, _signum, _frame) -> None:
+        self.interrupted = True
+
+    def _follow(self) -> int:
+        started = time.monotonic()
+        while True:
+            run = self.repo.runs.get(self.run_id)
+            if run.state in TERMINAL_STATES:
+                return self._ended(run)
+            if self.interrupted:
+                _say(f"interrupted: run {run.id} goes on ({run.state}); follow it with "
+                     f"`qlactors logs -f {run.id}`, stop it with `qlactors cancel {run.id}`")
+                return EXIT_CANCELLED
+            if self.timeout_ms is not None and (time.monotonic() - started) * 1000 >= self.timeout_ms:
+                _say(f"run {run.id} is still {run.state} after --wait-timeout "
+                     f"{render.seconds(self.timeout_ms)}; it goes on: follow it with "
+                     f"`qlactors show {run.id}`")
+                return EXIT_WAIT_TIMEOUT
+            self._say_runtime(run.state)
+            time.sleep(self.poll_s)
+
+    def _say_runtime(self, state: str) -> None:
+        up = runtime_is_up(self.home)
+        if up == self.runtime_up or (up and self.runtime_up is None):
+            self.runtime_up = up
+            return
+        if up:
+            _say(f"a runtime is up for {self.home} (pid {holder_pid(self.home) or '?'}): "
+                 f"following run {self.run_id}")
+        else:
+            _say(f"no runtime is up for {self.home}: run {self.run_id} stays {state} until one "
+                 "starts (`qlactors edge`); still waiting")
+        self.runtime_up = up
+
+    def _ended(self, run) -> int:
+        last = run.attempts[-1] if run.attempts else None
+        status = exit_status_of(run.state, last.exit_code if last else None)
+        if run.state == RunStatus.CANCELLED.value:
+            _say(f"run {run.id} was cancelled ({run.cancel_reason or 'no reason recorded'})")
+        elif run.state == RunStatus.TIMED_OUT.value:
+            _say(f"run {run.id} timed out")
+        elif status == EXIT_FAILED_NO_CODE and (last is None or last.exit_code is None):
+            _say(f"run {run.id} failed without an exit code ({run.error_code or 'no error code'})")
+        return status
+
+
+def _say(line: str) -> None:
+    print(f"qlactors: {line}", file=sys.stderr, flush=True)
 
 
 def status(repo: Repository, args: argparse.Namespace) -> int:
@@ -71,18 +147,18 @@ def status(repo: Repository, args: argparse.Namespace) -> int:
     from ..store.control import Control
 
     counts = {k: v for k, v in Control(repo.store).status_counts().runs.items() if v}
+    active = {k: v for k, v in sorted(counts.items()) if not RunStatus(k).terminal}
     unresolved = read_recovery_status(home) if up else []
     hold = read_disk_hold(home) if up else None  # a file left by a runtime that died says nothing
     quarantined = _count_quarantined(args.cfg.receipts_dir)
     report = {"up": up, "pid": holder_pid(home) if up else None, "home": str(home),
-              "runs": counts, "unresolved_recoveries": unresolved, "quarantined_receipts": quarantined,
+              "runs": counts, "active_runs": active, "unresolved_recoveries": unresolved, "quarantined_receipts": quarantined,
               "disk_reserve_hold": hold}
     if args.json:
         render.dump_json(report)
     else:
         print(f"runtime: {'up (pid ' + str(report['pid']) + ')' if up else 'down'}  home: {home}")
-        active = {k: v for k, v in counts.items() if not RunStatus(k).terminal}
-        print("active runs: " + (", ".join(f"{k} {v}" for k, v in sorted(active.items())) or "none"))
+        print("active runs: " + (", ".join(f"{k} {v}" for k, v in active.items()) or "none"))
         print(f"unresolved recoveries: {len(unresolved)}")
         for item in unresolved:
             print(f"  attempt {item.get('attempt_id')}: {item.get('why')}")
@@ -126,19 +202,26 @@ def logs(repo: Repository, args: argparse.Namespace) -> int:
     path = LogStore(args.cfg.logs_dir).path_for(run_view.id, attempt.id)
     out = sys.stdout.buffer
 
+    def current():
+        return next(a for a in repo.runs.get(run_view.id).attempts if a.id == attempt.id)
+
     def done() -> bool:
         return repo.runs.get(run_view.id).state in TERMINAL_STATES
 
     if args.follow:
+        if not path.exists() and attempt.started_at_ms is None:
+            _say(f"run {run_view.id} has not started yet ({attempt.state}); waiting for it")
         while not path.exists():  # not started yet: wait for the log or the end of the run
             if done():
+                _say(_not_started(run_view.id, current()))
                 return 0
             time.sleep(0.2)
         follow(path, 0, done, out=out)
         return 0
+    if attempt.started_at_ms is None and (not path.exists() or path.stat().st_size == 0):
+        _say(_not_started(run_view.id, attempt))  # nothing to print, and the reason is no failure
+        return 0
     if not path.exists():
-        if attempt.state in ("claimed",):
-            return 0  # nothing written yet
         raise BadInput(f"no log file for run {run_view.id} attempt {attempt.number} (expected {path})")
     offset = 0
     while True:
@@ -151,15 +234,42 @@ def logs(repo: Repository, args: argparse.Namespace) -> int:
     return 0
 
 
-def audit_receipts(repo: Repository, args: argparse.Namespace) -> int:
-    from ..process.audit import audit
+def _not_started(run_id: str, attempt) -> str:
+    """Why an attempt has no output: it has not started yet, or it ended before it could."""
+    if AttemptStatus(attempt.state).terminal:
+        why = attempt.state + (f", {attempt.error_code}" if attempt.error_code else "")
+        return f"run {run_id} attempt {attempt.number} never started ({why}): it has no output"
+    return (f"run {run_id} has not started yet (attempt {attempt.number} {attempt.state}): no output "
+            f"so far; `qlactors logs -f {run_id}` waits for it")
+
+
+def audit_receipts(repo: Repository | None, args: argparse.Namespace) -> int:
+    """`audit receipts`; `repo` is None when the home has no database (it is never created here)."""
+    from ..process.audit import DEFAULT_MIN_AGE_MS, audit
     from ..store.journal import Journal
 
-    journal = Journal(repo.store)
+    if repo is None:
+        if args.quarantine:
+            raise BadInput("audit receipts --quarantine: the home has no database, so nothing can "
+                           "tell an orphan from a receipt it still needs; nothing was moved: restore "
+                           "the database first, or move receipts/ aside yourself")
+        print(f"qlactors: the home has no database: no journal or run knows any receipt, so every "
+              f"receipt older than {DEFAULT_MIN_AGE_MS // 60_000} minutes is listed as an orphan; "
+              "nothing was created", file=sys.stderr)
+
+        def is_registered(_attempt_id: str) -> bool:
+            return False
+        is_active = is_registered
+    else:
+        journal = Journal(repo.store)
+
+        def is_registered(attempt_id: str) -> bool:
+            return journal.get(attempt_id) is not None
+
+        def is_active(attempt_id: str) -> bool:
+            return repo.runs.attempt_state(attempt_id) not in (None, *TERMINAL_STATES)
     try:
-        report = audit(args.cfg.receipts_dir,
-                       is_registered=lambda aid: journal.get(aid) is not None,
-                       is_active=lambda aid: repo.runs.attempt_state(aid) not in (None, *TERMINAL_STATES),
+        report = audit(args.cfg.receipts_dir, is_registered=is_registered, is_active=is_active,
                        now_ms=time.time_ns() // 1_000_000, start_shard=args.shard, shards=args.shards,
                        per_shard=args.per_shard, quarantine=args.quarantine)
     except ValueError as err:

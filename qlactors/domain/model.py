@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from ..errors import BadInput
+from .numbers import parse_decimal
 from .retry import RetryPolicy
 
 MAX_TIMEOUT_MS = 365 * 24 * 3600 * 1000  # a year; anything longer is a typo, not a timeout
@@ -146,26 +147,31 @@ def _check_env(env: Mapping[str, str]) -> None:
 
 
 def parse_env_pairs(pairs: list[str]) -> dict[str, str]:
-    """Turn `K=V` words into a mapping; a later repeat of a name replaces the earlier one."""
+    """Turn `K=V` words into a mapping; a name given twice is refused (which one was meant?)."""
     env: dict[str, str] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep:
             raise TaskSpecError(f"--env {pair!r}: expected NAME=VALUE")
+        if key in env:
+            raise TaskSpecError(f"--env {key!r} is given twice; give each name once")
         env[key] = value
     return env
 
 
 def seconds_to_ms(option: str, text: str) -> int:
-    """Parse a user's seconds (may be fractional) into whole milliseconds, rejecting junk."""
-    try:
-        seconds = float(text)
-    except (TypeError, ValueError):
-        raise TaskSpecError(f"{option}: {text!r} is not a number of seconds") from None
-    if seconds != seconds or seconds in (float("inf"), float("-inf")):
-        raise TaskSpecError(f"{option}: {text!r} is not a number of seconds")
+    """Parse a user's seconds (digits, optional fraction; docs/cli.md "Numbers") into whole ms.
+
+    qlactors counts milliseconds: a value finer than that (`0.0001`, `1.2345`) is refused rather
+    than rounded, so no non-zero input can silently become 0 ("no timeout").
+    """
+    seconds = parse_decimal(option, text, "seconds", TaskSpecError)
     if seconds < 0:
         raise TaskSpecError(f"{option}: {text} is negative; give a number of seconds >= 0")
-    if seconds > MAX_TIMEOUT_MS / 1000:
+    if seconds > MAX_TIMEOUT_MS // 1000:
         raise TaskSpecError(f"{option}: {text} seconds is absurd; the limit is 31536000 (a year)")
-    return round(seconds * 1000)
+    ms = seconds * 1000
+    if ms != ms.to_integral_value():
+        raise TaskSpecError(f"{option}: {text} is finer than a millisecond; give at most 3 decimals "
+                            "(the smallest non-zero value is 0.001)")
+    return int(ms)

@@ -10,12 +10,12 @@ its attempts, or a receipt file of one of its attempts is still on disk.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Iterable, Mapping
 
 from ..errors import BadInput
+from .numbers import parse_decimal, parse_whole
 
 MIN_MAX_AGE_MS = 1
 MAX_PAGE = 256
@@ -111,12 +111,7 @@ def parse_keep_days(text: str) -> int | None:
     """`--keep-days DAYS` (fractional allowed; `default`: the global bound) -> milliseconds or None."""
     if text.strip().lower() == "default":
         return None
-    try:
-        days = float(text)
-        if not math.isfinite(days):
-            raise ValueError(text)
-    except (TypeError, ValueError):
-        raise RetentionError(f"--keep-days: {text!r} is not a number of days (or `default`)") from None
+    days = parse_decimal("--keep-days", text, "days (or `default`)", RetentionError)
     lo, hi = KEEP_AGE_MS_RANGE
     if not lo <= round(days * DAY_MS) <= hi:
         raise RetentionError(f"--keep-days: {text} is out of range; give 0.0417 (an hour) to 3650 days, "
@@ -128,10 +123,7 @@ def parse_keep_runs(text: str) -> int | None:
     """`--keep-runs N` (`default`: the global bound) -> N or None."""
     if text.strip().lower() == "default":
         return None
-    try:
-        runs = int(text, 10)
-    except (TypeError, ValueError):
-        raise RetentionError(f"--keep-runs: {text!r} is not a whole number (or `default`)") from None
+    runs = parse_whole("--keep-runs", text, RetentionError)
     lo, hi = KEEP_RUNS_RANGE
     if not lo <= runs <= hi:
         raise RetentionError(f"--keep-runs: {text} is out of range; give {lo} to {hi}, or `default`")

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from ..domain.states import CancelReason
 from ..errors import BadInput
+from . import sqlite
 from .engine import Store
 from .migrations import migrate
 from .plans import load_run
@@ -32,8 +33,13 @@ class Repository:
     def open(cls, url: str) -> "Repository":
         """Open (and create or migrate) the database at `url`."""
         store = Store(url)
+        path = sqlite.database_path(store.url)
         try:
+            if path is not None:
+                sqlite.create_private(path)
             migrate(store)
+            if path is not None:
+                sqlite.tighten(path)
         except BaseException:
             store.close()
             raise

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import time
+from pathlib import Path
 
 from sqlalchemy import event
 from sqlalchemy.dialects.sqlite import insert as _insert
@@ -60,3 +62,43 @@ def now_ms(_conn) -> int:
 
 
 insert = _insert
+
+
+# The database and the -wal/-shm files SQLite makes beside it (with the database file's mode).
+FILE_MODE = 0o600
+_COMPANIONS = ("", "-wal", "-shm", "-journal")
+
+
+def database_path(url) -> Path | None:
+    """The file of a SQLite URL (None: not SQLite, or an in-memory database)."""
+    if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
+        return None
+    return Path(url.database)
+
+
+def create_private(path: Path) -> None:
+    """Create a missing database file 0600 before SQLite does: it would make it (and its -wal and
+    -shm, which copy its mode) 0644 under the usual umask, readable by every user of the box."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, FILE_MODE)
+    except FileExistsError:
+        return
+    except OSError:
+        return  # no such directory, not writable...: SQLite's own open says so, in one line
+    try:
+        os.fchmod(fd, FILE_MODE)  # a umask may narrow the mode, never widen it: pin it exactly
+    finally:
+        os.close(fd)
+
+
+def tighten(path: Path) -> None:
+    """Make an accepted database (and the -wal/-shm beside it) 0600 again, e.g. after an older
+    qlactors left them 0644. Only files this user owns; one stat each when nothing is wrong."""
+    for suffix in _COMPANIONS:
+        companion = path.with_name(path.name + suffix)
+        try:
+            st = os.stat(companion)
+            if st.st_mode & 0o077 and st.st_uid == os.getuid():
+                os.chmod(companion, FILE_MODE)
+        except OSError:
+            continue  # absent (no WAL yet), or not ours to change: leave it
