@@ -20,7 +20,7 @@ import json
 from sqlalchemy import and_, bindparam, exists, func, select
 from sqlalchemy.engine import Connection
 
-from ..domain.model import Command
+from ..domain.model import Command, env_from_json
 from ..domain.states import AttemptStatus, LeaseReleaseReason, LeaseStatus, RunStatus
 from ..domain.transitions import plan_activate, plan_end_by_intent, plan_offer, plan_start_failed, plan_started
 from ..errors import BadInput, Conflict
@@ -53,6 +53,7 @@ from .plans import (
     sql_states,
 )
 from .schema import run_attempts, run_dispatch_leases, runs, task_revisions, tasks, worker_sessions
+from .views import cwd_from_column
 
 ACTOR = "executor"
 MAX_ERROR_SUMMARY = 512
@@ -62,7 +63,6 @@ MAX_CAPACITY = 4096
 _MAX_PICKS = 8
 
 _A, _R, _L = AttemptStatus, RunStatus, LeaseStatus
-_SHELL = "/bin/sh"
 
 
 class _Mismatch(Exception):
@@ -75,11 +75,8 @@ class _Mismatch(Exception):
 
 
 def command_argv(command_json: str) -> tuple[str, ...]:
-    """The argv to exec: a shell-string task becomes `/bin/sh -c STRING`."""
-    command = Command.from_json(json.loads(command_json))
-    if command.shell is not None:
-        return (_SHELL, "-c", command.shell)
-    return tuple(command.argv)
+    """The argv to exec (`Command.exec_argv`); ValueError for a row it cannot read."""
+    return Command.from_json(json.loads(command_json)).exec_argv()
 
 
 class Dispatch:
@@ -244,7 +241,8 @@ class Dispatch:
             offer_id=attempt.offer_id, lease_generation=attempt.lease_generation,
             lease_version=attempt.lease_version, worker_id=attempt.worker_id,
             session_id=attempt.session_id, session_generation=attempt.session_generation,
-            task=name, argv=command_argv(rev.command_json), cwd=rev.cwd, env=json.loads(rev.env_json),
+            task=name, argv=command_argv(rev.command_json), cwd=cwd_from_column(rev.cwd),
+            env=env_from_json(json.loads(rev.env_json)),
             timeout_ms=rev.timeout_ms, stop_grace_ms=rev.stop_grace_ms, log_cap_bytes=log_cap_bytes)
 
     # -- fenced reports ----------------------------------------------------------------------
