@@ -28,6 +28,7 @@ from qlactors.domain.model import (
 )
 from qlactors.store.schema import task_revisions
 from qlactors.wire import codec
+from qlactors.wire.offers import check_revision_fits
 from store_helpers import new_hash, spec
 
 _EXE = Path(sys.executable).parent / "qlactors"
@@ -112,6 +113,16 @@ def test_cwd_and_env_values_are_limited_in_bytes_and_must_stand_for_bytes():
     _refused("--env K holds a lone surrogate", command=Command(argv=("true",)), env={"K": "\ud800"})
 
 
+def test_a_revision_whose_offer_cannot_fit_one_frame_is_refused():
+    env = {f"K{i}": "b" * 60_000 for i in range(20)}
+    big = TaskSpec(name="t", command=Command(argv=("true",)), env=env).validated()
+    with pytest.raises(TaskSpecError, match="do not fit one 262144-byte wire message"):
+        check_revision_fits(big)
+    # Just under the frame with the longest ids: it fits, whatever ids the offer gets.
+    check_revision_fits(TaskSpec(name="t", command=Command(argv=("true",)),
+                                 env={f"K{i}": "b" * 60_000 for i in range(4)}).validated())
+
+
 # --- both databases ----------------------------------------------------------------------------
 
 def test_non_utf8_command_env_and_cwd_round_trip_on_both_databases(repo, dispatch):
@@ -159,6 +170,23 @@ def test_task_add_takes_non_utf8_bytes_and_json_prints_them_as_base64(tmp_path):
     assert json.loads(listed.stdout)[0]["command"] == json.loads(shown.stdout)["command"]
     text = _ql(home, "task", "show", "nu1")
     assert text.returncode == 0 and b"echo \\xff\\xfe bad" in text.stdout
+
+
+def test_task_add_and_update_refuse_what_the_wire_cannot_carry(tmp_path):
+    home = tmp_path / "h"
+    assert _ql(home, "task", "add", "small", "--", "true").returncode == 0
+    envs = [a for i in range(20) for a in ("--env", f"K{i}={'b' * 60_000}")]
+    long_shell, big_env, big_update = _gather(
+        lambda: _ql(home, "task", "add", "long", "--", "echo " + "a" * (64 * 1024)),
+        lambda: _ql(home, "task", "add", "wide", *envs, "--", "true"),
+        lambda: _ql(home, "task", "update", "small", *envs))
+    for result, fragment in ((long_shell, b"over the 65536-byte limit for one command word"),
+                             (big_env, b"do not fit one 262144-byte wire message"),
+                             (big_update, b"do not fit one 262144-byte wire message")):
+        assert result.returncode == 2, result.stderr
+        assert fragment in result.stderr and result.stderr.count(b"\n") == 1, result.stderr
+    listed = json.loads(_ql(home, "task", "list", "--json").stdout)
+    assert [(t["name"], t["revision"], t["env"]) for t in listed] == [("small", 1, {})]
 
 
 # --- the process -------------------------------------------------------------------------------
