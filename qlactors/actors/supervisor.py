@@ -35,16 +35,6 @@ def fence_of(report: Any):
                  lease_token_hash=token_hash(report.lease_token), lease_version=report.lease_version)
 
 
-def _encodable(view: Any) -> None:
-    """The store's offer check: an offer the wire cannot carry ends its attempt OFFER_UNENCODABLE."""
-    try:
-        check_offer(view)
-    except ValueError as err:
-        log.error("event=offer_unencodable run=%s attempt=%s task=%s error=%s",
-                  view.run_id, view.attempt_id, view.task, err)
-        raise
-
-
 class Supervisor(RuntimeActor):
     name = "supervisor"
     uses_outbox = True
@@ -126,7 +116,7 @@ class Supervisor(RuntimeActor):
                 offer = self.ctx.dispatch.offer(
                     msg.worker_id, msg.session_id, msg.session_generation, msg.offer_id,
                     token_hash(msg.lease_token), log_cap_bytes=self.ctx.config.runtime.log_cap_bytes,
-                    check=_encodable)
+                    check=check_offer)  # an offer the wire cannot carry ends OFFER_UNENCODABLE
             except Fenced as err:
                 self._ack(peer, "pull", msg, "fenced", str(err))
                 return

@@ -16,6 +16,7 @@ run row itself (`FOR UPDATE SKIP LOCKED`), which every report also locks.
 from __future__ import annotations
 
 import json
+import logging
 from typing import Callable
 
 from sqlalchemy import and_, bindparam, exists, func, select
@@ -62,6 +63,8 @@ from .plans import (
 )
 from .schema import run_attempts, run_dispatch_leases, runs, task_revisions, tasks, worker_sessions
 from .views import cwd_from_column
+
+log = logging.getLogger("qlactors.dispatch")
 
 ACTOR = "executor"
 MAX_ERROR_SUMMARY = 512
@@ -258,6 +261,9 @@ class Dispatch:
                        actor_type=ACTOR, expected_callback_sequence=attempt.callback_sequence)
             run = load_run(conn, run.id)
         summary = f"no offer can carry this task revision: {err}"[:MAX_ERROR_SUMMARY]
+        # The reason names the rule that failed, never a value (codec and posix errors never echo one).
+        log.error("event=offer_unencodable run=%s attempt=%s task=%s revision=%s error=%s",
+                  run.id, attempt.id, run.task_id, run.task_revision, err)
         apply_plan(conn, plan_offer_unencodable(run_snapshot(run), attempt_snapshot(attempt)), now,
                    actor_type=ACTOR, expected_callback_sequence=attempt.callback_sequence,
                    run_values={"error_summary": summary}, attempt_values={"error_summary": summary})
