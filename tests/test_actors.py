@@ -541,6 +541,52 @@ def test_supervisor_a_wire_valid_report_the_store_rejects_is_refused_not_fatal(s
         assert answer.result in ("refused", "fenced")
 
 
+def test_supervisor_refused_or_fenced_reports_change_nothing_about_their_attempt(sup):
+    """Issue 9 §1: a report the store refuses (a ValueError inside its transaction) or fences
+    leaves the attempt, its run, its lease and its events exactly as they were."""
+    sup.register()
+    offer, lease_token, _, activated = sup.activated()
+    before = db_state(sup.repo, offer.run_id)
+    fence = sup.fence(offer, lease_token, lease_version=activated.lease_version)
+    reports = [
+        m.Started(**fence, boot_id=BOOT_ID, pid=0, pgid=0, start_ticks=1),  # refused: pid 0
+        m.Started(**{**fence, "lease_version": activated.lease_version + 7}, boot_id=BOOT_ID, pid=9,
+                  pgid=9, start_ticks=1),  # fenced: a version never granted
+        m.StartFailed(**{**fence, "offer_id": "another-offer"}, reason="spawn failed"),  # fenced
+        m.Activate(**{**fence, "lease_token": new_token()}, callback_token_hash="ab" * 32,
+                   log_artifact_id="x"),  # fenced: another lease token
+    ]
+    for report in reports:
+        sup.peer.send(report)
+        ack = sup.peer.expect(m.Ack)
+        assert ack.result in ("refused", "fenced"), (report.KIND, ack)
+        assert db_state(sup.repo, offer.run_id) == before, report.KIND
+    assert sup.alive()
+
+
+def test_supervisor_answers_a_pull_past_a_run_no_offer_can_carry(sup):
+    """Issue 9 §1: the pull gets the good run's offer; the planted one ends OFFER_UNENCODABLE."""
+    from sqlalchemy import select
+
+    from qlactors.store.schema import task_revisions, tasks
+
+    sup.register()
+    sup.repo.tasks.add(spec("bad"))
+    sup.repo.tasks.add(spec("good"))
+    with sup.repo.store.write() as conn:
+        bad_id = conn.execute(select(tasks.c.id).where(tasks.c.name == "bad")).scalar_one()
+        conn.execute(task_revisions.update().where(task_revisions.c.task_id == bad_id).values(
+            env_json='{"K": "' + "v" * (codec.MAX_STR_BYTES + 1) + '"}'))
+    bad = sup.repo.runs.request("bad").run.id
+    good = sup.repo.runs.request("good").run.id
+    answer, offer_id, _ = sup.pull()
+    assert isinstance(answer, m.Offer) and (answer.run_id, answer.offer_id) == (good, offer_id), answer
+    run = sup.repo.runs.get(bad)
+    assert (run.state, run.error_code) == ("failed", ErrorCode.OFFER_UNENCODABLE)
+    assert [(a.state, a.error_code) for a in run.attempts] == [("failed", ErrorCode.OFFER_UNENCODABLE)]
+    assert leases(sup.repo, bad) == [] and sup.alive()
+
+
 def test_supervisor_pull_with_no_free_slot_is_answered_idle(sup):
     sup.register()
     sup.repo.tasks.add(spec())

@@ -140,7 +140,8 @@ def test_run_table_matches_semantics():
     assert RUN_TRANSITIONS[R.QUEUED] == {R.DISPATCHING, R.CANCELLED}
     assert RUN_TRANSITIONS[R.LOST] == {R.RETRY_WAIT, R.FAILED, R.CANCELLED, R.TIMED_OUT}
     assert RUN_TRANSITIONS[R.RETRY_WAIT] == {R.QUEUED, R.CANCELLED}
-    assert ATTEMPT_TRANSITIONS[A.CLAIMED] == {A.STARTING, A.CANCELLED, A.LOST}
+    # `failed`: an offer that cannot be built or encoded (OFFER_UNENCODABLE, issue 9).
+    assert ATTEMPT_TRANSITIONS[A.CLAIMED] == {A.STARTING, A.FAILED, A.CANCELLED, A.LOST}
 
 
 def test_status_event_names_are_known_event_types():

@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import qlactors.wire.messages as messages_module
+from qlactors.domain.posix import posix_text
 from qlactors.domain.states import CancelReason
 from qlactors.wire import codec
 from qlactors.wire.codec import (
@@ -51,6 +52,7 @@ from qlactors.wire.messages import (
     MaxLen,
     Nudge,
     Offer,
+    PosixBytes,
     Pull,
     Renew,
     Started,
@@ -58,7 +60,7 @@ from qlactors.wire.messages import (
 )
 
 # Classes in messages.py that are not messages: the fence base and the annotation markers.
-NOT_MESSAGES = {FencedReport, MaxLen, Matches}
+NOT_MESSAGES = {FencedReport, MaxLen, Matches, PosixBytes}
 FENCE_FIELDS = ["worker_id", "session_id", "session_generation", "run_id", "attempt_id",
                 "offer_id", "lease_generation", "lease_token", "lease_version"]
 ID_FIELDS = {"run_id", "attempt_id", "offer_id", "session_id"}
@@ -118,15 +120,17 @@ def _strategy(tp: object) -> st.SearchStrategy[object]:
                 return st.from_regex(re.compile(marker.pattern), fullmatch=True)
             if isinstance(marker, MaxLen):
                 return st.text(max_size=marker.chars)
+            if isinstance(marker, PosixBytes):  # any bytes at all, held as os.fsdecode holds them
+                return st.binary(max_size=40).map(posix_text)
         raise AssertionError(f"no strategy for {tp!r}")
     if origin is Literal:
         return st.sampled_from(args)
     if origin in (Union, types.UnionType):
         return st.none() | _strategy(next(a for a in args if a is not type(None)))
     if origin is list:
-        return st.lists(_text, max_size=5)
+        return st.lists(_strategy(args[0]), max_size=5)
     if origin is dict:
-        return st.dictionaries(_text, _text, max_size=5)
+        return st.dictionaries(_text, _strategy(args[1]), max_size=5)
     raise AssertionError(f"no strategy for {tp!r}")
 
 
@@ -474,7 +478,12 @@ WRONG_VALUES = [
     (Offer, "timeout_ms", 1.5, "must be an integer, got a float"),
     (Offer, "argv", ["ok", 1], "item 1 must be a string, got an integer"),
     (Offer, "argv", ["ok", None], "item 1 must be a string, got nil"),
-    (Offer, "argv", ["ok", b"bin"], "item 1 must be a string, got binary"),
+    # A PosixStr travels as bin only when its bytes are not UTF-8: one spelling per value.
+    (Offer, "argv", ["ok", b"bin"], "item 1 is binary that is valid UTF-8"),
+    (Offer, "argv", ["ok", b"\xff" * (MAX_STR_BYTES + 1)], "item 1 is over the 65536-byte string limit"),
+    (Offer, "cwd", b"/tmp", "is binary that is valid UTF-8"),
+    (Offer, "cwd", b"/\xff" + b"d" * MAX_STR_BYTES, "string limit"),
+    (Offer, "env", {"K": b"v"}, "value of key 'K' is binary that is valid UTF-8"),
     (Offer, "argv", "echo hi", "must be an array of strings, got a string"),
     (Offer, "argv", {"a": "b"}, "must be an array of strings, got a map"),
     (Offer, "argv", None, "must be an array of strings, got nil"),
@@ -614,6 +623,35 @@ def test_encode_refuses_bad_values_at_their_origin():
         encode(dataclasses.replace(sample(Ack), result="ok"))
     with pytest.raises(EncodeError, match="cannot be packed"):
         encode(dataclasses.replace(sample(Ack), detail="\ud800"))
+
+
+def test_posix_values_travel_as_str_when_utf8_and_as_bin_otherwise():
+    """Command words, env values and cwd reach the executor byte for byte, UTF-8 or not."""
+    offer = dataclasses.replace(sample(Offer), argv=["printf", "\udcff\udcfe", "é"],
+                                cwd="/tmp/\udcff", env={"A": "plain", "B": "x\udc80y"})
+    body = body_of(offer)
+    assert body["argv"] == ["printf", b"\xff\xfe", "é"]
+    assert body["cwd"] == b"/tmp/\xff"
+    assert body["env"] == {"A": "plain", "B": b"x\x80y"}
+    assert decode(encode(offer)) == offer
+    # Escaped bytes that happen to form UTF-8 go out as that text: the same bytes, one spelling.
+    assert body_of(dataclasses.replace(offer, argv=["\udcc3\udca9"]))["argv"] == ["é"]
+
+
+def test_posix_values_are_limited_in_bytes_and_must_stand_for_bytes():
+    with pytest.raises(EncodeError, match="offer.argv item 0 holds a lone surrogate"):
+        encode(dataclasses.replace(sample(Offer), argv=["\ud800"]))
+    with pytest.raises(EncodeError, match="offer.cwd is over the 65536-byte string limit"):
+        encode(dataclasses.replace(sample(Offer), cwd="/" + "\udcff" * MAX_STR_BYTES))
+    with pytest.raises(EncodeError, match="offer.env value of key 'K' must be a string, got binary"):
+        encode(dataclasses.replace(sample(Offer), env={"K": b"\xff"}))
+    fits = dataclasses.replace(sample(Offer), argv=["\udcff" * MAX_STR_BYTES])
+    assert decode(encode(fits)) == fits
+
+
+def test_posix_str_takes_no_other_constraint():
+    with pytest.raises(TypeError, match="PosixStr"):
+        codec._compile(Annotated[str, messages_module.PosixBytes(), MaxLen(3)])
 
 
 def test_encode_refuses_a_message_over_the_frame_limit():

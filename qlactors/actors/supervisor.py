@@ -14,6 +14,7 @@ from ..faults import crash_point
 from ..home import clear_disk_hold, write_disk_hold
 from ..wire import messages as m
 from ..wire.bridge import Inbound
+from ..wire.offers import check_offer, offer_message
 from .base import RuntimeActor, now_ms
 from .signals import ActorFailed, AttemptEnded, CycleDone, Drain, Tick
 
@@ -114,20 +115,15 @@ class Supervisor(RuntimeActor):
             try:
                 offer = self.ctx.dispatch.offer(
                     msg.worker_id, msg.session_id, msg.session_generation, msg.offer_id,
-                    token_hash(msg.lease_token), log_cap_bytes=self.ctx.config.runtime.log_cap_bytes)
+                    token_hash(msg.lease_token), log_cap_bytes=self.ctx.config.runtime.log_cap_bytes,
+                    check=check_offer)  # an offer the wire cannot carry ends OFFER_UNENCODABLE
             except Fenced as err:
                 self._ack(peer, "pull", msg, "fenced", str(err))
                 return
         if offer is None:
             self.out.to_peer(peer, m.Idle(offer_id=msg.offer_id))
             return
-        self.out.to_peer(peer, m.Offer(
-            worker_id=offer.worker_id, session_id=offer.session_id,
-            session_generation=offer.session_generation, run_id=offer.run_id,
-            attempt_id=offer.attempt_id, attempt_number=offer.attempt_number, offer_id=offer.offer_id,
-            lease_generation=offer.lease_generation, lease_version=offer.lease_version,
-            argv=list(offer.argv), cwd=offer.cwd, env=dict(offer.env), timeout_ms=offer.timeout_ms,
-            stop_grace_ms=offer.stop_grace_ms, log_cap_bytes=offer.log_cap_bytes))
+        self.out.to_peer(peer, offer_message(offer))
 
     def _disk_has_room(self) -> bool:
         """The disk reserve: below it no attempt starts and queued runs wait (logged once per hold).

@@ -16,6 +16,7 @@ from ..domain.retry import RetryPolicy
 from ..errors import BadInput
 from ..store.repository import Repository
 from ..store.triggers import TriggerOptions
+from ..wire.offers import check_revision_fits
 from . import render
 
 
@@ -132,7 +133,8 @@ def task_add(repo: Repository, args: argparse.Namespace, words: list[str] | None
     changes = _changes(args, RetryPolicy())
     _check_cwd(repo, changes)
     spec = TaskSpec(name=args.name, command=Command.from_words(words), **changes)
-    view = repo.tasks.add(spec, trigger=_trigger(args), retention=TaskRetention(**_retention(args)))
+    view = repo.tasks.add(spec, trigger=_trigger(args), retention=TaskRetention(**_retention(args)),
+                          check=check_revision_fits)
     print(f"task {view.name} added (revision {view.revision})")
     if view.trigger is not None:
         print(render.schedule_line(view))
@@ -151,7 +153,7 @@ def task_update(repo: Repository, args: argparse.Namespace, words: list[str] | N
     if remove and trigger is not None:
         raise BadInput("--no-cron removes the schedule: it takes no --tz, --misfire, --grace or --overlap")
     view = repo.tasks.update(args.name, trigger=trigger, remove_trigger=remove, retention=_retention(args),
-                             **changes)
+                             check=check_revision_fits, **changes)
     rescheduled = _schedule_key(view) != _schedule_key(current)
     retained = view.retention != current.retention
     print(f"task {view.name} at revision {view.revision}"

@@ -7,6 +7,7 @@ import sys
 from datetime import datetime, timezone
 from typing import Any, Iterable, TextIO
 
+from ..domain import posix
 from ..domain.cron import CronError, load_zone
 from ..domain.retention import DAY_MS, HOUR_MS, RetentionPolicy
 from ..store.views import RunView, TaskView, TriggerView
@@ -106,9 +107,10 @@ def task_detail(v: TaskView, default: RetentionPolicy, out: TextIO = sys.stdout)
     lines = [
         ("name", s.name), ("id", v.id), ("revision", str(v.revision)),
         ("enabled", "yes" if v.enabled else "no"),
-        ("command", s.command.display() if s.command.shell is not None else json.dumps(list(s.command.argv))),
+        ("command", s.command.display() if s.command.shell is not None
+         else json.dumps(s.command.to_json()["argv"])),
         ("shell", "yes" if s.command.shell is not None else "no"),
-        ("cwd", s.cwd or "-"), ("env", ", ".join(sorted(s.env)) or "-"),
+        ("cwd", "-" if s.cwd is None else posix.display(s.cwd)), ("env", ", ".join(sorted(s.env)) or "-"),
         ("timeout", seconds(s.timeout_ms)), ("stop grace", seconds(s.stop_grace_ms)),
         ("max concurrent", str(s.max_concurrent)),
         ("retry on lost", f"yes, {r.max_attempts} attempts, {r.safety.value}, backoff "

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 from ..errors import BadInput
+from . import posix
 from .numbers import parse_decimal
 from .retry import RetryPolicy
 
@@ -15,12 +16,18 @@ MAX_STOP_GRACE_MS = 30_000
 DEFAULT_STOP_GRACE_MS = 1_000
 MAX_CONCURRENT_LIMIT = 1024
 MAX_ENV_ENTRIES = 256
-MAX_ENV_VALUE_BYTES = 64 * 1024
-MAX_COMMAND_BYTES = 128 * 1024
+# Every limit on what a job is given counts encoded bytes (qlactors.domain.posix), not characters.
+# One argv item, the shell string or one env value: the wire's limit for one string
+# (qlactors.wire.codec.MAX_STR_BYTES; a test keeps the two equal).
+MAX_WORD_BYTES = 64 * 1024
+MAX_ENV_VALUE_BYTES = MAX_WORD_BYTES
+MAX_COMMAND_BYTES = 128 * 1024  # the argv items together
+MAX_CWD_BYTES = 4096  # Linux's PATH_MAX: chdir refuses a longer path
 MAX_LABELS = 32
 MAX_QUEUED_LIMIT = 1024
 MAX_RANDOM_DELAY_MS = 24 * 3600 * 1000
 RESERVED_ENV_PREFIX = "QLACTORS_"
+SHELL = "/bin/sh"  # what runs a shell-string command
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,255}$")
@@ -48,16 +55,29 @@ class Command:
         return cls(argv=words)
 
     def to_json(self) -> dict[str, Any]:
-        return {"shell": self.shell} if self.shell is not None else {"argv": list(self.argv)}
+        """The JSON form (database and `--json`): each word as `posix.to_json` writes it."""
+        if self.shell is not None:
+            return {"shell": posix.to_json(self.shell)}
+        return {"argv": [posix.to_json(word) for word in self.argv]}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "Command":
-        if "shell" in data:
-            return cls(shell=data["shell"])
-        return cls(argv=tuple(data["argv"]))
+        """Read `to_json`'s form back; PosixTextError (a ValueError) for any other shape."""
+        if type(data) is dict and set(data) == {"shell"}:
+            return cls(shell=posix.from_json(data["shell"]))
+        if type(data) is dict and set(data) == {"argv"} and type(data["argv"]) is list:
+            return cls(argv=tuple(posix.from_json(word) for word in data["argv"]))
+        raise posix.PosixTextError('a command is {"shell": ...} or {"argv": [...]}')
+
+    def exec_argv(self) -> tuple[str, ...]:
+        """The argv to exec: a shell-string task becomes `/bin/sh -c STRING`."""
+        if self.shell is not None:
+            return (SHELL, "-c", self.shell)
+        return tuple(self.argv)
 
     def display(self) -> str:
-        return self.shell if self.shell is not None else " ".join(self.argv)
+        """For humans: the shell string or the words joined by spaces, bytes that are not UTF-8 as `\\xNN`."""
+        return posix.display(self.shell if self.shell is not None else " ".join(self.argv))
 
     def validate(self) -> None:
         if self.shell is not None:
@@ -72,8 +92,14 @@ class Command:
             text = "\0".join(self.argv)
         if "\0" in (self.shell or "") or any("\0" in a for a in self.argv):
             raise TaskSpecError("the command contains a NUL byte")
-        if len(text.encode("utf-8", "surrogateescape")) > MAX_COMMAND_BYTES:
-            raise TaskSpecError(f"the command is longer than {MAX_COMMAND_BYTES} bytes")
+        for i, word in enumerate((self.shell,) if self.shell is not None else self.argv):
+            what = "the shell string" if self.shell is not None else f"argv item {i}"
+            if _posix_length(what, word) > MAX_WORD_BYTES:
+                raise TaskSpecError(f"{what} is over the {MAX_WORD_BYTES}-byte limit for one "
+                                    "command word: shorten it, or put it in a script and run that")
+        if _posix_length("the command", text) > MAX_COMMAND_BYTES:
+            raise TaskSpecError(f"the command is over the {MAX_COMMAND_BYTES}-byte limit for all "
+                                "its words together: put it in a script and run that")
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,8 +123,13 @@ class TaskSpec:
         """Return self when every field is within bounds, else raise TaskSpecError naming the field."""
         validate_name(self.name)
         self.command.validate()
-        if self.cwd is not None and not self.cwd.startswith("/"):
-            raise TaskSpecError(f"--cwd must be an absolute path, got {self.cwd!r}")
+        if self.cwd is not None:
+            if not self.cwd.startswith("/"):
+                raise TaskSpecError(f"--cwd must be an absolute path, got {posix.display(self.cwd)!r}")
+            if "\0" in self.cwd:
+                raise TaskSpecError("--cwd contains a NUL byte")
+            if _posix_length("--cwd", self.cwd) > MAX_CWD_BYTES:
+                raise TaskSpecError(f"--cwd is over the {MAX_CWD_BYTES}-byte path limit")
         _check_env(self.env)
         if self.timeout_ms is not None:
             _check_int("--timeout", self.timeout_ms, 1, MAX_TIMEOUT_MS, "milliseconds",
@@ -142,8 +173,29 @@ def _check_env(env: Mapping[str, str]) -> None:
             raise TaskSpecError(f"--env {key!r}: not a valid variable name (letters, digits, '_')")
         if key.startswith(RESERVED_ENV_PREFIX):
             raise TaskSpecError(f"--env {key}: names starting with {RESERVED_ENV_PREFIX} are reserved")
-        if "\0" in value or len(value.encode("utf-8", "surrogateescape")) > MAX_ENV_VALUE_BYTES:
-            raise TaskSpecError(f"--env {key}: value has a NUL byte or is over {MAX_ENV_VALUE_BYTES} bytes")
+        if "\0" in value or _posix_length(f"--env {key}", value) > MAX_ENV_VALUE_BYTES:
+            raise TaskSpecError(f"--env {key}: value has a NUL byte or is over the "
+                                f"{MAX_ENV_VALUE_BYTES}-byte limit for one value")
+
+
+def _posix_length(what: str, text: str) -> int:
+    """The length in bytes of a value given to a job; TaskSpecError when it stands for no bytes."""
+    try:
+        return len(posix.posix_bytes(text))
+    except posix.PosixTextError as err:
+        raise TaskSpecError(f"{what} {err}: give it as bytes (a command-line argument always is)") from None
+
+
+def env_to_json(env: Mapping[str, str]) -> dict[str, Any]:
+    """The JSON form of a task's environment (database and `--json`), names sorted."""
+    return {key: posix.to_json(env[key]) for key in sorted(env)}
+
+
+def env_from_json(data: Any) -> dict[str, str]:
+    """Read `env_to_json`'s form back; PosixTextError (a ValueError) for any other shape."""
+    if type(data) is not dict or any(type(key) is not str for key in data):
+        raise posix.PosixTextError("an environment is a JSON object of names to values")
+    return {key: posix.from_json(value) for key, value in data.items()}
 
 
 def parse_env_pairs(pairs: list[str]) -> dict[str, str]:

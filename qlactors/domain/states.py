@@ -89,7 +89,8 @@ RUN_TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
 }
 
 ATTEMPT_TRANSITIONS: dict[AttemptStatus, frozenset[AttemptStatus]] = {
-    A.CLAIMED: frozenset({A.STARTING, A.CANCELLED, A.LOST}),
+    # `failed` from `claimed`: an offer the control side cannot build or encode (OFFER_UNENCODABLE).
+    A.CLAIMED: frozenset({A.STARTING, A.FAILED, A.CANCELLED, A.LOST}),
     # A completion may arrive before the running report, so `starting` may end directly.
     A.STARTING: frozenset({A.RUNNING, A.SUCCEEDED, A.FAILED, A.CANCELLED, A.TIMED_OUT, A.LOST}),
     A.RUNNING: frozenset({A.SUCCEEDED, A.FAILED, A.CANCELLED, A.TIMED_OUT, A.LOST}),

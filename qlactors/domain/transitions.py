@@ -35,6 +35,7 @@ class ErrorCode:
 
     EXIT_NONZERO = "EXIT_NONZERO"
     EXECUTOR_START_FAILED = "EXECUTOR_START_FAILED"
+    OFFER_UNENCODABLE = "OFFER_UNENCODABLE"
     EXECUTION_CANCELLED = "EXECUTION_CANCELLED"
     EXECUTION_TIMED_OUT = "EXECUTION_TIMED_OUT"
     RECOVERY_UNSTARTED_CLAIM = "RECOVERY_UNSTARTED_CLAIM"
@@ -282,6 +283,18 @@ def plan_start_failed(run: RunSnapshot, attempt: AttemptSnapshot) -> Plan:
     """The launcher could not be spawned: attempt and run `failed`."""
     return transition(run, attempt, run_to=R.FAILED, attempt_to=A.FAILED,
                       error_code=ErrorCode.EXECUTOR_START_FAILED)
+
+
+def plan_offer_unencodable(run: RunSnapshot, attempt: AttemptSnapshot) -> Plan:
+    """No offer can carry the pinned revision (it cannot be built or encoded): attempt and run `failed`.
+
+    Only from a `dispatching` run whose attempt is still `claimed`: nothing was spawned.
+    """
+    if run.status is not R.DISPATCHING or attempt.status is not A.CLAIMED:
+        raise InvalidTransition(f"run {run.status.value} / attempt {attempt.status.value}: "
+                                "only an unstarted claim can fail as unencodable")
+    return transition(run, attempt, run_to=R.FAILED, attempt_to=A.FAILED,
+                      error_code=ErrorCode.OFFER_UNENCODABLE)
 
 
 def plan_lost(run: RunSnapshot, attempt: AttemptSnapshot, error_code: str) -> Plan:

@@ -45,10 +45,14 @@ def spawn(argv: list[str], env: Mapping[str, str], *, shell: str = "/bin/sh") ->
 
     stdin/stdout/stderr of the launcher are /dev/null: the job's output goes to its log through
     the launcher, and the launcher must not hold the runtime's own stdout (a service's pipe).
+    Every argv item, env name and value is handed over as bytes (`os.fsencode`, the inverse of
+    how qlactors holds them, see qlactors.domain.posix): the job gets exactly the bytes it was
+    given, UTF-8 or not.
     """
     shell_argv = shell.split()
     return os.posix_spawn(
-        shell_argv[0], [*shell_argv, str(launcher_path()), *argv], dict(env),
+        os.fsencode(shell_argv[0]), [os.fsencode(a) for a in (*shell_argv, str(launcher_path()), *argv)],
+        {os.fsencode(k): os.fsencode(v) for k, v in env.items()},
         setsid=True, setsigdef=DEFAULT_SIGNALS, setsigmask=(),
         file_actions=[
             (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),

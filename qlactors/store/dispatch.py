@@ -16,13 +16,22 @@ run row itself (`FOR UPDATE SKIP LOCKED`), which every report also locks.
 from __future__ import annotations
 
 import json
+import logging
+from typing import Callable
 
 from sqlalchemy import and_, bindparam, exists, func, select
 from sqlalchemy.engine import Connection
 
-from ..domain.model import Command
+from ..domain.model import Command, env_from_json
 from ..domain.states import AttemptStatus, LeaseReleaseReason, LeaseStatus, RunStatus
-from ..domain.transitions import plan_activate, plan_end_by_intent, plan_offer, plan_start_failed, plan_started
+from ..domain.transitions import (
+    plan_activate,
+    plan_end_by_intent,
+    plan_offer,
+    plan_offer_unencodable,
+    plan_start_failed,
+    plan_started,
+)
 from ..errors import BadInput, Conflict
 from ..ids import new_id
 from .engine import Store
@@ -53,6 +62,9 @@ from .plans import (
     sql_states,
 )
 from .schema import run_attempts, run_dispatch_leases, runs, task_revisions, tasks, worker_sessions
+from .views import cwd_from_column
+
+log = logging.getLogger("qlactors.dispatch")
 
 ACTOR = "executor"
 MAX_ERROR_SUMMARY = 512
@@ -62,7 +74,11 @@ MAX_CAPACITY = 4096
 _MAX_PICKS = 8
 
 _A, _R, _L = AttemptStatus, RunStatus, LeaseStatus
-_SHELL = "/bin/sh"
+# What `offer` answers for a pick that ended OFFER_UNENCODABLE: look at the next candidate.
+_UNENCODABLE = object()
+# The attempt's lease projection, as an offer quotes it.
+_PROJECTION = ("offer_id", "lease_generation", "lease_version", "worker_id", "session_id",
+               "session_generation")
 
 
 class _Mismatch(Exception):
@@ -75,11 +91,8 @@ class _Mismatch(Exception):
 
 
 def command_argv(command_json: str) -> tuple[str, ...]:
-    """The argv to exec: a shell-string task becomes `/bin/sh -c STRING`."""
-    command = Command.from_json(json.loads(command_json))
-    if command.shell is not None:
-        return (_SHELL, "-c", command.shell)
-    return tuple(command.argv)
+    """The argv to exec (`Command.exec_argv`); ValueError for a row it cannot read."""
+    return Command.from_json(json.loads(command_json)).exec_argv()
 
 
 class Dispatch:
@@ -132,6 +145,7 @@ class Dispatch:
         *,
         log_cap_bytes: int,
         lease_ttl_ms: int | None = None,
+        check: Callable[[OfferView], None] | None = None,
     ) -> OfferView | None:
         """Claim the oldest dispatchable run for this session, or None when there is none or no slot.
 
@@ -146,6 +160,12 @@ class Dispatch:
         offer id already used for anything else yields None (pull with a fresh id). Raises `Fenced`
         when the session is unknown, superseded, expired or not online. `lease_ttl_ms` None: the
         lease lives as long as the runtime process (edge).
+
+        Before a claim takes its lease, the offer is built from the pinned revision and given to
+        `check` (the caller's encoder: it raises ValueError for an offer the wire cannot carry).
+        A pick whose offer cannot be built or encoded ends in this transaction, attempt and run
+        `failed` with OFFER_UNENCODABLE, taking no lease and no slot, and the next candidate is
+        looked at instead (SEMANTICS.md §4): one bad revision never stops the others.
         """
         check_id("worker id", worker_id, 128)
         check_id("session id", session_id)
@@ -190,8 +210,11 @@ class Dispatch:
                 elif _busy(conn, run.task_id, run.id) >= pick.max_concurrent:
                     skip_tasks.append(run.task_id)
                 else:
-                    return self._claim(conn, run, attempt, session, offer_id, lease_token_hash,
-                                       log_cap_bytes, self.store.now_ms(conn), lease_ttl_ms)
+                    claimed = self._claim(conn, run, attempt, session, offer_id, lease_token_hash,
+                                          log_cap_bytes, self.store.now_ms(conn), lease_ttl_ms, check)
+                    if claimed is not _UNENCODABLE:
+                        return claimed
+                    skip_runs.append(run.id)
             return None
 
     def _leased_count(self, conn: Connection, session_id: str) -> int:
@@ -199,9 +222,19 @@ class Dispatch:
         return conn.execute(_LEASED_COUNT, {"session_id": session_id}).scalar_one()
 
     def _claim(self, conn, run, attempt, session, offer_id, token_hash, log_cap_bytes, now,
-               lease_ttl_ms) -> OfferView | None:
+               lease_ttl_ms, check) -> OfferView | object | None:
         generation = conn.execute(_MAX_GENERATION, {"attempt_id": attempt.id}).scalar_one() + 1
         expires = now + lease_ttl_ms if lease_ttl_ms is not None else None
+        projection = dict(offer_id=offer_id, lease_generation=generation, lease_version=1,
+                          lease_expires_at_ms=expires, worker_id=session.worker_id,
+                          session_id=session.session_id, session_generation=session.generation)
+        try:  # exactly the offer the lease below would grant
+            view = self._build_view(conn, run, attempt, projection, log_cap_bytes)
+            if check is not None:
+                check(view)
+        except ValueError as err:
+            self._end_unencodable(conn, run, attempt, now, err)
+            return _UNENCODABLE
         if not self.store.insert_new(conn, run_dispatch_leases, dict(
                 attempt_id=attempt.id, lease_generation=generation, run_id=run.id,
                 status=_L.LEASED.value, version=1, worker_id=session.worker_id,
@@ -209,9 +242,6 @@ class Dispatch:
                 token_hash=token_hash, offer_id=offer_id, expires_at_ms=expires,
                 release_reason=None, created_at_ms=now, updated_at_ms=now)):
             return None  # a concurrent pull used this offer id or leased the attempt first
-        projection = dict(offer_id=offer_id, lease_generation=generation, lease_version=1,
-                          lease_expires_at_ms=expires, worker_id=session.worker_id,
-                          session_id=session.session_id, session_generation=session.generation)
         if run.status == _R.QUEUED.value:
             apply_plan(conn, plan_offer(run_snapshot(run), attempt_snapshot(attempt)), now,
                        actor_type=ACTOR, expected_callback_sequence=attempt.callback_sequence,
@@ -221,7 +251,22 @@ class Dispatch:
                 projection, updated_at_ms=now, w_id=attempt.id)).rowcount
             if changed != 1:
                 raise Conflict(f"attempt {attempt.id} changed meanwhile")
-        return self._view(conn, run, attempt.id, log_cap_bytes)
+        return view
+
+    def _end_unencodable(self, conn, run, attempt, now: int, err: ValueError) -> None:
+        """Attempt and run `failed` (OFFER_UNENCODABLE): the pick is offered through `dispatching`
+        (the run table's only way out of `queued` but a cancel) and ends there, with no lease."""
+        if run.status == _R.QUEUED.value:
+            apply_plan(conn, plan_offer(run_snapshot(run), attempt_snapshot(attempt)), now,
+                       actor_type=ACTOR, expected_callback_sequence=attempt.callback_sequence)
+            run = load_run(conn, run.id)
+        summary = f"no offer can carry this task revision: {err}"[:MAX_ERROR_SUMMARY]
+        # The reason names the rule that failed, never a value (codec and posix errors never echo one).
+        log.error("event=offer_unencodable run=%s attempt=%s task=%s revision=%s error=%s",
+                  run.id, attempt.id, run.task_id, run.task_revision, err)
+        apply_plan(conn, plan_offer_unencodable(run_snapshot(run), attempt_snapshot(attempt)), now,
+                   actor_type=ACTOR, expected_callback_sequence=attempt.callback_sequence,
+                   run_values={"error_summary": summary}, attempt_values={"error_summary": summary})
 
     def _replay(self, conn, lease, session, token_hash, log_cap_bytes) -> OfferView | None:
         """The same pull again (its answer was lost): the same offer, or None if it is no longer live."""
@@ -237,14 +282,17 @@ class Dispatch:
     def _view(self, conn: Connection, run, attempt_id: str, log_cap_bytes: int) -> OfferView:
         """The offer as the executor sees it: the attempt's lease projection and the pinned command."""
         attempt = load_attempt(conn, attempt_id)
+        return self._build_view(conn, run, attempt, {name: getattr(attempt, name) for name in _PROJECTION},
+                                log_cap_bytes)
+
+    def _build_view(self, conn: Connection, run, attempt, projection: dict, log_cap_bytes: int) -> OfferView:
+        """The offer of `attempt` under the lease `projection`; ValueError when the revision cannot be read."""
         rev = conn.execute(_OFFER_REVISION, {"task_id": run.task_id, "revision": run.task_revision}).one()
-        name = rev.task_name
         return OfferView(
             run_id=run.id, attempt_id=attempt.id, attempt_number=attempt.number,
-            offer_id=attempt.offer_id, lease_generation=attempt.lease_generation,
-            lease_version=attempt.lease_version, worker_id=attempt.worker_id,
-            session_id=attempt.session_id, session_generation=attempt.session_generation,
-            task=name, argv=command_argv(rev.command_json), cwd=rev.cwd, env=json.loads(rev.env_json),
+            **{name: projection[name] for name in _PROJECTION},
+            task=rev.task_name, argv=command_argv(rev.command_json), cwd=cwd_from_column(rev.cwd),
+            env=env_from_json(json.loads(rev.env_json)),
             timeout_ms=rev.timeout_ms, stop_grace_ms=rev.stop_grace_ms, log_cap_bytes=log_cap_bytes)
 
     # -- fenced reports ----------------------------------------------------------------------

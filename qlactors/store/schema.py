@@ -295,7 +295,10 @@ run_attempts = Table(
     CheckConstraint("signal IS NULL OR (signal >= 1 AND signal <= 64)", name="signal_range"),
     CheckConstraint("log_dropped_bytes IS NULL OR log_dropped_bytes >= 0", name="log_dropped_nonneg"),
     CheckConstraint("pid IS NULL OR pid > 0", name="pid_positive"),
-    CheckConstraint("status = 'claimed' OR callback_token_hash IS NOT NULL OR status IN ('cancelled', 'lost')",
+    # An attempt without a callback token never activated: still claimed, cancelled or lost
+    # before activation, or failed because no offer could carry it (OFFER_UNENCODABLE).
+    CheckConstraint("status = 'claimed' OR callback_token_hash IS NOT NULL OR status IN ('cancelled', 'lost') "
+                    "OR (status = 'failed' AND error_code = 'OFFER_UNENCODABLE')",
                     name="token_after_claim"),
     *_ms("deadline_at_ms", "lease_expires_at_ms", "created_at_ms", "started_at_ms",
          "finished_at_ms", "updated_at_ms"),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from sqlalchemy import and_, func, select
 from sqlalchemy.engine import Connection
@@ -39,10 +39,14 @@ class Tasks:
         self.store = store
 
     def add(self, spec: TaskSpec, *, enabled: bool = True, trigger: TriggerOptions | None = None,
-            retention: TaskRetention = TaskRetention()) -> TaskView:
+            retention: TaskRetention = TaskRetention(),
+            check: Callable[[TaskSpec], None] | None = None) -> TaskView:
         """A new task at revision 1, with a cron schedule when `trigger` is given and its own
-        retention bounds when `retention` has any."""
+        retention bounds when `retention` has any. `check` may refuse the validated spec (the
+        CLI's: every offer of it must fit one wire frame) before anything is written."""
         spec = spec.validated()
+        if check is not None:
+            check(spec)
         settings = None if trigger is None else trigger_store.settle(trigger, None)
         task_id = new_id()
         with self.store.write() as conn:
@@ -60,13 +64,14 @@ class Tasks:
             return self._detail(conn, self.head(conn, spec.name), now_ms=now)
 
     def update(self, name: str, *, trigger: TriggerOptions | None = None, remove_trigger: bool = False,
-               retention: Mapping[str, int | None] | None = None, **changes: Any) -> TaskView:
+               retention: Mapping[str, int | None] | None = None,
+               check: Callable[[TaskSpec], None] | None = None, **changes: Any) -> TaskView:
         """A new revision with `changes` applied to the current one; runs keep the revision they pinned.
 
         `trigger` sets the schedule (given fields only; see TriggerOptions), `remove_trigger`
         removes it. `retention` sets the given TaskRetention fields (None: back to the global
         bound) on the head, no new revision. Each part writes only when something differs; all of
-        it in one transaction.
+        it in one transaction. `check` may refuse a new revision, as for `add`.
         """
         if trigger is not None and remove_trigger:
             raise BadInput("a schedule cannot be set and removed at once: drop --no-cron or the --cron options")
@@ -77,6 +82,8 @@ class Tasks:
             head = self.head(conn, name, lock=True)
             current = self._spec(conn, head)
             spec = current.with_changes(**changes)
+            if check is not None and spec != current:
+                check(spec)
             settings = None  # validated before anything is written
             if trigger is not None:
                 settings = trigger_store.settle(trigger, trigger_store.current_settings(conn, head.id))

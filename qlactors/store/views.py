@@ -6,7 +6,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..domain.model import Command, TaskSpec
+from ..domain import posix
+from ..domain.model import Command, TaskSpec, env_from_json, env_to_json
 from ..domain.retention import RetentionPolicy, TaskRetention
 from ..domain.retry import RetryPolicy
 
@@ -87,7 +88,8 @@ class TaskView:
         s = self.spec
         return {
             "id": self.id, "name": s.name, "revision": self.revision, "enabled": self.enabled,
-            "command": s.command.to_json(), "cwd": s.cwd, "env": dict(s.env),
+            "command": s.command.to_json(), "cwd": None if s.cwd is None else posix.to_json(s.cwd),
+            "env": env_to_json(s.env),
             "timeout_ms": s.timeout_ms, "stop_grace_ms": s.stop_grace_ms,
             "max_concurrent": s.max_concurrent,
             "retry": {"retry_on_lost": s.retry.retry_on_lost, "max_attempts": s.retry.max_attempts,
@@ -105,8 +107,8 @@ def spec_from_revision(name: str, row: Any) -> TaskSpec:
     return TaskSpec(
         name=name,
         command=Command.from_json(json.loads(row.command_json)),
-        cwd=row.cwd,
-        env=json.loads(row.env_json),
+        cwd=cwd_from_column(row.cwd),
+        env=env_from_json(json.loads(row.env_json)),
         timeout_ms=row.timeout_ms,
         stop_grace_ms=row.stop_grace_ms,
         max_concurrent=row.max_concurrent,
@@ -120,12 +122,17 @@ def spec_from_revision(name: str, row: Any) -> TaskSpec:
     )
 
 
+def cwd_from_column(value: str | None) -> str | None:
+    """A revision's working directory from its text column (`posix.to_column`'s form)."""
+    return None if value is None else posix.from_column(value)
+
+
 def revision_values(spec: TaskSpec) -> dict[str, Any]:
     """The `task_revisions` columns for a spec (the inverse of `spec_from_revision`)."""
     return {
         "command_json": json.dumps(spec.command.to_json()),
-        "cwd": spec.cwd,
-        "env_json": json.dumps(dict(spec.env), sort_keys=True),
+        "cwd": None if spec.cwd is None else posix.to_column(spec.cwd),
+        "env_json": json.dumps(env_to_json(spec.env), sort_keys=True),
         "timeout_ms": spec.timeout_ms,
         "stop_grace_ms": spec.stop_grace_ms,
         "max_concurrent": spec.max_concurrent,

@@ -10,7 +10,8 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin, get_typ
 
 import msgpack
 
-from .messages import MESSAGES, Matches, MaxLen
+from ..domain import posix
+from .messages import MESSAGES, Matches, MaxLen, PosixBytes
 
 PROTOCOL = b"QLACTORS"
 VERSION = 1
@@ -19,7 +20,7 @@ VERSION = 1
 HEADER = PROTOCOL + b"/" + str(VERSION).encode("ascii")
 
 MAX_FRAME_BYTES = 256 * 1024
-MAX_STR_BYTES = 64 * 1024  # any one string, in UTF-8 bytes (ids are shorter, see messages.Id)
+MAX_STR_BYTES = 64 * 1024  # any one string or bin, in bytes (ids are shorter, see messages.Id)
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 # How much of a refused message DecodeError keeps for the log line.
@@ -83,14 +84,14 @@ def encode(message: object) -> list[bytes]:
     if schema is None or schema.cls is not cls:
         raise EncodeError(f"{cls.__name__} is not a registered wire message")
     body: dict[str, object] = {"kind": kind}
-    for name, check in schema.checks:
-        value = getattr(message, name)
+    for f in schema.fields:
+        value = getattr(message, f.name)
         if type(value) is tuple:
             value = list(value)
-        complaint = check(value)
+        complaint = f.check(value)
         if complaint is not None:
-            raise EncodeError(f"{kind}.{name} {complaint}")
-        body[name] = value
+            raise EncodeError(f"{kind}.{f.name} {complaint}")
+        body[f.name] = value if f.to_wire is None else f.to_wire(value)
     try:
         packed = msgpack.packb(body, use_bin_type=True)
     except (ValueError, TypeError, OverflowError) as err:  # e.g. a lone surrogate in a str
@@ -145,11 +146,29 @@ def decode(frames: list[bytes]) -> object:
 Check = Callable[[object], "str | None"]
 
 
+# A field whose wire form differs from its Python value (PosixStr): `to_wire` runs after the
+# check on encode; `from_wire` runs before it on decode and raises _Complaint for a wire value
+# the type never produces. Both are None for every other field.
+Convert = Callable[[object], object]
+
+
+@dataclass(frozen=True, slots=True)
+class _Field:
+    name: str
+    check: Check
+    to_wire: Convert | None = None
+    from_wire: Convert | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class _Schema:
     cls: type
     names: frozenset[str]
-    checks: tuple[tuple[str, Check], ...]
+    fields: tuple[_Field, ...]
+
+
+class _Complaint(ValueError):
+    """A wire value a converter refuses; its text is the complaint (never the value)."""
 
 
 class _Refused(ValueError):
@@ -174,13 +193,18 @@ def _build(obj: object, frames: object) -> object:
     if unknown:
         names = ", ".join(sorted(map(_short, unknown))[:8])
         raise DecodeError(f"{kind} has unknown fields [{names}]", frames)
-    missing = [name for name, _ in schema.checks if name not in obj]
+    missing = [f.name for f in schema.fields if f.name not in obj]
     if missing:
         raise DecodeError(f"{kind} lacks fields {missing}", frames)
-    for name, check in schema.checks:
-        complaint = check(obj[name])
+    for f in schema.fields:
+        if f.from_wire is not None:
+            try:
+                obj[f.name] = f.from_wire(obj[f.name])
+            except _Complaint as err:
+                raise DecodeError(f"{kind}.{f.name} {err}", frames) from None
+        complaint = f.check(obj[f.name])
         if complaint is not None:
-            raise DecodeError(f"{kind}.{name} {complaint}", frames)
+            raise DecodeError(f"{kind}.{f.name} {complaint}", frames)
     return schema.cls(**obj)
 
 
@@ -264,27 +288,99 @@ def _str_check(v: object) -> str | None:
     return None
 
 
-def _str_list_check(v: object) -> str | None:
-    if type(v) is not list:
-        return f"must be an array of strings, got {_name(v)}"
-    for i, item in enumerate(v):
-        complaint = _str_check(item)
-        if complaint is not None:
-            return f"item {i} {complaint}"
+def _list_of(item_check: Check) -> Check:
+    """An array whose every item passes `item_check`."""
+    def check(v: object) -> str | None:
+        if type(v) is not list:
+            return f"must be an array of strings, got {_name(v)}"
+        for i, item in enumerate(v):
+            complaint = item_check(item)
+            if complaint is not None:
+                return f"item {i} {complaint}"
+        return None
+    return check
+
+
+def _map_of(value_check: Check) -> Check:
+    """A map of strings to values that pass `value_check`."""
+    def check(v: object) -> str | None:
+        if type(v) is not dict:
+            return f"must be a map of strings to strings, got {_name(v)}"
+        for key, value in v.items():
+            complaint = _str_check(key)
+            if complaint is not None:
+                return f"key {complaint}"
+            complaint = value_check(value)
+            if complaint is not None:
+                return f"value of key {_short(key)} {complaint}"
+        return None
+    return check
+
+
+_str_list_check = _list_of(_str_check)
+_str_map_check = _map_of(_str_check)
+
+
+def _posix_check(v: object) -> str | None:
+    """A PosixStr as Python holds it: a str standing for at most MAX_STR_BYTES bytes."""
+    if type(v) is not str:
+        return f"must be a string, got {_name(v)}"
+    try:
+        size = len(posix.posix_bytes(v))
+    except posix.PosixTextError as err:
+        return str(err)
+    return f"is over the {MAX_STR_BYTES}-byte string limit" if size > MAX_STR_BYTES else None
+
+
+def _posix_out(v: object) -> object:
+    """A checked PosixStr on the wire: msgpack str for valid UTF-8, bin for any other bytes."""
+    data = posix.utf8_or_none(v)  # type: ignore[arg-type]
+    return posix.canonical(v) if data is None else data  # type: ignore[arg-type]
+
+
+def _posix_in(v: object) -> object:
+    """A PosixStr off the wire: a bin back to its str; a bin holding valid UTF-8 is not canonical."""
+    if type(v) is not bytes:
+        return v  # the check names what is wrong with it
+    if len(v) > MAX_STR_BYTES:
+        raise _Complaint(f"is over the {MAX_STR_BYTES}-byte string limit")
+    try:
+        v.decode("utf-8")
+    except UnicodeDecodeError:
+        return posix.posix_text(v)
+    raise _Complaint("is binary that is valid UTF-8: such a value travels as a string")
+
+
+def _posix_in_at(where: str, v: object) -> object:
+    try:
+        return _posix_in(v)
+    except _Complaint as err:
+        raise _Complaint(f"{where} {err}") from None
+
+
+def _posix_converters(tp: object) -> tuple[Convert, Convert] | None:
+    """(to_wire, from_wire) for a field holding PosixStr values, or None for any other field."""
+    if _is_posix(tp):
+        return _posix_out, _posix_in
+    origin, args = get_origin(tp), get_args(tp)
+    if origin is list and len(args) == 1 and _is_posix(args[0]):
+        return (lambda v: [_posix_out(x) for x in v],  # type: ignore[attr-defined]
+                lambda v: [_posix_in_at(f"item {i}", x) for i, x in enumerate(v)] if type(v) is list else v)
+    if origin is dict and len(args) == 2 and args[0] is str and _is_posix(args[1]):
+        return (lambda v: {k: _posix_out(x) for k, x in v.items()},  # type: ignore[attr-defined]
+                lambda v: ({k: _posix_in_at(f"value of key {_short(k)}", x) for k, x in v.items()}
+                           if type(v) is dict else v))
+    if origin in (Union, types.UnionType) and len(args) == 2 and type(None) in args:
+        inner = _posix_converters(next(a for a in args if a is not type(None)))
+        if inner is not None:
+            out, into = inner
+            return (lambda v: None if v is None else out(v), lambda v: None if v is None else into(v))
     return None
 
 
-def _str_map_check(v: object) -> str | None:
-    if type(v) is not dict:
-        return f"must be a map of strings to strings, got {_name(v)}"
-    for key, value in v.items():
-        complaint = _str_check(key)
-        if complaint is not None:
-            return f"key {complaint}"
-        complaint = _str_check(value)
-        if complaint is not None:
-            return f"value of key {_short(key)} {complaint}"
-    return None
+def _is_posix(tp: object) -> bool:
+    return get_origin(tp) is Annotated and get_args(tp)[0] is str and any(
+        isinstance(marker, PosixBytes) for marker in get_args(tp)[1:])
 
 
 _PLAIN: dict[object, Check] = {int: _int_check, bool: _bool_check, str: _str_check}
@@ -299,6 +395,14 @@ def _compile(tp: object) -> Check:
         return _str_list_check
     if origin is dict and args == (str, str):
         return _str_map_check
+    if _is_posix(tp):
+        if len(get_args(tp)) != 2:
+            raise TypeError("PosixStr takes no other wire constraint")
+        return _posix_check
+    if origin is list and len(args) == 1 and _is_posix(args[0]):
+        return _list_of(_posix_check)
+    if origin is dict and len(args) == 2 and args[0] is str and _is_posix(args[1]):
+        return _map_of(_posix_check)
     if origin in (Union, types.UnionType) and len(args) == 2 and type(None) in args:
         inner = _compile(next(a for a in args if a is not type(None)))
         return lambda v: None if v is None else inner(v)
@@ -347,7 +451,9 @@ def _schema(cls: type) -> _Schema:
     names = [f.name for f in fields(cls)]
     if "kind" in names:
         raise TypeError(f"{cls.__name__} may not have a field named 'kind': the body's tag uses it")
-    return _Schema(cls, frozenset(names), tuple((name, _compile(hints[name])) for name in names))
+    return _Schema(cls, frozenset(names), tuple(
+        _Field(name, _compile(hints[name]), *(_posix_converters(hints[name]) or (None, None)))
+        for name in names))
 
 
 # Built at import, so a message with a field the codec cannot check fails `import`, not traffic.

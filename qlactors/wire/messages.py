@@ -6,8 +6,9 @@ from dataclasses import dataclass, field
 from typing import Annotated, ClassVar, Literal, get_args
 
 # The codec reads everything it checks from these annotations (see codec.py): plain `int`, `bool`
-# and `str`, `X | None`, `list[str]`, `dict[str, str]`, `Literal[...]` of strings, and `str`
-# narrowed by one of the two markers below through `Annotated`. A field of any other type makes
+# and `str`, `X | None`, `list[str]`, `dict[str, str]`, `Literal[...]` of strings, `str`
+# narrowed by one of the two markers below through `Annotated`, and `PosixStr` (alone, as the
+# item of a list or as the value of a map). A field of any other type makes
 # `import qlactors.wire.codec` fail, so a message the codec cannot check is never sent.
 #
 # Classes are keyword-only: most fields are ints or strs, and a report that swaps
@@ -29,6 +30,19 @@ class Matches:
 
     pattern: str
 
+
+@dataclass(frozen=True, slots=True)
+class PosixBytes:
+    """Annotation marker: a `str` holding POSIX bytes (qlactors.domain.posix).
+
+    It travels as a msgpack `str` when its bytes are valid UTF-8 and as `bin` when they are not;
+    a `bin` is read back with `surrogateescape`, so the job gets exactly the bytes it was given.
+    The 64 KiB string limit counts those bytes.
+    """
+
+
+# An argv item, an env value or a working directory: what the job gets, byte for byte.
+PosixStr = Annotated[str, PosixBytes()]
 
 MAX_ID_CHARS = 64
 
@@ -229,9 +243,9 @@ class Offer:
     offer_id: Id  # the Pull's offer id
     lease_generation: int  # quoted back in every fenced report
     lease_version: int  # the version the first report (Activate) quotes
-    argv: list[str]  # the command as an argv (program first)
-    cwd: str | None  # working directory; None for the executor's default
-    env: dict[str, str] = field(repr=False)  # the job's environment (never logged)
+    argv: list[PosixStr]  # the command as an argv (program first)
+    cwd: PosixStr | None  # working directory; None for the executor's default
+    env: dict[str, PosixStr] = field(repr=False)  # the job's environment (never logged)
     timeout_ms: int | None  # None: no timeout
     stop_grace_ms: int  # time between SIGTERM and SIGKILL when stopping
     log_cap_bytes: int  # the most log bytes kept; the rest is dropped and counted

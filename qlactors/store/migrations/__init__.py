@@ -8,7 +8,9 @@ down; a database that has tables but no `qlactors_schema` row is someone else's 
 
 from __future__ import annotations
 
+import contextlib
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import resources
 
@@ -83,7 +85,7 @@ def migrate(store: Store) -> int:
         _use_wal(store)
     if current == newest:
         return current
-    with translate_errors(store), store.engine.begin() as conn:
+    with translate_errors(store), _transaction(store) as conn:
         if store.is_postgres:
             # Two processes migrating one database at once: the second waits, then finds work done.
             store.advisory_lock(conn, "qlactors:migrate")
@@ -99,6 +101,32 @@ def migrate(store: Store) -> int:
         else:
             conn.execute(schema_version.update().values(version=newest, applied_at_ms=now))
     return newest
+
+
+@contextlib.contextmanager
+def _transaction(store: Store) -> Iterator:
+    """The one write transaction the migrations run in.
+
+    On SQLite foreign keys are off for its length: rebuilding a table that others reference (the
+    only way to change its CHECK constraints) is otherwise refused, and the pragma is a no-op
+    inside a transaction. `foreign_key_check` must then find nothing before the commit.
+    """
+    if store.dialect_name != "sqlite":
+        with store.engine.begin() as conn:
+            yield conn
+        return
+    with store.engine.connect() as conn:
+        raw = conn.connection.dbapi_connection  # before SQLAlchemy begins: see _use_wal
+        raw.execute("PRAGMA foreign_keys=OFF")
+        try:
+            with conn.begin():
+                yield conn
+                broken = conn.exec_driver_sql("PRAGMA foreign_key_check").first()
+                if broken is not None:
+                    raise SchemaError(f"{store.describe()}: migrating would break a reference from "
+                                      f"{broken[0]}; nothing was changed, report this as a bug")
+        finally:
+            raw.execute("PRAGMA foreign_keys=ON")
 
 
 def _use_wal(store: Store) -> None:
