@@ -1,8 +1,9 @@
 """Cron triggers: settings validation, fire-time arithmetic and the pure admission and overlap decisions.
 
 The contract is SEMANTICS.md §8. Every time is UTC epoch milliseconds and is passed in: nothing
-here reads a clock. croniter does all calendar arithmetic (DST included, as croniter defines it)
-and is imported lazily, so an idle runtime without triggers never loads it.
+here reads a clock. croniter does the calendar arithmetic and is imported lazily, so an idle
+runtime without triggers never loads it; around DST changes its answers are corrected to
+Debian cron's rule (qlactors.domain.cron_dst).
 """
 
 from __future__ import annotations
@@ -11,11 +12,12 @@ import copy
 import functools
 import zoneinfo
 from dataclasses import dataclass
-from datetime import datetime, timezone, tzinfo
+from datetime import datetime, timedelta, timezone, tzinfo
 from enum import Enum
 from typing import Any, Union
 
 from ..errors import BadInput
+from . import cron_dst
 from .states import CancelReason
 
 MAX_EXPR_CHARS = 768  # triggers.cron is String(768)
@@ -28,13 +30,27 @@ MAX_GRACE_SECONDS = 7 * 86_400
 # and `missed_capped`. A week powered off with a per-second schedule is 604,800 occurrences:
 # counting them all would cost ~25 s of croniter time per decision; 1,000 steps cost ~40 ms.
 MAX_COUNTED_OCCURRENCES = 1_000
+# Steps one fire-time search may take past croniter answers that the zone rule corrects.
+_MAX_CORRECTIONS = 16
+_SECOND = timedelta(seconds=1)
 # Year 4000: croniter searches up to 50 years ahead, far from datetime's year-9999 edge.
 MAX_TIME_MS = 64_060_588_800_000
 # Fixed reference for "does this expression ever fire" checks, so validation stays pure.
 _PROBE_FROM_S = 946_684_800  # 2000-01-01T00:00:00Z
 
 _FIELDS_HELP = ("write five fields (minute hour day month weekday), or six with seconds first "
-                "(second minute hour day month weekday), e.g. '*/5 * * * * *' for every five seconds")
+                "(second minute hour day month weekday), e.g. '*/5 * * * * *' for every five seconds, "
+                "or a macro (@hourly @daily @midnight @weekly @monthly @yearly @annually)")
+# Macros mean their five-field forms (Debian cron's crontab(5)); the macro itself is what is stored.
+MACROS = {
+    "@hourly": "0 * * * *",
+    "@daily": "0 0 * * *",
+    "@midnight": "0 0 * * *",
+    "@weekly": "0 0 * * 0",
+    "@monthly": "0 0 1 * *",
+    "@yearly": "0 0 1 1 *",
+    "@annually": "0 0 1 1 *",
+}
 
 
 class CronError(BadInput):
@@ -148,6 +164,8 @@ def _normalise(expr: object) -> str:
         raise CronError("cron", f"cron expression must be a string, got {type(expr).__name__} {expr!r}")
     if len(expr) > MAX_EXPR_CHARS:
         raise CronError("cron", f"cron expression is longer than {MAX_EXPR_CHARS} characters")
+    if expr.strip().startswith("@"):
+        return _macro(expr.strip())
     fields = expr.split()
     if len(fields) not in (5, 6):
         plural = "" if len(fields) == 1 else "s"
@@ -155,37 +173,111 @@ def _normalise(expr: object) -> str:
     return " ".join(fields)
 
 
+def _macro(name: str) -> str:
+    if name == "@reboot":
+        raise CronError("cron", "cron macro '@reboot' is not supported: qlactors fires on the clock, not at boot; "
+                                "start the job from your init system, or use a schedule such as @daily")
+    if name not in MACROS:
+        raise CronError("cron", f"unknown cron macro {name!r}; use one of {' '.join(MACROS)} "
+                                f"(lower case), or write the fields")
+    return name
+
+
+def _fields(text: str) -> list[str]:
+    """The fields of a normalised expression, a macro expanded to its five-field form."""
+    return MACROS.get(text, text).split()
+
+
+@dataclass(frozen=True, slots=True)
+class _Template:
+    """Parsed croniters for one (expression, zone): `aware` iterates in the zone, `naive` on wall
+    times; `fixed` tells which DST rule applies (cron_dst)."""
+
+    aware: Any
+    naive: Any
+    tz: tzinfo
+    fixed: bool
+
+
 @functools.lru_cache(maxsize=1024)
-def _template(text: str, zone: str) -> tuple[Any, tzinfo]:
-    """A parsed croniter for (expression, zone), copied per use: parsing costs ~150 µs, a copy ~5 µs.
+def _template(text: str, zone: str) -> _Template:
+    """Parsed croniters for (expression, zone), copied per use: parsing costs ~150 µs, a copy ~5 µs.
 
     Cached objects are never advanced themselves, so sharing them between threads is safe.
     """
     from croniter import croniter, CroniterError  # lazy: see the module docstring
 
     tz = load_zone(zone)
+    fields = _fields(text)
+    expanded, seconds = " ".join(fields), len(fields) == 6
     try:
-        it = croniter(text, datetime.fromtimestamp(_PROBE_FROM_S, tz),
-                      second_at_beginning=len(text.split()) == 6)
+        aware = croniter(expanded, datetime.fromtimestamp(_PROBE_FROM_S, tz), second_at_beginning=seconds)
+        naive = croniter(expanded, cron_dst.wall(_PROBE_FROM_S, tz), second_at_beginning=seconds)
     except (CroniterError, ValueError, TypeError, KeyError) as exc:
         raise CronError("cron", f"cron expression {text!r} is not valid: {exc}; {_FIELDS_HELP}") from None
-    return it, tz
+    return _Template(aware, naive, tz, cron_dst.is_fixed_time(fields))
+
+
+def _never(text: str) -> CronError:
+    return CronError("cron", f"cron expression {text!r} never fires (no match within 50 years); "
+                             f"check the day and month fields")
+
+
+def _next_wall(template: _Template, text: str, after: datetime) -> datetime:
+    """The first matching wall time strictly after the naive wall time `after` (no zone involved)."""
+    from croniter import CroniterBadDateError
+
+    try:
+        return copy.copy(template.naive).get_next(datetime, after)
+    except CroniterBadDateError:
+        raise _never(text) from None
 
 
 def _next_after_s(text: str, zone: str, after_s: int) -> int:
-    """croniter's first occurrence strictly after second `after_s`, in whole seconds."""
+    """The first occurrence strictly after second `after_s`, in whole seconds, by the zone rule
+    of SEMANTICS §8: croniter's answer, corrected where it differs (see cron_dst)."""
     from croniter import CroniterBadDateError
 
-    template, tz = _template(text, zone)
-    it = copy.copy(template)
-    try:
-        found = int(it.get_next(float, datetime.fromtimestamp(after_s, tz)))
-    except CroniterBadDateError:
-        raise CronError("cron", f"cron expression {text!r} never fires (no match within 50 years); "
-                                f"check the day and month fields") from None
-    if found <= after_s:  # would stall the cursor: refuse rather than loop
-        raise CronError("cron", f"croniter returned {found} for {text!r} after {after_s}; this is a bug")
-    return found
+    template = _template(text, zone)
+    tz = template.tz
+    found, start = None, after_s
+    for _ in range(_MAX_CORRECTIONS):
+        if template.fixed:
+            # Wall times in order map to instants in order (first instant of a repeated time, the
+            # end of the gap for a missing one), so the first wall after the start is the answer.
+            local = _next_wall(template, text, cron_dst.fixed_search_start(start, tz))
+            found = cron_dst.fixed_instant_s(local, tz)
+        else:
+            try:
+                found = int(copy.copy(template.aware).get_next(float, datetime.fromtimestamp(start, tz)))
+            except CroniterBadDateError:
+                raise _never(text) from None
+            repeat = _second_pass_fire(template, text, start)
+            if repeat is not None and repeat < found:
+                found = repeat  # croniter skipped a fire in the second pass of a repeated hour
+            elif not (cron_dst.steady_between(start, found, tz) or _wall_matches(template, text, found)):
+                # croniter maps a time missing in a gap to an instant after it; a wildcard entry
+                # does not fire there. Without an offset change in between that cannot happen.
+                start = found
+                continue
+        if found > after_s:
+            return found
+        start = found
+    raise CronError("cron", f"no occurrence of {text!r} found after {after_s} (last {found}); this is a bug")
+
+
+def _second_pass_fire(template: _Template, text: str, after_s: int) -> int | None:
+    """The first wildcard fire after `after_s` inside the second pass of a nearby repeated hour."""
+    repeat = cron_dst.second_pass_near(after_s, template.tz)
+    if repeat is None:
+        return None
+    local = _next_wall(template, text, repeat.after)
+    return cron_dst.at_offset_s(local, repeat.offset_s) if local < repeat.end else None
+
+
+def _wall_matches(template: _Template, text: str, instant_s: int) -> bool:
+    local = cron_dst.wall(instant_s, template.tz)
+    return _next_wall(template, text, local - _SECOND) == local
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,7 +292,7 @@ def parse_cron(expr: object) -> CronExpr:
     """Validate a user's cron expression: 5 or 6 fields, croniter accepts it, and it ever fires."""
     text = _normalise(expr)
     _next_after_s(text, "UTC", _PROBE_FROM_S)  # a valid schedule that never fires is refused too
-    return CronExpr(text, len(text.split()) == 6)
+    return CronExpr(text, len(_fields(text)) == 6)
 
 
 def _check_ms(name: str, value: object, low: int = 0) -> int:
