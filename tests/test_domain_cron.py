@@ -660,6 +660,18 @@ def test_at_the_limit_each_policy_does_its_own_thing():
     assert decide_overlap("replace", 1, 1, None).action is OverlapAction.ADMIT
 
 
+def test_queue_at_the_limit_admits_while_fewer_than_max_queued_cron_runs_wait():
+    assert decide_overlap("queue", 1, 1, "run-a", queued_runs=0).action is OverlapAction.ADMIT
+    assert decide_overlap("queue", 1, 2, "run-a", queued_runs=1).action is OverlapAction.SKIP  # default 1
+    assert decide_overlap("queue", 2, 4, "run-a", queued_runs=2, max_queued=3).action is OverlapAction.ADMIT
+    assert decide_overlap("queue", 2, 5, "run-a", queued_runs=3, max_queued=3).action is OverlapAction.SKIP
+    # below the limit nothing waits for long: max_queued does not apply
+    assert decide_overlap("queue", 3, 2, "run-a", queued_runs=2, max_queued=1).action is OverlapAction.ADMIT
+    for bad in ({"queued_runs": -1}, {"max_queued": 0}, {"max_queued": True}):
+        with pytest.raises(ValueError):
+            decide_overlap("queue", 1, 1, **bad)
+
+
 def test_overlap_inputs_are_validated():
     with pytest.raises(CronError):
         decide_overlap("parallel", 1, 0)

@@ -33,9 +33,9 @@ T0 = ms("2026-03-02T10:00:00")  # a Monday, in UTC
 
 def add_trigger(repo, task: str, cron: str = "*/5 * * * *", *, tz: str = "UTC", misfire: str = "fire_once",
                 grace_ms: int = 30_000, overlap: str = "queue", since_ms: int = T0,
-                max_concurrent: int = 1, command=("true",)) -> str:
+                max_concurrent: int = 1, command=("true",), **task_fields) -> str:
     """A task with one live trigger, written at `since_ms`: its cursor counts from then."""
-    repo.tasks.add(spec(task, command=Command.from_words(list(command)), max_concurrent=max_concurrent))
+    repo.tasks.add(spec(task, command=Command.from_words(list(command)), max_concurrent=max_concurrent, **task_fields))
     settings = settle(TriggerOptions(cron=cron, tz=tz, misfire=misfire, grace_ms=grace_ms, overlap=overlap), None)
     with repo.store.write() as conn:
         task_id = conn.execute(select(tasks.c.id).where(tasks.c.name == task)).scalar_one()
@@ -159,6 +159,41 @@ def test_overlap_when_the_previous_run_outlives_its_period(repo, cron, overlap):
     assert cursor(repo, tid) == T0 + 2 * MINUTE
 
 
+@pytest.mark.parametrize("max_queued", [1, 3])
+def test_queue_admits_while_fewer_than_max_queued_cron_runs_wait_then_records_skipped(repo, cron, max_queued):
+    tid = add_trigger(repo, f"bounded{max_queued}", "* * * * *", since_ms=T0, max_queued=max_queued)
+    [first] = cycle(cron, T0)
+    start(repo, first.run_id)
+    outcomes = [cycle(cron, T0 + m * MINUTE)[0].outcome for m in range(1, max_queued + 3)]
+    assert outcomes == ["admitted"] * max_queued + ["skipped", "skipped"]
+    assert [r.status for r in cron_runs(repo, tid)] == ["running"] + ["queued"] * max_queued
+    assert [(e.type, e.scheduled_for_ms, e.occurrences) for e in events(repo, tid)] == [
+        ("skipped", T0 + m * MINUTE, 1) for m in (max_queued + 1, max_queued + 2)]
+    assert cursor(repo, tid) == T0 + (max_queued + 3) * MINUTE
+
+
+def test_manual_runs_and_retries_are_never_counted_against_max_queued_nor_refused(repo, cron):
+    tid = add_trigger(repo, "mixed", "* * * * *", since_ms=T0)
+    [first] = cycle(cron, T0)
+    start(repo, first.run_id)
+    manual = [repo.runs.request("mixed").run.id for _ in range(2)]  # two manual runs wait `queued`
+    [second] = cycle(cron, T0 + MINUTE)
+    assert second.outcome == "admitted"  # no cron run waits: the manual ones do not count
+    [third] = cycle(cron, T0 + 2 * MINUTE)
+    assert third.outcome == "skipped"  # one cron run waits now: max_queued 1 reached
+    # a manual run and a retry are admitted whatever waits
+    assert repo.runs.request("mixed").created
+    assert repo.runs.cancel(manual[0]).outcome == "cancelled"  # a finished run, to retry
+    assert repo.runs.retry(manual[0]).created
+    [fourth] = cycle(cron, T0 + 3 * MINUTE)
+    assert fourth.outcome == "skipped"  # and they did not change the count either way
+    with repo.store.read() as conn:
+        waiting = conn.execute(select(runs.c.trigger_type).where(runs.c.status == "queued")
+                               .order_by(runs.c.created_at_ms)).scalars().all()
+    assert sorted(waiting) == ["cron", "manual", "manual", "manual"]
+    assert [r.status for r in cron_runs(repo, tid)] == ["running", "queued"]
+
+
 def test_each_fire_of_a_long_job_under_skip_is_recorded_once(repo, cron):
     tid = add_trigger(repo, "skipper", "* * * * *", overlap="skip", since_ms=T0)
     [first] = cycle(cron, T0)
@@ -180,7 +215,8 @@ def test_the_page_is_bounded_and_the_rest_waits_for_the_next_cycle(repo, cron):
 
 
 def test_two_admitters_in_threads_admit_exactly_one_run_per_occurrence(repo, store_url):
-    ids = [add_trigger(repo, f"race{i}", "* * * * *", since_ms=T0) for i in range(6)]
+    # room for every occurrence (max_concurrent 3): overlap and max_queued are not what this tests
+    ids = [add_trigger(repo, f"race{i}", "* * * * *", since_ms=T0, max_concurrent=3) for i in range(6)]
     others = [Repository.open(store_url) for _ in range(2)]
     try:
         barrier = threading.Barrier(2)
@@ -234,7 +270,7 @@ def test_two_processes_on_one_sqlite_file_admit_exactly_one_run_per_occurrence(t
     url = f"sqlite:///{tmp_path / 'q.db'}"
     repo = Repository.open(url)
     try:
-        ids = [add_trigger(repo, f"proc{i}", "* * * * *", since_ms=T0) for i in range(8)]
+        ids = [add_trigger(repo, f"proc{i}", "* * * * *", since_ms=T0, max_concurrent=3) for i in range(8)]
         go = tmp_path / "go"
         procs = [subprocess.Popen([sys.executable, "-c", ADMITTER, url, str(go), str(T0)],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]

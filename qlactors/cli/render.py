@@ -123,7 +123,9 @@ def task_detail(v: TaskView, default: RetentionPolicy, out: TextIO = sys.stdout)
         lines += [
             ("schedule", f"{t.cron} in {t.tz} (trigger revision {t.revision})"),
             ("misfire", t.misfire + (f", grace {seconds(t.grace_ms)}" if t.misfire == "skip" else "")),
-            ("overlap", f"{t.overlap} (limit: max concurrent {s.max_concurrent})"),
+            ("overlap", f"{t.overlap} (limit: max concurrent {s.max_concurrent}"
+                        + (f", max queued {s.max_queued})" if t.overlap == "queue" else ")")),
+            ("random delay", f"up to {seconds(s.random_delay_ms)}" if s.random_delay_ms else "none"),
             ("next fire", next_fire(v)),
             ("last scheduled", when_in_zone(t.last_scheduled_at_ms, t.tz)),
         ]

@@ -508,22 +508,27 @@ class OverlapDecision:
 
 
 def decide_overlap(policy: Overlap | str, max_concurrent: int, active_runs: int,
-                   oldest_running_run_id: str | None = None) -> OverlapDecision:
+                   oldest_running_run_id: str | None = None, *, queued_runs: int = 0,
+                   max_queued: int = 1) -> OverlapDecision:
     """Apply the overlap policy when a fire is due (SEMANTICS §8).
 
     `active_runs` counts the task's runs that hold one of its `max_concurrent` places (the same
     count dispatch uses); `oldest_running_run_id` is the oldest of them without a cancel intent.
-    Below the limit every policy admits. At the limit: `queue` admits (the run waits), `skip`
-    admits nothing, `replace` admits and cancels the oldest with reason `policy` — or just admits
-    when no such run is known (all already cancelling), since there is nothing left to replace.
+    Below the limit every policy admits. At the limit: `queue` admits (the run waits) while
+    fewer than `max_queued` of the task's cron runs wait `queued` (`queued_runs`: manual runs
+    and retries are never counted), else admits nothing, like `skip`; `replace` admits and
+    cancels the oldest with reason `policy` — or just admits when no such run is known (all
+    already cancelling), since there is nothing left to replace.
     """
     policy = check_overlap(policy)
-    if type(max_concurrent) is not int or max_concurrent < 1:
-        raise ValueError(f"max_concurrent must be an integer >= 1, got {max_concurrent!r}")
-    if type(active_runs) is not int or active_runs < 0:
-        raise ValueError(f"active_runs must be an integer >= 0, got {active_runs!r}")
-    if active_runs < max_concurrent or policy is Overlap.QUEUE:
+    for name, value, low in (("max_concurrent", max_concurrent, 1), ("active_runs", active_runs, 0),
+                             ("queued_runs", queued_runs, 0), ("max_queued", max_queued, 1)):
+        if type(value) is not int or value < low:
+            raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    if active_runs < max_concurrent:
         return OverlapDecision(OverlapAction.ADMIT)
+    if policy is Overlap.QUEUE:
+        return OverlapDecision(OverlapAction.ADMIT if queued_runs < max_queued else OverlapAction.SKIP)
     if policy is Overlap.SKIP:
         return OverlapDecision(OverlapAction.SKIP)
     if oldest_running_run_id is None:

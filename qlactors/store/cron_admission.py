@@ -63,10 +63,15 @@ _CURSOR_CAS = trigger_schedules.update().where(and_(
     trigger_schedules.c.trigger_revision == bindparam("w_revision"),
     trigger_schedules.c.state_version == bindparam("w_version")))
 _TASK_HEAD = select(tasks).where(tasks.c.id == bindparam("task_id"))
-_MAX_CONCURRENT = select(task_revisions.c.max_concurrent).where(and_(
+_LIMITS = select(task_revisions.c.max_concurrent, task_revisions.c.max_queued,
+                 task_revisions.c.random_delay_ms).where(and_(
     task_revisions.c.task_id == bindparam("task_id"), task_revisions.c.revision == bindparam("revision")))
 _HOLDING_COUNT = select(func.count()).select_from(runs).where(and_(
     runs.c.task_id == bindparam("task_id"), runs.c.status.in_(_HOLDING)))
+# Cron runs waiting `queued`, the count `max_queued` bounds: manual runs and retries never count.
+_QUEUED_CRON_COUNT = select(func.count()).select_from(runs).where(and_(
+    runs.c.task_id == bindparam("task_id"), runs.c.status == _R.QUEUED.value,
+    runs.c.trigger_type == TriggerType.CRON.value))
 _OLDEST_RUNNING = (select(runs.c.id).where(and_(
     runs.c.task_id == bindparam("task_id"), runs.c.status.in_(_RUNNING), runs.c.cancel_reason.is_(None)))
     .order_by(runs.c.created_at_ms, runs.c.id).limit(1))
@@ -153,11 +158,12 @@ class CronAdmission:
             if decision.missed_count:
                 self._event(conn, due, "missed", decision.missed_first_ms, decision.missed_count, None, now_ms)
             head = conn.execute(_TASK_HEAD, {"task_id": due.task_id}).first()
-            limit = conn.execute(_MAX_CONCURRENT, {"task_id": due.task_id,
-                                                   "revision": head.current_revision}).scalar_one()
+            limits = conn.execute(_LIMITS, {"task_id": due.task_id, "revision": head.current_revision}).one()
             holding = conn.execute(_HOLDING_COUNT, {"task_id": due.task_id}).scalar_one()
             oldest = conn.execute(_OLDEST_RUNNING, {"task_id": due.task_id}).scalar()
-            overlap = decide_overlap(due.overlap, limit, holding, oldest)
+            queued = conn.execute(_QUEUED_CRON_COUNT, {"task_id": due.task_id}).scalar_one()
+            overlap = decide_overlap(due.overlap, limits.max_concurrent, holding, oldest,
+                                     queued_runs=queued, max_queued=limits.max_queued)
             if overlap.action is OverlapAction.SKIP:
                 self._event(conn, due, "skipped", decision.scheduled_for_ms, 1, None, now_ms)
                 return Fired(due.trigger_id, "skipped", scheduled_for_ms=decision.scheduled_for_ms,

@@ -93,6 +93,7 @@ class TaskView:
             "retry": {"retry_on_lost": s.retry.retry_on_lost, "max_attempts": s.retry.max_attempts,
                       "safety": s.retry.safety.value, "backoff_base_ms": s.retry.backoff_base_ms,
                       "backoff_max_ms": s.retry.backoff_max_ms},
+            "max_queued": s.max_queued, "random_delay_ms": s.random_delay_ms,
             "labels": list(s.labels), "active_runs": self.active_runs,
             "created_at_ms": self.created_at_ms, "updated_at_ms": self.updated_at_ms,
             "trigger": None if self.trigger is None else self.trigger.to_json(),
