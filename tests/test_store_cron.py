@@ -18,7 +18,8 @@ from qlactors.store.cron_admission import CronAdmission
 from qlactors.store.repository import Repository
 from qlactors.store.schema import runs, tasks, trigger_events, trigger_schedules, triggers
 from qlactors.store.triggers import TriggerOptions, set_trigger, settle
-from store_helpers import spec
+from qlactors.ids import new_id
+from store_helpers import new_hash, spec
 
 MINUTE = 60_000
 DAY = 86_400_000
@@ -312,3 +313,56 @@ def test_an_unreadable_schedule_is_set_aside_for_an_hour_and_does_not_block_the_
     assert fired[bad].outcome == "invalid" and fired[bad].next_fire_at_ms == T0 + 3_600_000
     assert fired[good].outcome == "admitted"
     assert cron_runs(repo, bad) == [] and cursor(repo, bad) == T0 + 3_600_000
+
+
+# --- the random delay (SEMANTICS §8): a not-before time per occurrence -----------------------
+
+def test_a_random_delay_sets_the_runs_not_before_from_the_trigger_and_occurrence_only(repo, cron):
+    from qlactors.domain.cron_delay import random_delay_ms
+
+    tid = add_trigger(repo, "spread", "* * * * *", since_ms=T0, random_delay_ms=600_000, max_concurrent=3)
+    plain = add_trigger(repo, "plain", "* * * * *", since_ms=T0, max_concurrent=3)
+    for minute in range(3):
+        cycle(cron, T0 + minute * MINUTE)
+    spread = cron_runs(repo, tid)
+    assert [r.scheduled_for_ms for r in spread] == [T0 + m * MINUTE for m in range(3)]
+    for r in spread:
+        assert r.not_before_ms == r.scheduled_for_ms + random_delay_ms(tid, r.scheduled_for_ms, 600_000)
+        assert r.idempotency_key == f"cron:{tid}:1:{r.scheduled_for_ms}"  # the delay is not in the key
+    assert len({r.not_before_ms - r.scheduled_for_ms for r in spread}) == 3  # one draw per occurrence
+    assert [r.not_before_ms for r in cron_runs(repo, plain)] == [None] * 3
+    # the same occurrence admitted again (a replay) returns the same run, same not-before
+    again = repo.runs.admit_in  # through the store's own path: the idempotency key finds it
+    with repo.store.write() as conn:
+        head = conn.execute(select(tasks).where(tasks.c.name == "spread")).one()
+        replay = again(conn, head, head.current_revision, idempotency_key=spread[0].idempotency_key)
+    assert not replay.created and replay.run.id == spread[0].id and replay.run.not_before_ms == spread[0].not_before_ms
+    assert repo.runs.get(spread[0].id).to_json()["not_before_ms"] == spread[0].not_before_ms
+
+
+def test_a_queued_run_is_not_offered_before_its_not_before_and_the_cadence_wakes_for_it(repo, cron):
+    from qlactors.store.control import Control
+    from qlactors.store.dispatch import Dispatch
+
+    dispatch, control = Dispatch(repo.store), Control(repo.store)
+    session = dispatch.register_session("edge", 8)
+    repo.tasks.add(spec("later"))
+    run_id = repo.runs.request("later").run.id
+    with repo.store.read() as conn:
+        now = repo.store.now_ms(conn)
+    with repo.store.write() as conn:
+        conn.execute(runs.update().where(runs.c.id == run_id).values(not_before_ms=now + 3_600_000))
+
+    def offer():
+        return dispatch.offer(session.worker_id, session.session_id, session.generation, new_id(), new_hash(),
+                              log_cap_bytes=4096)
+
+    assert offer() is None
+    assert not control.queued_waiting()  # nothing to nudge executors for yet
+    assert cron.next_not_before_ms() == now + 3_600_000  # the Scheduler's wake-up
+    with repo.store.write() as conn:
+        conn.execute(runs.update().where(runs.c.id == run_id).values(not_before_ms=now - 1))
+    assert cron.next_not_before_ms() is None  # reached: the offer's business, not a wake-up's
+    assert control.queued_waiting()
+    offered = offer()
+    assert offered is not None and offered.run_id == run_id

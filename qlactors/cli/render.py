@@ -161,7 +161,9 @@ RUN_HEADER = ("ID", "TASK", "STATE", "TRIGGER", "CREATED", "FINISHED", "ERROR")
 def run_detail(run: RunView, out: TextIO = sys.stdout) -> None:
     for k, val in (("run", run.id), ("task", f"{run.task} (revision {run.task_revision})"),
                    ("state", run.state), ("trigger", run.trigger_type),
-                   ("scheduled for", when(run.scheduled_for_ms)), ("created", when(run.created_at_ms)),
+                   ("scheduled for", when(run.scheduled_for_ms)),
+                   *((("not before", when(run.not_before_ms)),) if run.not_before_ms is not None else ()),
+                   ("created", when(run.created_at_ms)),
                    ("started", when(run.started_at_ms)), ("finished", when(run.finished_at_ms)),
                    ("exit code", exit_of(run)), ("error", run.error_code or "-"),
                    ("cancel", run.cancel_reason or "-"), ("retry of", run.retry_of_run_id or "-")):

@@ -196,6 +196,7 @@ class RunView:
     finished_at_ms: int | None
     attempts: tuple[AttemptView, ...] = field(default=())
     events: tuple[EventView, ...] = field(default=())
+    not_before_ms: int | None = None  # a cron run's random delay: not offered before this time
 
     def to_json(self, *, detail: bool = True) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -204,7 +205,7 @@ class RunView:
             "scheduled_for_ms": self.scheduled_for_ms, "created_at_ms": self.created_at_ms,
             "started_at_ms": self.started_at_ms, "finished_at_ms": self.finished_at_ms,
             "error_code": self.error_code, "cancel_reason": self.cancel_reason,
-            "retry_of_run_id": self.retry_of_run_id,
+            "retry_of_run_id": self.retry_of_run_id, "not_before_ms": self.not_before_ms,
         }
         if detail:
             data["attempts"] = [a.to_json() for a in self.attempts]
