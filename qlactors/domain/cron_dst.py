@@ -7,7 +7,7 @@ the gap. Any other entry is a *wildcard* entry: it follows the local time as it 
 both passes of a repeated hour and never at a wall time that does not exist.
 
 Everything here is pure arithmetic on whole UTC seconds and naive (wall-clock) datetimes; the
-calendar matching itself stays croniter's (qlactors.domain.cron).
+calendar matching itself stays croniter's (qlactors.domain.cron_times).
 """
 
 from __future__ import annotations
