@@ -122,3 +122,11 @@ def second_pass_near(after_s: int, tz: tzinfo) -> SecondPass | None:
         return None  # already past the second pass
     here = datetime.fromtimestamp(after_s + after, timezone.utc).replace(tzinfo=None)
     return SecondPass(start, end, after, max(start - timedelta(seconds=1), here))
+
+
+def quiet_around(after_s: int, found_s: int, tz: tzinfo) -> bool:
+    """True when no offset change lies within a few hours of `after_s` and `found_s` is within
+    them too: then neither a gap nor a repeated hour can be involved in that step."""
+    if found_s - after_s > _NEAR_S:
+        return False
+    return _offset_s(after_s - _NEAR_S, tz) == _offset_s(after_s + _NEAR_S, tz)

@@ -186,8 +186,9 @@ def next_after_s(text: str, zone: str, after_s: int) -> int:
                 found = int(copy.copy(template.aware).get_next(float, datetime.fromtimestamp(start, tz)))
             except CroniterBadDateError:
                 raise _never(text) from None
-            repeat = _second_pass_fire(template, text, start)
-            if repeat is not None and repeat < found:
+            if cron_dst.quiet_around(start, found, tz):
+                pass  # no offset change near: croniter's answer stands (the common, cheap case)
+            elif (repeat := _second_pass_fire(template, text, start)) is not None and repeat < found:
                 found = repeat  # croniter skipped a fire in the second pass of a repeated hour
             elif not (cron_dst.steady_between(start, found, tz) or _wall_matches(template, text, found)):
                 # croniter maps a time missing in a gap to an instant after it; a wildcard entry
