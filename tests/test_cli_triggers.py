@@ -136,3 +136,40 @@ def test_bad_schedule_input_exits_2_with_one_clear_line_and_writes_nothing(tmp_p
         1, "0 3 * * *", "UTC")
     assert listed[1]["trigger"] is None
     assert ql("task", "show", "n", home=home).returncode == 2
+
+
+def test_max_queued_and_random_delay_are_task_options_shown_by_task_show(tmp_path):
+    home = tmp_path / "home"
+    ok("task", "add", "t", "--cron", "@daily", "--tz", "UTC", "--max-queued", "3", "--random-delay", "90",
+       "--", "true", home=home)
+    shown, text = in_parallel([(("task", "show", "t", "--json"), {"home": home}),
+                               (("task", "show", "t"), {"home": home})])
+    task = json.loads(shown.stdout)
+    assert (task["max_queued"], task["random_delay_ms"], task["trigger"]["cron"]) == (3, 90_000, "@daily")
+    assert re.search(r"^overlap:\s+queue \(limit: max concurrent 1, max queued 3\)$", text.stdout, re.M), text.stdout
+    assert re.search(r"^random delay:\s+up to 90s$", text.stdout, re.M), text.stdout
+    assert re.search(r"^schedule:\s+@daily in UTC", text.stdout, re.M), text.stdout
+
+    updated = ok("task", "update", "t", "--max-queued", "1", "--random-delay", "0", home=home)
+    assert "revision 2" in updated.stdout
+    task = ok_json("task", "show", "t", home=home)
+    assert (task["revision"], task["max_queued"], task["random_delay_ms"]) == (2, 1, 0)
+    assert re.search(r"^random delay:\s+none$", ok("task", "show", "t", home=home).stdout, re.M)
+    assert task["trigger"]["revision"] == 1  # task options: the schedule itself did not change
+
+
+def test_bad_max_queued_random_delay_and_macros_exit_2_and_write_nothing(tmp_path):
+    home = tmp_path / "home"
+    cases = [
+        (("task", "add", "n", "--cron", "* * * * *", "--max-queued", "0", "--", "true"), "--max-queued"),
+        (("task", "add", "n", "--cron", "* * * * *", "--max-queued", "1025", "--", "true"), "--max-queued"),
+        (("task", "add", "n", "--cron", "* * * * *", "--max-queued", "two", "--", "true"), "--max-queued"),
+        (("task", "add", "n", "--cron", "* * * * *", "--random-delay", "86401", "--", "true"), "--random-delay"),
+        (("task", "add", "n", "--cron", "* * * * *", "--random-delay", "-1", "--", "true"), "--random-delay"),
+        (("task", "add", "n", "--cron", "@reboot", "--", "true"), "'@reboot' is not supported"),
+        (("task", "add", "n", "--cron", "@fortnightly", "--", "true"), "unknown cron macro"),
+    ]
+    results = in_parallel([(argv, {"home": home}) for argv, _ in cases])
+    for (argv, fragment), result in zip(cases, results):
+        assert_refused(result, fragment)
+    assert json.loads(ok("task", "list", "--json", home=home).stdout) == []

@@ -70,8 +70,12 @@ def test_each_overlap_policy_with_a_job_that_outlives_its_period(home, overlap):
     spans = intervals(home, task)
     assert never_overlapping(spans), spans  # max_concurrent 1: never two copies at once
     if overlap == "queue":
-        assert len(runs) >= 4 and events == []
-        assert sum(r["status"] == "queued" for r in runs) >= 2, [r["status"] for r in runs]
+        # --max-queued 1 (the default): one run waits, the fires beyond it are recorded skipped
+        # (before it, every fire queued: 8 runs waited after 21 s of `*/2` with `sleep 5`)
+        assert len(runs) >= 2 and sum(r["status"] == "queued" for r in runs) <= 1, [r["status"] for r in runs]
+        skipped = [e for e in events if e["type"] == "skipped"]
+        assert len(skipped) >= 1, events
+        assert not {e["scheduled_for_ms"] for e in skipped} & {r["scheduled_for_ms"] for r in runs}
     elif overlap == "skip":
         assert 1 <= len(runs) <= 3, [r["status"] for r in runs]
         skipped = [e for e in events if e["type"] == "skipped"]
@@ -133,3 +137,40 @@ def test_retention_retires_the_oldest_finished_runs_on_the_cadence_and_logs_says
     assert gone.returncode == 4 and "retired" in gone.stderr, (gone.returncode, gone.stderr)
     assert home.logs(kept[-1]) == b"out\n"  # the newest keep their logs
     assert "event=runs_retired" in edge.log()
+
+
+SLOW_TICK = """\
+[runtime]
+cadence_tick_ms = 60000
+idle_tick_ms = 60000
+"""
+
+
+def test_a_random_delay_holds_the_cron_run_until_its_not_before_and_the_cadence_wakes_for_it(tmp_path):
+    from datetime import datetime, timezone
+
+    from edge_harness import Home
+    from qlactors.domain.cron_delay import random_delay_ms
+
+    home = Home(tmp_path, config=SLOW_TICK)  # a minute's tick: only the wake-ups can start it in time
+    try:
+        at = datetime.fromtimestamp(now_ms() // 1000 + 8, timezone.utc)  # one fire, 8 s from now
+        expr = f"{at.second} {at.minute} {at.hour} {at.day} {at.month} *"
+        home.add_tasks(("spread", "--cron", expr, "--tz", "UTC", "--random-delay", "8", "--", "true"))
+        edge = home.start_edge()
+        [run] = wait_until(lambda: [r for r in cron_runs(home, "spread") if r["status"] == "succeeded"], 60,
+                           lambda: f"the delayed run to finish: {[dict(r) for r in cron_runs(home, 'spread')]}"
+                                   f"\n{edge.log()[-2000:]}")
+        scheduled = run["scheduled_for_ms"]
+        assert scheduled == int(at.timestamp()) * 1000
+        expected = scheduled + random_delay_ms(run["trigger_id"], scheduled, 8_000)
+        assert run["not_before_ms"] == expected  # the domain's deterministic delay
+        assert run["started_at_ms"] >= expected, (run["started_at_ms"], expected)
+        # Started at its not-before, not at the next one-minute tick (a wide margin, not a speed test).
+        assert run["started_at_ms"] - expected < 30_000, (run["started_at_ms"], expected)
+        shown = home.ok("show", run["id"]).stdout
+        assert any(line.startswith("not before:") for line in shown.splitlines()), shown
+        assert home.show(run["id"])["not_before_ms"] == expected
+        edge.terminate()
+    finally:
+        home.close()

@@ -18,7 +18,8 @@ from qlactors.store.cron_admission import CronAdmission
 from qlactors.store.repository import Repository
 from qlactors.store.schema import runs, tasks, trigger_events, trigger_schedules, triggers
 from qlactors.store.triggers import TriggerOptions, set_trigger, settle
-from store_helpers import spec
+from qlactors.ids import new_id
+from store_helpers import new_hash, spec
 
 MINUTE = 60_000
 DAY = 86_400_000
@@ -33,9 +34,9 @@ T0 = ms("2026-03-02T10:00:00")  # a Monday, in UTC
 
 def add_trigger(repo, task: str, cron: str = "*/5 * * * *", *, tz: str = "UTC", misfire: str = "fire_once",
                 grace_ms: int = 30_000, overlap: str = "queue", since_ms: int = T0,
-                max_concurrent: int = 1, command=("true",)) -> str:
+                max_concurrent: int = 1, command=("true",), **task_fields) -> str:
     """A task with one live trigger, written at `since_ms`: its cursor counts from then."""
-    repo.tasks.add(spec(task, command=Command.from_words(list(command)), max_concurrent=max_concurrent))
+    repo.tasks.add(spec(task, command=Command.from_words(list(command)), max_concurrent=max_concurrent, **task_fields))
     settings = settle(TriggerOptions(cron=cron, tz=tz, misfire=misfire, grace_ms=grace_ms, overlap=overlap), None)
     with repo.store.write() as conn:
         task_id = conn.execute(select(tasks.c.id).where(tasks.c.name == task)).scalar_one()
@@ -159,6 +160,41 @@ def test_overlap_when_the_previous_run_outlives_its_period(repo, cron, overlap):
     assert cursor(repo, tid) == T0 + 2 * MINUTE
 
 
+@pytest.mark.parametrize("max_queued", [1, 3])
+def test_queue_admits_while_fewer_than_max_queued_cron_runs_wait_then_records_skipped(repo, cron, max_queued):
+    tid = add_trigger(repo, f"bounded{max_queued}", "* * * * *", since_ms=T0, max_queued=max_queued)
+    [first] = cycle(cron, T0)
+    start(repo, first.run_id)
+    outcomes = [cycle(cron, T0 + m * MINUTE)[0].outcome for m in range(1, max_queued + 3)]
+    assert outcomes == ["admitted"] * max_queued + ["skipped", "skipped"]
+    assert [r.status for r in cron_runs(repo, tid)] == ["running"] + ["queued"] * max_queued
+    assert [(e.type, e.scheduled_for_ms, e.occurrences) for e in events(repo, tid)] == [
+        ("skipped", T0 + m * MINUTE, 1) for m in (max_queued + 1, max_queued + 2)]
+    assert cursor(repo, tid) == T0 + (max_queued + 3) * MINUTE
+
+
+def test_manual_runs_and_retries_are_never_counted_against_max_queued_nor_refused(repo, cron):
+    tid = add_trigger(repo, "mixed", "* * * * *", since_ms=T0)
+    [first] = cycle(cron, T0)
+    start(repo, first.run_id)
+    manual = [repo.runs.request("mixed").run.id for _ in range(2)]  # two manual runs wait `queued`
+    [second] = cycle(cron, T0 + MINUTE)
+    assert second.outcome == "admitted"  # no cron run waits: the manual ones do not count
+    [third] = cycle(cron, T0 + 2 * MINUTE)
+    assert third.outcome == "skipped"  # one cron run waits now: max_queued 1 reached
+    # a manual run and a retry are admitted whatever waits
+    assert repo.runs.request("mixed").created
+    assert repo.runs.cancel(manual[0]).outcome == "cancelled"  # a finished run, to retry
+    assert repo.runs.retry(manual[0]).created
+    [fourth] = cycle(cron, T0 + 3 * MINUTE)
+    assert fourth.outcome == "skipped"  # and they did not change the count either way
+    with repo.store.read() as conn:
+        waiting = conn.execute(select(runs.c.trigger_type).where(runs.c.status == "queued")
+                               .order_by(runs.c.created_at_ms)).scalars().all()
+    assert sorted(waiting) == ["cron", "manual", "manual", "manual"]
+    assert [r.status for r in cron_runs(repo, tid)] == ["running", "queued"]
+
+
 def test_each_fire_of_a_long_job_under_skip_is_recorded_once(repo, cron):
     tid = add_trigger(repo, "skipper", "* * * * *", overlap="skip", since_ms=T0)
     [first] = cycle(cron, T0)
@@ -180,7 +216,8 @@ def test_the_page_is_bounded_and_the_rest_waits_for_the_next_cycle(repo, cron):
 
 
 def test_two_admitters_in_threads_admit_exactly_one_run_per_occurrence(repo, store_url):
-    ids = [add_trigger(repo, f"race{i}", "* * * * *", since_ms=T0) for i in range(6)]
+    # room for every occurrence (max_concurrent 3): overlap and max_queued are not what this tests
+    ids = [add_trigger(repo, f"race{i}", "* * * * *", since_ms=T0, max_concurrent=3) for i in range(6)]
     others = [Repository.open(store_url) for _ in range(2)]
     try:
         barrier = threading.Barrier(2)
@@ -234,7 +271,7 @@ def test_two_processes_on_one_sqlite_file_admit_exactly_one_run_per_occurrence(t
     url = f"sqlite:///{tmp_path / 'q.db'}"
     repo = Repository.open(url)
     try:
-        ids = [add_trigger(repo, f"proc{i}", "* * * * *", since_ms=T0) for i in range(8)]
+        ids = [add_trigger(repo, f"proc{i}", "* * * * *", since_ms=T0, max_concurrent=3) for i in range(8)]
         go = tmp_path / "go"
         procs = [subprocess.Popen([sys.executable, "-c", ADMITTER, url, str(go), str(T0)],
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
@@ -276,3 +313,56 @@ def test_an_unreadable_schedule_is_set_aside_for_an_hour_and_does_not_block_the_
     assert fired[bad].outcome == "invalid" and fired[bad].next_fire_at_ms == T0 + 3_600_000
     assert fired[good].outcome == "admitted"
     assert cron_runs(repo, bad) == [] and cursor(repo, bad) == T0 + 3_600_000
+
+
+# --- the random delay (SEMANTICS §8): a not-before time per occurrence -----------------------
+
+def test_a_random_delay_sets_the_runs_not_before_from_the_trigger_and_occurrence_only(repo, cron):
+    from qlactors.domain.cron_delay import random_delay_ms
+
+    tid = add_trigger(repo, "spread", "* * * * *", since_ms=T0, random_delay_ms=600_000, max_concurrent=3)
+    plain = add_trigger(repo, "plain", "* * * * *", since_ms=T0, max_concurrent=3)
+    for minute in range(3):
+        cycle(cron, T0 + minute * MINUTE)
+    spread = cron_runs(repo, tid)
+    assert [r.scheduled_for_ms for r in spread] == [T0 + m * MINUTE for m in range(3)]
+    for r in spread:
+        assert r.not_before_ms == r.scheduled_for_ms + random_delay_ms(tid, r.scheduled_for_ms, 600_000)
+        assert r.idempotency_key == f"cron:{tid}:1:{r.scheduled_for_ms}"  # the delay is not in the key
+    assert len({r.not_before_ms - r.scheduled_for_ms for r in spread}) == 3  # one draw per occurrence
+    assert [r.not_before_ms for r in cron_runs(repo, plain)] == [None] * 3
+    # the same occurrence admitted again (a replay) returns the same run, same not-before
+    again = repo.runs.admit_in  # through the store's own path: the idempotency key finds it
+    with repo.store.write() as conn:
+        head = conn.execute(select(tasks).where(tasks.c.name == "spread")).one()
+        replay = again(conn, head, head.current_revision, idempotency_key=spread[0].idempotency_key)
+    assert not replay.created and replay.run.id == spread[0].id and replay.run.not_before_ms == spread[0].not_before_ms
+    assert repo.runs.get(spread[0].id).to_json()["not_before_ms"] == spread[0].not_before_ms
+
+
+def test_a_queued_run_is_not_offered_before_its_not_before_and_the_cadence_wakes_for_it(repo, cron):
+    from qlactors.store.control import Control
+    from qlactors.store.dispatch import Dispatch
+
+    dispatch, control = Dispatch(repo.store), Control(repo.store)
+    session = dispatch.register_session("edge", 8)
+    repo.tasks.add(spec("later"))
+    run_id = repo.runs.request("later").run.id
+    with repo.store.read() as conn:
+        now = repo.store.now_ms(conn)
+    with repo.store.write() as conn:
+        conn.execute(runs.update().where(runs.c.id == run_id).values(not_before_ms=now + 3_600_000))
+
+    def offer():
+        return dispatch.offer(session.worker_id, session.session_id, session.generation, new_id(), new_hash(),
+                              log_cap_bytes=4096)
+
+    assert offer() is None
+    assert not control.queued_waiting()  # nothing to nudge executors for yet
+    assert cron.next_not_before_ms() == now + 3_600_000  # the Scheduler's wake-up
+    with repo.store.write() as conn:
+        conn.execute(runs.update().where(runs.c.id == run_id).values(not_before_ms=now - 1))
+    assert cron.next_not_before_ms() is None  # reached: the offer's business, not a wake-up's
+    assert control.queued_waiting()
+    offered = offer()
+    assert offered is not None and offered.run_id == run_id

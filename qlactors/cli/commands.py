@@ -69,6 +69,8 @@ _SIMPLE = {
     "timeout": ("timeout_ms", _timeout),
     "stop_grace": ("stop_grace_ms", lambda t: seconds_to_ms("--stop-grace", t)),
     "max_concurrent": ("max_concurrent", lambda t: _whole("--max-concurrent", t)),
+    "max_queued": ("max_queued", lambda t: _whole("--max-queued", t)),
+    "random_delay": ("random_delay_ms", lambda t: seconds_to_ms("--random-delay", t)),
     "cwd": ("cwd", _directory),
     "env": ("env", parse_env_pairs),
 }

@@ -79,6 +79,12 @@ def _task_options(p: argparse.ArgumentParser, *, update: bool) -> None:
                    help="after downtime: run the oldest missed occurrence once (default), or skip late ones")
     p.add_argument("--grace", metavar="SEC", default=d,
                    help="with --misfire skip: how late an occurrence may still run (default 30)")
+    p.add_argument("--max-queued", metavar="N", default=d,
+                   help="with --overlap queue: how many cron runs may wait queued; a fire beyond "
+                        "that is recorded as skipped (default 1, max 1024)")
+    p.add_argument("--random-delay", metavar="SEC", default=d,
+                   help="start each cron run up to SEC seconds late, the same delay on every replica "
+                        "for a given occurrence (default 0 = none, max 86400)")
     p.add_argument("--overlap", metavar="queue|skip|replace", default=d,
                    help="a fire while the task is at --max-concurrent: queue (default), skip, or "
                         "replace the oldest running run")

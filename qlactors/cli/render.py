@@ -125,7 +125,9 @@ def task_detail(v: TaskView, default: RetentionPolicy, out: TextIO = sys.stdout)
         lines += [
             ("schedule", f"{t.cron} in {t.tz} (trigger revision {t.revision})"),
             ("misfire", t.misfire + (f", grace {seconds(t.grace_ms)}" if t.misfire == "skip" else "")),
-            ("overlap", f"{t.overlap} (limit: max concurrent {s.max_concurrent})"),
+            ("overlap", f"{t.overlap} (limit: max concurrent {s.max_concurrent}"
+                        + (f", max queued {s.max_queued})" if t.overlap == "queue" else ")")),
+            ("random delay", f"up to {seconds(s.random_delay_ms)}" if s.random_delay_ms else "none"),
             ("next fire", next_fire(v)),
             ("last scheduled", when_in_zone(t.last_scheduled_at_ms, t.tz)),
         ]
@@ -161,7 +163,9 @@ RUN_HEADER = ("ID", "TASK", "STATE", "TRIGGER", "CREATED", "FINISHED", "ERROR")
 def run_detail(run: RunView, out: TextIO = sys.stdout) -> None:
     for k, val in (("run", run.id), ("task", f"{run.task} (revision {run.task_revision})"),
                    ("state", run.state), ("trigger", run.trigger_type),
-                   ("scheduled for", when(run.scheduled_for_ms)), ("created", when(run.created_at_ms)),
+                   ("scheduled for", when(run.scheduled_for_ms)),
+                   *((("not before", when(run.not_before_ms)),) if run.not_before_ms is not None else ()),
+                   ("created", when(run.created_at_ms)),
                    ("started", when(run.started_at_ms)), ("finished", when(run.finished_at_ms)),
                    ("exit code", exit_of(run)), ("error", run.error_code or "-"),
                    ("cancel", run.cancel_reason or "-"), ("retry of", run.retry_of_run_id or "-")):

@@ -1,48 +1,51 @@
-"""Cron triggers: settings validation, fire-time arithmetic and the pure admission and overlap decisions.
+"""Cron triggers: settings validation and the pure admission and overlap decisions.
 
 The contract is SEMANTICS.md §8. Every time is UTC epoch milliseconds and is passed in: nothing
-here reads a clock. croniter does all calendar arithmetic (DST included, as croniter defines it)
-and is imported lazily, so an idle runtime without triggers never loads it.
+here reads a clock. Expressions, zones and fire times are qlactors.domain.cron_times' (re-exported
+here: this module is the cron vocabulary the rest of qlactors imports).
 """
 
 from __future__ import annotations
 
-import copy
-import functools
-import zoneinfo
 from dataclasses import dataclass
-from datetime import datetime, timezone, tzinfo
 from enum import Enum
 from typing import Any, Union
 
-from ..errors import BadInput
+from .cron_times import (
+    MACROS,
+    MAX_EXPR_CHARS,
+    MAX_TIME_MS,
+    MAX_ZONE_CHARS,
+    CronError,
+    CronExpr,
+    check_ms,
+    check_zone,
+    first_fire_at_or_after_ms,
+    load_zone,
+    next_after_s,
+    next_fire_ms,
+    parse_cron,
+)
 from .states import CancelReason
 
-MAX_EXPR_CHARS = 768  # triggers.cron is String(768)
-MAX_ZONE_CHARS = 64  # triggers.tz is String(64)
+__all__ = [
+    "MACROS", "MAX_EXPR_CHARS", "MAX_TIME_MS", "MAX_ZONE_CHARS", "CronError", "CronExpr", "check_zone",
+    "first_fire_at_or_after_ms", "load_zone", "next_fire_ms", "parse_cron",
+    "DEFAULT_GRACE_MS", "MAX_GRACE_SECONDS", "MAX_COUNTED_OCCURRENCES", "Misfire", "Overlap",
+    "check_misfire", "check_overlap", "grace_ms_from_seconds", "check_grace_ms", "effective_grace_ms",
+    "TriggerSpec", "Initialise", "Wait", "Admit", "Skip", "AdmissionDecision", "cron_idempotency_key",
+    "decide_admission", "OverlapAction", "OverlapDecision", "decide_overlap",
+]
+
 DEFAULT_GRACE_MS = 30_000
 # A week: a weekly job may still run if it is found late within its own period; anything longer
 # is a typo. fire_once ignores the grace (SEMANTICS §8), so this only bounds `skip`.
 MAX_GRACE_SECONDS = 7 * 86_400
 # The missed-occurrence count is exact up to this many; beyond it the decision reports the bound
 # and `missed_capped`. A week powered off with a per-second schedule is 604,800 occurrences:
-# counting them all would cost ~25 s of croniter time per decision; 1,000 steps cost ~40 ms.
+# counting them all would cost about a minute per decision; 1,000 steps cost ~100 ms (a step
+# is ~100 µs with the DST checks, measured on a shared two-core box).
 MAX_COUNTED_OCCURRENCES = 1_000
-# Year 4000: croniter searches up to 50 years ahead, far from datetime's year-9999 edge.
-MAX_TIME_MS = 64_060_588_800_000
-# Fixed reference for "does this expression ever fire" checks, so validation stays pure.
-_PROBE_FROM_S = 946_684_800  # 2000-01-01T00:00:00Z
-
-_FIELDS_HELP = ("write five fields (minute hour day month weekday), or six with seconds first "
-                "(second minute hour day month weekday), e.g. '*/5 * * * * *' for every five seconds")
-
-
-class CronError(BadInput):
-    """A trigger setting that is refused; `field` names it (cron, zone, misfire, grace, overlap...)."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(message)
-        self.field = field
 
 
 class Misfire(str, Enum):
@@ -98,129 +101,6 @@ def effective_grace_ms(grace_ms: int, tick_ms: int) -> int:
     """The grace actually applied: never below the cadence tick (SEMANTICS §8), or a schedule
     noticed one tick late would be skipped although nothing was down."""
     return max(grace_ms, tick_ms)
-
-
-# --- zones -------------------------------------------------------------------------------------
-
-_NO_DATABASE = ("no time zone database found (Python's zoneinfo looked in {path} and for the "
-                "'tzdata' Python package); install one: `apt-get install tzdata` (Debian/Ubuntu), "
-                "`apk add tzdata` (Alpine) or `pip install tzdata`")
-
-
-def _database_present() -> bool:
-    try:
-        zoneinfo.ZoneInfo("UTC")
-        return True
-    except zoneinfo.ZoneInfoNotFoundError:
-        return False
-
-
-def load_zone(name: object) -> tzinfo:
-    """The tzinfo of IANA zone `name`, or CronError saying whether the name or the database is wrong."""
-    if type(name) is not str or not name or len(name) > MAX_ZONE_CHARS:
-        raise CronError("zone", f"time zone must be an IANA name such as Europe/Berlin or UTC "
-                                f"(at most {MAX_ZONE_CHARS} characters), got {name!r}")
-    try:
-        return zoneinfo.ZoneInfo(name)
-    except zoneinfo.ZoneInfoNotFoundError:
-        if _database_present():
-            raise CronError("zone", f"unknown time zone {name!r}: use an IANA name such as "
-                                    f"Europe/Berlin, America/New_York or UTC") from None
-        if name in ("UTC", "Etc/UTC"):
-            return timezone.utc  # UTC has no rules: a box without tzdata can still use it
-        raise CronError("zone", _NO_DATABASE.format(path=":".join(zoneinfo.TZPATH))) from None
-    except (ValueError, OSError):  # not a relative key, a directory, or not a TZif file
-        raise CronError("zone", f"{name!r} is not a time zone name: use an IANA name such as "
-                                f"Europe/Berlin or UTC") from None
-
-
-def check_zone(name: object) -> str:
-    """`name` itself once it is known to load; what a trigger stores."""
-    load_zone(name)
-    return name  # type: ignore[return-value]
-
-
-# --- expressions and fire times ----------------------------------------------------------------
-
-def _normalise(expr: object) -> str:
-    """The expression with single spaces between fields; refuses anything not 5 or 6 fields."""
-    if type(expr) is not str:
-        raise CronError("cron", f"cron expression must be a string, got {type(expr).__name__} {expr!r}")
-    if len(expr) > MAX_EXPR_CHARS:
-        raise CronError("cron", f"cron expression is longer than {MAX_EXPR_CHARS} characters")
-    fields = expr.split()
-    if len(fields) not in (5, 6):
-        plural = "" if len(fields) == 1 else "s"
-        raise CronError("cron", f"cron expression {expr!r} has {len(fields)} field{plural}; {_FIELDS_HELP}")
-    return " ".join(fields)
-
-
-@functools.lru_cache(maxsize=1024)
-def _template(text: str, zone: str) -> tuple[Any, tzinfo]:
-    """A parsed croniter for (expression, zone), copied per use: parsing costs ~150 µs, a copy ~5 µs.
-
-    Cached objects are never advanced themselves, so sharing them between threads is safe.
-    """
-    from croniter import croniter, CroniterError  # lazy: see the module docstring
-
-    tz = load_zone(zone)
-    try:
-        it = croniter(text, datetime.fromtimestamp(_PROBE_FROM_S, tz),
-                      second_at_beginning=len(text.split()) == 6)
-    except (CroniterError, ValueError, TypeError, KeyError) as exc:
-        raise CronError("cron", f"cron expression {text!r} is not valid: {exc}; {_FIELDS_HELP}") from None
-    return it, tz
-
-
-def _next_after_s(text: str, zone: str, after_s: int) -> int:
-    """croniter's first occurrence strictly after second `after_s`, in whole seconds."""
-    from croniter import CroniterBadDateError
-
-    template, tz = _template(text, zone)
-    it = copy.copy(template)
-    try:
-        found = int(it.get_next(float, datetime.fromtimestamp(after_s, tz)))
-    except CroniterBadDateError:
-        raise CronError("cron", f"cron expression {text!r} never fires (no match within 50 years); "
-                                f"check the day and month fields") from None
-    if found <= after_s:  # would stall the cursor: refuse rather than loop
-        raise CronError("cron", f"croniter returned {found} for {text!r} after {after_s}; this is a bug")
-    return found
-
-
-@dataclass(frozen=True, slots=True)
-class CronExpr:
-    """A validated expression: `text` has single spaces; `has_seconds` when six fields, seconds first."""
-
-    text: str
-    has_seconds: bool
-
-
-def parse_cron(expr: object) -> CronExpr:
-    """Validate a user's cron expression: 5 or 6 fields, croniter accepts it, and it ever fires."""
-    text = _normalise(expr)
-    _next_after_s(text, "UTC", _PROBE_FROM_S)  # a valid schedule that never fires is refused too
-    return CronExpr(text, len(text.split()) == 6)
-
-
-def _check_ms(name: str, value: object, low: int = 0) -> int:
-    if type(value) is not int or not low <= value <= MAX_TIME_MS:
-        raise ValueError(f"{name} must be an integer from {low} to {MAX_TIME_MS} (epoch ms), got {value!r}")
-    return value
-
-
-def next_fire_ms(expr: str, zone: str, after_ms: int) -> int:
-    """The first fire time strictly after `after_ms`, computed by croniter in `zone`.
-
-    Occurrences fall on whole seconds, so "after the second containing after_ms" is the same set.
-    """
-    _check_ms("after_ms", after_ms, low=-1)
-    return _next_after_s(_normalise(expr), zone, after_ms // 1000) * 1000
-
-
-def first_fire_at_or_after_ms(expr: str, zone: str, at_ms: int) -> int:
-    """The first fire time at or after `at_ms` (a fire exactly at `at_ms` counts)."""
-    return next_fire_ms(expr, zone, at_ms - 1)
 
 
 # --- the admission decision --------------------------------------------------------------------
@@ -303,11 +183,11 @@ def _count_due(text: str, zone: str, first_s: int, now_s: int,
 
     Each step restarts croniter at the previous occurrence, exactly as `next_fire_ms` does: plain
     iteration can disagree with a restart around a spring-forward gap, and the count must match
-    what step-by-step admission sees. A step costs ~40 µs (a cached parse, copied).
+    what step-by-step admission sees. A step costs ~100 µs (a cached parse, copied, and the DST checks).
     """
     count, last = 1, first_s
     while count < stop_after:
-        following = _next_after_s(text, zone, last)  # strictly after `last`: never stalls
+        following = next_after_s(text, zone, last)  # strictly after `last`: never stalls
         if following > now_s:
             return count, last, following
         count, last = count + 1, following
@@ -320,16 +200,16 @@ def _latest_at_or_before_s(text: str, zone: str, first_s: int, now_s: int) -> in
     Bisects on "the next occurrence after t is still due", so it agrees with `next_fire_ms`.
     Only used when the count stopped at its bound; otherwise the count already knows the answer.
     """
-    if _next_after_s(text, zone, first_s) > now_s:
+    if next_after_s(text, zone, first_s) > now_s:
         return first_s
     lo, hi = first_s, now_s  # next(lo) is due; next(hi) is not
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        if _next_after_s(text, zone, mid) <= now_s:
+        if next_after_s(text, zone, mid) <= now_s:
             lo = mid
         else:
             hi = mid
-    return _next_after_s(text, zone, lo)
+    return next_after_s(text, zone, lo)
 
 
 def decide_admission(spec: TriggerSpec, cursor_ms: int | None, now_ms: int, *,
@@ -347,14 +227,14 @@ def decide_admission(spec: TriggerSpec, cursor_ms: int | None, now_ms: int, *,
     lateness; `skip` runs the newest due one only if it is at most max(grace, tick) late.
     At most `count_limit` missed occurrences are counted (see MAX_COUNTED_OCCURRENCES).
     """
-    now_ms = _check_ms("now_ms", now_ms)
+    now_ms = check_ms("now_ms", now_ms)
     if type(count_limit) is not int or count_limit < 1:
         raise ValueError(f"count_limit must be an integer >= 1, got {count_limit!r}")
     text, zone = spec.expr, spec.zone
     if cursor_ms is None:
-        start = now_ms if initialise_from_ms is None else _check_ms("initialise_from_ms", initialise_from_ms)
+        start = now_ms if initialise_from_ms is None else check_ms("initialise_from_ms", initialise_from_ms)
         return Initialise(first_fire_at_or_after_ms(text, zone, start))
-    cursor_ms = _check_ms("cursor_ms", cursor_ms)
+    cursor_ms = check_ms("cursor_ms", cursor_ms)
     if cursor_ms > now_ms:
         return Wait(cursor_ms)  # the idle path: no croniter call at all
     # The cursor is trusted as an occurrence: only this module computes it (Initialise, or the
@@ -376,9 +256,9 @@ def decide_admission(spec: TriggerSpec, cursor_ms: int | None, now_ms: int, *,
     # The cursor goes to croniter's next occurrence after the newest due one: that is the next
     # occurrence after now, and unlike a restart at `now` it cannot step over a fire croniter
     # places just after a spring-forward gap (seen with croniter 7 in Australia/Sydney).
-    new_cursor_s = following_s if complete else _next_after_s(text, zone, latest_s)
+    new_cursor_s = following_s if complete else next_after_s(text, zone, latest_s)
     if new_cursor_s <= now_s:  # only if croniter were not monotone: never leave a due cursor
-        new_cursor_s = _next_after_s(text, zone, now_s)
+        new_cursor_s = next_after_s(text, zone, now_s)
     new_cursor_ms = new_cursor_s * 1000
     latest_ms = latest_s * 1000
 
@@ -387,7 +267,7 @@ def decide_admission(spec: TriggerSpec, cursor_ms: int | None, now_ms: int, *,
 
     if spec.misfire is Misfire.FIRE_ONCE:
         count, capped = missed(due - 1)
-        second_ms = None if due == 1 else _next_after_s(text, zone, first_s) * 1000
+        second_ms = None if due == 1 else next_after_s(text, zone, first_s) * 1000
         return Admit(first_ms, new_cursor_ms, count, capped, second_ms,
                      cron_idempotency_key(spec.trigger_id, spec.revision, first_ms))
     if now_ms - latest_ms <= effective_grace_ms(spec.grace_ms, tick_ms):
@@ -416,22 +296,27 @@ class OverlapDecision:
 
 
 def decide_overlap(policy: Overlap | str, max_concurrent: int, active_runs: int,
-                   oldest_running_run_id: str | None = None) -> OverlapDecision:
+                   oldest_running_run_id: str | None = None, *, queued_runs: int = 0,
+                   max_queued: int = 1) -> OverlapDecision:
     """Apply the overlap policy when a fire is due (SEMANTICS §8).
 
     `active_runs` counts the task's runs that hold one of its `max_concurrent` places (the same
     count dispatch uses); `oldest_running_run_id` is the oldest of them without a cancel intent.
-    Below the limit every policy admits. At the limit: `queue` admits (the run waits), `skip`
-    admits nothing, `replace` admits and cancels the oldest with reason `policy` — or just admits
-    when no such run is known (all already cancelling), since there is nothing left to replace.
+    Below the limit every policy admits. At the limit: `queue` admits (the run waits) while
+    fewer than `max_queued` of the task's cron runs wait `queued` (`queued_runs`: manual runs
+    and retries are never counted), else admits nothing, like `skip`; `replace` admits and
+    cancels the oldest with reason `policy` — or just admits when no such run is known (all
+    already cancelling), since there is nothing left to replace.
     """
     policy = check_overlap(policy)
-    if type(max_concurrent) is not int or max_concurrent < 1:
-        raise ValueError(f"max_concurrent must be an integer >= 1, got {max_concurrent!r}")
-    if type(active_runs) is not int or active_runs < 0:
-        raise ValueError(f"active_runs must be an integer >= 0, got {active_runs!r}")
-    if active_runs < max_concurrent or policy is Overlap.QUEUE:
+    for name, value, low in (("max_concurrent", max_concurrent, 1), ("active_runs", active_runs, 0),
+                             ("queued_runs", queued_runs, 0), ("max_queued", max_queued, 1)):
+        if type(value) is not int or value < low:
+            raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    if active_runs < max_concurrent:
         return OverlapDecision(OverlapAction.ADMIT)
+    if policy is Overlap.QUEUE:
+        return OverlapDecision(OverlapAction.ADMIT if queued_runs < max_queued else OverlapAction.SKIP)
     if policy is Overlap.SKIP:
         return OverlapDecision(OverlapAction.SKIP)
     if oldest_running_run_id is None:

@@ -182,10 +182,13 @@ class Control:
         return min(due) if due else None
 
     def queued_waiting(self) -> bool:
-        """True when a queued run waits for an offer (the Scheduler then nudges executors)."""
+        """True when a queued run waits for an offer (the Scheduler then nudges executors); a run
+        whose not-before time (a cron random delay) is still ahead does not wait for one yet."""
         with self.store.read() as conn:
             return conn.execute(select(runs.c.id).where(and_(
-                runs.c.status == _R.QUEUED.value, runs.c.cancel_reason.is_(None))).limit(1)).first() is not None
+                runs.c.status == _R.QUEUED.value, runs.c.cancel_reason.is_(None),
+                or_(runs.c.not_before_ms.is_(None), runs.c.not_before_ms <= self.store.now_ms(conn))))
+                .limit(1)).first() is not None
 
     def active_run_ids(self, limit: int = 1024) -> list[str]:
         """Runs that are not terminal (oldest first, bounded)."""

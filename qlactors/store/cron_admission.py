@@ -28,6 +28,7 @@ from ..domain.cron import (
     decide_admission,
     decide_overlap,
 )
+from ..domain.cron_delay import not_before_ms
 from ..domain.states import RunStatus, TriggerType
 from ..errors import BadInput
 from ..ids import new_id
@@ -63,14 +64,21 @@ _CURSOR_CAS = trigger_schedules.update().where(and_(
     trigger_schedules.c.trigger_revision == bindparam("w_revision"),
     trigger_schedules.c.state_version == bindparam("w_version")))
 _TASK_HEAD = select(tasks).where(tasks.c.id == bindparam("task_id"))
-_MAX_CONCURRENT = select(task_revisions.c.max_concurrent).where(and_(
+_LIMITS = select(task_revisions.c.max_concurrent, task_revisions.c.max_queued,
+                 task_revisions.c.random_delay_ms).where(and_(
     task_revisions.c.task_id == bindparam("task_id"), task_revisions.c.revision == bindparam("revision")))
 _HOLDING_COUNT = select(func.count()).select_from(runs).where(and_(
     runs.c.task_id == bindparam("task_id"), runs.c.status.in_(_HOLDING)))
+# Cron runs waiting `queued`, the count `max_queued` bounds: manual runs and retries never count.
+_QUEUED_CRON_COUNT = select(func.count()).select_from(runs).where(and_(
+    runs.c.task_id == bindparam("task_id"), runs.c.status == _R.QUEUED.value,
+    runs.c.trigger_type == TriggerType.CRON.value))
 _OLDEST_RUNNING = (select(runs.c.id).where(and_(
     runs.c.task_id == bindparam("task_id"), runs.c.status.in_(_RUNNING), runs.c.cancel_reason.is_(None)))
     .order_by(runs.c.created_at_ms, runs.c.id).limit(1))
 _EVENT_INSERT = trigger_events.insert()
+_NEXT_NOT_BEFORE = select(func.min(runs.c.not_before_ms)).where(and_(
+    runs.c.status == _R.QUEUED.value, runs.c.cancel_reason.is_(None), runs.c.not_before_ms > bindparam("now")))
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +118,12 @@ class CronAdmission:
         with self.store.read() as conn:
             earliest = conn.execute(_NEXT_FIRE).scalar_one()
             return self.store.now_ms(conn) if earliest == -1 else earliest
+
+    def next_not_before_ms(self) -> int | None:
+        """When the cadence must wake for a delayed run: the earliest future not-before time of a
+        queued run (one already reached is the offer's business, not a wake-up's)."""
+        with self.store.read() as conn:
+            return conn.execute(_NEXT_NOT_BEFORE, {"now": self.store.now_ms(conn)}).scalar_one()
 
     def fire(self, due: DueSchedule, now_ms: int, *, tick_ms: int = 0) -> Fired:
         """Decide and commit one schedule at the cycle's `now_ms`; an initialised cursor that is
@@ -153,19 +167,24 @@ class CronAdmission:
             if decision.missed_count:
                 self._event(conn, due, "missed", decision.missed_first_ms, decision.missed_count, None, now_ms)
             head = conn.execute(_TASK_HEAD, {"task_id": due.task_id}).first()
-            limit = conn.execute(_MAX_CONCURRENT, {"task_id": due.task_id,
-                                                   "revision": head.current_revision}).scalar_one()
+            limits = conn.execute(_LIMITS, {"task_id": due.task_id, "revision": head.current_revision}).one()
             holding = conn.execute(_HOLDING_COUNT, {"task_id": due.task_id}).scalar_one()
             oldest = conn.execute(_OLDEST_RUNNING, {"task_id": due.task_id}).scalar()
-            overlap = decide_overlap(due.overlap, limit, holding, oldest)
+            queued = conn.execute(_QUEUED_CRON_COUNT, {"task_id": due.task_id}).scalar_one()
+            overlap = decide_overlap(due.overlap, limits.max_concurrent, holding, oldest,
+                                     queued_runs=queued, max_queued=limits.max_queued)
             if overlap.action is OverlapAction.SKIP:
                 self._event(conn, due, "skipped", decision.scheduled_for_ms, 1, None, now_ms)
                 return Fired(due.trigger_id, "skipped", scheduled_for_ms=decision.scheduled_for_ms,
                              missed=decision.missed_count, next_fire_at_ms=decision.new_cursor_ms)
+            # The random delay is the occurrence's, not part of the idempotency key: every
+            # admitter of this occurrence computes the same not-before time.
+            not_before = not_before_ms(due.trigger_id, decision.scheduled_for_ms, limits.random_delay_ms)
             admission = self.runs.admit_in(conn, head, head.current_revision, trigger_type=TriggerType.CRON,
                                            idempotency_key=decision.idempotency_key,
                                            scheduled_for_ms=decision.scheduled_for_ms,
-                                           trigger_id=due.trigger_id, actor_type=ACTOR)
+                                           trigger_id=due.trigger_id, actor_type=ACTOR,
+                                           not_before_ms=not_before)
             cancelled = None
             if overlap.action is OverlapAction.ADMIT_AND_CANCEL and admission.created:
                 row = load_run(conn, overlap.cancel_run_id)

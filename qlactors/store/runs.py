@@ -85,6 +85,7 @@ class Runs:
         trigger_id: str | None = None,
         retry_of_run_id: str | None = None,
         actor_type: str = "user",
+        not_before_ms: int | None = None,
     ) -> Admission:
         """Admission inside the caller's write transaction, of revision `revision` of task row `head`."""
         if idempotency_key is not None and not 1 <= len(idempotency_key) <= 256:
@@ -101,7 +102,8 @@ class Runs:
             trigger_type=TriggerType(trigger_type).value, trigger_id=trigger_id,
             status=plan.run_to.value, version=plan.version, event_sequence=plan.event_sequence,
             scheduled_for_ms=scheduled_for_ms, idempotency_key=idempotency_key,
-            retry_of_run_id=retry_of_run_id, created_at_ms=now, queued_at_ms=now, updated_at_ms=now))
+            retry_of_run_id=retry_of_run_id, created_at_ms=now, queued_at_ms=now, updated_at_ms=now,
+            not_before_ms=not_before_ms))
         if not inserted:  # a concurrent request with the same key committed first
             return Admission(self._view(conn, self._by_key(conn, idempotency_key)), created=False)
         conn.execute(_ATTEMPT_INSERT, dict(
@@ -229,7 +231,7 @@ class Runs:
             idempotency_key=row.idempotency_key, cancel_reason=row.cancel_reason,
             error_code=row.error_code, retry_of_run_id=row.retry_of_run_id,
             created_at_ms=row.created_at_ms, started_at_ms=row.started_at_ms,
-            finished_at_ms=row.finished_at_ms,
+            finished_at_ms=row.finished_at_ms, not_before_ms=row.not_before_ms,
             attempts=tuple(AttemptView(
                 id=a.id, number=a.number, state=a.status, exit_code=a.exit_code, signal=a.signal,
                 error_code=a.error_code, log_dropped_bytes=a.log_dropped_bytes,

@@ -95,6 +95,7 @@ class TaskView:
             "retry": {"retry_on_lost": s.retry.retry_on_lost, "max_attempts": s.retry.max_attempts,
                       "safety": s.retry.safety.value, "backoff_base_ms": s.retry.backoff_base_ms,
                       "backoff_max_ms": s.retry.backoff_max_ms},
+            "max_queued": s.max_queued, "random_delay_ms": s.random_delay_ms,
             "labels": list(s.labels), "active_runs": self.active_runs,
             "created_at_ms": self.created_at_ms, "updated_at_ms": self.updated_at_ms,
             "trigger": None if self.trigger is None else self.trigger.to_json(),
@@ -202,6 +203,7 @@ class RunView:
     finished_at_ms: int | None
     attempts: tuple[AttemptView, ...] = field(default=())
     events: tuple[EventView, ...] = field(default=())
+    not_before_ms: int | None = None  # a cron run's random delay: not offered before this time
 
     def to_json(self, *, detail: bool = True) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -210,7 +212,7 @@ class RunView:
             "scheduled_for_ms": self.scheduled_for_ms, "created_at_ms": self.created_at_ms,
             "started_at_ms": self.started_at_ms, "finished_at_ms": self.finished_at_ms,
             "error_code": self.error_code, "cancel_reason": self.cancel_reason,
-            "retry_of_run_id": self.retry_of_run_id,
+            "retry_of_run_id": self.retry_of_run_id, "not_before_ms": self.not_before_ms,
         }
         if detail:
             data["attempts"] = [a.to_json() for a in self.attempts]
