@@ -621,3 +621,25 @@ def test_cancel_stops_the_jobs_group_and_records_the_signal_that_ended_it(home):
     # TERM went to the job's group, not the launcher's: the launcher lived on and published.
     assert [(a["exit_code"], a["signal"]) for a in view["attempts"]] == [(143, 15)]
     wait_until(lambda: not group_members(attempt["pgid"]), 5, "the launcher to be gone")
+
+
+def test_keep_leftovers_is_a_task_setting_that_reaches_the_launcher(home):
+    pidfile = home.tmp / "kept.pid"
+    home.ok("task", "add", "keeper", "--keep-leftovers", "--",
+            f"sh -c 'echo $$ >{pidfile}; exec sleep 30' >/dev/null 2>&1 & "
+            f"while [ ! -s {pidfile} ]; do sleep 0.01; done; exit 0")
+    shown = json.loads(home.ok("task", "show", "keeper", "--json").stdout)
+    assert shown["keep_leftovers"] is True
+    assert "keep leftovers" in home.ok("task", "show", "keeper").stdout
+    home.start_edge()
+    run_id = home.run("keeper")
+    assert home.wait_terminal(run_id) == "succeeded"
+    kept = int(pidfile.read_text())
+    home.remember_group(int(home.attempt_row(run_id)["pgid"]))
+    try:
+        assert pid_alive(kept), "a kept leftover was stopped"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(kept, signal.SIGKILL)
+    home.ok("task", "update", "keeper", "--no-keep-leftovers")
+    assert json.loads(home.ok("task", "show", "keeper", "--json").stdout)["keep_leftovers"] is False

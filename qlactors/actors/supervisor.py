@@ -127,7 +127,8 @@ class Supervisor(RuntimeActor):
             attempt_id=offer.attempt_id, attempt_number=offer.attempt_number, offer_id=offer.offer_id,
             lease_generation=offer.lease_generation, lease_version=offer.lease_version,
             argv=list(offer.argv), cwd=offer.cwd, env=dict(offer.env), timeout_ms=offer.timeout_ms,
-            stop_grace_ms=offer.stop_grace_ms, log_cap_bytes=offer.log_cap_bytes))
+            stop_grace_ms=offer.stop_grace_ms, log_cap_bytes=offer.log_cap_bytes,
+            keep_leftovers=offer.keep_leftovers))
 
     def _disk_has_room(self) -> bool:
         """The disk reserve: below it no attempt starts and queued runs wait (logged once per hold).

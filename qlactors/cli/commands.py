@@ -50,6 +50,7 @@ _SIMPLE = {
     "max_concurrent": ("max_concurrent", lambda t: _whole("--max-concurrent", t)),
     "cwd": ("cwd", _directory),
     "env": ("env", parse_env_pairs),
+    "keep_leftovers": ("keep_leftovers", bool),
 }
 _RETRY = {
     "retry_on_lost": lambda v: {"retry_on_lost": bool(v)},

@@ -245,7 +245,8 @@ class Dispatch:
             lease_version=attempt.lease_version, worker_id=attempt.worker_id,
             session_id=attempt.session_id, session_generation=attempt.session_generation,
             task=name, argv=command_argv(rev.command_json), cwd=rev.cwd, env=json.loads(rev.env_json),
-            timeout_ms=rev.timeout_ms, stop_grace_ms=rev.stop_grace_ms, log_cap_bytes=log_cap_bytes)
+            timeout_ms=rev.timeout_ms, stop_grace_ms=rev.stop_grace_ms, log_cap_bytes=log_cap_bytes,
+            keep_leftovers=bool(rev.keep_leftovers))
 
     # -- fenced reports ----------------------------------------------------------------------
 
