@@ -643,3 +643,16 @@ def test_keep_leftovers_is_a_task_setting_that_reaches_the_launcher(home):
             os.kill(kept, signal.SIGKILL)
     home.ok("task", "update", "keeper", "--no-keep-leftovers")
     assert json.loads(home.ok("task", "show", "keeper", "--json").stdout)["keep_leftovers"] is False
+
+
+def test_a_working_directory_removed_after_task_add_is_a_start_failure(home):
+    workdir = home.tmp / "workdir"
+    workdir.mkdir()
+    home.ok("task", "add", "gone", "--cwd", str(workdir), "--", "echo ran")
+    workdir.rmdir()
+    home.start_edge()
+    run_id = home.run("gone")
+    assert home.wait_terminal(run_id) == "failed"
+    view = home.view(run_id)
+    assert view["error_code"] == "EXECUTOR_START_FAILED"
+    assert [a["exit_code"] for a in view["attempts"]] == [None]

@@ -153,6 +153,14 @@ class Executor(RuntimeActor):
         if offer.keep_leftovers:
             env["QLACTORS_KEEP_LEFTOVERS"] = "1"
         if offer.cwd:
+            # Checked by `task add` when it could be; a directory gone since then is a start
+            # failure, not a job that "exited 126" (the launcher's own check stays, for a race).
+            if not os.path.isdir(offer.cwd):
+                log.error("event=start_failed run=%s attempt=%s reason=cwd_not_a_directory",
+                          offer.run_id, offer.attempt_id)
+                self._start_failed(local, msg, f"working directory {offer.cwd} is not a directory "
+                                               f"(or is gone)")
+                return
             env["QLACTORS_CWD"] = offer.cwd
         # The log-cap FIFO is made here, not by the launcher (mkdir + mkfifo + rm would cost it
         # three execs). Without one the launcher runs the job uncapped rather than not at all.
