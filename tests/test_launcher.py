@@ -402,6 +402,17 @@ def test_job_runs_in_a_process_group_and_session_of_its_own_named_by_the_marker(
     assert read_marker(paths.marker).pid == proc.pid
 
 
+def test_without_a_marker_the_job_stays_in_the_launchers_group_where_a_stop_can_find_it(shell, launcher, paths):
+    env = {**launcher_env(paths), "QLACTORS_MARKER": str(paths.root / "missing-dir" / "marker")}
+    argv = ["sh", "-c", "read -r s </proc/self/stat; echo \"$s\"", "job"]
+    with launched(shell, launcher, argv, env) as proc:
+        status = finish(proc)
+    assert status == 0
+    fields = paths.log.read_text().rpartition(")")[2].split()
+    assert int(fields[2]) == proc.pid  # the launcher's group
+    assert read_receipt(paths).exit_code == 0
+
+
 def test_job_does_not_inherit_the_token_descriptor(shell, launcher, paths):
     argv = ["sh", "-c", 'if [ -e /proc/$$/fd/3 ]; then echo has3; else echo no3; fi']
     assert run_job(shell, launcher, paths, argv) == 0

@@ -191,18 +191,20 @@ trap : TERM INT HUP
 q_clock; q_started=$q_ms
 (
     # /proc/self is this subshell (`read` is a builtin): the job's pid, and its group once
-    # setsid has run. Marker first, so that a stop can find the group as soon as it exists.
+    # setsid has run. Marker first, so that a stop can find the group as soon as it exists;
+    # without a marker nobody could name that group, so the job then stays in ours.
+    q_own=
     if [ -n "$q_marker" ] && read -r q_stat </proc/self/stat && q_stat_ticks; then
         q_self=${q_stat%% *}
         printf 'pid=%s pgid=%s start_ticks=%s boot_id=%s job_pid=%s job_start_ticks=%s\n' \
-            "$$" "$q_pgid" "$q_ticks" "$q_boot" "$q_self" "$q_jticks" >"$q_marker"
+            "$$" "$q_pgid" "$q_ticks" "$q_boot" "$q_self" "$q_jticks" >"$q_marker" && q_own=1
     fi
     if [ -n "$q_path_set" ]; then PATH=$q_path; else unset PATH; fi
     if [ -n "$q_cwd" ]; then
         case $q_cwd in /*) ;; *) q_cwd=./$q_cwd ;; esac
         cd "$q_cwd" || exit 126
     fi
-    if [ -n "$q_setsid" ]; then exec "$q_setsid" -- "$@"; fi
+    if [ -n "$q_setsid" ] && [ -n "$q_own" ]; then exec "$q_setsid" -- "$@"; fi
     exec "$@"
 ) </dev/null >>"${q_fifo:-$q_log}" 2>&1
 # A foreground job's $? is its real status: the shell runs pending traps only after it ends.
