@@ -448,13 +448,18 @@ def test_what_the_job_left_in_its_group_is_stopped_when_it_ends(shell, launcher,
 def test_a_leftover_that_ignores_term_is_killed_after_the_stop_grace(shell, launcher, paths):
     script = 'sh -c \'trap "" TERM; echo $$ >"$1"; exec sleep 8\' child "$1" & sleep 0.2; exit 3'
     pidfile = paths.root / "child.pid"
-    env = {**launcher_env(paths, cap=4096), "QLACTORS_STOP_GRACE_MS": "300"}
+    env = {**launcher_env(paths, cap=4096), "QLACTORS_STOP_GRACE_MS": "700"}
     with launched(shell, launcher, ["sh", "-c", script, "job", str(pidfile)], env) as proc:
         wait_exited(proc, timeout=6)
+        exited_ms = int(time.time() * 1000)
         status = finish(proc)
     assert status == 3
-    assert read_receipt(paths).exit_code == 3
+    r = read_receipt(paths)
+    assert r.exit_code == 3
     assert not _alive(int(pidfile.read_text()))
+    # The run's end is the job's main process's, not the end of the stop grace that followed it
+    # (the launcher's clock has 10 ms steps).
+    assert r.finished_at_ms <= exited_ms - 700 + 20
 
 
 def test_keep_leftovers_leaves_them_running_and_the_receipt_says_the_output_stayed_open(shell, launcher, paths):
