@@ -117,6 +117,10 @@ def test_a_stop_kills_the_jobs_group_and_the_launcher_lives_on_to_publish(tmp_pa
                 break
             assert time.monotonic() < deadline, "the job never got its own group"
             time.sleep(0.01)
+        # A launcher identity that no longer matches (a recycled pid) signals nothing at all.
+        recycled = dataclasses.replace(launcher, start_ticks=launcher.start_ticks + 1)
+        assert signal_job(recycled, marker, signal.SIGKILL, current_boot_id=read_boot_id()) is Liveness.NOT_RUNNING
+        assert read_identity(job.pid).pgid == job.pid  # the job still runs
         assert signal_job(launcher, marker, signal.SIGKILL, current_boot_id=read_boot_id()) is Liveness.RUNNING
         _, status = os.waitpid(pid, 0)
     except BaseException:
