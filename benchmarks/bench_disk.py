@@ -108,14 +108,14 @@ def launcher_bytes(root: Path, n: int, shell: str = "/bin/sh") -> dict:
         env = job_environment(os.environ, {})
         env.update({
             "QLACTORS_RUN_ID": f"0000-run-{i:05d}", "QLACTORS_ATTEMPT_ID": attempt,
-            "QLACTORS_TOKEN": "tok" + "x" * 40, "QLACTORS_RECEIPT_DIR": str(receipts),
+            "QLACTORS_RECEIPT_DIR": str(receipts),
             "QLACTORS_MARKER": str(receipts / f"{attempt}.start"),
             "QLACTORS_LOG": str(logs / attempt), "QLACTORS_LOG_CAP": str(4 * 1024 * 1024),
             "QLACTORS_DROPPED": str(receipts / f"{attempt}.dropped"),
             "QLACTORS_CLOCK_BASE_MS": str(time.time_ns() // 1_000_000 - uptime_ms()),
         })
         (logs / attempt).touch(mode=0o600)
-        pid = spawn(["true"], env, shell=shell)
+        pid = spawn(["true"], env, token="tok" + "x" * 40, shell=shell)
         _, status = os.waitpid(pid, 0)
         if os.waitstatus_to_exitcode(status) != 0:
             raise RuntimeError(f"launcher exited {os.waitstatus_to_exitcode(status)}")

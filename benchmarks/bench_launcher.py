@@ -5,7 +5,8 @@ For each shell (dash as /bin/sh, and `/bin/busybox sh` via `[launcher] shell`), 
 the default `edge` profile (so the log cap, and with it the FIFO reader, is on), a task
 `sleep 30`, one run. Once the job runs, the launcher is found among the runtime's children
 (its argv ends in launcher.sh), and every process of its process group is read from
-/proc/PID/smaps_rollup: the launcher tree is all of them except the job (the `sleep`).
+/proc/PID/smaps_rollup: that is the launcher tree (the job, `sleep`, runs in a process group of
+its own below the launcher, and is not counted).
 SEMANTICS.md §11: the tree's memory is the sum of PSS (shared libc pages are not its cost).
 Private (Private_Clean + Private_Dirty, the memory that would be freed if the tree exited) and
 RSS are reported too. Samples: 3 runs per shell (quick: 1), median of the sums.
@@ -32,10 +33,10 @@ def tree_of(edge_pid: int, timeout: float = 20) -> tuple[int, list[int], int]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for launcher in c.launchers_of(edge_pid):
-            members = c.group_members(launcher)
-            jobs = [p for p in members if c.cmdline(p)[:1] == ["sleep"]]
-            if jobs and len(members) > 1:
-                time.sleep(0.3)  # let the reader's `head` settle into its read
+            jobs = [p for p in c.all_pids()
+                    if c.ppid_of(p) == launcher and c.cmdline(p)[:1] == ["sleep"]]
+            if jobs and len(c.group_members(launcher)) > 1:
+                time.sleep(0.3)  # let the reader's `dd` settle into its read
                 members = c.group_members(launcher)
                 return launcher, [p for p in members if p != jobs[0]], jobs[0]
         time.sleep(0.05)

@@ -98,12 +98,12 @@ def launcher_ceiling(root: Path, jobs: int, parallel: int) -> tuple[float, float
         fifo = root / f"{i}.fifo"
         os.mkfifo(fifo, 0o600)
         env = dict(base_env, QLACTORS_RUN_ID=f"run{i}", QLACTORS_ATTEMPT_ID=f"att{i}",
-                   QLACTORS_TOKEN="t" * 43, QLACTORS_RECEIPT_DIR=str(receipts),
+                   QLACTORS_RECEIPT_DIR=str(receipts),
                    QLACTORS_MARKER=str(root / f"{i}.marker"), QLACTORS_LOG=str(root / f"{i}.log"),
                    QLACTORS_LOG_CAP=str(1 << 20), QLACTORS_FIFO=str(fifo),
                    QLACTORS_DROPPED=str(root / f"{i}.dropped"),
                    QLACTORS_CLOCK_BASE_MS=str(time.time_ns() // 1_000_000 - uptime_ms()))
-        return os.pidfd_open(spawn(["true"], env))
+        return os.pidfd_open(spawn(["true"], env, token="t" * 43))
 
     poller, live, started, done = select.epoll(), {}, 0, 0
     cpu0 = c.children_cpu_seconds(os.getpid())

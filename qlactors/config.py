@@ -38,6 +38,7 @@ class RuntimeSettings:
     retention_max_runs: int
     retention_page: int
     disk_reserve_bytes: int
+    output_drain_ms: int = 1_000  # how long a launcher waits for its log reader after the job ended
 
 
 DEFAULTS: dict[str, RuntimeSettings] = {
@@ -66,7 +67,7 @@ LIMITS: dict[str, tuple[int, int]] = {
     "log_cap_bytes": (64 * 1024, 1 << 30), "stop_grace_ms": (0, 30_000), "kill_grace_ms": (0, 30_000),
     "shutdown_drain_ms": (100, 60_000), "publish_grace_ms": (0, 5_000),
     "retention_max_age_ms": KEEP_AGE_MS_RANGE, "retention_max_runs": KEEP_RUNS_RANGE,  # as per task
-    "retention_page": (1, 256), "disk_reserve_bytes": (0, 1 << 40),
+    "retention_page": (1, 256), "disk_reserve_bytes": (0, 1 << 40), "output_drain_ms": (0, 60_000),
 }
 
 

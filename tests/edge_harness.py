@@ -393,6 +393,8 @@ class Home:
                 with contextlib.suppress(OSError, ValueError):
                     fields = dict(tok.split("=", 1) for tok in marker.read_text().split())
                     groups.setdefault(int(fields["pgid"]), int(fields["start_ticks"]))
+                    if "job_pid" in fields:  # the job's own group (and session): its pid
+                        groups.setdefault(int(fields["job_pid"]), int(fields["job_start_ticks"]))
         return groups
 
     def close(self) -> None:

@@ -783,7 +783,7 @@ def test_executor_runs_an_offer_end_to_end_through_the_real_receipt_consumer(mak
     completed = rig.peer.expect(m.Completed, strict=False)
     assert (completed.run_id, completed.attempt_id, completed.exit_code) == (run_id, offer.attempt_id, 4)
     assert token_hash(completed.token) == act.callback_token_hash
-    assert (completed.schema_version, completed.callback_sequence) == (1, 1)
+    assert (completed.schema_version, completed.callback_sequence) == (2, 1)
     assert completed.session_id == rig.ctx.session.session_id
     assert completed.started_at_ms <= completed.finished_at_ms
     assert rig.ack_completed(completed) == "applied"

@@ -34,11 +34,12 @@ from qlactors.domain.receipt import (
 )
 
 ALPHABET = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-"
-KEYS = ["schemaVersion", "runId", "attemptId", "callbackSequence", "token",
-        "startedAtMs", "finishedAtMs", "exitCode"]
-INT_RANGES = {"schemaVersion": (1, 1), "callbackSequence": (1, MAX_CALLBACK_SEQUENCE),
+KEYS_V1 = ["schemaVersion", "runId", "attemptId", "callbackSequence", "token",
+           "startedAtMs", "finishedAtMs", "exitCode"]
+KEYS = [*KEYS_V1, "outputOpen"]  # schema 2, the one launchers write
+INT_RANGES = {"schemaVersion": (1, 2), "callbackSequence": (1, MAX_CALLBACK_SEQUENCE),
               "startedAtMs": (0, MAX_TIME_MS), "finishedAtMs": (0, MAX_TIME_MS),
-              "exitCode": (0, MAX_EXIT_CODE)}
+              "exitCode": (0, MAX_EXIT_CODE), "outputOpen": (0, 1)}
 ID_KEYS = ["runId", "attemptId"]
 EX = settings(max_examples=100, deadline=None)
 
@@ -47,6 +48,19 @@ tokens = st.text(ALPHABET, min_size=TOKEN_MIN_LEN, max_size=TOKEN_MAX_LEN)
 receipts = st.builds(
     Receipt,
     schema_version=st.just(SCHEMA_VERSION),
+    run_id=ids,
+    attempt_id=ids,
+    callback_sequence=st.integers(1, MAX_CALLBACK_SEQUENCE),
+    token=tokens,
+    started_at_ms=st.integers(0, MAX_TIME_MS),
+    finished_at_ms=st.integers(0, MAX_TIME_MS),
+    exit_code=st.integers(0, MAX_EXIT_CODE),
+    output_open=st.integers(0, 1),
+)
+# Written by launchers before schema 2: still read, never with outputOpen.
+receipts_v1 = st.builds(
+    Receipt,
+    schema_version=st.just(1),
     run_id=ids,
     attempt_id=ids,
     callback_sequence=st.integers(1, MAX_CALLBACK_SEQUENCE),
@@ -82,7 +96,7 @@ def refused(data: bytes, reason: str | None = None, **kw) -> ReceiptError:
 
 
 def example() -> Receipt:
-    return Receipt(1, "0190c3a1-7b2e-7cc0-8f00-aaaaaaaaaaaa", "0190c3a1-7b2e-7cc0-8f00-bbbbbbbbbbbb",
+    return Receipt(2, "0190c3a1-7b2e-7cc0-8f00-aaaaaaaaaaaa", "0190c3a1-7b2e-7cc0-8f00-bbbbbbbbbbbb",
                    1, "t" * 43, 1_700_000_000_000, 1_700_000_000_500, 0)
 
 
@@ -99,7 +113,7 @@ def test_every_valid_receipt_round_trips(r):
 
 
 @EX
-@given(receipts, st.permutations(range(8)), st.sampled_from([" ", "\n", "\t", "\r\n  "]))
+@given(receipts, st.permutations(range(9)), st.sampled_from([" ", "\n", "\t", "\r\n  "]))
 def test_any_key_order_and_whitespace_is_accepted(r, order, ws):
     pairs = pairs_of(r)
     body = ("," + ws).join(f"{json.dumps(pairs[i][0])}{ws}:{ws}{json.dumps(pairs[i][1])}" for i in order)
@@ -110,6 +124,39 @@ def test_encoding_is_compact_in_schema_order():
     data = encode_receipt(example())
     assert list(json.loads(data)) == KEYS
     assert b" " not in data
+
+
+@EX
+@given(receipts_v1)
+def test_a_schema_1_receipt_is_still_read_with_its_own_keys(r):
+    data = encode_receipt(r)
+    assert list(json.loads(data)) == KEYS_V1
+    assert decode_receipt(data) == r
+    assert decode_receipt(data).output_open == 0
+
+
+@EX
+@given(receipts_v1, st.integers(0, 1))
+def test_a_schema_1_receipt_with_output_open_is_refused(r, value):
+    refused(render(pairs_of(r) + [("outputOpen", value)]), "unknown_key")
+
+
+@EX
+@given(receipts_v1, st.sampled_from(KEYS_V1))
+def test_a_schema_1_receipt_missing_a_key_is_refused(r, key):
+    refused(render([p for p in pairs_of(r) if p[0] != key]), "missing_key")
+
+
+def test_a_schema_2_receipt_without_output_open_is_refused():
+    pairs = [p for p in pairs_of(example()) if p[0] != "outputOpen"]
+    refused(render(pairs), "missing_key")
+    refused(render(replace(pairs, "schemaVersion", 2) + [("outputOpen", True)]), "bad_type")
+
+
+def test_output_open_cannot_be_set_on_a_schema_1_receipt():
+    with pytest.raises(ReceiptError):
+        Receipt(1, "r", "a", 1, "x" * 32, 0, 0, 0, 1)
+    assert Receipt(2, "r", "a", 1, "x" * 32, 0, 0, 0, 1).output_open == 1
 
 
 def test_finished_before_started_is_accepted_for_the_service_to_clamp():

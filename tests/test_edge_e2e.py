@@ -273,7 +273,8 @@ def test_deadline_passed_while_down_stops_the_job_term_then_kill_and_times_out(h
     assert home.wait_terminal(run_id, timeout=15) == "timed_out"
     view = home.view(run_id)
     assert view["cancel_reason"] == "timeout"
-    assert view["attempts"][0]["exit_code"] is None  # killed: no receipt
+    # The KILL went to the job's group; the launcher outlived its job and published its receipt.
+    assert (view["attempts"][0]["exit_code"], view["attempts"][0]["signal"]) == (137, 9)
     assert terminal_events(view["events"]) == ["run.timed_out"]
     wait_until(lambda: not group_members(attempt["pgid"]), 5, "the job's processes to be gone")
     log = edge.log()
@@ -558,3 +559,100 @@ def test_output_written_before_a_kill_stop_is_kept_in_the_log(shared):
     run_id = shared.run("killed")
     assert shared.wait_terminal(run_id, timeout=10) == "timed_out"
     assert shared.logs(run_id) == b"before-kill\n"
+
+
+# --- 9. the run ends when the job ends (issue 9 §3) --------------------------------------------------
+
+
+def test_a_job_that_leaves_a_background_child_ends_when_it_exits_and_the_child_is_stopped(home):
+    # The repro: the child held the log open until it ended, so the run stayed `running` and
+    # `run --wait` blocked. Now the job's exit ends the run and its group is stopped.
+    pidfile = home.tmp / "child.pid"
+    home.add_tasks(("bg", "--", f"sh -c 'echo $$ >{pidfile}; sleep 60; echo late' & "
+                                f"while [ ! -s {pidfile} ]; do sleep 0.01; done; echo done; exit 0"))
+    home.start_edge()
+    started = time.monotonic()
+    run = home.ql("run", "bg", "--wait", timeout=30)
+    waited = time.monotonic() - started
+    assert run.returncode == 0, run.stderr
+    run_id = run.stdout.split()[0]
+    assert waited < 30, f"run --wait took {waited:.1f} s: it waited for the child's 60 s"
+    view = home.view(run_id)
+    assert view["state"] == "succeeded"
+    assert [(a["exit_code"], a["signal"]) for a in view["attempts"]] == [(0, None)]
+    assert view["attempts"][0]["log_dropped_bytes"] == 0
+    assert "attempt.output_left_open" not in [e["type"] for e in view["events"]]
+    assert home.logs(run_id) == b"done\n"
+    assert not pid_alive(int(pidfile.read_text()))
+
+
+def test_an_escaped_child_cannot_hold_the_run_and_the_jobs_exit_code_stands(home):
+    # The second repro: a setsid child left the group; with --timeout 3 the run used to end
+    # `timed_out` with exit code null although the job itself exited 4 at once.
+    pidfile = home.tmp / "escaped.pid"
+    home.add_tasks(("esc", "--timeout", "3", "--",
+                    f"setsid sh -c 'echo $$ >{pidfile}; exec sleep 8' & "
+                    f"while [ ! -s {pidfile} ]; do sleep 0.01; done; exit 4"))
+    home.start_edge()
+    run_id = home.run("esc")
+    try:
+        assert home.wait_terminal(run_id, timeout=10) == "failed"
+        view = home.view(run_id)
+        assert view["cancel_reason"] is None
+        attempt = view["attempts"][0]
+        assert (attempt["exit_code"], attempt["error_code"], attempt["log_dropped_bytes"]) == (4, "EXIT_NONZERO", None)
+        types = [e["type"] for e in view["events"]]
+        assert types.index("attempt.output_left_open") < types.index("attempt.failed"), types
+    finally:
+        escaped = int(pidfile.read_text())
+        home.remember_group(escaped)  # its own session and group: the harness kills it too
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(escaped, signal.SIGKILL)
+
+
+def test_cancel_stops_the_jobs_group_and_records_the_signal_that_ended_it(home):
+    home.add_tasks(("sleepy", "--", "sleep", "30"))
+    home.start_edge()
+    run_id = home.run("sleepy")
+    attempt = home.wait_running(run_id)
+    home.ok("cancel", run_id)
+    assert home.wait_terminal(run_id) == "cancelled"
+    view = home.view(run_id)
+    # TERM went to the job's group, not the launcher's: the launcher lived on and published.
+    assert [(a["exit_code"], a["signal"]) for a in view["attempts"]] == [(143, 15)]
+    wait_until(lambda: not group_members(attempt["pgid"]), 5, "the launcher to be gone")
+
+
+def test_keep_leftovers_is_a_task_setting_that_reaches_the_launcher(home):
+    pidfile = home.tmp / "kept.pid"
+    home.ok("task", "add", "keeper", "--keep-leftovers", "--",
+            f"sh -c 'echo $$ >{pidfile}; exec sleep 30' >/dev/null 2>&1 & "
+            f"while [ ! -s {pidfile} ]; do sleep 0.01; done; exit 0")
+    shown = json.loads(home.ok("task", "show", "keeper", "--json").stdout)
+    assert shown["keep_leftovers"] is True
+    assert "keep leftovers" in home.ok("task", "show", "keeper").stdout
+    home.start_edge()
+    run_id = home.run("keeper")
+    assert home.wait_terminal(run_id) == "succeeded"
+    kept = int(pidfile.read_text())
+    home.remember_group(int(home.attempt_row(run_id)["pgid"]))
+    try:
+        assert pid_alive(kept), "a kept leftover was stopped"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(kept, signal.SIGKILL)
+    home.ok("task", "update", "keeper", "--no-keep-leftovers")
+    assert json.loads(home.ok("task", "show", "keeper", "--json").stdout)["keep_leftovers"] is False
+
+
+def test_a_working_directory_removed_after_task_add_is_a_start_failure(home):
+    workdir = home.tmp / "workdir"
+    workdir.mkdir()
+    home.ok("task", "add", "gone", "--cwd", str(workdir), "--", "echo ran")
+    workdir.rmdir()
+    home.start_edge()
+    run_id = home.run("gone")
+    assert home.wait_terminal(run_id) == "failed"
+    view = home.view(run_id)
+    assert view["error_code"] == "EXECUTOR_START_FAILED"
+    assert [a["exit_code"] for a in view["attempts"]] == [None]

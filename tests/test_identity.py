@@ -14,6 +14,7 @@ import pytest
 from qlactors.process.identity import (
     Liveness,
     ProcessIdentity,
+    parse_job_marker,
     parse_marker,
     parse_stat,
     probe,
@@ -195,6 +196,25 @@ def test_parse_marker_reads_the_launcher_line():
 def test_parse_marker_is_strict(text):
     with pytest.raises(ValueError):
         parse_marker(text)
+
+
+def test_a_marker_may_name_the_jobs_own_group_too():
+    text = f"pid=4243 pgid=4243 start_ticks=987654 boot_id={BOOT} job_pid=4250 job_start_ticks=987660\n"
+    assert parse_marker(text) == ProcessIdentity(BOOT, 4243, 4243, 987654)
+    assert parse_job_marker(text) == ProcessIdentity(BOOT, 4250, 4250, 987660)  # its pid is its group
+    assert parse_job_marker(f"pid=4243 pgid=4243 start_ticks=987654 boot_id={BOOT}\n") is None
+
+
+@pytest.mark.parametrize("text", [
+    f"pid=1 pgid=1 start_ticks=5 boot_id={BOOT} job_pid=7\n",  # one of the pair
+    f"pid=1 pgid=1 start_ticks=5 boot_id={BOOT} job_start_ticks=7\n",
+    f"pid=1 pgid=1 start_ticks=5 boot_id={BOOT} job_pid=0 job_start_ticks=7\n",
+    f"pid=1 pgid=1 start_ticks=5 boot_id={BOOT} job_pid=x job_start_ticks=7\n",
+    f"pid=1 pgid=1 start_ticks=5 boot_id={BOOT} job_pid=7 job_pid=7 job_start_ticks=7\n",
+])
+def test_a_bad_job_part_of_a_marker_is_refused(text):
+    with pytest.raises(ValueError):
+        parse_job_marker(text)
 
 
 def test_read_marker_missing_is_none_and_bad_raises(tmp_path):

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import pathlib
 import signal
 import subprocess
 import sys
 import time
 
-from qlactors.process.identity import Liveness, read_boot_id, read_identity
+from qlactors.domain.receipt import decode_receipt
+from qlactors.process.identity import Liveness, read_boot_id, read_identity, read_job_marker
 from qlactors.process.launch import (LAUNCHER_VARIABLES, job_environment, launcher_path,
-                                     signal_group)
+                                     signal_group, signal_job, spawn)
 
 
 def _sleeper():
@@ -56,3 +58,76 @@ def test_the_edge_stack_loads_no_postgresql_driver():
     code = "import sys, qlactors.edge, qlactors.cli.runtime_commands; print(sorted(m for m in sys.modules if m.startswith('psycopg')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def _wait_file(path, timeout: float = 10.0) -> bytes:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if path.exists():
+            return path.read_bytes()
+        time.sleep(0.01)
+    raise AssertionError(f"{path} did not appear")
+
+
+def test_the_callback_token_is_never_in_the_launchers_environment(tmp_path):
+    # /proc/PID/environ shows a process's initial environment for its whole life: the token must
+    # come on a descriptor instead, and still reach the receipt.
+    token = "T0k3n_" + "z" * 40
+    receipts = tmp_path / "ab"
+    receipts.mkdir(mode=0o700)
+    log = tmp_path / "log"
+    log.touch(mode=0o600)
+    env = job_environment(os.environ, {})
+    env.update(QLACTORS_RUN_ID="run1", QLACTORS_ATTEMPT_ID="att1", QLACTORS_RECEIPT_DIR=str(receipts),
+               QLACTORS_MARKER=str(tmp_path / "marker"), QLACTORS_LOG=str(log), QLACTORS_LOG_CAP="0")
+    gate = tmp_path / "gate"
+    pid = spawn(["sh", "-c", 'while ! [ -e "$1" ]; do sleep 0.01; done', "job", str(gate)], env, token=token)
+    try:
+        _wait_file(tmp_path / "marker")
+        environ = pathlib.Path(f"/proc/{pid}/environ").read_bytes()
+        assert b"QLACTORS_RUN_ID=run1" in environ  # it is the launcher's environment we read
+        assert token.encode() not in environ
+        gate.touch()
+        _, status = os.waitpid(pid, 0)
+    finally:
+        if not gate.exists():
+            gate.touch()
+            os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert decode_receipt((receipts / "att1.json").read_bytes()).token == token
+
+
+def test_a_stop_kills_the_jobs_group_and_the_launcher_lives_on_to_publish(tmp_path):
+    # KILL is what tells the two groups apart: sent to the launcher's, no receipt could follow.
+    receipts = tmp_path / "ab"
+    receipts.mkdir(mode=0o700)
+    log = tmp_path / "log"
+    log.touch(mode=0o600)
+    marker = tmp_path / "marker"
+    env = job_environment(os.environ, {})
+    env.update(QLACTORS_RUN_ID="run1", QLACTORS_ATTEMPT_ID="att1", QLACTORS_RECEIPT_DIR=str(receipts),
+               QLACTORS_MARKER=str(marker), QLACTORS_LOG=str(log), QLACTORS_LOG_CAP="0")
+    pid = spawn(["sleep", "30"], env, token="T0k3n_" + "k" * 40)
+    try:
+        launcher = read_identity(pid)
+        deadline = time.monotonic() + 10
+        while True:  # until the job's process has made its own group
+            job = read_job_marker(marker) if marker.exists() else None
+            if job is not None and read_identity(job.pid).pgid == job.pid:
+                break
+            assert time.monotonic() < deadline, "the job never got its own group"
+            time.sleep(0.01)
+        # A launcher identity that no longer matches (a recycled pid) signals nothing at all.
+        recycled = dataclasses.replace(launcher, start_ticks=launcher.start_ticks + 1)
+        assert signal_job(recycled, marker, signal.SIGKILL, current_boot_id=read_boot_id()) is Liveness.NOT_RUNNING
+        assert read_identity(job.pid).pgid == job.pid  # the job still runs
+        assert signal_job(launcher, marker, signal.SIGKILL, current_boot_id=read_boot_id()) is Liveness.RUNNING
+        _, status = os.waitpid(pid, 0)
+    except BaseException:
+        os.killpg(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        raise
+    assert os.waitstatus_to_exitcode(status) == 137
+    assert decode_receipt((receipts / "att1.json").read_bytes()).exit_code == 137
+    # Its identity gone, nothing is signalled any more.
+    assert signal_job(launcher, marker, signal.SIGKILL, current_boot_id=read_boot_id()) is Liveness.NOT_RUNNING

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import secrets
 import threading
+import time
 from typing import NamedTuple
 
 import pytest
@@ -53,10 +54,16 @@ def launch(repo, dispatch, session, *, started=True, **task) -> Flight:
     return Flight(run_id, offer.attempt_id, fence, token)
 
 
-def receipt(flight: Flight, exit_code=0, *, started_at_ms=1, finished_at_ms=2, sequence=1, token=None):
-    return Receipt(schema_version=1, run_id=flight.run_id, attempt_id=flight.attempt_id,
+def receipt(flight: Flight, exit_code=0, *, started_at_ms=1, finished_at_ms=2, sequence=1, token=None,
+            schema_version=1, output_open=0):
+    return Receipt(schema_version=schema_version, run_id=flight.run_id, attempt_id=flight.attempt_id,
                    callback_sequence=sequence, token=token or flight.token, started_at_ms=started_at_ms,
-                   finished_at_ms=finished_at_ms, exit_code=exit_code)
+                   finished_at_ms=finished_at_ms, exit_code=exit_code, output_open=output_open)
+
+
+def later_ms() -> int:
+    """A launcher finish time after anything committed so far (the service caps it at now)."""
+    return int(time.time() * 1000) + 60_000
 
 
 def rows(repo, flight):
@@ -196,11 +203,69 @@ def test_receipt_for_a_lost_attempt_is_already_terminal(repo, dispatch, session,
 def test_user_cancel_intent_wins_over_exit_zero(repo, dispatch, session, service):
     flight = launch(repo, dispatch, session)
     assert repo.runs.cancel(flight.run_id).outcome == "requested"
-    out = service.complete(flight.run_id, flight.attempt_id, receipt(flight, 0))
+    out = service.complete(flight.run_id, flight.attempt_id, receipt(flight, 0, finished_at_ms=later_ms()))
     assert out.run_state == "cancelled"
     run, attempt, (lease,), _ = rows(repo, flight)
     assert run["error_code"] == "EXECUTION_CANCELLED" and attempt["exit_code"] == 0
     assert lease["status"] == "completed"
+
+
+def test_a_job_that_ended_before_the_cancel_keeps_its_own_outcome(repo, dispatch, session, service):
+    # The receipt came late (its reader drained) but the job had exited 4 before the cancel:
+    # the stop did not end it, so its exit decides (SEMANTICS.md §7).
+    flight = launch(repo, dispatch, session)
+    ended_ms = rows(repo, flight)[1]["started_at_ms"]  # at once, before the cancel below
+    assert repo.runs.cancel(flight.run_id).outcome == "requested"
+    out = service.complete(flight.run_id, flight.attempt_id, receipt(flight, 4, finished_at_ms=ended_ms),
+                           stopped_by="term")
+    assert out.run_state == "failed"
+    run, attempt, _, _ = rows(repo, flight)
+    assert (run["error_code"], attempt["exit_code"], attempt["signal"]) == ("EXIT_NONZERO", 4, None)
+    assert run["finished_at_ms"] == attempt["finished_at_ms"] == ended_ms
+
+
+@pytest.mark.parametrize(("stopped_by", "exit_code", "expected"), [
+    ("term", 143, 15), ("kill", 137, 9), ("kill", 143, None), ("term", 0, None), ("exit", 143, None)])
+def test_signal_is_the_stop_signal_that_ended_the_job(repo, dispatch, session, service,
+                                                    stopped_by, exit_code, expected):
+    flight = launch(repo, dispatch, session)
+    assert repo.runs.cancel(flight.run_id).outcome == "requested"
+    out = service.complete(flight.run_id, flight.attempt_id,
+                           receipt(flight, exit_code, finished_at_ms=later_ms()), stopped_by=stopped_by)
+    assert out.run_state == "cancelled"
+    _, attempt, _, _ = rows(repo, flight)
+    assert (attempt["exit_code"], attempt["signal"]) == (exit_code, expected)
+
+
+def test_signal_stays_null_when_no_stop_decided_the_outcome(repo, dispatch, session, service):
+    flight = launch(repo, dispatch, session)
+    out = service.complete(flight.run_id, flight.attempt_id, receipt(flight, 143), stopped_by="term")
+    assert out.run_state == "failed"
+    _, attempt, _, _ = rows(repo, flight)
+    assert (attempt["exit_code"], attempt["signal"]) == (143, None)
+
+
+def test_a_receipt_with_its_output_left_open_says_so_and_records_no_dropped_count(repo, dispatch, session,
+                                                                                   service):
+    flight = launch(repo, dispatch, session)
+    out = service.complete(flight.run_id, flight.attempt_id,
+                           receipt(flight, 4, schema_version=2, output_open=1), log_dropped_bytes=7)
+    assert out.run_state == "failed"
+    _, attempt, _, _ = rows(repo, flight)
+    assert (attempt["exit_code"], attempt["log_dropped_bytes"]) == (4, None)
+    events = [e for e in repo.runs.get(flight.run_id).events if e.attempt_id == flight.attempt_id]
+    types = [e.type for e in events]
+    assert types[-3:] == ["attempt.output_left_open", "attempt.failed", "run.failed"]
+
+
+def test_a_schema_2_receipt_with_its_output_closed_records_the_dropped_count(repo, dispatch, session, service):
+    flight = launch(repo, dispatch, session)
+    out = service.complete(flight.run_id, flight.attempt_id,
+                           receipt(flight, 0, schema_version=2, output_open=0), log_dropped_bytes=7)
+    assert out.run_state == "succeeded"
+    _, attempt, _, _ = rows(repo, flight)
+    assert attempt["log_dropped_bytes"] == 7
+    assert "attempt.output_left_open" not in [e.type for e in repo.runs.get(flight.run_id).events]
 
 
 def test_timeout_intent_with_a_receipt_finished_in_time_completes_normally(repo, dispatch, session, service):

@@ -18,7 +18,7 @@ from ..domain.receipt import token_hash
 from ..faults import crash_point
 from ..ids import new_id
 from ..process.identity import Liveness, probe, read_identity, read_marker
-from ..process.launch import job_environment, signal_group, spawn, uptime_ms
+from ..process.launch import job_environment, signal_job, spawn, uptime_ms
 from ..wire import messages as m
 from ..wire.bridge import ProcessExited
 from .base import RuntimeActor
@@ -38,7 +38,8 @@ class Local:
     token: str = ""
     identity: Any = None  # ProcessIdentity, or the store's Identity for a re-adopted attempt
     pidfd: int = -1
-    stop_phase: str | None = None  # None, "term" or "kill"
+    stop_phase: str | None = None  # None, "term" or "kill": how far a stop has gone
+    sent: str | None = None  # "term" or "kill": the last signal the job's group actually got
     grace_ms: int = 1000
 
 
@@ -140,31 +141,38 @@ class Executor(RuntimeActor):
         receipts = self.ctx.receipts
         env.update({
             "QLACTORS_RUN_ID": offer.run_id, "QLACTORS_ATTEMPT_ID": offer.attempt_id,
-            "QLACTORS_TOKEN": local.token,
             "QLACTORS_RECEIPT_DIR": str(receipts.shard_dir(offer.attempt_id)),
             "QLACTORS_MARKER": str(receipts.marker_path(offer.attempt_id)),
             "QLACTORS_LOG": str(self.ctx.logs.path_for(offer.run_id, offer.attempt_id)),
             "QLACTORS_LOG_CAP": str(offer.log_cap_bytes),
             "QLACTORS_DROPPED": str(self.ctx.local_receipts.dropped_path(offer.attempt_id)),
             "QLACTORS_CLOCK_BASE_MS": str(time.time_ns() // 1_000_000 - uptime_ms()),
+            "QLACTORS_STOP_GRACE_MS": str(offer.stop_grace_ms),
+            "QLACTORS_DRAIN_MS": str(self.ctx.config.runtime.output_drain_ms),
         })
+        if offer.keep_leftovers:
+            env["QLACTORS_KEEP_LEFTOVERS"] = "1"
+        if offer.cwd:
+            # Checked by `task add` when it could be; a directory gone since then is a start
+            # failure, not a job that "exited 126" (the launcher's own check stays, for a race).
+            if not os.path.isdir(offer.cwd):
+                log.error("event=start_failed run=%s attempt=%s reason=cwd_not_a_directory",
+                          offer.run_id, offer.attempt_id)
+                self._start_failed(local, msg, f"working directory {offer.cwd} is not a directory "
+                                               f"(or is gone)")
+                return
+            env["QLACTORS_CWD"] = offer.cwd
         # The log-cap FIFO is made here, not by the launcher (mkdir + mkfifo + rm would cost it
         # three execs). Without one the launcher runs the job uncapped rather than not at all.
         fifo = self.ctx.local_receipts.make_fifo(offer.attempt_id) if offer.log_cap_bytes > 0 else None
         if fifo is not None:
             env["QLACTORS_FIFO"] = str(fifo)
-        if offer.cwd:
-            env["QLACTORS_CWD"] = offer.cwd
         try:
-            pid = spawn(list(offer.argv), env, shell=self.ctx.launcher_shell)
+            pid = spawn(list(offer.argv), env, token=local.token, shell=self.ctx.launcher_shell)
         except OSError as err:
             log.error("event=spawn_failed run=%s attempt=%s error=%s", offer.run_id, offer.attempt_id, err)
             self.ctx.local_receipts.remove_fifo(offer.attempt_id)
-            self.out.to_control(m.StartFailed(**self._fence(local, msg.lease_version),
-                                              reason=f"spawn failed: {err.strerror or err}"))
-            self.ctx.journal.clear(offer.attempt_id)
-            del self.live[offer.attempt_id]
-            self._pull()
+            self._start_failed(local, msg, f"spawn failed: {err.strerror or err}")
             return
         crash_point("after_spawn")
         # Identity before anything can reap it (we are the only reaper, and only of our own pids).
@@ -176,6 +184,13 @@ class Executor(RuntimeActor):
         self.out.to_control(m.Started(**self._fence(local, msg.lease_version), boot_id=i.boot_id,
                                       pid=i.pid, pgid=i.pgid, start_ticks=i.start_ticks))
         log.info("event=launched run=%s attempt=%s pid=%d", offer.run_id, offer.attempt_id, pid)
+
+    def _start_failed(self, local: Local, activated: m.Activated, reason: str) -> None:
+        """Nothing was spawned: report the start failure, give the slot back."""
+        self.out.to_control(m.StartFailed(**self._fence(local, activated.lease_version), reason=reason))
+        self.ctx.journal.clear(local.attempt_id)
+        del self.live[local.attempt_id]
+        self._pull()
 
     def on_ack(self, msg: m.Ack, _peer: bytes) -> None:
         local = self.live.get(msg.attempt_id)
@@ -199,8 +214,16 @@ class Executor(RuntimeActor):
         local.grace_ms = msg.grace_ms
         self._begin_stop(local, msg.reason)
 
+    def _signal(self, local: Local, sig: signal.Signals) -> Liveness:
+        """Signal the job's process group by exact identity (launch.signal_job); note what it got."""
+        marker = self.ctx.receipts.marker_path(local.attempt_id)
+        liveness = signal_job(local.identity, marker, sig, current_boot_id=self.ctx.boot_id())
+        if liveness is Liveness.RUNNING:
+            local.sent = "kill" if sig == signal.SIGKILL else "term"
+        return liveness
+
     def _begin_stop(self, local: Local, reason: str) -> None:
-        liveness = signal_group(local.identity, signal.SIGTERM, current_boot_id=self.ctx.boot_id())
+        liveness = self._signal(local, signal.SIGTERM)
         log.info("event=stop_term attempt=%s reason=%s liveness=%s", local.attempt_id, reason, liveness.name)
         local.stop_phase = "term"
         self.ctx.bridge.call_at(f"stop:{local.attempt_id}", time.monotonic() + local.grace_ms / 1000,
@@ -211,12 +234,13 @@ class Executor(RuntimeActor):
         if local is None or local.identity is None:
             return
         if msg.phase == "term":
-            liveness = signal_group(local.identity, signal.SIGKILL, current_boot_id=self.ctx.boot_id())
+            liveness = self._signal(local, signal.SIGKILL)
             if liveness is Liveness.RUNNING:
                 local.stop_phase = "kill"
                 log.info("event=stop_kill attempt=%s", local.attempt_id)
-                self.ctx.bridge.call_at(f"stop:{local.attempt_id}",
-                                        time.monotonic() + self.ctx.config.runtime.kill_grace_ms / 1000,
+                # The launcher outlives its job: it stops what is left, drains, and publishes.
+                wait_ms = self.ctx.config.runtime.kill_grace_ms + self.ctx.config.runtime.output_drain_ms
+                self.ctx.bridge.call_at(f"stop:{local.attempt_id}", time.monotonic() + wait_ms / 1000,
                                         self.actor_ref, StopCheck(local.attempt_id, "kill"))
         else:
             log.error("event=stop_inconclusive attempt=%s", local.attempt_id)
@@ -236,7 +260,7 @@ class Executor(RuntimeActor):
             os.close(local.pidfd)
             local.pidfd = -1
         self.ctx.local_receipts.remove_fifo(local.attempt_id)
-        stopped_by = local.stop_phase or "exit"  # "term" or "kill" when we stopped it
+        stopped_by = local.sent or "exit"  # "term" or "kill" when the job's group got our signal
         self.ctx.directory.tell("receipts", Consume(local.run_id, local.attempt_id, stopped_by=stopped_by))
         # No pull here: the attempt holds its slot in the database until its end is committed,
         # and the Supervisor nudges us then (a pull now would only be answered Idle).

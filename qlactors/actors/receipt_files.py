@@ -61,7 +61,9 @@ class LocalReceipts:
         if isinstance(result, Missing):
             return Found("missing")
         if isinstance(result, Valid):
-            return Found("valid", result.receipt, self._dropped(attempt_id))
+            # With its output left open the reader could not count before the receipt: unknown.
+            dropped = None if result.receipt.output_open else self._dropped(attempt_id)
+            return Found("valid", result.receipt, dropped)
         if isinstance(result, (Invalid, Unsafe)):
             return Found("bad", reason=result.reason)
         raise TypeError(f"unexpected read result {result!r}")

@@ -61,7 +61,7 @@ class ReceiptConsumer(RuntimeActor):
             session_generation=session.generation, run_id=r.run_id, attempt_id=r.attempt_id,
             schema_version=r.schema_version, callback_sequence=r.callback_sequence, token=r.token,
             started_at_ms=r.started_at_ms, finished_at_ms=r.finished_at_ms, exit_code=r.exit_code,
-            log_dropped_bytes=found.dropped))
+            log_dropped_bytes=found.dropped, output_open=r.output_open, stopped_by=msg.stopped_by))
 
     def on_ack(self, msg: m.Ack, _peer: bytes) -> None:
         run_id = self.waiting.pop(msg.attempt_id, None)

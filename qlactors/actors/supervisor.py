@@ -193,12 +193,13 @@ class Supervisor(RuntimeActor):
             receipt = Receipt(schema_version=msg.schema_version, run_id=msg.run_id, attempt_id=msg.attempt_id,
                               callback_sequence=msg.callback_sequence, token=msg.token,
                               started_at_ms=msg.started_at_ms, finished_at_ms=msg.finished_at_ms,
-                              exit_code=msg.exit_code)
+                              exit_code=msg.exit_code, output_open=msg.output_open)
         except ReceiptError as err:
             self._ack(peer, "completed", msg, "refused", f"invalid receipt: {err.reason}")
             return
         crash_point("before_completion_commit")
-        outcome = self.ctx.completion.complete(msg.run_id, msg.attempt_id, receipt, msg.log_dropped_bytes)
+        outcome = self.ctx.completion.complete(msg.run_id, msg.attempt_id, receipt, msg.log_dropped_bytes,
+                                               msg.stopped_by)
         self._ack(peer, "completed", msg, outcome.result, outcome.reason or "")
         if outcome.result in ("applied", "already_terminal") and self.ctx.admitting.is_set():
             self.out.to_peer(peer, m.Nudge())  # its slot is free in the database now: pull again

@@ -73,6 +73,7 @@ _SIMPLE = {
     "random_delay": ("random_delay_ms", lambda t: seconds_to_ms("--random-delay", t)),
     "cwd": ("cwd", _directory),
     "env": ("env", parse_env_pairs),
+    "keep_leftovers": ("keep_leftovers", bool),
 }
 _RETRY = {
     "retry_on_lost": lambda v: {"retry_on_lost": bool(v)},

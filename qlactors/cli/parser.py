@@ -50,6 +50,9 @@ def _task_options(p: argparse.ArgumentParser, *, update: bool) -> None:
     p.add_argument("--cwd", metavar="DIR", default=d, help="working directory of the job")
     p.add_argument("--env", metavar="K=V", action="append", default=d,
                    help="environment variable for the job (repeatable; on update, replaces them all)")
+    p.add_argument("--keep-leftovers", action=argparse.BooleanOptionalAction, default=d,
+                   help="leave what the job started in its process group running when it ends "
+                        "(default: stop it, TERM then KILL after the stop grace)")
     retry = p.add_mutually_exclusive_group()
     retry.add_argument("--retry-on-lost", dest="retry_on_lost", action="store_true", default=d,
                        help="re-run automatically when an attempt is lost (needs --safety)")

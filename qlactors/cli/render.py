@@ -112,6 +112,7 @@ def task_detail(v: TaskView, default: RetentionPolicy, out: TextIO = sys.stdout)
         ("shell", "yes" if s.command.shell is not None else "no"),
         ("cwd", "-" if s.cwd is None else posix.display(s.cwd)), ("env", ", ".join(sorted(s.env)) or "-"),
         ("timeout", seconds(s.timeout_ms)), ("stop grace", seconds(s.stop_grace_ms)),
+        ("keep leftovers", "yes" if s.keep_leftovers else "no"),
         ("max concurrent", str(s.max_concurrent)),
         ("retry on lost", f"yes, {r.max_attempts} attempts, {r.safety.value}, backoff "
                           f"{seconds(r.backoff_base_ms)}..{seconds(r.backoff_max_ms)}" if r.retry_on_lost else "no"),

@@ -1,4 +1,5 @@
-"""The strict codec of schema-1 completion receipts, their token check and their path (SEMANTICS.md §5)."""
+"""The strict codec of completion receipts (schema 2, and schema 1 as written before it), their
+token check and their path (SEMANTICS.md §5)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# Schema 1 (no outputOpen) is still read: receipts written by a launcher before an upgrade.
+SCHEMA_VERSIONS = (1, 2)
 MAX_RECEIPT_BYTES = 4096
 MAX_ID_LEN = 36
 TOKEN_MIN_LEN = 32
@@ -57,6 +60,9 @@ class Receipt:
     started_at_ms: int
     finished_at_ms: int
     exit_code: int
+    output_open: int = 0
+    """1 when something outside the job's process group still held its output open after the
+    drain bound (the dropped-byte count is then unknown); always 0 in schema 1."""
 
     def __post_init__(self) -> None:
         """Refuse to build a receipt that decode_receipt would reject."""
@@ -67,11 +73,13 @@ class Receipt:
         return (f"Receipt(schema_version={self.schema_version}, run_id={self.run_id!r}, "
                 f"attempt_id={self.attempt_id!r}, callback_sequence={self.callback_sequence}, "
                 f"token=<redacted>, started_at_ms={self.started_at_ms}, "
-                f"finished_at_ms={self.finished_at_ms}, exit_code={self.exit_code})")
+                f"finished_at_ms={self.finished_at_ms}, exit_code={self.exit_code}, "
+                f"output_open={self.output_open})")
 
 
-# Wire key -> attribute, in the schema's order (which is also the encoding's order).
-_KEYS: tuple[tuple[str, str], ...] = (
+# Wire key -> attribute, in the schema's order (which is also the encoding's order): schema 1's,
+# then what schema 2 adds.
+_KEYS_V1: tuple[tuple[str, str], ...] = (
     ("schemaVersion", "schema_version"),
     ("runId", "run_id"),
     ("attemptId", "attempt_id"),
@@ -81,13 +89,14 @@ _KEYS: tuple[tuple[str, str], ...] = (
     ("finishedAtMs", "finished_at_ms"),
     ("exitCode", "exit_code"),
 )
-_WIRE_KEYS = frozenset(k for k, _ in _KEYS)
+_KEYS = {1: _KEYS_V1, 2: (*_KEYS_V1, ("outputOpen", "output_open"))}
 
 _INT_RANGES: tuple[tuple[str, str, int, int], ...] = (
     ("callbackSequence", "callback_sequence", 1, MAX_CALLBACK_SEQUENCE),
     ("startedAtMs", "started_at_ms", 0, MAX_TIME_MS),
     ("finishedAtMs", "finished_at_ms", 0, MAX_TIME_MS),
     ("exitCode", "exit_code", 0, MAX_EXIT_CODE),
+    ("outputOpen", "output_open", 0, 1),
 )
 
 
@@ -118,10 +127,11 @@ def _validate(r: Receipt) -> None:
     if type(r.schema_version) is not int:
         raise ReceiptError("bad_type",
                            f"receipt schemaVersion must be an integer, got {_kind(r.schema_version)}")
-    if r.schema_version != SCHEMA_VERSION:
+    if r.schema_version not in SCHEMA_VERSIONS:
         raise ReceiptError("unsupported_version",
                            f"receipt schemaVersion {r.schema_version} is not supported "
-                           f"(this codec reads {SCHEMA_VERSION}); upgrade qlactors to read it")
+                           f"(this codec reads {', '.join(map(str, SCHEMA_VERSIONS))}); "
+                           f"upgrade qlactors to read it")
     ids = f"1 to {MAX_ID_LEN} characters of A-Z a-z 0-9 _ -"
     _check_str("runId", r.run_id, ID_PATTERN, ids)
     _check_str("attemptId", r.attempt_id, ID_PATTERN, ids)
@@ -129,6 +139,8 @@ def _validate(r: Receipt) -> None:
                f"{TOKEN_MIN_LEN} to {TOKEN_MAX_LEN} characters of base64url (A-Z a-z 0-9 _ -)")
     for key, attr, low, high in _INT_RANGES:
         _check_int(key, getattr(r, attr), low, high)
+    if r.schema_version == 1 and r.output_open != 0:
+        raise ReceiptError("bad_format", "a schema 1 receipt has no outputOpen: it must stay 0")
 
 
 def _pairs_hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -175,14 +187,26 @@ def decode_receipt(data: bytes, *, expected_attempt_id: str | None = None) -> Re
         raise ReceiptError("bad_json", f"receipt is not acceptable JSON: {type(exc).__name__}") from None
     if type(obj) is not dict:
         raise ReceiptError("not_object", f"receipt must be a JSON object, got {_kind(obj)}")
-    unknown = sorted(set(obj) - _WIRE_KEYS)
+    # The version picks the key set, so it is checked first (an unknown one names no key set).
+    if "schemaVersion" not in obj:
+        raise ReceiptError("missing_key", "receipt lacks keys ['schemaVersion']")
+    version = obj["schemaVersion"]
+    if type(version) is not int:
+        raise ReceiptError("bad_type", f"receipt schemaVersion must be an integer, got {_kind(version)}")
+    if version not in _KEYS:
+        raise ReceiptError("unsupported_version",
+                           f"receipt schemaVersion {version} is not supported (this codec reads "
+                           f"{', '.join(map(str, SCHEMA_VERSIONS))}); upgrade qlactors to read it")
+    keys = _KEYS[version]
+    allowed = {k for k, _ in keys}
+    unknown = sorted(set(obj) - allowed)
     if unknown:
         raise ReceiptError("unknown_key", f"receipt has unknown keys {unknown} "
-                                          f"(schema {SCHEMA_VERSION} allows exactly {sorted(_WIRE_KEYS)})")
-    missing = [k for k, _ in _KEYS if k not in obj]
+                                          f"(schema {version} allows exactly {sorted(allowed)})")
+    missing = [k for k, _ in keys if k not in obj]
     if missing:
         raise ReceiptError("missing_key", f"receipt lacks keys {missing}")
-    receipt = Receipt(**{attr: obj[key] for key, attr in _KEYS})
+    receipt = Receipt(**{attr: obj[key] for key, attr in keys})
     if expected_attempt_id is not None and receipt.attempt_id != expected_attempt_id:
         raise ReceiptError("path_mismatch", f"receipt names attempt {receipt.attempt_id!r} "
                                             f"but its path names {expected_attempt_id!r}")
@@ -190,13 +214,13 @@ def decode_receipt(data: bytes, *, expected_attempt_id: str | None = None) -> Re
 
 
 def encode_receipt(r: Receipt) -> bytes:
-    """The canonical bytes of a receipt: compact ASCII JSON in schema key order.
+    """The canonical bytes of a receipt: compact ASCII JSON in its schema's key order.
 
     Deterministic so that tests and launchers agree byte for byte; re-validated because a frozen
     dataclass can still be forced, and a receipt we write must be one we would read.
     """
     _validate(r)
-    obj = {key: getattr(r, attr) for key, attr in _KEYS}
+    obj = {key: getattr(r, attr) for key, attr in _KEYS[r.schema_version]}
     data = json.dumps(obj, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode("ascii")
     if len(data) > MAX_RECEIPT_BYTES:  # cannot happen with the field limits above; kept as a guard
         raise ReceiptError("too_large", f"encoded receipt is {len(data)} bytes")

@@ -135,9 +135,11 @@ def attempt_event(status: AttemptStatus) -> str:
 RUN_CREATED = "run.created"
 RUN_CANCEL_REQUESTED = "run.cancel_requested"
 RUN_RETRY_SCHEDULED = "run.retry_scheduled"
+# The job's receipt came while something outside its process group still held its output open.
+ATTEMPT_OUTPUT_LEFT_OPEN = "attempt.output_left_open"
 
 EVENT_TYPES = frozenset(
-    {RUN_CREATED, RUN_CANCEL_REQUESTED, RUN_RETRY_SCHEDULED}
+    {RUN_CREATED, RUN_CANCEL_REQUESTED, RUN_RETRY_SCHEDULED, ATTEMPT_OUTPUT_LEFT_OPEN}
     | {run_event(s) for s in RunStatus}
     | {attempt_event(s) for s in AttemptStatus}
 )

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from .states import (
+    ATTEMPT_OUTPUT_LEFT_OPEN,
     ATTEMPT_TRANSITIONS,
     RUN_CANCEL_REQUESTED,
     RUN_CREATED,
@@ -240,22 +241,43 @@ def plan_completion(
     exit_code: int,
     finished_at_ms: int,
     deadline_at_ms: int | None,
+    cancel_requested_at_ms: int | None = None,
+    output_open: bool = False,
 ) -> Plan:
     """Complete from a verified receipt (SEMANTICS.md §5): the cancel intent decides first.
 
     A `timeout` intent yields `timed_out` unless the job finished by its deadline, in which case
-    only the observation was late and it completes normally.
+    only the observation was late and it completes normally. Likewise another intent decides
+    only if the job's main process had not ended before it was committed: a stop never replaces
+    an exit the launcher already knew (§7). `output_open` (receipt schema 2) adds an
+    `attempt.output_left_open` event ahead of the status events.
     """
     reason = run.cancel_reason
-    finished_in_time = deadline_at_ms is None or finished_at_ms <= deadline_at_ms
-    if reason is not None and not (reason is CancelReason.TIMEOUT and finished_in_time):
+    if reason is CancelReason.TIMEOUT:
+        ended_first = deadline_at_ms is None or finished_at_ms <= deadline_at_ms
+    else:
+        ended_first = cancel_requested_at_ms is not None and finished_at_ms <= cancel_requested_at_ms
+    if reason is not None and not ended_first:
         run_to, attempt_to, code = outcome_of_cancel(reason)
     elif exit_code == 0:
         run_to, attempt_to, code = R.SUCCEEDED, A.SUCCEEDED, None
     else:
         run_to, attempt_to, code = R.FAILED, A.FAILED, ErrorCode.EXIT_NONZERO
     return transition(run, attempt, run_to=run_to, attempt_to=attempt_to, error_code=code,
-                      payload={"exit_code": exit_code})
+                      payload={"exit_code": exit_code},
+                      lead_events=(ATTEMPT_OUTPUT_LEFT_OPEN,) if output_open else ())
+
+
+def stop_signal(sent: int | None, exit_code: int, outcome_from_stop: bool) -> int | None:
+    """The `signal` of an attempt a runtime stop ended: the signal the runtime last sent, when the
+    job's exit status says that signal killed it (128 + N, as the shell reports it); else None.
+
+    A job that died of a signal nobody here sent, or that caught the stop and exited on its own,
+    gets None: its exit code says what is known.
+    """
+    if sent is None or not outcome_from_stop or exit_code != 128 + sent:
+        return None
+    return sent
 
 
 def plan_offer(run: RunSnapshot, attempt: AttemptSnapshot) -> Plan:

@@ -30,6 +30,9 @@ _STATE = re.compile(r"[A-Za-z]")
 # foreign marker, loose about case.
 _BOOT_ID = re.compile(r"[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}")
 _MARKER_KEYS = ("pid", "pgid", "start_ticks", "boot_id")
+# Written by the job's own process just before it execs the job (launcher.sh): its pid, which is
+# also its process group once `setsid` has run, and its start ticks. Both or neither.
+_JOB_KEYS = ("job_pid", "job_start_ticks")
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,9 +42,9 @@ class ProcessIdentity:
     boot_id: str
     """The kernel's boot id; a different one means every process of ours is gone."""
     pid: int
-    """The launcher's pid (also its process group and session leader)."""
+    """The process's pid (the launcher's: also its process group and session leader)."""
     pgid: int
-    """The process group signals are sent to (the launcher's, shared with the job)."""
+    """Its process group (the launcher's own; a job's group is the job's pid)."""
     start_ticks: int
     """Start time after boot in clock ticks (/proc/PID/stat field 22); tells a recycled pid apart."""
 
@@ -82,19 +85,15 @@ def parse_stat(text: str) -> tuple[str, int, int]:
     return state, pgid, start_ticks
 
 
-def parse_marker(text: str) -> ProcessIdentity:
-    """The identity in a launcher's start marker: `pid=N pgid=N start_ticks=N boot_id=UUID`.
-
-    Strict: exactly those four keys, once each, single spaces, at most one trailing newline;
-    anything else is a torn or foreign file and raises ValueError.
-    """
+def _marker_values(text: str) -> dict[str, str]:
+    """The key=value pairs of a start marker, strictly (see parse_marker)."""
     line = text[:-1] if text.endswith("\n") else text
     values: dict[str, str] = {}
     for token in line.split(" "):
         key, eq, value = token.partition("=")
         if not eq or not value:
             raise ValueError(f"start marker token is not key=value: {token[:40]!r}")
-        if key not in _MARKER_KEYS:
+        if key not in _MARKER_KEYS and key not in _JOB_KEYS:
             raise ValueError(f"start marker has an unknown key {key[:40]!r}")
         if key in values:
             raise ValueError(f"start marker repeats the key {key!r}")
@@ -102,14 +101,39 @@ def parse_marker(text: str) -> ProcessIdentity:
     missing = [k for k in _MARKER_KEYS if k not in values]
     if missing:
         raise ValueError(f"start marker lacks {missing}")
+    if sum(k in values for k in _JOB_KEYS) == 1:
+        raise ValueError(f"start marker has one of {list(_JOB_KEYS)} without the other")
     if _BOOT_ID.fullmatch(values["boot_id"]) is None:
         raise ValueError("start marker boot_id is not a UUID")
+    return values
+
+
+def parse_marker(text: str) -> ProcessIdentity:
+    """The launcher's identity in its start marker: `pid=N pgid=N start_ticks=N boot_id=UUID`,
+    optionally followed by the job's `job_pid=N job_start_ticks=N`.
+
+    Strict: those keys, once each, single spaces, at most one trailing newline; anything else
+    is a torn or foreign file and raises ValueError.
+    """
+    values = _marker_values(text)
     pid = _uint(values["pid"], "marker pid")
     pgid = _uint(values["pgid"], "marker pgid")
     if pid <= 0 or pgid <= 0:
         raise ValueError("start marker pid and pgid must be positive")
     return ProcessIdentity(boot_id=values["boot_id"], pid=pid, pgid=pgid,
                            start_ticks=_uint(values["start_ticks"], "marker start_ticks"))
+
+
+def parse_job_marker(text: str) -> ProcessIdentity | None:
+    """The job's identity in a start marker (its pid is its process group), None if it has none."""
+    values = _marker_values(text)
+    if "job_pid" not in values:
+        return None
+    pid = _uint(values["job_pid"], "marker job_pid")
+    if pid <= 0:
+        raise ValueError("start marker job_pid must be positive")
+    return ProcessIdentity(boot_id=values["boot_id"], pid=pid, pgid=pid,
+                           start_ticks=_uint(values["job_start_ticks"], "marker job_start_ticks"))
 
 
 def boot_id_source(environ: Mapping[str, str] = os.environ) -> Callable[[], str]:
@@ -148,12 +172,11 @@ def read_identity(pid: int, *, boot_id: str | None = None, proc: str = "/proc") 
     return ProcessIdentity(boot_id=boot_id, pid=pid, pgid=pgid, start_ticks=start_ticks)
 
 
-def read_marker(path: str | os.PathLike[str]) -> ProcessIdentity | None:
-    """The identity in a start marker file, None when there is none yet; ValueError when it is bad.
+def _read_marker_text(path: str | os.PathLike[str]) -> str | None:
+    """A start marker's text, None when there is none yet; ValueError when it is too big.
 
     The launcher writes its marker in place with one short write, so a reader can catch it
     empty or cut short: a file that does not end in a newline is not published yet (None).
-    A complete line that does not parse is bad.
     """
     try:
         with open(path, "rb") as f:
@@ -164,7 +187,20 @@ def read_marker(path: str | os.PathLike[str]) -> ProcessIdentity | None:
         raise ValueError(f"start marker {os.fspath(path)!r} is over {MAX_MARKER_BYTES} bytes")
     if not data.endswith(b"\n"):
         return None  # empty, or caught mid-write
-    return parse_marker(data.decode("ascii"))  # UnicodeDecodeError is a ValueError
+    return data.decode("ascii")  # UnicodeDecodeError is a ValueError
+
+
+def read_marker(path: str | os.PathLike[str]) -> ProcessIdentity | None:
+    """The launcher's identity in a start marker file, None when there is none yet; ValueError
+    when it is bad (a complete line that does not parse)."""
+    text = _read_marker_text(path)
+    return None if text is None else parse_marker(text)
+
+
+def read_job_marker(path: str | os.PathLike[str]) -> ProcessIdentity | None:
+    """The job's identity (pid = process group) in a start marker file, None when not published."""
+    text = _read_marker_text(path)
+    return None if text is None else parse_job_marker(text)
 
 
 def probe(identity: ProcessIdentity, *, current_boot_id: str, proc: str = "/proc") -> Liveness:

@@ -6,9 +6,9 @@ import os
 import signal
 from importlib import resources
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping
 
-from .identity import Liveness, ProcessIdentity, probe
+from .identity import Liveness, ProcessIdentity, probe, read_job_marker, read_marker
 
 # A non-interactive parent often ignores INT/QUIT, and `sh` cannot reset an ignored signal:
 # hand the launcher default dispositions and an empty mask (STYLE.md traps).
@@ -18,9 +18,13 @@ DEFAULT_SIGNALS = frozenset({signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, signa
 INTERNAL_PREFIX = "QLACTORS_"
 # What the executor hands the launcher; launcher.sh unsets exactly these before the job runs,
 # and job_environment drops the whole prefix, so none reaches a job from the runtime's own env.
-LAUNCHER_VARIABLES = ("QLACTORS_RUN_ID", "QLACTORS_ATTEMPT_ID", "QLACTORS_TOKEN",
+# The callback token is not among them: it comes on TOKEN_FD (see spawn).
+LAUNCHER_VARIABLES = ("QLACTORS_RUN_ID", "QLACTORS_ATTEMPT_ID",
                       "QLACTORS_RECEIPT_DIR", "QLACTORS_MARKER", "QLACTORS_LOG", "QLACTORS_LOG_CAP",
-                      "QLACTORS_FIFO", "QLACTORS_DROPPED", "QLACTORS_CWD", "QLACTORS_CLOCK_BASE_MS")
+                      "QLACTORS_FIFO", "QLACTORS_DROPPED", "QLACTORS_CWD", "QLACTORS_CLOCK_BASE_MS",
+                      "QLACTORS_STOP_GRACE_MS", "QLACTORS_KEEP_LEFTOVERS", "QLACTORS_DRAIN_MS")
+# The launcher reads the callback token from this descriptor (one digit: dash redirects 0-9 only).
+TOKEN_FD = 3
 
 
 def launcher_path() -> Path:
@@ -40,26 +44,52 @@ def uptime_ms(path: str = "/proc/uptime") -> int:
         return int(float(fh.read().split()[0]) * 1000)
 
 
-def spawn(argv: list[str], env: Mapping[str, str], *, shell: str = "/bin/sh") -> int:
+def _token_pipe(token: str) -> int:
+    """The read end of a pipe holding `token` and a newline, never descriptor TOKEN_FD itself.
+
+    A pipe, not the environment: /proc/PID/environ keeps a process's initial environment for its
+    whole life, readable by the same user; the launcher reads the pipe once and closes it. The
+    write end is closed before the spawn, so the launcher's `read` ends at the newline or EOF.
+    """
+    data = token.encode("ascii") + b"\n"
+    read_end, write_end = os.pipe()  # non-inheritable: only the spawn's dup2 passes it on
+    try:
+        os.write(write_end, data)  # far below the pipe's buffer: never blocks
+    finally:
+        os.close(write_end)
+    if read_end == TOKEN_FD:
+        # dup2 onto itself would leave close-on-exec set: the launcher would find no token.
+        moved = os.dup(read_end)
+        os.close(read_end)
+        read_end = moved
+    return read_end
+
+
+def spawn(argv: list[str], env: Mapping[str, str], *, token: str, shell: str = "/bin/sh") -> int:
     """Start `shell launcher.sh ARGV...` in a new session; returns its pid (also its process group).
 
     stdin/stdout/stderr of the launcher are /dev/null: the job's output goes to its log through
     the launcher, and the launcher must not hold the runtime's own stdout (a service's pipe).
     Every argv item, env name and value is handed over as bytes (`os.fsencode`, the inverse of
     how qlactors holds them, see qlactors.domain.posix): the job gets exactly the bytes it was
-    given, UTF-8 or not.
+    given, UTF-8 or not. The callback token is on descriptor TOKEN_FD, not in `env`.
     """
     shell_argv = shell.split()
-    return os.posix_spawn(
-        os.fsencode(shell_argv[0]), [os.fsencode(a) for a in (*shell_argv, str(launcher_path()), *argv)],
-        {os.fsencode(k): os.fsencode(v) for k, v in env.items()},
-        setsid=True, setsigdef=DEFAULT_SIGNALS, setsigmask=(),
-        file_actions=[
-            (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
-            (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
-            (os.POSIX_SPAWN_OPEN, 2, os.devnull, os.O_WRONLY, 0),
-        ],
-    )
+    read_end = _token_pipe(token)
+    try:
+        return os.posix_spawn(
+            os.fsencode(shell_argv[0]), [os.fsencode(a) for a in (*shell_argv, str(launcher_path()), *argv)],
+            {os.fsencode(k): os.fsencode(v) for k, v in env.items()},
+            setsid=True, setsigdef=DEFAULT_SIGNALS, setsigmask=(),
+            file_actions=[
+                (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
+                (os.POSIX_SPAWN_OPEN, 2, os.devnull, os.O_WRONLY, 0),
+                (os.POSIX_SPAWN_DUP2, read_end, TOKEN_FD),
+            ],
+        )
+    finally:
+        os.close(read_end)
 
 
 def signal_group(identity: ProcessIdentity, sig: int, *, current_boot_id: str) -> Liveness:
@@ -71,3 +101,38 @@ def signal_group(identity: ProcessIdentity, sig: int, *, current_boot_id: str) -
         except ProcessLookupError:
             return Liveness.NOT_RUNNING
     return liveness
+
+
+def signal_job(launcher: Any, marker: str | os.PathLike[str], sig: int, *,
+               current_boot_id: str) -> Liveness:
+    """Signal the job's process group (never the launcher's), each identity re-checked first.
+
+    The launcher must still be the exact one we started; the job's group is named by the start
+    marker the job's process wrote (its pid, which is its group once `setsid` ran, and its start
+    ticks). Then:
+    - the job's main process runs as its own group leader: signal that group;
+    - it runs but has not left the launcher's group yet (between the marker and setsid), or no
+      marker names it yet: signal the launcher's group, which the launcher itself survives
+      (it traps TERM; only a KILL in that window, after a whole stop grace, would end it);
+    - it has ended: nothing (the launcher is stopping what it left, then publishes the receipt).
+    RUNNING means a group was signalled.
+    """
+    liveness = probe(launcher, current_boot_id=current_boot_id)
+    if liveness is not Liveness.RUNNING:
+        return liveness
+    try:
+        # A marker left by an earlier launch of the same attempt names another launcher.
+        named = read_marker(marker)
+        same = named is not None and (named.boot_id, named.pid, named.pgid, named.start_ticks) == (
+            launcher.boot_id, launcher.pid, launcher.pgid, launcher.start_ticks)
+        job = read_job_marker(marker) if same else None
+    except ValueError:
+        job = None
+    if job is None:
+        return signal_group(launcher, sig, current_boot_id=current_boot_id)
+    if job.boot_id == launcher.boot_id and probe(job, current_boot_id=current_boot_id) is Liveness.RUNNING:
+        return signal_group(job, sig, current_boot_id=current_boot_id)
+    before_setsid = ProcessIdentity(job.boot_id, job.pid, launcher.pgid, job.start_ticks)
+    if probe(before_setsid, current_boot_id=current_boot_id) is Liveness.RUNNING:
+        return signal_group(launcher, sig, current_boot_id=current_boot_id)
+    return Liveness.NOT_RUNNING

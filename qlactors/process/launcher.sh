@@ -2,20 +2,29 @@
 # Run as `/bin/sh launcher.sh ARGV...` in its own session (SEMANTICS.md §4-§5, §7, §11).
 # POSIX sh only: it must behave the same under dash and busybox sh, and cost next to nothing.
 #
+# The callback token comes on descriptor 3 (one line, read once, then closed; a single digit,
+# since dash redirects only descriptors 0-9): it is never in the launcher's environment, which
+# /proc/PID/environ shows for its whole life.
 # Environment (every QLACTORS_* below is removed before the job runs):
-#   QLACTORS_RUN_ID, QLACTORS_ATTEMPT_ID, QLACTORS_TOKEN   receipt fields
+#   QLACTORS_RUN_ID, QLACTORS_ATTEMPT_ID   receipt fields
 #   QLACTORS_RECEIPT_DIR   shard directory; the receipt is DIR/ATTEMPT_ID.json
 #   QLACTORS_MARKER        start-marker path (published before the job starts)
 #   QLACTORS_LOG           log file, appended to only
 #   QLACTORS_LOG_CAP       bytes of output to keep; 0 or unset = no cap
 #   QLACTORS_FIFO          FIFO made by the executor (0600) for the cap; not a FIFO = no cap
-#   QLACTORS_DROPPED       sidecar receiving the dropped byte count (only under a cap)
+#   QLACTORS_DROPPED       sidecar receiving the dropped byte count (a cap needs one)
 #   QLACTORS_CWD           optional working directory of the job
 #   QLACTORS_CLOCK_BASE_MS wall ms minus uptime ms at spawn; the clock is base + uptime
+#   QLACTORS_STOP_GRACE_MS TERM to KILL for what the job left in its group (default 1000)
+#   QLACTORS_KEEP_LEFTOVERS 1 = leave what the job left in its group running
+#   QLACTORS_DRAIN_MS      how long the log-cap reader may take after that (default 1000)
+# The job runs in a process group (and session) of its own, made by `setsid`: job control,
+# which would make a group inside this session, needs a terminal in dash and busybox.
 # Exit status: always the job's ($? of the job; 128+N if signal N killed it; 126 if its
 # working directory cannot be entered). A failed publication never changes it.
 # Every external program costs an exec (~1 ms of CPU): a job with little output runs only dd,
-# the job, and sync, ln, rm, sync for the receipt; everything else is a shell builtin.
+# setsid, the job, and ln, rm, sync for the receipt; everything else is a shell builtin (plus a
+# short sleep while something the job left behind is being stopped or the reader finishes).
 
 # Until the job runs TERM/INT/HUP are ignored, so a stop arriving now cannot kill the launcher
 # before the job runs, nor the log reader, which is forked with them ignored on purpose.
@@ -25,17 +34,26 @@ umask 077
 # their errors): the job's output goes to the log, the launcher's result is the receipt.
 exec >/dev/null 2>&1
 
-q_run=${QLACTORS_RUN_ID-} q_attempt=${QLACTORS_ATTEMPT_ID-} q_token=${QLACTORS_TOKEN-}
+q_token=
+IFS= read -r q_token <&3
+exec 3<&-
+q_run=${QLACTORS_RUN_ID-} q_attempt=${QLACTORS_ATTEMPT_ID-}
 q_rdir=${QLACTORS_RECEIPT_DIR-} q_marker=${QLACTORS_MARKER-} q_log=${QLACTORS_LOG:-/dev/null}
 q_cap=${QLACTORS_LOG_CAP-} q_dropped=${QLACTORS_DROPPED-} q_cwd=${QLACTORS_CWD-}
-q_base=${QLACTORS_CLOCK_BASE_MS-} q_fifo=${QLACTORS_FIFO-}
-unset QLACTORS_RUN_ID QLACTORS_ATTEMPT_ID QLACTORS_TOKEN QLACTORS_RECEIPT_DIR QLACTORS_MARKER \
-    QLACTORS_LOG QLACTORS_LOG_CAP QLACTORS_FIFO QLACTORS_DROPPED QLACTORS_CWD QLACTORS_CLOCK_BASE_MS
+q_base=${QLACTORS_CLOCK_BASE_MS-} q_fifo=${QLACTORS_FIFO-} q_keep=${QLACTORS_KEEP_LEFTOVERS-}
+q_grace=${QLACTORS_STOP_GRACE_MS-1000} q_drain=${QLACTORS_DRAIN_MS-1000}
+unset QLACTORS_RUN_ID QLACTORS_ATTEMPT_ID QLACTORS_RECEIPT_DIR QLACTORS_MARKER QLACTORS_LOG \
+    QLACTORS_LOG_CAP QLACTORS_FIFO QLACTORS_DROPPED QLACTORS_CWD QLACTORS_CLOCK_BASE_MS \
+    QLACTORS_STOP_GRACE_MS QLACTORS_KEEP_LEFTOVERS QLACTORS_DRAIN_MS
 
 # The launcher's own tools come from the standard places first, so a task's PATH cannot break
 # the receipt; the job gets its own PATH back untouched.
 q_path_set=${PATH+1} q_path=${PATH-}
 PATH=/usr/sbin:/usr/bin:/sbin:/bin${PATH:+:$PATH}
+q_setsid=
+for q_dir in /usr/bin /bin /usr/sbin /sbin; do
+    if [ -x "$q_dir/setsid" ]; then q_setsid=$q_dir/setsid; break; fi
+done
 
 # Digits only, without leading zeros (octal), else 0: garbage in $((...)) would abort the
 # shell and lose the receipt.
@@ -45,6 +63,8 @@ q_uint() {
 }
 q_uint "$q_base"; q_base=$q_n
 q_uint "$q_cap"; q_cap=$q_n
+q_uint "$q_grace"; q_grace=$q_n
+q_uint "$q_drain"; q_drain=$q_n
 
 # q_ms = base + /proc/uptime ("12345.67" s) in ms, with builtins only: busybox date has no
 # sub-second format, and both receipt times must come from this one clock.
@@ -72,15 +92,21 @@ q_identity() {
     case $q_pgid$q_ticks in *[!0-9]*) return 1 ;; esac
     [ -n "$q_boot" ]
 }
+# Field 22 (start ticks) of the stat line in $q_stat, into q_jticks.
+q_stat_ticks() {
+    set -f
+    set -- ${q_stat##*[)]}
+    set +f
+    q_jticks=${20-}
+    case $q_jticks in '' | *[!0-9]*) return 1 ;; esac
+}
 
-# Start marker, published before the job starts. Written in place by the printf builtin (one
-# short write, no temp + mv exec): a reader seeing it empty or without its final newline takes
-# it as not published yet (identity.read_marker). Without it the executor still has the
-# identity it read itself, so a failure here does not stop the job.
-if [ -n "$q_marker" ] && q_identity; then
-    printf 'pid=%s pgid=%s start_ticks=%s boot_id=%s\n' "$$" "$q_pgid" "$q_ticks" "$q_boot" \
-        >"$q_marker"
-fi
+# Start marker, published by the job's own process just before it execs the job (so it names
+# the job's process group too: pid = group = the job's main process). Written in place by the
+# printf builtin (one short write, no temp + mv exec): a reader seeing it empty or without its
+# final newline takes it as not published yet (identity.read_marker). Without it the executor
+# still has the identity it read itself, so a failure here does not stop the job.
+q_identity || q_marker=
 
 # Under a cap the job writes into the FIFO the executor made (making it here would cost mkdir,
 # mkfifo and rm execs); a background reader keeps the first CAP bytes, then drains and counts
@@ -88,11 +114,14 @@ fi
 # the job's redirection then opens the other. Without a FIFO the job writes straight onto the
 # log (uncapped, not unrun) and no dropped-bytes file is written.
 q_reader=
-if [ "$q_cap" != 0 ] && [ -n "$q_fifo" ] && [ -p "$q_fifo" ]; then
+if [ "$q_cap" != 0 ] && [ -n "$q_fifo" ] && [ -p "$q_fifo" ] && [ -n "$q_dropped" ]; then
     {
         # Ignored (already inherited as ignored): TERM/INT/HUP stay ignored in dd and wc, so
         # the reader ends only at end of input.
         trap '' TERM INT HUP
+        # USR1 from the launcher: it gave up waiting (something outside the job's group holds
+        # the FIFO open) and published without a count; a count written later would be a lie.
+        trap 'q_dropped=' USR1
         # Copy up to the cap with dd, which writes what each read returned at once (head
         # buffers through stdio: a running job's output would not reach its log, and a KILL
         # would lose it; iflag=fullblock would hold short reads back too). iflag=count_bytes
@@ -161,35 +190,91 @@ fi
 trap : TERM INT HUP
 q_clock; q_started=$q_ms
 (
+    # /proc/self is this subshell (`read` is a builtin): the job's pid, and its group once
+    # setsid has run. Marker first, so that a stop can find the group as soon as it exists;
+    # without a marker nobody could name that group, so the job then stays in ours.
+    q_own=
+    if [ -n "$q_marker" ] && read -r q_stat </proc/self/stat && q_stat_ticks; then
+        q_self=${q_stat%% *}
+        printf 'pid=%s pgid=%s start_ticks=%s boot_id=%s job_pid=%s job_start_ticks=%s\n' \
+            "$$" "$q_pgid" "$q_ticks" "$q_boot" "$q_self" "$q_jticks" >"$q_marker" && q_own=1
+    fi
     if [ -n "$q_path_set" ]; then PATH=$q_path; else unset PATH; fi
     if [ -n "$q_cwd" ]; then
         case $q_cwd in /*) ;; *) q_cwd=./$q_cwd ;; esac
         cd "$q_cwd" || exit 126
     fi
+    if [ -n "$q_setsid" ] && [ -n "$q_own" ]; then exec "$q_setsid" -- "$@"; fi
     exec "$@"
 ) </dev/null >>"${q_fifo:-$q_log}" 2>&1
 # A foreground job's $? is its real status: the shell runs pending traps only after it ends.
 q_status=$?
 q_clock; q_finished=$q_ms
-# The job is over: ignore TERM/INT/HUP again so a late stop cannot kill sync, ln or rm.
+# The job is over: ignore TERM/INT/HUP again so a late stop cannot kill sleep, ln, rm or sync.
 trap '' TERM INT HUP
 
+# q_wait_until CONDITION MS: run the command CONDITION until it succeeds, at most MS ms on the
+# launcher's clock (short sleeps in between, only while it fails); status 1 when time ran out.
+q_wait_until() {
+    q_clock; q_until=$((q_ms + $2))
+    while ! $1; do
+        q_clock
+        [ "$q_ms" -lt "$q_until" ] || return 1
+        sleep 0.02
+    done
+}
+
+# What the job left in its process group is stopped as a runtime stop would (TERM, the task's
+# stop grace, KILL), unless the task keeps it. The group is named by the job's pid, read back
+# from the marker the job's process wrote; it exists only while something is left in it (a
+# group with a live member keeps its id from being reused).
+# Only a marker that names this launcher counts (one left by an earlier launch of the same
+# attempt would name another job).
+q_job=
+if [ -n "$q_marker" ] && [ -n "$q_setsid" ] && read -r q_line <"$q_marker"; then
+    case $q_line in
+        "pid=$$ pgid=$q_pgid start_ticks=$q_ticks boot_id=$q_boot job_pid="*)
+            q_job=${q_line##*job_pid=}
+            q_job=${q_job%% *}
+            case $q_job in '' | *[!0-9]*) q_job= ;; esac ;;
+    esac
+fi
+q_group_gone() { ! kill -0 "-$q_job"; }
+if [ -n "$q_job" ] && [ "$q_keep" != 1 ] && kill -TERM "-$q_job"; then
+    q_wait_until q_group_gone "$q_grace" || kill -KILL "-$q_job"
+fi
+
+# The log-cap reader normally ends as soon as the job's group is gone. Something outside the
+# group (a child that called setsid) may still hold the FIFO: then the receipt does not wait
+# past the drain bound; it says so (outputOpen 1) and the reader is told not to write a count
+# it can no longer give before the receipt (the dropped-byte count is then unknown).
+q_open=0
 if [ -n "$q_reader" ]; then
     # If the job died before opening the FIFO, the reader is still blocked opening its end; a
     # read-write open (never blocks on Linux) lets it through to end of input.
     : <>"$q_fifo"
-    # Wait until the reader really ended (a signal can cut `wait` short), so the dropped-bytes
-    # file exists before the receipt does.
-    while :; do
-        wait "$q_reader"
-        [ $? -gt 128 ] || break
-        kill -0 "$q_reader" || break
-    done
+    # Done once its count is written, or once it is gone (the shell reaps it while `sleep` runs).
+    q_reader_done() { [ -s "$q_dropped" ] || ! kill -0 "$q_reader"; }
+    if q_wait_until q_reader_done "$q_drain"; then
+        # Wait until the reader really ended (a signal can cut `wait` short).
+        while :; do
+            wait "$q_reader"
+            [ $? -gt 128 ] || break
+            kill -0 "$q_reader" || break
+        done
+    else
+        kill -USR1 "$q_reader"
+        q_open=1
+        # It may have written its count just before: then it did finish in time.
+        if [ -s "$q_dropped" ]; then q_open=0; fi
+    fi
 fi
 
-# Receipt (SEMANTICS.md §5): unique temp in the same directory, read back, fsync, hard link
-# to the final name (never replaces one), unlink the temp, fsync the directory. Any failure
-# leaves no file of ours behind (the temp is removed once, on either path).
+# Receipt (SEMANTICS.md §5): unique temp in the same directory, read back, hard link to the
+# final name (never replaces one), unlink the temp, then one sync of the receipt and its
+# directory (after the move, as §5 allows: a power loss in between leaves a receipt the codec
+# refuses, which is quarantined, never believed). Any failure leaves no file of ours behind
+# (the temp is removed once, on either path).
 q_ids_ok() {
     for q_id in "$q_run" "$q_attempt"; do
         case $q_id in '' | *[!A-Za-z0-9_-]*) return 1 ;; esac
@@ -199,16 +284,16 @@ q_ids_ok() {
 }
 q_final=$q_rdir/$q_attempt.json q_tmp=$q_rdir/.$q_attempt.$$.tmp
 if q_ids_ok && ! [ -e "$q_final" ] && ! [ -L "$q_final" ]; then
-    q_json="{\"schemaVersion\":1,\"runId\":\"$q_run\",\"attemptId\":\"$q_attempt\""
+    q_json="{\"schemaVersion\":2,\"runId\":\"$q_run\",\"attemptId\":\"$q_attempt\""
     q_json="$q_json,\"callbackSequence\":1,\"token\":\"$q_token\",\"startedAtMs\":$q_started"
-    q_json="$q_json,\"finishedAtMs\":$q_finished,\"exitCode\":$q_status}"
+    q_json="$q_json,\"finishedAtMs\":$q_finished,\"exitCode\":$q_status,\"outputOpen\":$q_open}"
     q_back=
     # read-back catches a short write; `read` fails at the missing newline, hence `|| :`.
     printf '%s' "$q_json" >"$q_tmp" && { IFS= read -r q_back <"$q_tmp" || :; }
     # LC_ALL=C: the tools skip loading the job's locale (~0.15 ms of CPU each).
-    if [ "$q_back" = "$q_json" ] && LC_ALL=C sync "$q_tmp" && LC_ALL=C ln "$q_tmp" "$q_final"; then
+    if [ "$q_back" = "$q_json" ] && LC_ALL=C ln "$q_tmp" "$q_final"; then
         LC_ALL=C rm -f "$q_tmp"
-        LC_ALL=C sync "$q_rdir"
+        LC_ALL=C sync "$q_final" "$q_rdir"
     else
         LC_ALL=C rm -f "$q_tmp"
     fi

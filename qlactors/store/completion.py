@@ -8,11 +8,12 @@ replaced, as long as the attempt is not terminal.
 
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass
 
 from ..domain.receipt import Receipt, token_matches
 from ..domain.states import AttemptStatus, LeaseStatus, RunStatus
-from ..domain.transitions import plan_completion
+from ..domain.transitions import plan_completion, stop_signal
 from ..errors import BadInput
 from .engine import Store
 from .plans import apply_plan, attempt_snapshot, end_lease, load_attempt, load_run, run_snapshot
@@ -23,6 +24,8 @@ REFUSED = "refused"
 
 ACTOR = "completion"
 EXECUTOR_TYPE = "local_process"
+# What the executor last sent the job's group before its launcher ended (wire `stopped_by`).
+_SENT = {"exit": None, "term": int(signal.SIGTERM), "kill": int(signal.SIGKILL)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +47,7 @@ class CompletionService:
         self.store = store
 
     def complete(self, run_id: str, attempt_id: str, receipt: Receipt,
-                 log_dropped_bytes: int | None = None) -> CompletionOutcome:
+                 log_dropped_bytes: int | None = None, stopped_by: str = "exit") -> CompletionOutcome:
         """Apply `receipt` to its attempt; refusals change nothing (the caller quarantines).
 
         Checks, in order: the run exists and the attempt belongs to it, the executor type, that the
@@ -59,10 +62,18 @@ class CompletionService:
         receipt's, kept between the attempt's creation and now, only when none was committed,
         e.g. a fast job whose receipt beat its Started report); `finished_at_ms` is the
         receipt's, capped at now and never before that start. The run's start (if unset) and
-        finish take the same values. The `signal` column stays NULL (a signal shows as 128+N).
+        finish take the same values.
+
+        `stopped_by` says what the executor last sent the job's group (`exit`: nothing). When the
+        outcome comes from the stop and the exit code is 128 + that signal, the `signal` column
+        records it (15 or 9); otherwise it stays NULL and the exit code says what is known. A
+        receipt with `output_open` appends `attempt.output_left_open` and records no dropped
+        byte count (the log-cap reader could not give one before the receipt).
         """
         if log_dropped_bytes is not None and (type(log_dropped_bytes) is not int or log_dropped_bytes < 0):
             raise BadInput("log_dropped_bytes must be a non-negative integer or None (unknown)")
+        if stopped_by not in _SENT:
+            raise BadInput(f"stopped_by must be one of {sorted(_SENT)}")
         if not isinstance(receipt, Receipt):
             raise BadInput("complete() takes a decoded Receipt")
         with self.store.write() as conn:
@@ -97,7 +108,10 @@ class CompletionService:
             finished = max(started, min(receipt.finished_at_ms, now))
             plan = plan_completion(run_snapshot(run), attempt_snapshot(attempt),
                                    exit_code=receipt.exit_code, finished_at_ms=receipt.finished_at_ms,
-                                   deadline_at_ms=attempt.deadline_at_ms)
+                                   deadline_at_ms=attempt.deadline_at_ms,
+                                   cancel_requested_at_ms=run.cancel_requested_at_ms,
+                                   output_open=bool(receipt.output_open))
+            from_stop = plan.run_to in (RunStatus.CANCELLED, RunStatus.TIMED_OUT)
             run_values = {"finished_at_ms": finished}
             if run.started_at_ms is None:
                 run_values["started_at_ms"] = started
@@ -106,6 +120,7 @@ class CompletionService:
                        attempt_values=dict(exit_code=receipt.exit_code,
                                            callback_sequence=receipt.callback_sequence,
                                            started_at_ms=started, finished_at_ms=finished,
-                                           log_dropped_bytes=log_dropped_bytes))
+                                           signal=stop_signal(_SENT[stopped_by], receipt.exit_code, from_stop),
+                                           log_dropped_bytes=None if receipt.output_open else log_dropped_bytes))
             end_lease(conn, attempt.id, now, LeaseStatus.COMPLETED)
             return CompletionOutcome(APPLIED, None, plan.run_to.value)

@@ -293,7 +293,8 @@ class Dispatch:
             **{name: projection[name] for name in _PROJECTION},
             task=rev.task_name, argv=command_argv(rev.command_json), cwd=cwd_from_column(rev.cwd),
             env=env_from_json(json.loads(rev.env_json)),
-            timeout_ms=rev.timeout_ms, stop_grace_ms=rev.stop_grace_ms, log_cap_bytes=log_cap_bytes)
+            timeout_ms=rev.timeout_ms, stop_grace_ms=rev.stop_grace_ms, log_cap_bytes=log_cap_bytes,
+            keep_leftovers=bool(rev.keep_leftovers))
 
     # -- fenced reports ----------------------------------------------------------------------
 

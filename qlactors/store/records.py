@@ -108,6 +108,7 @@ class OfferView:
     timeout_ms: int | None = None
     stop_grace_ms: int = 1_000
     log_cap_bytes: int = 0
+    keep_leftovers: bool = False
 
     def fence(self, lease_token_hash: str) -> Fence:
         """The fence for reports on this offer, given the lease token hash the pull carried."""

@@ -91,6 +91,7 @@ class TaskView:
             "command": s.command.to_json(), "cwd": None if s.cwd is None else posix.to_json(s.cwd),
             "env": env_to_json(s.env),
             "timeout_ms": s.timeout_ms, "stop_grace_ms": s.stop_grace_ms,
+            "keep_leftovers": s.keep_leftovers,
             "max_concurrent": s.max_concurrent,
             "retry": {"retry_on_lost": s.retry.retry_on_lost, "max_attempts": s.retry.max_attempts,
                       "safety": s.retry.safety.value, "backoff_base_ms": s.retry.backoff_base_ms,

@@ -190,6 +190,8 @@ class Completed:
     finished_at_ms: int  # the launcher's clock when the job ended
     exit_code: int  # 0..255; 128 + N after signal N
     log_dropped_bytes: int | None  # bytes the log cap dropped; None when no count was found
+    output_open: int = 0  # the receipt's outputOpen (schema 2; 0 for schema 1)
+    stopped_by: StoppedBy = "exit"  # what the executor last sent the job's group before the end
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -249,6 +251,7 @@ class Offer:
     timeout_ms: int | None  # None: no timeout
     stop_grace_ms: int  # time between SIGTERM and SIGKILL when stopping
     log_cap_bytes: int  # the most log bytes kept; the rest is dropped and counted
+    keep_leftovers: bool = False  # leave what the job left in its process group running when it ends
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -20,7 +20,8 @@ def offer_message(view: Any) -> m.Offer:
         run_id=view.run_id, attempt_id=view.attempt_id, attempt_number=view.attempt_number,
         offer_id=view.offer_id, lease_generation=view.lease_generation, lease_version=view.lease_version,
         argv=list(view.argv), cwd=view.cwd, env=dict(view.env), timeout_ms=view.timeout_ms,
-        stop_grace_ms=view.stop_grace_ms, log_cap_bytes=view.log_cap_bytes)
+        stop_grace_ms=view.stop_grace_ms, log_cap_bytes=view.log_cap_bytes,
+        keep_leftovers=view.keep_leftovers)
 
 
 def check_offer(view: Any) -> None:
@@ -40,7 +41,8 @@ def check_revision_fits(spec: TaskSpec) -> None:
         worker_id="w" * MAX_WORKER_ID_CHARS, session_id=longest_id, session_generation=largest,
         run_id=longest_id, attempt_id=longest_id, attempt_number=largest, offer_id=longest_id,
         lease_generation=largest, lease_version=largest, argv=spec.command.exec_argv(),
-        cwd=spec.cwd, env=spec.env, timeout_ms=largest, stop_grace_ms=largest, log_cap_bytes=largest)
+        cwd=spec.cwd, env=spec.env, timeout_ms=largest, stop_grace_ms=largest, log_cap_bytes=largest,
+        keep_leftovers=spec.keep_leftovers)
     try:
         check_offer(worst)
     except codec.EncodeError as err:
