@@ -303,6 +303,10 @@ class Dispatch:
             try:
                 run, attempt, lease = self._check_fence(conn, fence)
             except _Mismatch as mismatch:
+                if mismatch.ended is not None and _ended(*mismatch.ended[:2]):
+                    # cancelled before activation: its lease ended with it (SEMANTICS.md §7)
+                    ended_attempt = mismatch.ended[1]
+                    return ActivateResult(REFUSED, detail=f"attempt_{ended_attempt.status}")
                 return ActivateResult(FENCED, detail=mismatch.detail)
             status = _A(attempt.status)
             if status is _A.STARTING:
