@@ -1,6 +1,7 @@
 """Recovery of local attempts (SEMANTICS.md §6): a full startup pass, then only what the Executor reports.
 
-For each candidate: a receipt wins; an unstarted claim is lost without probing; otherwise the
+For each candidate: a receipt wins; an unstarted claim has its lease released without probing (it
+is offered again); otherwise the
 process identity (database, else the launcher's start marker) decides: still running -> keep and
 re-bind; not running -> wait the publish grace, read the receipt again, then end by the cancel
 intent or mark lost. Unreadable evidence is left for later and reported, never guessed.
@@ -86,7 +87,10 @@ class Recovery(RuntimeActor):
             if self._consume_receipt(c):
                 outcomes.append("completed")
                 continue
-            if c.attempt_status == "claimed":
+            if c.attempt_status == "claimed" and c.cancel_reason is None:
+                outcomes.append(self._release_claim(c))
+                continue
+            if c.attempt_status == "claimed":  # not expected (a cancel ends a claim at once)
                 outcomes.append(self._end(c, ErrorCode.RECOVERY_UNSTARTED_CLAIM))
                 continue
             identity = self._identity(c)
@@ -157,6 +161,17 @@ class Recovery(RuntimeActor):
             self.ctx.journal.clear(c.attempt_id)
         self._resolved(c.attempt_id)
         return outcome
+
+    def _release_claim(self, c: Any) -> str:
+        """Offered, never activated: release its lease and let it be offered again (never `lost`)."""
+        outcome = self.ctx.control.release_unactivated(c.run_id, c.attempt_id)
+        log.info("event=claim_released run=%s attempt=%s result=%s detail=%s", c.run_id, c.attempt_id,
+                 outcome.result, outcome.detail)
+        entry = self.ctx.journal.get(c.attempt_id)
+        if entry is not None and entry.state == "accepted":  # the executor that took it is gone
+            self.ctx.journal.clear(c.attempt_id)
+        self._resolved(c.attempt_id)
+        return "released"
 
     def _rebind(self, c: Any, identity: Any) -> None:
         self.ctx.control.rebind(c.run_id, c.attempt_id, self.ctx.session, identity,
