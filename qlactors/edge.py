@@ -134,6 +134,7 @@ class EdgeRuntime:
         bridge.route_executor(EXECUTOR_KINDS, directory.named("executor"))
         bridge.route_executor(["ack:completed"], directory.named("receipts"))
         bridge.route_nudge(directory.named("supervisor"))
+        bridge.on_exit = fatal.trip  # a bridge that stopped serving stops the runtime
         bridge.start()
         bridge.ready()
         factories = {name: (lambda cls=cls: cls.start(ctx)) for name, cls in ORDER}

@@ -13,6 +13,7 @@ POINTS = frozenset({
     "before_completion_commit",  # a receipt is published and read, its completion not committed
     "after_completion_commit",  # the completion is committed, the receipt not yet deleted
     "after_spawn",  # the launcher runs, its identity is not yet recorded anywhere but its marker
+    "bridge_loop_on_nudge",  # raise_point: the bridge loop dies on the next nudge (it must stop the runtime)
 })
 _ACTIVE = os.environ.get("QLACTORS_FAULT")
 
@@ -20,3 +21,13 @@ _ACTIVE = os.environ.get("QLACTORS_FAULT")
 def crash_point(name: str) -> None:
     if _ACTIVE == name:
         os._exit(FAULT_EXIT)
+
+
+class InjectedFault(RuntimeError):
+    """Raised by `raise_point`: a bug at that instant, as opposed to a crash."""
+
+
+def raise_point(name: str) -> None:
+    """Like `crash_point`, but raise instead of exiting: the code around it must cope."""
+    if _ACTIVE == name:
+        raise InjectedFault(f"fault injected at {name}")

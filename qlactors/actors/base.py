@@ -113,6 +113,12 @@ class RuntimeActor(pykka.ThreadingActor):
     def started(self) -> None:
         """Hook for subclasses, run in the actor's thread after the outbox exists."""
 
+    @property
+    def me(self) -> Named:
+        """This actor by name: the target for bridge timers and watches, which must reach a
+        restarted instance (a raw ref of a dead one only raises ActorDeadError)."""
+        return self.ctx.directory.named(self.name)
+
     def on_receive(self, message: Any) -> Any:
         peer = b""
         if isinstance(message, Inbound):

@@ -171,7 +171,7 @@ class Executor(RuntimeActor):
         local.identity = read_identity(pid, boot_id=boot_id)
         local.pidfd = os.pidfd_open(pid)
         self.ctx.journal.set_state(offer.attempt_id, "started", identity=local.identity)
-        self.ctx.bridge.watch(local.pidfd, offer.attempt_id, self.actor_ref)
+        self.ctx.bridge.watch(local.pidfd, offer.attempt_id, self.me)
         i = local.identity
         self.out.to_control(m.Started(**self._fence(local, msg.lease_version), boot_id=i.boot_id,
                                       pid=i.pid, pgid=i.pgid, start_ticks=i.start_ticks))
@@ -204,7 +204,7 @@ class Executor(RuntimeActor):
         log.info("event=stop_term attempt=%s reason=%s liveness=%s", local.attempt_id, reason, liveness.name)
         local.stop_phase = "term"
         self.ctx.bridge.call_at(f"stop:{local.attempt_id}", time.monotonic() + local.grace_ms / 1000,
-                                self.actor_ref, StopCheck(local.attempt_id, "term"))
+                                self.me, StopCheck(local.attempt_id, "term"))
 
     def on_stop_check(self, msg: StopCheck, _peer: bytes) -> None:
         local = self.live.get(msg.attempt_id)
@@ -217,7 +217,7 @@ class Executor(RuntimeActor):
                 log.info("event=stop_kill attempt=%s", local.attempt_id)
                 self.ctx.bridge.call_at(f"stop:{local.attempt_id}",
                                         time.monotonic() + self.ctx.config.runtime.kill_grace_ms / 1000,
-                                        self.actor_ref, StopCheck(local.attempt_id, "kill"))
+                                        self.me, StopCheck(local.attempt_id, "kill"))
         else:
             log.error("event=stop_inconclusive attempt=%s", local.attempt_id)
 
@@ -281,7 +281,7 @@ class Executor(RuntimeActor):
                     continue
                 local = Local(run_id=entry.run_id, attempt_id=entry.attempt_id, identity=identity, pidfd=pidfd)
                 self.live[entry.attempt_id] = local
-                self.ctx.bridge.watch(pidfd, entry.attempt_id, self.actor_ref)
+                self.ctx.bridge.watch(pidfd, entry.attempt_id, self.me)
                 log.info("event=adopted run=%s attempt=%s pid=%d", entry.run_id, entry.attempt_id, identity.pid)
             if len(entries) < 64:
                 break

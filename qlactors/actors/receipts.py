@@ -34,7 +34,7 @@ class ReceiptConsumer(RuntimeActor):
 
     def _schedule_cleanup(self) -> None:
         interval = self.ctx.config.runtime.receipt_cleanup_interval_ms / 1000
-        self.ctx.bridge.call_at("receipt-cleanup", time.monotonic() + interval, self.actor_ref, Cleanup())
+        self.ctx.bridge.call_at("receipt-cleanup", time.monotonic() + interval, self.me, Cleanup())
 
     def on_consume(self, msg: Consume, _peer: bytes) -> None:
         files = self.ctx.local_receipts
@@ -42,7 +42,7 @@ class ReceiptConsumer(RuntimeActor):
         if found.kind == "missing":
             if not msg.recheck:  # the launcher may still be publishing: one grace, one more look
                 grace = self.ctx.config.runtime.publish_grace_ms / 1000
-                self.ctx.bridge.call_at(f"recheck:{msg.attempt_id}", time.monotonic() + grace, self.actor_ref,
+                self.ctx.bridge.call_at(f"recheck:{msg.attempt_id}", time.monotonic() + grace, self.me,
                                         Consume(msg.run_id, msg.attempt_id, recheck=True,
                                                 stopped_by=msg.stopped_by))
                 return

@@ -249,7 +249,7 @@ class Supervisor(RuntimeActor):
         when = time.monotonic() + delay
         current = self.ctx.bridge.timer_due("cadence")
         if reset or current is None or when < current:
-            self.ctx.bridge.call_at("cadence", when, self.actor_ref, Tick("cadence"))
+            self.ctx.bridge.call_at("cadence", when, self.me, Tick("cadence"))
 
     # -- lifecycle ----------------------------------------------------------------------------
 

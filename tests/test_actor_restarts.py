@@ -1,0 +1,257 @@
+"""Actor failure and restart: the Supervisor restarts each child, escalates a child that keeps
+failing, and the bridge keeps serving timers and pidfd watches across a restart; a bridge loop
+that dies stops the runtime (issue 9 §2; SEMANTICS.md §10).
+
+Failures are real: a message type the test adds to an actor's handler table raises, so pykka
+stops the actor and `on_failure` tells the Supervisor, exactly as any bug would.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+
+import pykka
+import pytest
+import zmq
+
+from qlactors import faults
+from qlactors.actors.executor import Executor
+from qlactors.actors.receipts import ReceiptConsumer
+from qlactors.actors.signals import ActorFailed, Consume, NoReceipt
+from qlactors.actors.supervisor import MAX_RESTARTS, Supervisor
+from qlactors.domain.receipt import token_hash
+from qlactors.edge import ORDER
+from qlactors.store.records import Fence
+from qlactors.wire import messages as m
+from qlactors.wire.bridge import Bridge
+
+from actor_harness import WAIT_S, ActorHarness, Stub, unique_endpoint, wait_until
+from test_actors import ExecutorRig, spec
+
+
+class Boom:
+    """A test-only message: the actor that receives it raises, as a bug in a handler would."""
+
+
+@pytest.fixture
+def breakable(monkeypatch):
+    """Make every runtime actor class (and any restarted instance of it) fail on Boom."""
+
+    def boom(_msg, _peer):
+        raise RuntimeError("boom")
+
+    for _name, cls in [*ORDER, ("supervisor", Supervisor)]:
+        original = cls.handlers
+        monkeypatch.setattr(cls, "handlers", lambda self, original=original: {**original(self), Boom: boom})
+
+
+class Rig:
+    """An executor-side harness with the real Supervisor restarting the children it is given."""
+
+    def __init__(self, h: ActorHarness, peer, names: tuple[str, ...]) -> None:
+        self.h, self.peer = h, peer
+        classes = dict(ORDER)
+        self.factories = {name: (lambda cls=classes[name]: cls.start(h.ctx)) for name in names}
+        self.supervisor = h.start("supervisor", Supervisor, self.factories)
+
+    def fail(self, name: str) -> pykka.ActorRef:
+        """Make actor `name` fail for real; returns the instance that replaced it."""
+        old = self.h.directory.get(name)
+        old.tell(Boom())
+        return wait_until(lambda: (ref := self.h.directory.get(name)) is not old and ref is not None
+                          and ref.is_alive() and ref, what=f"{name} restarted")
+
+    def close(self) -> None:
+        for name in self.h.directory.names():  # restarted instances are not in the harness's list
+            ref = self.h.directory.get(name)
+            if ref is not None and ref.is_alive():
+                ref.stop(timeout=WAIT_S)
+
+
+@pytest.fixture
+def make_rig(tmp_path, breakable):
+    made: list[tuple[Rig, ActorHarness]] = []
+
+    def make(*names: str, **runtime: int) -> Rig:
+        endpoint = unique_endpoint("exec")
+        h = ActorHarness(tmp_path, control_connect=endpoint, **runtime)
+        peer = h.router(endpoint)
+        h.route_executor_side()
+        h.start_bridge()
+        h.ctx.admitting.set()
+        rig = Rig(h, peer, names)
+        made.append((rig, h))
+        return rig
+
+    yield make
+    for rig, h in made:
+        rig.close()
+        h.close()
+
+
+# -- restart and escalation, for every child ----------------------------------------------------
+
+
+@pytest.mark.parametrize("name", [name for name, _ in ORDER])
+def test_supervisor_restarts_a_failed_child_then_escalates_when_it_keeps_failing(make_rig, name, caplog):
+    rig = make_rig(name)
+    h = rig.h
+    first = rig.factories[name]()
+    assert h.directory.get(name) is first
+    caplog.set_level(logging.WARNING, logger="qlactors.supervisor")
+    current = first
+    for n in range(MAX_RESTARTS):
+        replacement = rig.fail(name)
+        assert not current.is_alive()
+        assert replacement.actor_class is first.actor_class
+        current = replacement
+        assert not h.ctx.fatal.event.is_set(), f"restart {n + 1} was fatal: {h.ctx.fatal.reason}"
+    assert len([r for r in caplog.records if "event=actor_restarted" in r.getMessage()
+                and f"actor={name}" in r.getMessage()]) == MAX_RESTARTS
+    # One failure more within the window: the runtime stops, saying who and why.
+    current.tell(Boom())
+    wait_until(h.ctx.fatal.event.is_set, what="the escalation")
+    assert h.ctx.fatal.reason.startswith(f"actor {name} failed {MAX_RESTARTS + 1} times")
+    assert "boom" in h.ctx.fatal.reason
+    assert rig.supervisor.is_alive()
+
+
+def test_supervisor_escalates_a_failure_of_an_actor_it_cannot_restart(make_rig):
+    rig = make_rig()  # no factories at all
+    rig.supervisor.tell(ActorFailed("bridge", "gone"))
+    wait_until(rig.h.ctx.fatal.event.is_set, what="the escalation")
+    assert rig.h.ctx.fatal.reason == "actor bridge failed 1 times, last: gone"
+
+
+def test_a_failure_of_the_supervisor_itself_stops_the_runtime(make_rig):
+    rig = make_rig()
+    rig.supervisor.tell(Boom())
+    wait_until(rig.h.ctx.fatal.event.is_set, what="the fatal stop")
+    assert rig.h.ctx.fatal.reason.startswith("the supervisor failed: RuntimeError('boom')")
+
+
+# -- restarts while a timer or a pidfd watch is pending ----------------------------------------
+
+
+def test_a_receipt_consumer_restarted_with_its_recheck_timer_pending_still_gets_it(make_rig):
+    rig = make_rig("receipts", publish_grace_ms=400)
+    h = rig.h
+    h.stub("executor")
+    h.start("receipts", ReceiptConsumer)
+    h.directory.tell("receipts", Consume("run-1", "att-1"))  # no receipt yet: a recheck after the grace
+    wait_until(lambda: h.bridge.timer_due("recheck:att-1") is not None, what="the recheck timer")
+    rig.fail("receipts")
+    assert h.bridge.timer_due("recheck:att-1") is not None  # still pending across the restart
+    (told,) = h.inbox.wait("executor", NoReceipt)
+    assert (told.run_id, told.attempt_id) == ("run-1", "att-1")
+    assert h.bridge.is_alive()
+    # ...and the bridge goes on serving timers afterwards.
+    later = Stub.start("later", h.inbox)
+    h._refs.append(later)
+    h.directory.set("later", later)
+    h.bridge.call_at("later", time.monotonic() + 0.05, h.directory.named("later"), "ping")
+    assert h.inbox.wait("later", str) == ["ping"]
+
+
+def test_an_executor_restarted_mid_stop_re_adopts_its_launcher_and_finishes_the_stop(make_rig):
+    """A stop timer and a pidfd watch are pending when the Executor dies: the new instance gets the
+    timer (and escalates to KILL), re-adopts the launcher from its journal and sees it end."""
+    rig = make_rig("executor", "receipts", slots=1, kill_grace_ms=500)
+    h = rig.h
+    h.start("receipts", ReceiptConsumer)
+    h.start("executor", Executor)
+    exe = ExecutorRig(h, h.directory.get("executor"), rig.peer, rig.peer.expect(m.Register))
+    # The job ignores TERM (and its children inherit that), so only the KILL after the grace ends it.
+    offer, _act, started = exe.launch(["sh", "-c", "trap '' TERM; echo up; sleep 30"])
+    exe.ack_started(started)
+    wait_until(lambda: b"up" in h.config.logs_dir.joinpath(
+        h.ctx.logs.artifact_id(offer.run_id, offer.attempt_id)).read_bytes(), what="the job is up")
+    rig.peer.send(m.StopRequested(run_id=offer.run_id, attempt_id=offer.attempt_id, reason="user",
+                                  grace_ms=1500))
+    key = f"stop:{offer.attempt_id}"
+    wait_until(lambda: h.bridge.timer_due(key) is not None, what="the stop timer")
+    rig.fail("executor")
+    # The new instance registers; once welcomed it re-adopts the launcher from the journal.
+    rig.peer.expect(m.Register)
+    s = h.ctx.session
+    rig.peer.send(m.Welcome(worker_id=s.worker_id, session_id=s.session_id, session_generation=s.generation))
+    # The pending stop timer reaches the new instance, which sends KILL; the pidfd it re-watched
+    # reports the launcher's end, and the receipt (or its absence) is reported.
+    report = rig.peer.expect((m.Completed, m.Attest), timeout=WAIT_S, strict=False)
+    assert report.attempt_id == offer.attempt_id
+    assert h.bridge.is_alive()
+    assert not h.ctx.fatal.event.is_set()
+    wait_until(lambda: not _group_alive(started.pgid), what="the job's group gone")
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+# -- the bridge loop itself -------------------------------------------------------------------------
+
+
+def test_a_dead_target_never_ends_the_bridge_loop(tmp_path):
+    ctx = zmq.Context()
+    bridge = Bridge(ctx)
+    stopped: list[str] = []
+    bridge.on_exit = stopped.append
+    received = threading.Event()
+
+    class Dead:
+        def tell(self, message):
+            raise pykka.ActorDeadError("gone")
+
+    class Alive:
+        def tell(self, message):
+            received.set()
+
+    try:
+        bridge.start()
+        bridge.ready()
+        r, w = os.pipe()
+        bridge.watch(r, "pipe", Dead())
+        bridge.call_at("dead", time.monotonic(), Dead(), "x")
+        os.write(w, b"x")  # the "process" ends: the dead watcher is told, and fails
+        wait_until(lambda: bridge.timer_due("dead") is None, what="the dead timer fired")
+        bridge.call_at("alive", time.monotonic() + 0.05, Alive(), "y")
+        assert received.wait(WAIT_S)
+        assert bridge.is_alive() and stopped == []
+        os.close(r)
+        os.close(w)
+    finally:
+        bridge.close()
+        ctx.term()
+    assert stopped == []  # close() is not a failure
+
+
+def test_a_bridge_loop_that_dies_stops_the_runtime_with_a_reason(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(faults, "_ACTIVE", "bridge_loop_on_nudge")
+    ctx = zmq.Context()
+    endpoint = unique_endpoint("nudge")
+    bridge = Bridge(ctx, nudge_bind=endpoint)
+    stopped: list[str] = []
+    bridge.on_exit = stopped.append
+    push = ctx.socket(zmq.PUSH)
+    push.setsockopt(zmq.LINGER, 0)
+    try:
+        bridge.start()
+        bridge.ready()
+        push.connect(endpoint)
+        push.send(b"nudge")
+        bridge.join(WAIT_S)
+        assert not bridge.is_alive()
+        assert stopped == ["the bridge thread failed: InjectedFault('fault injected at bridge_loop_on_nudge'); "
+                           "no socket, timer or process watch is served any more"]
+        assert any("event=bridge_failed" in r.getMessage() for r in caplog.records)
+    finally:
+        push.close(0)
+        bridge.close()
+        ctx.term()
