@@ -14,6 +14,7 @@ POINTS = frozenset({
     "after_completion_commit",  # the completion is committed, the receipt not yet deleted
     "after_spawn",  # the launcher runs, its identity is not yet recorded anywhere but its marker
     "bridge_loop_on_nudge",  # raise_point: the bridge loop dies on the next nudge (it must stop the runtime)
+    "executor_after_accept",  # raise_point: the Executor dies with an offer journaled, not activated
 })
 _ACTIVE = os.environ.get("QLACTORS_FAULT")
 
@@ -27,7 +28,12 @@ class InjectedFault(RuntimeError):
     """Raised by `raise_point`: a bug at that instant, as opposed to a crash."""
 
 
+_raised: set[str] = set()
+
+
 def raise_point(name: str) -> None:
-    """Like `crash_point`, but raise instead of exiting: the code around it must cope."""
-    if _ACTIVE == name:
+    """Like `crash_point`, but raise instead of exiting, the first time only: a bug the code
+    around it must survive (a restarted actor passes the point again without failing)."""
+    if _ACTIVE == name and name not in _raised:
+        _raised.add(name)
         raise InjectedFault(f"fault injected at {name}")

@@ -21,7 +21,7 @@ from qlactors import faults
 from qlactors.actors.executor import Executor
 from qlactors.actors.receipts import ReceiptConsumer
 from qlactors.actors.signals import ActorFailed, Consume, NoReceipt
-from qlactors.actors.supervisor import MAX_RESTARTS, Supervisor
+from qlactors.actors.supervisor import MAX_RESTARTS, Supervisor, fence_of
 from qlactors.domain.receipt import token_hash
 from qlactors.edge import ORDER
 from qlactors.store.records import Fence
@@ -234,6 +234,7 @@ def test_a_dead_target_never_ends_the_bridge_loop(tmp_path):
 
 def test_a_bridge_loop_that_dies_stops_the_runtime_with_a_reason(tmp_path, monkeypatch, caplog):
     monkeypatch.setattr(faults, "_ACTIVE", "bridge_loop_on_nudge")
+    monkeypatch.setattr(faults, "_raised", set())
     ctx = zmq.Context()
     endpoint = unique_endpoint("nudge")
     bridge = Bridge(ctx, nudge_bind=endpoint)
@@ -255,3 +256,87 @@ def test_a_bridge_loop_that_dies_stops_the_runtime_with_a_reason(tmp_path, monke
         push.close(0)
         bridge.close()
         ctx.term()
+
+
+# -- an Executor restart, or a re-offer, with an offer in flight -----------------------------------
+
+
+def _offer_message(view) -> m.Offer:
+    return m.Offer(worker_id=view.worker_id, session_id=view.session_id,
+                   session_generation=view.session_generation, run_id=view.run_id,
+                   attempt_id=view.attempt_id, attempt_number=view.attempt_number, offer_id=view.offer_id,
+                   lease_generation=view.lease_generation, lease_version=view.lease_version,
+                   argv=list(view.argv), cwd=view.cwd, env=dict(view.env), timeout_ms=view.timeout_ms,
+                   stop_grace_ms=view.stop_grace_ms, log_cap_bytes=view.log_cap_bytes)
+
+
+def test_an_executor_re_offered_an_attempt_it_holds_unactivated_accepts_it_again_and_runs_it(make_rig):
+    """Same attempt id, new lease generation: the journal row and the log file are reused, the late
+    refusal of the first Activate does not drop the second offer, and the job runs once."""
+    rig = make_rig("executor", "receipts", slots=2)
+    h = rig.h
+    h.start("receipts", ReceiptConsumer)
+    h.start("executor", Executor)
+    exe = ExecutorRig(h, h.directory.get("executor"), rig.peer, rig.peer.expect(m.Register))
+    pull = exe.welcome()
+    h.repo.tasks.add(spec("job", ["sh", "-c", "echo once"]))
+    run_id = h.repo.runs.request("job").run.id
+    first = exe.offer_for(pull)
+    rig.peer.send(first)
+    act1 = rig.peer.expect(m.Activate)
+    pull2 = rig.peer.expect(m.Pull)  # a second slot is free
+    log_path = h.ctx.logs.path_for(run_id, first.attempt_id)
+    log_path.write_bytes(b"stale")
+    # The control side withdraws the first lease before activating it, and offers the attempt again.
+    assert h.ctx.dispatch.release_unstarted(fence_of(act1), "declined").result == "applied"
+    second = exe.offer_for(pull2)
+    assert (second.attempt_id, second.lease_generation) == (first.attempt_id, 2)
+    rig.peer.send(second)
+    act2 = rig.peer.expect(m.Activate)
+    assert (act2.attempt_id, act2.lease_generation, act2.offer_id) == (first.attempt_id, 2, second.offer_id)
+    assert act2.callback_token_hash != act1.callback_token_hash
+    assert log_path.read_bytes() == b""  # emptied for the new offer
+    assert h.ctx.journal.get(first.attempt_id).callback_token_hash == act2.callback_token_hash
+    # The first Activate's answer (fenced) comes first and must not drop the second offer.
+    assert h.ctx.dispatch.activate(fence_of(act1), act1.callback_token_hash, act1.log_artifact_id).result == "fenced"
+    rig.peer.send(m.Ack(of="activate", run_id=run_id, attempt_id=first.attempt_id, result="fenced",
+                        detail="lease_released"))
+    exe.activate(act2)
+    started = rig.peer.expect(m.Started, strict=False)  # a Pull for the free slot may come first
+    h.track_group(started.pgid)
+    exe.ack_started(started)
+    completed = rig.peer.expect(m.Completed, strict=False)
+    assert exe.ack_completed(completed) == "applied"
+    assert h.repo.runs.get(run_id).state == "succeeded"
+    assert log_path.read_bytes() == b"once\n"
+    assert h.directory.get("executor").is_alive()
+
+
+def test_a_restarted_executor_gives_back_the_offer_the_dead_instance_accepted(make_rig):
+    """The dead instance journaled the offer (`accepted`) and never launched it: the new one clears
+    the row and attests it holds nothing, so recovery can release the lease."""
+    rig = make_rig("executor", slots=1)
+    h = rig.h
+    h.stub("receipts")
+    h.start("executor", Executor)
+    exe = ExecutorRig(h, h.directory.get("executor"), rig.peer, rig.peer.expect(m.Register))
+    pull = exe.welcome()
+    h.repo.tasks.add(spec("job"))
+    run_id = h.repo.runs.request("job").run.id
+    rig.peer.send(exe.offer_for(pull))
+    act = rig.peer.expect(m.Activate)
+    assert h.ctx.journal.get(act.attempt_id).state == "accepted"
+    rig.fail("executor")
+    rig.peer.expect(m.Register)
+    s = h.ctx.session
+    rig.peer.send(m.Welcome(worker_id=s.worker_id, session_id=s.session_id, session_generation=s.generation))
+    attest = rig.peer.expect(m.Attest, strict=False)
+    assert (attest.run_id, attest.attempt_id, attest.running, attest.conclusive) == (run_id, act.attempt_id,
+                                                                                     False, True)
+    assert h.ctx.journal.get(act.attempt_id) is None
+    rig.peer.expect(m.Pull, strict=False)  # its slot is free again
+    # A late Activated for the dead instance's offer launches nothing.
+    rig.peer.send(m.Activated(run_id=run_id, attempt_id=act.attempt_id, offer_id=act.offer_id,
+                              lease_version=1, deadline_at_ms=None))
+    rig.peer.quiet()
+    assert h.directory.get("executor").is_alive()

@@ -842,7 +842,9 @@ def test_executor_ignores_an_offer_for_a_pull_it_did_not_send(make_exe):
     rig.repo.runs.request("job")
     offer = rig.offer_for(pull)
     rig.peer.send(dataclasses.replace(offer, offer_id="stranger"))
-    rig.peer.quiet()
+    # Not its pull: it holds nothing for that attempt and says so (recovery then frees the lease).
+    given_back = rig.peer.expect(m.Attest)
+    assert (given_back.attempt_id, given_back.running, given_back.conclusive) == (offer.attempt_id, False, True)
     assert rig.ctx.journal.list() == []
     rig.peer.send(offer)  # the genuine one is still accepted
     rig.peer.expect(m.Activate)

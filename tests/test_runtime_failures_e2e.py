@@ -24,3 +24,25 @@ def test_a_bridge_loop_that_dies_stops_the_edge_process_non_zero_with_the_reason
     assert not runtime_is_up(home.path)
     status = home.ql("status")
     assert status.returncode != 0 and "runtime: down" in status.stdout, status
+
+
+def test_an_executor_that_dies_with_an_offer_in_flight_does_not_strand_the_one_slot(home):
+    """slots = 1 (the edge default). The Executor dies right after journaling its first offer
+    (`QLACTORS_FAULT=executor_after_accept`, once): the Supervisor restarts it, the new instance
+    gives the offer back, recovery releases its lease, and that same attempt and the next run both
+    run — instead of every later pull being answered Idle until the runtime restarts."""
+    home.add_tasks(("first", "--", "echo", "one"), ("second", "--", "echo", "two"))
+    edge = home.start_edge(fault="executor_after_accept")
+    first = home.run("first")
+    assert home.wait_terminal(first, timeout=30) == "succeeded", edge.describe()
+    second = home.run("second")
+    assert home.wait_terminal(second, timeout=30) == "succeeded", edge.describe()
+    log = edge.log()
+    assert "event=actor_restarted actor=executor" in log
+    assert "event=attempt_given_back" in log
+    (attempt,) = home.show(first)["attempts"]  # the same attempt, offered again: never lost
+    assert home.logs(first) == b"one\n"
+    leases = home.query("SELECT lease_generation, status, release_reason FROM run_dispatch_leases "
+                        "WHERE attempt_id = ? ORDER BY lease_generation", (attempt["id"],))
+    assert [tuple(row) for row in leases] == [(1, "released", "lease_expired"), (2, "completed", None)]
+    assert edge.terminate() == 0
