@@ -19,6 +19,7 @@ from ..faults import crash_point, raise_point
 from ..ids import new_id
 from ..process.identity import Liveness, probe, read_identity, read_marker
 from ..process.launch import job_environment, signal_group, spawn, uptime_ms
+from ..store.engine import StoreUnavailable
 from ..wire import messages as m
 from ..wire.bridge import ProcessExited
 from .base import RuntimeActor
@@ -190,7 +191,11 @@ class Executor(RuntimeActor):
         # Identity before anything can reap it (we are the only reaper, and only of our own pids).
         local.identity = read_identity(pid, boot_id=boot_id)
         local.pidfd = os.pidfd_open(pid)
-        self.ctx.journal.set_state(offer.attempt_id, "started", identity=local.identity)
+        try:
+            self.ctx.journal.set_state(offer.attempt_id, "started", identity=local.identity)
+        except StoreUnavailable as err:  # the launcher runs: go on; its start marker and the
+            # Started report carry the identity, and recovery and adoption fall back to the marker
+            log.warning("event=journal_identity_unwritten attempt=%s error=%s", offer.attempt_id, err)
         self.ctx.bridge.watch(local.pidfd, offer.attempt_id, self.me)
         i = local.identity
         self.out.to_control(m.Started(**self._fence(local, msg.lease_version), boot_id=i.boot_id,

@@ -64,8 +64,8 @@ class ReceiptConsumer(RuntimeActor):
             log_dropped_bytes=found.dropped))
 
     def on_ack(self, msg: m.Ack, _peer: bytes) -> None:
-        run_id = self.waiting.pop(msg.attempt_id, None)
-        if run_id is None:
+        run_id = self.waiting.get(msg.attempt_id)  # forgotten only once handled (a database
+        if run_id is None:  # outage in between makes it handled again)
             return
         files = self.ctx.local_receipts
         if msg.result in ("applied", "already_terminal"):
@@ -81,6 +81,7 @@ class ReceiptConsumer(RuntimeActor):
             # path an unmarked row costs nothing, and after a crash re-adoption finds it anyway.
             if self.ctx.journal.get(msg.attempt_id) is not None:
                 self.ctx.journal.set_state(msg.attempt_id, "completed")
+        self.waiting.pop(msg.attempt_id, None)
 
     def on_cleanup(self, _msg: Cleanup, _peer: bytes) -> None:
         """Bounded: retry completed-but-not-cleared rows, purge old quarantine entries."""

@@ -29,6 +29,7 @@ STARTUP_PAGE = 64
 
 class Recovery(RuntimeActor):
     name = "recovery"
+    never_redelivered = (StartupPass,)  # asked by the profile, which then fails to start
 
     def __init__(self, ctx: Any) -> None:
         super().__init__(ctx)

@@ -15,7 +15,7 @@ from ..home import clear_disk_hold, write_disk_hold
 from ..wire import messages as m
 from ..wire.bridge import Inbound
 from .base import RuntimeActor, now_ms
-from .signals import ActorFailed, AttemptEnded, CycleDone, Drain, Tick
+from .signals import ActorFailed, AttemptEnded, CycleDone, Drain, Redeliver, Tick
 
 log = logging.getLogger("qlactors.supervisor")
 
@@ -70,6 +70,8 @@ class Supervisor(RuntimeActor):
         try:
             return super().on_receive(message)
         except ValueError as err:  # BadInput, and the domain's value errors (a non-ASCII token...)
+            if isinstance(message, Redeliver):  # a report handled again after a database outage
+                message = message.message
             if not isinstance(message, Inbound):
                 raise
             report = message.message
