@@ -20,7 +20,9 @@ import zmq
 from qlactors import faults
 from qlactors.actors.executor import Executor
 from qlactors.actors.receipts import ReceiptConsumer
-from qlactors.actors.signals import ActorFailed, Consume, NoReceipt
+from qlactors.actors import scheduler as scheduler_module
+from qlactors.actors.scheduler import Scheduler
+from qlactors.actors.signals import ActorFailed, Consume, NoReceipt, StepRequest, Tick
 from qlactors.actors.supervisor import MAX_RESTARTS, Supervisor, fence_of
 from qlactors.domain.receipt import token_hash
 from qlactors.edge import ORDER
@@ -154,6 +156,27 @@ def test_a_receipt_consumer_restarted_with_its_recheck_timer_pending_still_gets_
     h.directory.set("later", later)
     h.bridge.call_at("later", time.monotonic() + 0.05, h.directory.named("later"), "ping")
     assert h.inbox.wait("later", str) == ["ping"]
+
+
+def test_a_scheduler_restarted_with_its_step_deadline_pending_goes_on_cycling(make_rig, monkeypatch):
+    monkeypatch.setattr(scheduler_module, "STEP_DEADLINE_S", 0.3)
+    rig = make_rig("scheduler")
+    h = rig.h
+    h.stub("recovery")  # silent: the step deadline is what ends a cycle
+    h.start("scheduler", Scheduler)
+    h.directory.tell("scheduler", Tick("test"))
+    h.inbox.wait("recovery", StepRequest)
+    assert h.bridge.timer_due("scheduler-step") is not None
+    rig.fail("scheduler")
+    # The old instance's deadline fires at the new one (a stale cycle: ignored) without harm...
+    wait_until(lambda: h.bridge.timer_due("scheduler-step") is None, what="the stale deadline fired")
+    assert h.bridge.is_alive()
+    # ...and the new instance cycles, with a deadline the bridge serves: the silent step is reported.
+    h.directory.tell("scheduler", Tick("test"))
+    h.inbox.wait("recovery", StepRequest, count=2)
+    # (recovery has no factory in this rig, so the Supervisor escalates what the Scheduler reports)
+    wait_until(h.ctx.fatal.event.is_set, what="the silent step reported to the Supervisor")
+    assert h.ctx.fatal.reason == "actor recovery failed 1 times, last: silent past its step deadline"
 
 
 def test_an_executor_restarted_mid_stop_re_adopts_its_launcher_and_finishes_the_stop(make_rig):
