@@ -197,7 +197,7 @@ def test_release_unactivated_frees_the_claim_for_a_new_offer_and_never_loses_it(
     flight = launch(repo, dispatch, session, "claimed")
     n = n_events(repo, flight.run_id)
     assert not control.queued_waiting()  # held by a live lease: nothing to offer
-    out = control.release_unactivated(flight.run_id, flight.attempt_id)
+    out = dispatch.release_unactivated(flight.run_id, flight.attempt_id)
     assert (out.result, out.detail, out.run_state) == ("applied", None, "dispatching")
     (lease,) = lease_rows(repo, flight.attempt_id)
     assert (lease.status, lease.release_reason, lease.version) == ("released", "lease_expired", 2)
@@ -210,13 +210,13 @@ def test_release_unactivated_frees_the_claim_for_a_new_offer_and_never_loses_it(
     assert dispatch.activate(flight.fence, new_hash(), "log").result == "fenced"
     again = advance(dispatch, session, flight.run_id, "claimed")
     assert (again.attempt_id, again.fence.lease_generation) == (flight.attempt_id, 2)
-    assert control.release_unactivated(flight.run_id, flight.attempt_id).result == "applied"
-    assert control.release_unactivated(flight.run_id, flight.attempt_id).detail == "no_live_lease"
+    assert dispatch.release_unactivated(flight.run_id, flight.attempt_id).result == "applied"
+    assert dispatch.release_unactivated(flight.run_id, flight.attempt_id).detail == "no_live_lease"
 
 
 def test_release_unactivated_refuses_an_activated_attempt(repo, dispatch, session, control):
     flight = launch(repo, dispatch, session, "starting")
-    out = control.release_unactivated(flight.run_id, flight.attempt_id)
+    out = dispatch.release_unactivated(flight.run_id, flight.attempt_id)
     assert (out.result, out.detail) == ("refused", "attempt_starting")
     assert lease_rows(repo, flight.attempt_id)[0].status == "leased"
 

@@ -22,6 +22,9 @@ def now_ms() -> int:
 
 
 log = logging.getLogger("qlactors.actors")
+# Timer keys of redeliveries: unique across restarts, so a new instance never replaces a
+# redelivery its predecessor scheduled (it reaches the new instance by name).
+_REDELIVERIES = itertools.count()
 
 
 class Directory:
@@ -107,7 +110,6 @@ class RuntimeActor(pykka.ThreadingActor):
         self.ctx = ctx
         self.out: Outbox | None = None
         self._table: dict[type, Callable[[Any, bytes], Any]] = {}
-        self._redeliveries = itertools.count()
 
     def handlers(self) -> dict[type, Callable[[Any, bytes], Any]]:
         return {}
@@ -154,7 +156,7 @@ class RuntimeActor(pykka.ThreadingActor):
         kind = getattr(getattr(message, "message", message), "KIND", type(message).__name__)
         log.warning("event=store_retry actor=%s message=%s try=%d in_s=%.2f error=%s", self.name, kind,
                     tries, delay, err)
-        self.ctx.bridge.call_at(f"redeliver:{self.name}:{next(self._redeliveries)}",
+        self.ctx.bridge.call_at(f"redeliver:{self.name}:{next(_REDELIVERIES)}",
                                 time.monotonic() + delay, self.me, Redeliver(message, tries))
 
     def on_failure(self, exception_type, exception_value, traceback) -> None:

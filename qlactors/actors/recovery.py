@@ -165,7 +165,7 @@ class Recovery(RuntimeActor):
 
     def _release_claim(self, c: Any) -> str:
         """Offered, never activated: release its lease and let it be offered again (never `lost`)."""
-        outcome = self.ctx.control.release_unactivated(c.run_id, c.attempt_id)
+        outcome = self.ctx.dispatch.release_unactivated(c.run_id, c.attempt_id)
         log.info("event=claim_released run=%s attempt=%s result=%s detail=%s", c.run_id, c.attempt_id,
                  outcome.result, outcome.detail)
         entry = self.ctx.journal.get(c.attempt_id)

@@ -182,18 +182,15 @@ class Control:
         return min(due) if due else None
 
     def queued_waiting(self) -> bool:
-        """True when a run waits for an offer (the Scheduler then nudges executors).
-
-        A queued run, or a `dispatching` run whose `claimed` attempt holds no live lease (an offer
-        declined or released unactivated, offered again under a new lease generation).
-        """
-        released_claim = and_(runs.c.status == _R.DISPATCHING.value, select(run_attempts.c.id).where(and_(
-            run_attempts.c.run_id == runs.c.id, run_attempts.c.status == _A.CLAIMED.value,
-            ~_live_lease())).exists())
+        """True when a run waits for an offer (the Scheduler then nudges executors): one `queued`,
+        or a `dispatching` one whose `claimed` attempt holds no live lease (released unactivated)."""
+        released = select(run_attempts.c.id).where(and_(
+            run_attempts.c.run_id == runs.c.id, run_attempts.c.status == _A.CLAIMED.value, ~_live_lease()))
         with self.store.read() as conn:
-            return conn.execute(select(runs.c.id).where(and_(
-                or_(runs.c.status == _R.QUEUED.value, released_claim),
-                runs.c.cancel_reason.is_(None))).limit(1)).first() is not None
+            return conn.execute(select(runs.c.id).where(and_(runs.c.cancel_reason.is_(None), or_(
+                runs.c.status == _R.QUEUED.value,
+                and_(runs.c.status == _R.DISPATCHING.value, released.exists()))))
+                .limit(1)).first() is not None
 
     def active_run_ids(self, limit: int = 1024) -> list[str]:
         """Runs that are not terminal (oldest first, bounded)."""
@@ -327,30 +324,6 @@ class Control:
                        expected_callback_sequence=attempt.callback_sequence)
             end_lease(conn, attempt.id, now, _L.RELEASED, LeaseReleaseReason.LEASE_EXPIRED)
             return Outcome(APPLIED, None, plan.run_to.value)
-
-    def release_unactivated(self, run_id: str, attempt_id: str, *, actor_type: str = "recovery") -> Outcome:
-        """An attempt offered but never activated that no executor holds: its live lease ends
-        `released` (`lease_expired`) and the attempt stays `claimed`, its run `dispatching`.
-
-        It never started, so nothing can run twice: `offer` picks it again under a new lease
-        generation (SEMANTICS.md §6 step 2). `refused` unless the attempt is still `claimed`;
-        `detail` is `no_live_lease` when there was nothing to release.
-        """
-        with self.store.write() as conn:
-            self.store.advisory_lock(conn, f"attempt:{attempt_id}")
-            run = load_run(conn, run_id)
-            if run is None:
-                return Outcome(REFUSED, "unknown_run")
-            attempt = load_attempt(conn, attempt_id)
-            if attempt is None or attempt.run_id != run.id:
-                return Outcome(REFUSED, "wrong_attempt", run.status)
-            if RunStatus(run.status).terminal or AttemptStatus(attempt.status).terminal:
-                return Outcome(ALREADY_TERMINAL, f"attempt_{attempt.status}", run.status)
-            if attempt.status != _A.CLAIMED.value:
-                return Outcome(REFUSED, f"attempt_{attempt.status}", run.status)
-            version = end_lease(conn, attempt_id, self.store.now_ms(conn), _L.RELEASED,
-                                LeaseReleaseReason.LEASE_EXPIRED)
-            return Outcome(APPLIED, None if version is not None else "no_live_lease", run.status)
 
     def recovery_candidates(self, limit: int = DEFAULT_PAGE, after_attempt_id: str | None = None, *,
                             worker_id: str | None = None) -> tuple[list[Candidate], bool]:

@@ -411,6 +411,30 @@ class Dispatch:
             end_lease(conn, attempt.id, self.store.now_ms(conn), _L.RELEASED, reason)
             return Outcome(APPLIED, "attempt_terminal" if status.terminal else None, run.status)
 
+    def release_unactivated(self, run_id: str, attempt_id: str) -> Outcome:
+        """An attempt offered but never activated that no executor holds: its live lease ends
+        `released` (`lease_expired`) and the attempt stays `claimed`, its run `dispatching`.
+
+        It never started, so nothing can run twice: `offer` picks it again under a new lease
+        generation (SEMANTICS.md §6 step 2). `refused` unless the attempt is still `claimed`;
+        `detail` is `no_live_lease` when there was nothing to release.
+        """
+        with self.store.write() as conn:
+            self.store.advisory_lock(conn, f"attempt:{attempt_id}")
+            run = load_run(conn, run_id)
+            if run is None:
+                return Outcome(REFUSED, "unknown_run")
+            attempt = load_attempt(conn, attempt_id)
+            if attempt is None or attempt.run_id != run.id:
+                return Outcome(REFUSED, "wrong_attempt", run.status)
+            if RunStatus(run.status).terminal or AttemptStatus(attempt.status).terminal:
+                return Outcome(ALREADY_TERMINAL, f"attempt_{attempt.status}", run.status)
+            if attempt.status != _A.CLAIMED.value:
+                return Outcome(REFUSED, f"attempt_{attempt.status}", run.status)
+            version = end_lease(conn, attempt_id, self.store.now_ms(conn), _L.RELEASED,
+                                LeaseReleaseReason.LEASE_EXPIRED)
+            return Outcome(APPLIED, None if version is not None else "no_live_lease", run.status)
+
 
 _ACTIVE = sql_states(_A.CLAIMED, _A.STARTING, _A.RUNNING)
 _DISPATCHED = sql_states(_R.DISPATCHING, _R.RUNNING)
