@@ -25,13 +25,18 @@ from qlactors.store.repository import Repository
 from qlactors.wire import messages as m
 
 from actor_harness import ActorHarness, db_state, unique_endpoint, wait_until
-from test_actors import SupervisorRig, new_token, spec
+from test_actors import SupervisorRig, make_exe, new_token, spec  # noqa: F401 - make_exe is a fixture
 
 
 @pytest.fixture
-def make_sup(tmp_path, monkeypatch):
+def short_busy_timeout(monkeypatch):
+    """Stores opened from now on give up on a held write lock after 100 ms instead of 5 s."""
     monkeypatch.setattr(sqlite_store, "PRAGMAS", tuple(
         "PRAGMA busy_timeout=100" if p.startswith("PRAGMA busy_timeout") else p for p in sqlite_store.PRAGMAS))
+
+
+@pytest.fixture
+def make_sup(tmp_path, short_busy_timeout):
     made: list[ActorHarness] = []
 
     def make(**runtime: int) -> SupervisorRig:
@@ -181,3 +186,21 @@ def test_a_postgresql_connection_reset_is_a_transient_store_error_and_the_next_t
         assert repo.store.health.outage() is None
     finally:
         repo.close()
+
+
+def test_an_offer_the_executor_cannot_journal_during_an_outage_is_accepted_once_the_database_answers(
+        short_busy_timeout, make_exe):
+    rig = make_exe()
+    pull = rig.welcome()
+    rig.repo.tasks.add(spec("job"))
+    rig.repo.runs.request("job")
+    offer = rig.offer_for(pull)
+    with write_locked(rig.h.config.home / "qlactors.db"):
+        rig.peer.send(offer)
+        wait_until(lambda: read_store_outage(rig.h.config.home), what="the outage published")
+        rig.peer.quiet(0.3)  # nothing journaled, nothing asked
+        assert rig.ref.is_alive()
+    act = rig.peer.expect(m.Activate)
+    assert act.attempt_id == offer.attempt_id
+    assert rig.ctx.journal.get(offer.attempt_id).callback_token_hash == act.callback_token_hash
+    assert not rig.h.ctx.fatal.event.is_set()
