@@ -168,9 +168,9 @@ class Recovery(RuntimeActor):
         outcome = self.ctx.dispatch.release_unactivated(c.run_id, c.attempt_id)
         log.info("event=claim_released run=%s attempt=%s result=%s detail=%s", c.run_id, c.attempt_id,
                  outcome.result, outcome.detail)
-        entry = self.ctx.journal.get(c.attempt_id)
+        entry = self.ctx.journal.get(c.attempt_id) if outcome.result == "applied" else None
         if entry is not None and entry.state == "accepted":  # the executor that took it is gone
-            self.ctx.journal.clear(c.attempt_id)
+            self.ctx.journal.clear(c.attempt_id)  # (an activated one keeps its row: it may launch)
         self._resolved(c.attempt_id)
         return "released"
 
