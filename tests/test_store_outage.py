@@ -11,11 +11,12 @@ from __future__ import annotations
 import contextlib
 import json
 import sqlite3
+import subprocess
+import sys
 
 import pytest
 
 from qlactors.actors.supervisor import Supervisor
-from qlactors.cli import main
 from qlactors.domain.receipt import token_hash
 from qlactors.home import RuntimeLock, read_store_outage
 from qlactors.store import sqlite as sqlite_store
@@ -68,14 +69,15 @@ def write_locked(db_path):
         conn.close()
 
 
-def status(capfd, home, *extra: str) -> str:
-    """`qlactors status` in this process (render writes to the process's stdout)."""
-    capfd.readouterr()
-    assert main(["--home", str(home), "status", *extra]) == 0
-    return capfd.readouterr().out
+def status(home, *extra: str) -> str:
+    """The real `qlactors status` command (a runtime is "up": the test holds the home's lock)."""
+    done = subprocess.run([sys.executable, "-m", "qlactors", "--home", str(home), "status", *extra],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done
+    return done.stdout
 
 
-def test_a_report_that_meets_a_locked_database_is_answered_once_it_is_free_and_status_says_why(make_sup, capfd):
+def test_a_report_that_meets_a_locked_database_is_answered_once_it_is_free_and_status_says_why(make_sup):
     sup = make_sup()
     h = sup.h
     sup.register()
@@ -93,15 +95,15 @@ def test_a_report_that_meets_a_locked_database_is_answered_once_it_is_free_and_s
             assert outage["stop_after_ms"] == 60_000
             sup.peer.quiet(0.3)  # the answer is withheld: nothing was applied
             assert db_state(sup.repo, offer.run_id) == before
-            text = status(capfd, h.config.home)
+            text = status(h.config.home)
             assert "database: failing since " in text and "database is locked" in text
             assert "retrying, the runtime stops if it lasts 60 s" in text
-            assert json.loads(status(capfd, h.config.home, "--json"))["store_outage"]["error"] == outage["error"]
+            assert json.loads(status(h.config.home, "--json"))["store_outage"]["error"] == outage["error"]
             assert sup.alive()
         activated = sup.peer.expect(m.Activated)  # handled again once the database answers
         assert activated.attempt_id == offer.attempt_id
         wait_until(lambda: read_store_outage(h.config.home) is None, what="the outage cleared")
-        assert json.loads(status(capfd, h.config.home, "--json"))["store_outage"] is None
+        assert json.loads(status(h.config.home, "--json"))["store_outage"] is None
     finally:
         lock.release()
     run, attempts, _, events = db_state(sup.repo, offer.run_id)
