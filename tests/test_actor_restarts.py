@@ -321,7 +321,8 @@ def test_an_executor_re_offered_an_attempt_it_holds_unactivated_accepts_it_again
     assert log_path.read_bytes() == b""  # emptied for the new offer
     assert h.ctx.journal.get(first.attempt_id).callback_token_hash == act2.callback_token_hash
     # The first Activate's answer (fenced) comes first and must not drop the second offer.
-    assert h.ctx.dispatch.activate(fence_of(act1), act1.callback_token_hash, act1.log_artifact_id).result == "fenced"
+    late = h.ctx.dispatch.activate(fence_of(act1), act1.callback_token_hash, act1.log_artifact_id)
+    assert late.result == "fenced"
     rig.peer.send(m.Ack(of="activate", run_id=run_id, attempt_id=first.attempt_id, result="fenced",
                         detail="lease_released"))
     exe.activate(act2)
