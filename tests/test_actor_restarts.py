@@ -31,7 +31,7 @@ from qlactors.wire import messages as m
 from qlactors.wire.bridge import Bridge
 
 from actor_harness import WAIT_S, ActorHarness, Stub, unique_endpoint, wait_until
-from test_actors import ExecutorRig, spec
+from test_actors import ExecutorRig, ReceiptRig, new_token, spec
 
 
 class Boom:
@@ -364,3 +364,23 @@ def test_a_restarted_executor_gives_back_the_offer_the_dead_instance_accepted(ma
                               lease_version=1, deadline_at_ms=None))
     rig.peer.quiet()
     assert h.directory.get("executor").is_alive()
+
+
+def test_a_receipt_consumer_restarted_before_its_answer_still_removes_the_receipt(make_rig):
+    """The Completed went out, the consumer died, the completion committed: the new instance takes
+    the late `applied` answer and removes the receipt and journal row, as the old one would have."""
+    rig = make_rig("receipts")
+    h = rig.h
+    h.stub("executor")
+    h.start("receipts", ReceiptConsumer)
+    receipts = ReceiptRig(h, h.directory.get("receipts"), rig.peer)
+    token = new_token()
+    run_id, attempt_id = receipts.journalled_attempt(token)
+    path = receipts.plant(run_id, attempt_id, token, exit_code=0)
+    h.directory.tell("receipts", Consume(run_id, attempt_id))
+    completed = rig.peer.expect(m.Completed)
+    rig.fail("receipts")
+    assert receipts.answer(completed) == "applied"
+    wait_until(lambda: not path.exists() and h.ctx.journal.get(attempt_id) is None,
+               what="the receipt and its journal row removed")
+    assert h.repo.runs.get(run_id).state == "succeeded"

@@ -66,6 +66,11 @@ class ReceiptConsumer(RuntimeActor):
     def on_ack(self, msg: m.Ack, _peer: bytes) -> None:
         run_id = self.waiting.get(msg.attempt_id)  # forgotten only once handled (a database
         if run_id is None:  # outage in between makes it handled again)
+            # The answer to a receipt an instance that died sent: a committed completion is as
+            # good now, so its files and journal row go as on the fast path (nothing else would
+            # remove them: the cleanup pass lists only `completed` rows).
+            if msg.result in ("applied", "already_terminal") and self.ctx.journal.get(msg.attempt_id):
+                self.ctx.local_receipts.finish(msg.attempt_id)
             return
         files = self.ctx.local_receipts
         if msg.result in ("applied", "already_terminal"):
