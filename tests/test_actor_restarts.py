@@ -22,16 +22,16 @@ from qlactors.actors.executor import Executor
 from qlactors.actors.receipts import ReceiptConsumer
 from qlactors.actors import scheduler as scheduler_module
 from qlactors.actors.scheduler import Scheduler
-from qlactors.actors.signals import ActorFailed, Consume, NoReceipt, StepRequest, Tick
+from qlactors.actors.recovery import Recovery
+from qlactors.actors.signals import ActorFailed, AttemptEnded, Consume, NoReceipt, StepDone, StepRequest, Tick
 from qlactors.actors.supervisor import MAX_RESTARTS, Supervisor, fence_of
-from qlactors.domain.receipt import token_hash
 from qlactors.edge import ORDER
-from qlactors.store.records import Fence
+from qlactors.domain.transitions import ErrorCode
 from qlactors.wire import messages as m
 from qlactors.wire.bridge import Bridge
 
-from actor_harness import WAIT_S, ActorHarness, Stub, unique_endpoint, wait_until
-from test_actors import ExecutorRig, ReceiptRig, new_token, spec
+from actor_harness import WAIT_S, ActorHarness, Stub, leases, unique_endpoint, wait_until
+from test_actors import ExecutorRig, Flights, ReceiptRig, new_token, spec
 
 
 class Boom:
@@ -384,3 +384,29 @@ def test_a_receipt_consumer_restarted_before_its_answer_still_removes_the_receip
     wait_until(lambda: not path.exists() and h.ctx.journal.get(attempt_id) is None,
                what="the receipt and its journal row removed")
     assert h.repo.runs.get(run_id).state == "succeeded"
+
+
+def test_a_recovery_restarted_after_an_attest_still_judges_the_attempt_it_was_told_about(make_rig):
+    """The dead instance had been told an attempt ended; the new one looks at every `running`
+    attempt again, so the ended one becomes `lost` instead of staying `running` for ever, while a
+    healthy one, and an offered or starting one, are left alone."""
+    rig = make_rig("recovery", session_capacity=64)
+    h = rig.h
+    h.stub("scheduler")
+    h.start("recovery", Recovery)
+    flights = Flights(h, h.ctx.session)
+    _, live = h.spawn_sleep(30)
+    ended = flights.make("running", h.dead_identity())
+    healthy = flights.make("running", live)
+    offered = flights.make("claimed")
+    starting = flights.make("starting")
+    h.directory.tell("recovery", AttemptEnded(*ended))
+    rig.fail("recovery")
+    h.directory.tell("recovery", StepRequest(1))
+    (done,) = h.inbox.wait("scheduler", StepDone)
+    assert done.ok
+    run = h.repo.runs.get(ended[0])
+    assert (run.state, run.attempts[0].error_code) == ("lost", ErrorCode.RECOVERY_PROCESS_EXITED_WITHOUT_RECEIPT)
+    assert h.repo.runs.get(healthy[0]).state == "running"
+    assert [lease["status"] for lease in leases(h.repo, offered[0])] == ["leased"]
+    assert h.repo.runs.get(starting[0]).attempts[0].state == "starting"

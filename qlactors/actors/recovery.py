@@ -16,7 +16,7 @@ from typing import Any
 
 from ..domain.receipt import token_hash
 from ..domain.transitions import ErrorCode
-from ..home import write_recovery_status
+from ..home import read_recovery_status, write_recovery_status
 from ..ids import new_id
 from ..process.identity import Liveness, probe, read_marker
 from .base import RuntimeActor
@@ -38,6 +38,26 @@ class Recovery(RuntimeActor):
 
     def handlers(self):
         return {StartupPass: self.on_startup, StepRequest: self.on_page, AttemptEnded: self.on_ended}
+
+    def started(self) -> None:
+        """Restarted by the Supervisor (admission opens only after the first startup pass): what
+        the dead instance had been told is gone. Every `running` attempt is looked at again on
+        the next pages — a healthy one probes alive and is left alone; `claimed` and `starting`
+        ones belong to the live Executor and are not — and its published unresolved ones are
+        taken back. Otherwise an ended attempt it had been told about would stay `running`."""
+        if not self.ctx.admitting.is_set():
+            return
+        self.unresolved.update((item["attempt_id"], item["why"]) for item in read_recovery_status(
+            self.ctx.config.home) if isinstance(item, dict) and isinstance(item.get("attempt_id"), str)
+            and isinstance(item.get("why"), str))
+        after = None
+        while True:
+            candidates, more = self.ctx.control.recovery_candidates(STARTUP_PAGE, after)
+            self.ended.update(c.attempt_id for c in candidates if c.attempt_status == "running")
+            if not more or not candidates:
+                break
+            after = candidates[-1].attempt_id
+        log.info("event=recovery_resumed running=%d unresolved=%d", len(self.ended), len(self.unresolved))
 
     def on_ended(self, msg: AttemptEnded, _peer: bytes) -> None:
         self.ended.add(msg.attempt_id)
