@@ -1,11 +1,17 @@
-"""The runtime never dies silently: a real `qlactors edge` whose bridge loop dies stops at once,
-exits non-zero with a one-line reason, and `status` stops saying "up" (issue 9 §2).
+"""The runtime never dies silently and never wedges (issue 9 §2), with a real `qlactors edge`:
 
-The failure is injected with `QLACTORS_FAULT=bridge_loop_on_nudge` (qlactors/faults.py): the
-bridge thread raises on the next nudge, which `qlactors run` sends.
+- its bridge loop dies (`QLACTORS_FAULT=bridge_loop_on_nudge`, raised on the next nudge, which
+  `qlactors run` sends): it stops at once, exits 1 with a one-line reason, `status` says "down";
+- its Executor dies with an offer in flight (`QLACTORS_FAULT=executor_after_accept`, once): the
+  one slot is not stranded;
+- another process holds the SQLite write lock past the busy timeout: the runtime retries, and
+  stays up.
 """
 
 from __future__ import annotations
+
+import json
+import sqlite3
 
 from qlactors.home import runtime_is_up
 
@@ -45,4 +51,33 @@ def test_an_executor_that_dies_with_an_offer_in_flight_does_not_strand_the_one_s
     leases = home.query("SELECT lease_generation, status, release_reason FROM run_dispatch_leases "
                         "WHERE attempt_id = ? ORDER BY lease_generation", (attempt["id"],))
     assert [tuple(row) for row in leases] == [(1, "released", "lease_expired"), (2, "completed", None)]
+    assert edge.terminate() == 0
+
+
+def test_a_database_busy_beyond_its_timeout_delays_a_completion_but_never_stops_the_runtime(home):
+    """Another process holds SQLite's write lock past the runtime's 5 s busy timeout while a job
+    ends: its completion is retried with backoff, `status` says why, and once the lock is gone the
+    run completes with the job's exit code and the runtime is still up."""
+    go = home.tmp / "go"
+    home.add_tasks(("job", "--", "sh", "-c", f"while [ ! -e {go} ]; do sleep 0.05; done; echo done; exit 3"))
+    edge = home.start_edge()
+    run_id = home.run("job")
+    home.wait_running(run_id)
+    holder = sqlite3.connect(home.db_path, isolation_level=None)
+    try:
+        holder.execute("BEGIN IMMEDIATE")
+        go.touch()  # the job ends now; recording its end needs the write lock
+        edge.wait_log("event=store_unavailable", timeout=30)
+        edge.wait_log("try=2 ", timeout=30)  # retried, with backoff
+        status = json.loads(home.ql("status", "--json").stdout)
+        assert status["up"] and "database is locked" in status["store_outage"]["error"], status
+        assert home.state(run_id) == "running"  # nothing was changed meanwhile
+        holder.execute("ROLLBACK")
+    finally:
+        holder.close()
+    assert home.wait_terminal(run_id, timeout=30) == "failed"
+    assert home.attempt_row(run_id)["exit_code"] == 3
+    edge.wait_log("event=store_available", timeout=15)
+    assert edge.proc.poll() is None, edge.describe()
+    assert json.loads(home.ql("status", "--json").stdout)["store_outage"] is None
     assert edge.terminate() == 0
