@@ -39,6 +39,7 @@ class RuntimeSettings:
     retention_page: int
     disk_reserve_bytes: int
     output_drain_ms: int = 1_000  # how long a launcher waits for its log reader after the job ended
+    store_outage_stop_ms: int = 60_000  # a database failing this long stops the runtime
 
 
 DEFAULTS: dict[str, RuntimeSettings] = {
@@ -68,6 +69,7 @@ LIMITS: dict[str, tuple[int, int]] = {
     "shutdown_drain_ms": (100, 60_000), "publish_grace_ms": (0, 5_000),
     "retention_max_age_ms": KEEP_AGE_MS_RANGE, "retention_max_runs": KEEP_RUNS_RANGE,  # as per task
     "retention_page": (1, 256), "disk_reserve_bytes": (0, 1 << 40), "output_drain_ms": (0, 60_000),
+    "store_outage_stop_ms": (1_000, 86_400_000),
 }
 
 

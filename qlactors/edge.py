@@ -22,6 +22,7 @@ import zmq
 
 from .actors.base import Directory, Fatal
 from .actors.executor import Executor
+from .actors.outage import watch_store
 from .actors.receipt_files import LocalReceipts
 from .actors.receipts import ReceiptConsumer
 from .actors.recovery import Recovery
@@ -130,10 +131,12 @@ class EdgeRuntime:
             local_receipts=LocalReceipts(receipts, journal, self.config.runtime.quarantine_retention_ms),
             boot_id=self.boot_id, launcher_shell=self.launcher_shell, free_bytes=self.free_bytes)
         self.ctx = ctx
+        watch_store(ctx)
         bridge.route_control(directory.named("supervisor"))
         bridge.route_executor(EXECUTOR_KINDS, directory.named("executor"))
         bridge.route_executor(["ack:completed"], directory.named("receipts"))
         bridge.route_nudge(directory.named("supervisor"))
+        bridge.on_exit = fatal.trip  # a bridge that stopped serving stops the runtime
         bridge.start()
         bridge.ready()
         factories = {name: (lambda cls=cls: cls.start(ctx)) for name, cls in ORDER}

@@ -13,6 +13,8 @@ POINTS = frozenset({
     "before_completion_commit",  # a receipt is published and read, its completion not committed
     "after_completion_commit",  # the completion is committed, the receipt not yet deleted
     "after_spawn",  # the launcher runs, its identity is not yet recorded anywhere but its marker
+    "bridge_loop_on_nudge",  # raise_point: the bridge loop dies on the next nudge (it must stop the runtime)
+    "executor_after_accept",  # raise_point: the Executor dies with an offer journaled, not activated
 })
 _ACTIVE = os.environ.get("QLACTORS_FAULT")
 
@@ -20,3 +22,18 @@ _ACTIVE = os.environ.get("QLACTORS_FAULT")
 def crash_point(name: str) -> None:
     if _ACTIVE == name:
         os._exit(FAULT_EXIT)
+
+
+class InjectedFault(RuntimeError):
+    """Raised by `raise_point`: a bug at that instant, as opposed to a crash."""
+
+
+_raised: set[str] = set()
+
+
+def raise_point(name: str) -> None:
+    """Like `crash_point`, but raise instead of exiting, the first time only: a bug the code
+    around it must survive (a restarted actor passes the point again without failing)."""
+    if _ACTIVE == name and name not in _raised:
+        _raised.add(name)
+        raise InjectedFault(f"fault injected at {name}")

@@ -231,3 +231,23 @@ def clear_disk_hold(home: Path) -> None:
 def read_disk_hold(home: Path) -> dict | None:
     """The current disk-reserve hold, or None (no file, or one that cannot be read)."""
     return _read_json(home, DISK_HOLD_FILE)
+
+
+STORE_OUTAGE_FILE = "store-outage.json"  # written while the database keeps failing, read by `status`
+
+
+def write_store_outage(home: Path, *, since_ms: int, seconds: float, failures: int, error: str,
+                       stop_after_ms: int) -> None:
+    """Publish that the database is failing and the runtime retries (and when it will give up)."""
+    _write_json(home, STORE_OUTAGE_FILE, {"since_ms": since_ms, "seconds": round(seconds, 3),
+                                          "failures": failures, "error": error,
+                                          "stop_after_ms": stop_after_ms})
+
+
+def clear_store_outage(home: Path) -> None:
+    (Path(home) / STORE_OUTAGE_FILE).unlink(missing_ok=True)
+
+
+def read_store_outage(home: Path) -> dict | None:
+    """The current database outage, or None (no file, or one that cannot be read)."""
+    return _read_json(home, STORE_OUTAGE_FILE)

@@ -32,6 +32,7 @@ import zmq
 from sqlalchemy import select
 
 from qlactors.actors.base import Directory, Fatal
+from qlactors.actors.outage import watch_store
 from qlactors.actors.receipt_files import LocalReceipts
 from qlactors.config import DEFAULTS, Config, ensure_home
 from qlactors.edge import EXECUTOR_KINDS, LOCAL_WORKER, RuntimeContext
@@ -204,6 +205,7 @@ class ActorHarness:
                 control=Control(store), cron=CronAdmission(store), journal=journal, receipts=receipts, logs=logs,
                 local_receipts=LocalReceipts(receipts, journal, self.config.runtime.quarantine_retention_ms),
                 boot_id=read_boot_id, launcher_shell="/bin/sh")
+            watch_store(self.ctx)  # as edge.py does: outages reach `status`, a persistent one is fatal
         except BaseException:
             self.zmq.term()
             self.repo.close()

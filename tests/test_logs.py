@@ -37,16 +37,37 @@ def test_path_is_deterministic_and_sharded_by_a_hash(store):
         store.artifact_id("run/..", ATTEMPT)
 
 
-def test_create_is_exclusive_with_private_modes(store):
+def test_create_gives_an_empty_file_with_private_modes(store):
     path = store.create(RUN, ATTEMPT)
     assert path == store.path_for(RUN, ATTEMPT)
     assert path.read_bytes() == b""
     assert mode(path) == 0o600
     assert mode(path.parent) == 0o700 and mode(store.root) == 0o700
-    path.write_bytes(b"kept")
-    with pytest.raises(FileExistsError):
+
+
+def test_create_again_for_a_re_offered_attempt_empties_and_reuses_its_own_file(store):
+    """An offer proves the attempt never activated: a file an earlier offer of it left is reused."""
+    path = store.create(RUN, ATTEMPT)
+    path.write_bytes(b"left by an earlier offer")
+    path.chmod(0o644)
+    assert store.create(RUN, ATTEMPT) == path
+    assert path.read_bytes() == b""
+    assert mode(path) == 0o600
+
+
+def test_create_refuses_a_hard_link_or_a_fifo_at_the_log_path_and_leaves_it(store, tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"mine")
+    path = store.path_for(RUN, ATTEMPT)
+    path.parent.mkdir(parents=True)
+    os.link(victim, path)
+    with pytest.raises(UnsafeLogPath):
         store.create(RUN, ATTEMPT)
-    assert path.read_bytes() == b"kept"
+    assert victim.read_bytes() == b"mine"
+    path.unlink()
+    os.mkfifo(path)
+    with pytest.raises(UnsafeLogPath):  # at once: never waits for a reader
+        store.create(RUN, ATTEMPT)
 
 
 def test_create_under_a_restrictive_umask_still_gives_0600(store):
@@ -63,11 +84,11 @@ def test_planted_symlink_makes_create_fail_without_following(store, tmp_path):
     path = store.path_for(RUN, ATTEMPT)
     path.parent.mkdir(parents=True)
     path.symlink_to(victim)
-    with pytest.raises(FileExistsError):
+    with pytest.raises(UnsafeLogPath):
         store.create(RUN, ATTEMPT)
     assert not victim.exists()
     victim.write_bytes(b"mine")
-    with pytest.raises(FileExistsError):
+    with pytest.raises(UnsafeLogPath):
         store.create(RUN, ATTEMPT)
     assert victim.read_bytes() == b"mine"
 

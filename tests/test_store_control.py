@@ -193,6 +193,34 @@ def test_mark_lost_of_an_unstarted_claim(repo, dispatch, session, control):
     assert lease_rows(repo, flight.attempt_id)[0].status == "released"
 
 
+def test_release_unactivated_frees_the_claim_for_a_new_offer_and_never_loses_it(repo, dispatch, session, control):
+    flight = launch(repo, dispatch, session, "claimed")
+    n = n_events(repo, flight.run_id)
+    assert not control.queued_waiting()  # held by a live lease: nothing to offer
+    out = dispatch.release_unactivated(flight.run_id, flight.attempt_id)
+    assert (out.result, out.detail, out.run_state) == ("applied", None, "dispatching")
+    (lease,) = lease_rows(repo, flight.attempt_id)
+    assert (lease.status, lease.release_reason, lease.version) == ("released", "lease_expired", 2)
+    attempt = attempt_row(repo, flight.attempt_id)
+    assert (attempt.status, attempt.error_code, attempt.lease_version) == ("claimed", None, 2)
+    assert n_events(repo, flight.run_id) == n  # no status change, no event
+    assert control.queued_waiting()
+    assert control.recovery_candidates(16) == ([], False)  # backlog now, not a candidate
+    # the old executor's Activate is over; the claim is offered again under generation 2
+    assert dispatch.activate(flight.fence, new_hash(), "log").result == "fenced"
+    again = advance(dispatch, session, flight.run_id, "claimed")
+    assert (again.attempt_id, again.fence.lease_generation) == (flight.attempt_id, 2)
+    assert dispatch.release_unactivated(flight.run_id, flight.attempt_id).result == "applied"
+    assert dispatch.release_unactivated(flight.run_id, flight.attempt_id).detail == "no_live_lease"
+
+
+def test_release_unactivated_refuses_an_activated_attempt(repo, dispatch, session, control):
+    flight = launch(repo, dispatch, session, "starting")
+    out = dispatch.release_unactivated(flight.run_id, flight.attempt_id)
+    assert (out.result, out.detail) == ("refused", "attempt_starting")
+    assert lease_rows(repo, flight.attempt_id)[0].status == "leased"
+
+
 def test_mark_lost_refuses_with_an_intent_or_for_backlog(repo, dispatch, session, control):
     flight = launch(repo, dispatch, session)
     repo.runs.cancel(flight.run_id)

@@ -335,9 +335,38 @@ def test_cancelled_run_never_activates(repo, dispatch, session):
     assert (result.result, result.detail) == ("refused", "attempt_cancelled")
     assert db_state(repo, run_id) == before
     assert "attempt.starting" not in [t for t, _ in events(repo, run_id)]
-    # the executor then declines the offer: its lease ends and its slot is free
-    assert dispatch.release_unstarted(fence, "declined").detail == "attempt_terminal"
+    # the cancel already ended its lease: the executor's decline changes nothing
+    assert dispatch.release_unstarted(fence, "declined").detail == "lease_already_ended"
     assert leases_of(repo, run_id)[0]["status"] == "released"
+
+
+def test_cancel_of_an_offered_attempt_releases_its_lease_as_cancelled_in_the_same_transaction(
+        repo, dispatch, session):
+    repo.tasks.add(spec())
+    run_id = repo.runs.request("job").run.id
+    offer, fence = pull(dispatch, session)
+    assert leases_of(repo, run_id)[0]["status"] == "leased"
+    result = repo.runs.cancel(run_id)
+    assert (result.outcome, result.run.state) == ("cancelled", "cancelled")
+    run, attempts, leases, _ = db_state(repo, run_id)
+    assert attempts[0]["status"] == "cancelled"
+    assert [(lease["status"], lease["release_reason"], lease["version"]) for lease in leases] == [
+        ("released", "cancelled", 2)]
+    assert attempts[0]["lease_version"] == 2  # the attempt's projection follows
+    # the slot is free: another run of another task is offered to the same session
+    repo.tasks.add(spec("other"))
+    repo.runs.request("other")
+    assert pull(dispatch, session)[0] is not None
+    assert dispatch.release_unstarted(fence, "declined").detail == "lease_already_ended"
+
+
+def test_cancel_of_a_started_attempt_keeps_its_lease_until_the_process_ends(repo, dispatch, session):
+    repo.tasks.add(spec())
+    run_id = repo.runs.request("job").run.id
+    _, fence = pull(dispatch, session)
+    assert activate(dispatch, fence).result == "applied"
+    assert repo.runs.cancel(run_id).outcome == "requested"
+    assert [lease["status"] for lease in leases_of(repo, run_id)] == ["leased"]
 
 
 def test_concurrent_activations_apply_once(repo, dispatch, session):

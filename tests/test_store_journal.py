@@ -31,10 +31,21 @@ def test_accept_journals_once(journal):
     attempt_id, run_id = new_id(), new_id()
     digest = token_hash(secrets.token_urlsafe(32))
     assert journal.accept(attempt_id, run_id, "/l", "/r", digest) is True
-    assert journal.accept(attempt_id, run_id, "/other", "/other", digest) is False
     entry = journal.get(attempt_id)
     assert (entry.run_id, entry.state, entry.log_path, entry.receipt_path) == (run_id, "accepted", "/l", "/r")
     assert entry.callback_token_hash == digest and entry.identity is None and entry.purge_after_ms is None
+    journal.set_state(attempt_id, "launching")
+    assert journal.accept(attempt_id, run_id, "/other", "/other", digest) is False  # launched: never twice
+    assert journal.get(attempt_id).state == "launching"
+
+
+def test_accept_of_a_re_offered_attempt_still_accepted_takes_the_new_token_hash(journal):
+    attempt_id, run_id = new_id(), new_id()
+    first, second = (token_hash(secrets.token_urlsafe(32)) for _ in range(2))
+    assert journal.accept(attempt_id, run_id, "/l", "/r", first) is True
+    assert journal.accept(attempt_id, run_id, "/l", "/r", second) is True
+    entry = journal.get(attempt_id)
+    assert (entry.state, entry.callback_token_hash, entry.log_path) == ("accepted", second, "/l")
     assert journal.get(new_id()) is None
     with pytest.raises(BadInput):
         journal.accept(new_id(), run_id, "/l", "/r", "raw-token-is-never-stored")

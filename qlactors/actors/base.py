@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -10,8 +11,10 @@ from typing import Any, Callable, ClassVar
 
 import pykka
 
+from ..store.engine import StoreUnavailable
 from ..wire.bridge import Inbound, Outbox
-from .signals import ActorFailed
+from .outage import retry_delay_s
+from .signals import ActorFailed, Redeliver
 
 def now_ms() -> int:
     """Wall-clock milliseconds (edge: the same clock the store uses)."""
@@ -19,6 +22,9 @@ def now_ms() -> int:
 
 
 log = logging.getLogger("qlactors.actors")
+# Timer keys of redeliveries: unique across restarts, so a new instance never replaces a
+# redelivery its predecessor scheduled (it reaches the new instance by name).
+_REDELIVERIES = itertools.count()
 
 
 class Directory:
@@ -87,10 +93,17 @@ class Fatal:
 
 
 class RuntimeActor(pykka.ThreadingActor):
-    """Base: `handlers()` maps message types to methods; failures reach the Supervisor."""
+    """Base: `handlers()` maps message types to methods; failures reach the Supervisor.
+
+    A handler that meets an unavailable database (`StoreUnavailable`: its transaction changed
+    nothing) is not a failure: the message is handled again after a backoff, its answer withheld
+    until then (a peer waiting for one repeats its report anyway). Handlers are written so that
+    everything before their first store call can be done twice.
+    """
 
     name: ClassVar[str] = "actor"
     uses_outbox: ClassVar[bool] = False
+    never_redelivered: ClassVar[tuple[type, ...]] = ()  # asked, not told: the asker gets the error
 
     def __init__(self, ctx: Any) -> None:
         super().__init__()
@@ -113,15 +126,38 @@ class RuntimeActor(pykka.ThreadingActor):
     def started(self) -> None:
         """Hook for subclasses, run in the actor's thread after the outbox exists."""
 
+    @property
+    def me(self) -> Named:
+        """This actor by name: the target for bridge timers and watches, which must reach a
+        restarted instance (a raw ref of a dead one only raises ActorDeadError)."""
+        return self.ctx.directory.named(self.name)
+
     def on_receive(self, message: Any) -> Any:
-        peer = b""
+        tries = 0
+        if isinstance(message, Redeliver):
+            message, tries = message.message, message.tries
+        original, peer = message, b""
         if isinstance(message, Inbound):
             peer, message = message.peer, message.message
         handler = self._table.get(type(message))
         if handler is None:
             log.warning("event=unhandled actor=%s message=%s", self.name, type(message).__name__)
             return None
-        return handler(message, peer)
+        try:
+            return handler(message, peer)
+        except StoreUnavailable as err:
+            if isinstance(message, self.never_redelivered):
+                raise
+            self._redeliver(original, tries + 1, err)
+            return None
+
+    def _redeliver(self, message: Any, tries: int, err: StoreUnavailable) -> None:
+        delay = retry_delay_s(tries)
+        kind = getattr(getattr(message, "message", message), "KIND", type(message).__name__)
+        log.warning("event=store_retry actor=%s message=%s try=%d in_s=%.2f error=%s", self.name, kind,
+                    tries, delay, err)
+        self.ctx.bridge.call_at(f"redeliver:{self.name}:{next(_REDELIVERIES)}",
+                                time.monotonic() + delay, self.me, Redeliver(message, tries))
 
     def on_failure(self, exception_type, exception_value, traceback) -> None:
         # pykka does not call on_stop after on_failure: close here too (STYLE.md traps).

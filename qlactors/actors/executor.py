@@ -15,10 +15,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..domain.receipt import token_hash
-from ..faults import crash_point
+from ..faults import crash_point, raise_point
 from ..ids import new_id
 from ..process.identity import Liveness, probe, read_identity, read_marker
 from ..process.launch import job_environment, signal_job, spawn, uptime_ms
+from ..store.engine import StoreUnavailable
 from ..wire import messages as m
 from ..wire.bridge import ProcessExited
 from .base import RuntimeActor
@@ -41,6 +42,7 @@ class Local:
     stop_phase: str | None = None  # None, "term" or "kill": how far a stop has gone
     sent: str | None = None  # "term" or "kill": the last signal the job's group actually got
     grace_ms: int = 1000
+    superseded: int = 0  # Activates of earlier offers of this attempt still unanswered (see on_offer)
 
 
 class Executor(RuntimeActor):
@@ -103,19 +105,36 @@ class Executor(RuntimeActor):
             self.pending_pull = None
 
     def on_offer(self, offer: m.Offer, _peer: bytes) -> None:
+        held = self.live.get(offer.attempt_id)
         if not self.pending_pull or self.pending_pull[0] != offer.offer_id:
-            log.warning("event=offer_unexpected offer=%s", offer.offer_id)
+            log.warning("event=offer_unexpected offer=%s attempt=%s", offer.offer_id, offer.attempt_id)
+            if held is None:  # the answer to a pull of an instance that died: nobody holds it
+                self._give_back(offer.run_id, offer.attempt_id)
+            return
+        if held is not None and held.identity is not None:  # launched here: never twice
+            log.error("event=offer_of_a_launched_attempt attempt=%s", offer.attempt_id)
+            self.pending_pull = None
             return
         lease_token = self.pending_pull[1]
-        self.pending_pull = None
-        local = Local(run_id=offer.run_id, attempt_id=offer.attempt_id, offer=offer,
-                      lease_token=lease_token, token=secrets.token_urlsafe(32), grace_ms=offer.stop_grace_ms)
-        self.live[offer.attempt_id] = local
+        token = secrets.token_urlsafe(32)
         # Accept: journal first, then the log file, then ask for activation (SEMANTICS.md §4).
+        # The same attempt offered again (its earlier lease released before activation) keeps
+        # its journal row, with the new token hash, and its emptied log file.
         log_path = self.ctx.logs.path_for(offer.run_id, offer.attempt_id)
         receipt_path = self.ctx.receipts.final_path(offer.attempt_id)
-        self.ctx.journal.accept(offer.attempt_id, offer.run_id, str(log_path), str(receipt_path),
-                                token_hash(local.token))
+        if not self.ctx.journal.accept(offer.attempt_id, offer.run_id, str(log_path), str(receipt_path),
+                                       token_hash(token)):
+            log.error("event=offer_of_a_launched_attempt attempt=%s journal=launched", offer.attempt_id)
+            self.pending_pull = None
+            return
+        self.pending_pull = None
+        local = Local(run_id=offer.run_id, attempt_id=offer.attempt_id, offer=offer,
+                      lease_token=lease_token, token=token, grace_ms=offer.stop_grace_ms,
+                      # The earlier offer's Activate is answered first, by an Ack that names no
+                      # offer: it must not drop this one.
+                      superseded=0 if held is None else held.superseded + 1)
+        self.live[offer.attempt_id] = local
+        raise_point("executor_after_accept")
         self.ctx.logs.create(offer.run_id, offer.attempt_id)
         self.out.to_control(m.Activate(**self._fence(local), callback_token_hash=token_hash(local.token),
                                        log_artifact_id=self.ctx.logs.artifact_id(offer.run_id, offer.attempt_id)))
@@ -132,8 +151,10 @@ class Executor(RuntimeActor):
 
     def on_activated(self, msg: m.Activated, _peer: bytes) -> None:
         local = self.live.get(msg.attempt_id)
-        if local is None or local.offer is None:
-            return
+        if local is None or local.offer is None or local.identity is not None:
+            return  # not ours (an instance that died asked for it), or already launched
+        if local.offer.offer_id != msg.offer_id:
+            return  # the answer to an earlier offer of the same attempt
         offer = local.offer
         self.ctx.journal.set_state(offer.attempt_id, "launching")
         boot_id = self.ctx.boot_id()
@@ -178,8 +199,12 @@ class Executor(RuntimeActor):
         # Identity before anything can reap it (we are the only reaper, and only of our own pids).
         local.identity = read_identity(pid, boot_id=boot_id)
         local.pidfd = os.pidfd_open(pid)
-        self.ctx.journal.set_state(offer.attempt_id, "started", identity=local.identity)
-        self.ctx.bridge.watch(local.pidfd, offer.attempt_id, self.actor_ref)
+        try:
+            self.ctx.journal.set_state(offer.attempt_id, "started", identity=local.identity)
+        except StoreUnavailable as err:  # the launcher runs: go on; its start marker and the
+            # Started report carry the identity, and recovery and adoption fall back to the marker
+            log.warning("event=journal_identity_unwritten attempt=%s error=%s", offer.attempt_id, err)
+        self.ctx.bridge.watch(local.pidfd, offer.attempt_id, self.me)
         i = local.identity
         self.out.to_control(m.Started(**self._fence(local, msg.lease_version), boot_id=i.boot_id,
                                       pid=i.pid, pgid=i.pgid, start_ticks=i.start_ticks))
@@ -197,7 +222,9 @@ class Executor(RuntimeActor):
         if msg.result in ("applied", "already_terminal") or local is None:
             return
         log.warning("event=report_%s of=%s attempt=%s detail=%s", msg.result, msg.of, msg.attempt_id, msg.detail)
-        if msg.of == "activate":  # fenced or refused: no spawn, give the slot back
+        if msg.of == "activate" and local.superseded:  # about an earlier offer of this attempt
+            local.superseded -= 1
+        elif msg.of == "activate":  # fenced or refused: no spawn, give the slot back
             self.ctx.journal.clear(msg.attempt_id)
             del self.live[msg.attempt_id]
             self._pull()
@@ -227,7 +254,7 @@ class Executor(RuntimeActor):
         log.info("event=stop_term attempt=%s reason=%s liveness=%s", local.attempt_id, reason, liveness.name)
         local.stop_phase = "term"
         self.ctx.bridge.call_at(f"stop:{local.attempt_id}", time.monotonic() + local.grace_ms / 1000,
-                                self.actor_ref, StopCheck(local.attempt_id, "term"))
+                                self.me, StopCheck(local.attempt_id, "term"))
 
     def on_stop_check(self, msg: StopCheck, _peer: bytes) -> None:
         local = self.live.get(msg.attempt_id)
@@ -241,7 +268,7 @@ class Executor(RuntimeActor):
                 # The launcher outlives its job: it stops what is left, drains, and publishes.
                 wait_ms = self.ctx.config.runtime.kill_grace_ms + self.ctx.config.runtime.output_drain_ms
                 self.ctx.bridge.call_at(f"stop:{local.attempt_id}", time.monotonic() + wait_ms / 1000,
-                                        self.actor_ref, StopCheck(local.attempt_id, "kill"))
+                                        self.me, StopCheck(local.attempt_id, "kill"))
         else:
             log.error("event=stop_inconclusive attempt=%s", local.attempt_id)
 
@@ -276,14 +303,36 @@ class Executor(RuntimeActor):
 
     # -- restart ------------------------------------------------------------------------------
 
+    def _give_back(self, run_id: str, attempt_id: str) -> None:
+        """Tell the control side this executor holds no process for an attempt it never launched.
+
+        The evidence recovery needs (SEMANTICS.md §6): a `claimed` attempt has its lease released
+        and is offered again; one activated but never launched ends as judged there.
+        """
+        s = self.session
+        if s is None:
+            return
+        log.warning("event=attempt_given_back run=%s attempt=%s", run_id, attempt_id)
+        self.out.to_control(m.Attest(worker_id=self.worker_id, session_id=s.session_id,
+                                     session_generation=s.session_generation, run_id=run_id,
+                                     attempt_id=attempt_id, running=False, conclusive=True, stopped_by=None))
+
     def _adopt(self) -> None:
-        """Re-adopt launchers that survived a restart (from the journal), for timeout and cancel."""
+        """Re-adopt launchers that survived a restart (from the journal), for timeout and cancel.
+
+        An `accepted` row belongs to an instance that died before launching it: it is cleared
+        and given back, so its lease stops holding a slot.
+        """
         boot_id = self.ctx.boot_id()
         after = None
         while True:
-            entries = self.ctx.journal.list(("launching", "started"), 64, after)
+            entries = self.ctx.journal.list(("accepted", "launching", "started"), 64, after)
             for entry in entries:
                 if entry.attempt_id in self.live:
+                    continue
+                if entry.state == "accepted":
+                    self.ctx.journal.clear(entry.attempt_id)
+                    self._give_back(entry.run_id, entry.attempt_id)
                     continue
                 identity = entry.identity
                 if identity is None:
@@ -305,7 +354,7 @@ class Executor(RuntimeActor):
                     continue
                 local = Local(run_id=entry.run_id, attempt_id=entry.attempt_id, identity=identity, pidfd=pidfd)
                 self.live[entry.attempt_id] = local
-                self.ctx.bridge.watch(pidfd, entry.attempt_id, self.actor_ref)
+                self.ctx.bridge.watch(pidfd, entry.attempt_id, self.me)
                 log.info("event=adopted run=%s attempt=%s pid=%d", entry.run_id, entry.attempt_id, identity.pid)
             if len(entries) < 64:
                 break

@@ -34,7 +34,7 @@ class ReceiptConsumer(RuntimeActor):
 
     def _schedule_cleanup(self) -> None:
         interval = self.ctx.config.runtime.receipt_cleanup_interval_ms / 1000
-        self.ctx.bridge.call_at("receipt-cleanup", time.monotonic() + interval, self.actor_ref, Cleanup())
+        self.ctx.bridge.call_at("receipt-cleanup", time.monotonic() + interval, self.me, Cleanup())
 
     def on_consume(self, msg: Consume, _peer: bytes) -> None:
         files = self.ctx.local_receipts
@@ -42,7 +42,7 @@ class ReceiptConsumer(RuntimeActor):
         if found.kind == "missing":
             if not msg.recheck:  # the launcher may still be publishing: one grace, one more look
                 grace = self.ctx.config.runtime.publish_grace_ms / 1000
-                self.ctx.bridge.call_at(f"recheck:{msg.attempt_id}", time.monotonic() + grace, self.actor_ref,
+                self.ctx.bridge.call_at(f"recheck:{msg.attempt_id}", time.monotonic() + grace, self.me,
                                         Consume(msg.run_id, msg.attempt_id, recheck=True,
                                                 stopped_by=msg.stopped_by))
                 return
@@ -64,8 +64,13 @@ class ReceiptConsumer(RuntimeActor):
             log_dropped_bytes=found.dropped, output_open=r.output_open, stopped_by=msg.stopped_by))
 
     def on_ack(self, msg: m.Ack, _peer: bytes) -> None:
-        run_id = self.waiting.pop(msg.attempt_id, None)
-        if run_id is None:
+        run_id = self.waiting.get(msg.attempt_id)  # forgotten only once handled (a database
+        if run_id is None:  # outage in between makes it handled again)
+            # The answer to a receipt an instance that died sent: a committed completion is as
+            # good now, so its files and journal row go as on the fast path (nothing else would
+            # remove them: the cleanup pass lists only `completed` rows).
+            if msg.result in ("applied", "already_terminal") and self.ctx.journal.get(msg.attempt_id):
+                self.ctx.local_receipts.finish(msg.attempt_id)
             return
         files = self.ctx.local_receipts
         if msg.result in ("applied", "already_terminal"):
@@ -81,6 +86,7 @@ class ReceiptConsumer(RuntimeActor):
             # path an unmarked row costs nothing, and after a crash re-adoption finds it anyway.
             if self.ctx.journal.get(msg.attempt_id) is not None:
                 self.ctx.journal.set_state(msg.attempt_id, "completed")
+        self.waiting.pop(msg.attempt_id, None)
 
     def on_cleanup(self, _msg: Cleanup, _peer: bytes) -> None:
         """Bounded: retry completed-but-not-cleared rows, purge old quarantine entries."""

@@ -1,6 +1,7 @@
 """Recovery of local attempts (SEMANTICS.md §6): a full startup pass, then only what the Executor reports.
 
-For each candidate: a receipt wins; an unstarted claim is lost without probing; otherwise the
+For each candidate: a receipt wins; an unstarted claim has its lease released without probing (it
+is offered again); otherwise the
 process identity (database, else the launcher's start marker) decides: still running -> keep and
 re-bind; not running -> wait the publish grace, read the receipt again, then end by the cancel
 intent or mark lost. Unreadable evidence is left for later and reported, never guessed.
@@ -15,7 +16,7 @@ from typing import Any
 
 from ..domain.receipt import token_hash
 from ..domain.transitions import ErrorCode
-from ..home import write_recovery_status
+from ..home import read_recovery_status, write_recovery_status
 from ..ids import new_id
 from ..process.identity import Liveness, probe, read_marker
 from .base import RuntimeActor
@@ -28,6 +29,7 @@ STARTUP_PAGE = 64
 
 class Recovery(RuntimeActor):
     name = "recovery"
+    never_redelivered = (StartupPass,)  # asked by the profile, which then fails to start
 
     def __init__(self, ctx: Any) -> None:
         super().__init__(ctx)
@@ -36,6 +38,26 @@ class Recovery(RuntimeActor):
 
     def handlers(self):
         return {StartupPass: self.on_startup, StepRequest: self.on_page, AttemptEnded: self.on_ended}
+
+    def started(self) -> None:
+        """Restarted by the Supervisor (admission opens only after the first startup pass): what
+        the dead instance had been told is gone. Every `running` attempt is looked at again on
+        the next pages — a healthy one probes alive and is left alone; `claimed` and `starting`
+        ones belong to the live Executor and are not — and its published unresolved ones are
+        taken back. Otherwise an ended attempt it had been told about would stay `running`."""
+        if not self.ctx.admitting.is_set():
+            return
+        self.unresolved.update((item["attempt_id"], item["why"]) for item in read_recovery_status(
+            self.ctx.config.home) if isinstance(item, dict) and isinstance(item.get("attempt_id"), str)
+            and isinstance(item.get("why"), str))
+        after = None
+        while True:
+            candidates, more = self.ctx.control.recovery_candidates(STARTUP_PAGE, after)
+            self.ended.update(c.attempt_id for c in candidates if c.attempt_status == "running")
+            if not more or not candidates:
+                break
+            after = candidates[-1].attempt_id
+        log.info("event=recovery_resumed running=%d unresolved=%d", len(self.ended), len(self.unresolved))
 
     def on_ended(self, msg: AttemptEnded, _peer: bytes) -> None:
         self.ended.add(msg.attempt_id)
@@ -86,7 +108,10 @@ class Recovery(RuntimeActor):
             if self._consume_receipt(c):
                 outcomes.append("completed")
                 continue
-            if c.attempt_status == "claimed":
+            if c.attempt_status == "claimed" and c.cancel_reason is None:
+                outcomes.append(self._release_claim(c))
+                continue
+            if c.attempt_status == "claimed":  # not expected (a cancel ends a claim at once)
                 outcomes.append(self._end(c, ErrorCode.RECOVERY_UNSTARTED_CLAIM))
                 continue
             identity = self._identity(c)
@@ -157,6 +182,17 @@ class Recovery(RuntimeActor):
             self.ctx.journal.clear(c.attempt_id)
         self._resolved(c.attempt_id)
         return outcome
+
+    def _release_claim(self, c: Any) -> str:
+        """Offered, never activated: release its lease and let it be offered again (never `lost`)."""
+        outcome = self.ctx.dispatch.release_unactivated(c.run_id, c.attempt_id)
+        log.info("event=claim_released run=%s attempt=%s result=%s detail=%s", c.run_id, c.attempt_id,
+                 outcome.result, outcome.detail)
+        entry = self.ctx.journal.get(c.attempt_id) if outcome.result == "applied" else None
+        if entry is not None and entry.state == "accepted":  # the executor that took it is gone
+            self.ctx.journal.clear(c.attempt_id)  # (an activated one keeps its row: it may launch)
+        self._resolved(c.attempt_id)
+        return "released"
 
     def _rebind(self, c: Any, identity: Any) -> None:
         self.ctx.control.rebind(c.run_id, c.attempt_id, self.ctx.session, identity,

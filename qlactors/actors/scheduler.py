@@ -59,7 +59,7 @@ class Scheduler(RuntimeActor):
                 return
             self._run_step(index + 1)
             return
-        self.ctx.bridge.call_at("scheduler-step", time.monotonic() + STEP_DEADLINE_S, self.actor_ref,
+        self.ctx.bridge.call_at("scheduler-step", time.monotonic() + STEP_DEADLINE_S, self.me,
                                 StepTimeout(self.cycle, name))
         if not self.ctx.directory.tell(name, StepRequest(self.cycle)):
             self._finish(ok=False, detail=f"{name} is not running")

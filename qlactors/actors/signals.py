@@ -50,6 +50,15 @@ class CycleDone:
 
 
 @dataclass(frozen=True, slots=True)
+class Redeliver:
+    """Bridge timer -> an actor: handling `message` met an unavailable database (which changed
+    nothing); handle it again. `tries` counts the failures so far, for the backoff."""
+
+    message: object
+    tries: int
+
+
+@dataclass(frozen=True, slots=True)
 class ActorFailed:
     """Any actor -> Supervisor: an actor died on an exception (pykka stops it)."""
 

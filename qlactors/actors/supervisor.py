@@ -16,7 +16,7 @@ from ..wire import messages as m
 from ..wire.bridge import Inbound
 from ..wire.offers import check_offer, offer_message
 from .base import RuntimeActor, now_ms
-from .signals import ActorFailed, AttemptEnded, CycleDone, Drain, Tick
+from .signals import ActorFailed, AttemptEnded, CycleDone, Drain, Redeliver, Tick
 
 log = logging.getLogger("qlactors.supervisor")
 
@@ -71,6 +71,8 @@ class Supervisor(RuntimeActor):
         try:
             return super().on_receive(message)
         except ValueError as err:  # BadInput, and the domain's value errors (a non-ASCII token...)
+            if isinstance(message, Redeliver):  # a report handled again after a database outage
+                message = message.message
             if not isinstance(message, Inbound):
                 raise
             report = message.message
@@ -246,7 +248,7 @@ class Supervisor(RuntimeActor):
         when = time.monotonic() + delay
         current = self.ctx.bridge.timer_due("cadence")
         if reset or current is None or when < current:
-            self.ctx.bridge.call_at("cadence", when, self.actor_ref, Tick("cadence"))
+            self.ctx.bridge.call_at("cadence", when, self.me, Tick("cadence"))
 
     # -- lifecycle ----------------------------------------------------------------------------
 

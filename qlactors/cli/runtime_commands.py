@@ -12,7 +12,7 @@ from pathlib import Path
 from ..domain.model import seconds_to_ms
 from ..domain.states import RUN_TERMINAL, AttemptStatus, RunStatus
 from ..errors import BadInput, NotFound
-from ..home import holder_pid, nudge, read_disk_hold, read_recovery_status, runtime_is_up
+from ..home import holder_pid, nudge, read_disk_hold, read_recovery_status, read_store_outage, runtime_is_up
 from ..store.repository import Repository
 from . import render
 
@@ -150,10 +150,11 @@ def status(repo: Repository, args: argparse.Namespace) -> int:
     active = {k: v for k, v in sorted(counts.items()) if not RunStatus(k).terminal}
     unresolved = read_recovery_status(home) if up else []
     hold = read_disk_hold(home) if up else None  # a file left by a runtime that died says nothing
+    outage = read_store_outage(home) if up else None
     quarantined = _count_quarantined(args.cfg.receipts_dir)
     report = {"up": up, "pid": holder_pid(home) if up else None, "home": str(home),
-              "runs": counts, "active_runs": active, "unresolved_recoveries": unresolved, "quarantined_receipts": quarantined,
-              "disk_reserve_hold": hold}
+              "runs": counts, "active_runs": active, "unresolved_recoveries": unresolved,
+              "quarantined_receipts": quarantined, "disk_reserve_hold": hold, "store_outage": outage}
     if args.json:
         render.dump_json(report)
     else:
@@ -167,7 +168,15 @@ def status(repo: Repository, args: argparse.Namespace) -> int:
             print(f"disk reserve: holding new attempts since {render.when(hold.get('since_ms'))}: "
                   f"{_mib(hold.get('free_bytes'))} free on {hold.get('path')}, below the reserve of "
                   f"{_mib(hold.get('reserve_bytes'))}; queued runs start when space is freed")
+        if outage is not None:
+            print(f"database: failing since {render.when(outage.get('since_ms'))} ({outage.get('failures')} "
+                  f"failed transactions, last: {outage.get('error')}); retrying, the runtime stops if it "
+                  f"lasts {_seconds(outage.get('stop_after_ms'))}")
     return 0 if up else EXIT_DOWN
+
+
+def _seconds(ms: int | None) -> str:
+    return "?" if not isinstance(ms, int) else f"{ms / 1000:g} s"
 
 
 def _mib(n: int | None) -> str:

@@ -1,4 +1,4 @@
-"""Per-attempt log files: a deterministic sharded path, exclusive creation, and byte-exact reading.
+"""Per-attempt log files: a deterministic sharded path, safe creation, and byte-exact reading.
 
 The executor creates the file (SEMANTICS.md §4 step 2) and closes it; the launcher appends the
 job's output (through the log-cap reader of §11). Reading is byte for byte: a job's output is
@@ -26,7 +26,9 @@ DEFAULT_READ_BYTES = 256 * 1024
 MAX_READ_BYTES = 16 * 1024 * 1024
 FOLLOW_CHUNK_BYTES = 64 * 1024
 
-_CREATE_FLAGS = (os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_NOFOLLOW
+# No O_EXCL, no O_TRUNC: an existing file is checked first (regular, one link), then emptied.
+# O_NONBLOCK: a FIFO planted at the path fails to open (ENXIO) instead of waiting for a reader.
+_CREATE_FLAGS = (os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_NONBLOCK
                  | os.O_CLOEXEC)
 # O_NONBLOCK: a FIFO planted at a log path must not hang a reader before fstat refuses it.
 _READ_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -68,8 +70,10 @@ class LogStore:
     def create(self, run_id: str, attempt_id: str) -> Path:
         """Create the empty log file (0600, directories 0700) and return its path.
 
-        O_EXCL|O_NOFOLLOW: an existing file or a planted symlink raises FileExistsError and is
-        left as it was; a second create of one attempt is a bug upstream, never a reuse.
+        Called for an offer, which proves the attempt was never activated, so no job ever wrote
+        to this path: a file left by an earlier offer of the same attempt (its lease released,
+        the attempt offered again) is emptied and reused. Never through a symlink (O_NOFOLLOW),
+        and never anything but a regular file with one link (UnsafeLogPath, left as it was).
         """
         shard, name = self.artifact_id(run_id, attempt_id).split("/")
         self.ensure()
@@ -79,15 +83,28 @@ class LogStore:
                                            error=UnsafeLogPath)
         finally:
             os.close(root_fd)
+        path = self.root / shard / name
         try:
-            fd = os.open(name, _CREATE_FLAGS, FILE_MODE, dir_fd=shard_fd)
             try:
+                fd = os.open(name, _CREATE_FLAGS, FILE_MODE, dir_fd=shard_fd)
+            except OSError as err:
+                if err.errno in (errno.ELOOP, errno.ENXIO):
+                    raise UnsafeLogPath(f"log {path} is a symlink or not a regular file; it was left "
+                                        "as it was") from None
+                raise
+            try:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+                    raise UnsafeLogPath(f"log {path} is not a regular file with one link; it was left "
+                                        "as it was")
+                if st.st_size:
+                    os.ftruncate(fd, 0)
                 os.fchmod(fd, FILE_MODE)  # whatever the umask says
             finally:
                 os.close(fd)
         finally:
             os.close(shard_fd)
-        return self.root / shard / name
+        return path
 
     def remove(self, run_id: str, attempt_id: str) -> bool:
         """Delete the attempt's log (retention); False when it was already gone.

@@ -182,12 +182,16 @@ class Control:
         return min(due) if due else None
 
     def queued_waiting(self) -> bool:
-        """True when a queued run waits for an offer (the Scheduler then nudges executors); a run
-        whose not-before time (a cron random delay) is still ahead does not wait for one yet."""
+        """True when a run waits for an offer (the Scheduler then nudges executors): one `queued`
+        whose not-before time (a cron random delay) is not ahead, or a `dispatching` one whose
+        `claimed` attempt holds no live lease (released unactivated)."""
+        released = select(run_attempts.c.id).where(and_(
+            run_attempts.c.run_id == runs.c.id, run_attempts.c.status == _A.CLAIMED.value, ~_live_lease()))
         with self.store.read() as conn:
-            return conn.execute(select(runs.c.id).where(and_(
-                runs.c.status == _R.QUEUED.value, runs.c.cancel_reason.is_(None),
-                or_(runs.c.not_before_ms.is_(None), runs.c.not_before_ms <= self.store.now_ms(conn))))
+            due = or_(runs.c.not_before_ms.is_(None), runs.c.not_before_ms <= self.store.now_ms(conn))
+            return conn.execute(select(runs.c.id).where(and_(runs.c.cancel_reason.is_(None), or_(
+                and_(runs.c.status == _R.QUEUED.value, due),
+                and_(runs.c.status == _R.DISPATCHING.value, released.exists()))))
                 .limit(1)).first() is not None
 
     def active_run_ids(self, limit: int = 1024) -> list[str]:

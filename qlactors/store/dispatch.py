@@ -352,6 +352,10 @@ class Dispatch:
             try:
                 run, attempt, lease = self._check_fence(conn, fence)
             except _Mismatch as mismatch:
+                if mismatch.ended is not None and _ended(*mismatch.ended[:2]):
+                    # cancelled before activation: its lease ended with it (SEMANTICS.md §7)
+                    ended_attempt = mismatch.ended[1]
+                    return ActivateResult(REFUSED, detail=f"attempt_{ended_attempt.status}")
                 return ActivateResult(FENCED, detail=mismatch.detail)
             status = _A(attempt.status)
             if status is _A.STARTING:
@@ -455,6 +459,30 @@ class Dispatch:
                 return Outcome(REFUSED, f"attempt_{status.value}", run.status)
             end_lease(conn, attempt.id, self.store.now_ms(conn), _L.RELEASED, reason)
             return Outcome(APPLIED, "attempt_terminal" if status.terminal else None, run.status)
+
+    def release_unactivated(self, run_id: str, attempt_id: str) -> Outcome:
+        """An attempt offered but never activated that no executor holds: its live lease ends
+        `released` (`lease_expired`) and the attempt stays `claimed`, its run `dispatching`.
+
+        It never started, so nothing can run twice: `offer` picks it again under a new lease
+        generation (SEMANTICS.md §6 step 2). `refused` unless the attempt is still `claimed`;
+        `detail` is `no_live_lease` when there was nothing to release.
+        """
+        with self.store.write() as conn:
+            self.store.advisory_lock(conn, f"attempt:{attempt_id}")
+            run = load_run(conn, run_id)
+            if run is None:
+                return Outcome(REFUSED, "unknown_run")
+            attempt = load_attempt(conn, attempt_id)
+            if attempt is None or attempt.run_id != run.id:
+                return Outcome(REFUSED, "wrong_attempt", run.status)
+            if RunStatus(run.status).terminal or AttemptStatus(attempt.status).terminal:
+                return Outcome(ALREADY_TERMINAL, f"attempt_{attempt.status}", run.status)
+            if attempt.status != _A.CLAIMED.value:
+                return Outcome(REFUSED, f"attempt_{attempt.status}", run.status)
+            version = end_lease(conn, attempt_id, self.store.now_ms(conn), _L.RELEASED,
+                                LeaseReleaseReason.LEASE_EXPIRED)
+            return Outcome(APPLIED, None if version is not None else "no_live_lease", run.status)
 
 
 _ACTIVE = sql_states(_A.CLAIMED, _A.STARTING, _A.RUNNING)

@@ -11,10 +11,16 @@ from sqlalchemy.engine import Connection, Engine, make_url
 
 from ..errors import QlactorsError, SchemaError
 from . import postgres, sqlite
+from .health import StoreHealth
 
 
 class StoreUnavailable(QlactorsError):
-    """The database could not be reached or stayed locked; nothing was changed."""
+    """The database could not be reached or stayed locked; nothing was changed.
+
+    Transient by nature (SQLite busy beyond its timeout, an I/O error, a PostgreSQL connection
+    reset): the runtime retries it with backoff, and stops only when `StoreHealth` says the
+    outage has lasted longer than `store_outage_stop_ms`.
+    """
 
 
 class Store:
@@ -43,6 +49,7 @@ class Store:
         # its reset, costs more than a short transaction): one per durability, see `write`.
         self._write_conns: dict[bool, Connection] = {}
         self._insert_new: dict[str, object] = {}
+        self.health = StoreHealth()
 
     @property
     def is_postgres(self) -> bool:
@@ -99,7 +106,7 @@ class Store:
     @contextlib.contextmanager
     def read(self) -> Iterator[Connection]:
         """One read transaction (a consistent snapshot); never takes the SQLite write lock."""
-        with translate_errors(self), self.engine.connect() as conn:
+        with translate_errors(self, write=False), self.engine.connect() as conn:
             conn = conn.execution_options(**{sqlite.READ_ONLY_OPTION: True})
             with conn.begin():
                 yield conn
@@ -117,18 +124,22 @@ class Store:
 
 
 @contextlib.contextmanager
-def translate_errors(store: Store) -> Iterator[None]:
+def translate_errors(store: Store, *, write: bool = True) -> Iterator[None]:
     """Turn driver errors into qlactors errors at the store boundary; actors never see a driver."""
     try:
         yield
-    except exc.DatabaseError as err:
+    except exc.DBAPIError as err:
         message = str(getattr(err, "orig", err))
         if "file is not a database" in message or "malformed" in message:
             raise SchemaError(
                 f"{store.describe()} is not a readable qlactors database ({message}); it was left "
                 "untouched: move it aside or point --home elsewhere") from err
-        if isinstance(err, exc.OperationalError):
+        # OperationalError: busy/locked, I/O, a server gone; InterfaceError or an invalidated
+        # connection: a connection reset under us. All transient: nothing was changed.
+        if isinstance(err, (exc.OperationalError, exc.InterfaceError)) or err.connection_invalidated:
+            store.health.failed(message, write=write)
             raise StoreUnavailable(
                 f"database {store.describe()} is unavailable: {message.strip()}; nothing was changed, "
                 "try again") from err
         raise
+    store.health.succeeded(write=write)

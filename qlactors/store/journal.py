@@ -86,7 +86,13 @@ class Journal:
 
     def accept(self, attempt_id: str, run_id: str, log_path: str, receipt_path: str,
                callback_token_hash: str) -> bool:
-        """Journal an accepted offer (`accepted`); False when this attempt is already journaled."""
+        """Journal an accepted offer (`accepted`); False when this attempt is journaled past `accepted`.
+
+        A row still `accepted` is an earlier offer of the same attempt that was never activated
+        here (its lease was released and it was offered again): it takes the new token hash and
+        the call answers True. A row `launching` or later means this executor may have started
+        it: never accept it twice.
+        """
         check_id("attempt id", attempt_id)
         check_id("run id", run_id)
         check_hash("callback token hash", callback_token_hash)
@@ -96,7 +102,12 @@ class Journal:
                       callback_token_hash=callback_token_hash)
         with self.store.write(durable=False) as conn:
             now = self.store.now_ms(conn)
-            return self.store.insert_new(conn, _J, dict(values, created_at_ms=now, updated_at_ms=now))
+            if self.store.insert_new(conn, _J, dict(values, created_at_ms=now, updated_at_ms=now)):
+                return True
+            again = conn.execute(_UPDATE_FROM, dict(
+                callback_token_hash=callback_token_hash, updated_at_ms=now, w_attempt_id=attempt_id,
+                w_state=ACCEPTED)).first()
+            return again is not None
 
     def set_state(self, attempt_id: str, state: str, *, identity: Any = None,
                   expected: str | None = None) -> JournalEntry:

@@ -13,12 +13,12 @@ from typing import Any, Sequence
 from sqlalchemy import and_, bindparam, or_, select
 from sqlalchemy.engine import Connection
 
-from ..domain.states import RUN_TERMINAL, CancelReason, RunStatus, TriggerType
+from ..domain.states import RUN_TERMINAL, CancelReason, LeaseReleaseReason, LeaseStatus, RunStatus, TriggerType
 from ..domain.transitions import plan_admission, plan_cancel
 from ..errors import BadInput, NotFound, Retired
 from ..ids import new_id
 from .engine import Store
-from .plans import append_events, apply_plan, attempt_snapshot, current_attempt, load_run, run_snapshot
+from .plans import append_events, apply_plan, attempt_snapshot, current_attempt, end_lease, load_run, run_snapshot
 from .schema import run_attempts, run_events, run_retry_policies, run_tombstones, runs, task_revisions, tasks
 from .views import AttemptView, EventView, RunPage, RunView
 
@@ -146,8 +146,13 @@ class Runs:
         plan = plan_cancel(snapshot, attempt_snapshot(attempt_row), reason)
         if plan is None:
             return "already_terminal" if snapshot.status.terminal else "already_requested"
-        apply_plan(conn, plan, self.store.now_ms(conn), actor_type=actor_type,
+        now = self.store.now_ms(conn)
+        apply_plan(conn, plan, now, actor_type=actor_type,
                    expected_callback_sequence=attempt_row.callback_sequence if attempt_row else None)
+        if plan.run_to.terminal and attempt_row is not None:
+            # An attempt offered but never activated holds a live lease: it ends with the run, or
+            # it would stay `leased` for ever (SEMANTICS.md §7).
+            end_lease(conn, attempt_row.id, now, LeaseStatus.RELEASED, LeaseReleaseReason.CANCELLED)
         return "cancelled" if plan.run_to.terminal else "requested"
 
     def active_ids(self, conn: Connection, task_id: str) -> list[str]:

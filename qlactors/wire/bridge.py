@@ -5,6 +5,11 @@ bridge's outbox; the bridge forwards to the control ROUTER (control side) or the
 (executor side), decodes every inbound frame strictly, and `tell`s the actor that owns the
 message kind. Timers and process-exit watches live here too, so the whole runtime has one poll
 loop and no timer thread of its own (SEMANTICS.md §10).
+
+Targets are names (`Directory.named`), never raw actor refs: an actor the Supervisor restarted
+is reached under its name, and one that is down only costs a log line. Every delivery is
+guarded, and any end of the loop other than `close()` calls `on_exit` (the runtime's Fatal), so
+the runtime never goes on without its sockets, timers and watches.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from typing import Any, Callable, Protocol
 
 import zmq
 
+from ..faults import raise_point
 from . import codec
 from .messages import Ack
 
@@ -74,6 +80,9 @@ class Bridge(threading.Thread):
         self._ready = threading.Event()
         self._failure: BaseException | None = None
         self.rejected_frames = 0
+        # Called (in the bridge thread) with a one-line reason when the loop ends without
+        # `close()`: the edge profile trips its Fatal, which stops the runtime.
+        self.on_exit: Callable[[str], None] | None = None
 
     # -- wiring (before start) --------------------------------------------------------------
 
@@ -175,11 +184,19 @@ class Bridge(threading.Thread):
                 sock.close(0)
             return
         self._ready.set()
+        reason = "the bridge loop ended unexpectedly"
         try:
             self._loop(outbox, router, dealer, nudge)
+        except BaseException as err:
+            reason = f"the bridge thread failed: {err!r}"
+            log.exception("event=bridge_failed error=%r", err)
         finally:
             for sock in sockets:
                 sock.close(0)
+            if not self._stopping.is_set():
+                log.error("event=bridge_stopped reason=%s", reason)
+                if self.on_exit is not None:
+                    self.on_exit(f"{reason}; no socket, timer or process watch is served any more")
 
     def _loop(self, outbox, router, dealer, nudge) -> None:
         poller = zmq.Poller()
@@ -196,6 +213,8 @@ class Bridge(threading.Thread):
             for fd in watched - current:
                 poller.unregister(fd)
             watched = current
+            # A pidfd closed between the snapshot and the poll comes back as POLLERR, not an
+            # error: its watch is gone already, or it is answered like an exit.
             events = dict(poller.poll(self._poll_timeout_ms()))
             if self._wake_fd in events:
                 try:
@@ -209,13 +228,22 @@ class Bridge(threading.Thread):
             if dealer is not None and dealer in events:
                 self._drain(dealer, self._from_control)
             if nudge is not None and nudge in events:
+                raise_point("bridge_loop_on_nudge")
                 self._drain(nudge, self._from_nudge)
             for fd in watched & set(events):
                 with self._lock:
                     key, target = self._watches.pop(fd, (None, None))
                 if target is not None:
-                    target.tell(ProcessExited(key))
+                    self._deliver(target, ProcessExited(key))
             self._fire_timers()
+
+    @staticmethod
+    def _deliver(target: Target, message: Any) -> None:
+        """Tell `target`; a failure to deliver is logged, it never ends the loop."""
+        try:
+            target.tell(message)
+        except Exception as err:
+            log.error("event=delivery_failed message=%s error=%r", type(message).__name__, err)
 
     def _poll_timeout_ms(self) -> int:
         with self._lock:
@@ -237,7 +265,7 @@ class Bridge(threading.Thread):
                     del self._timer_jobs[key]
                     due.append((job[1], job[2]))
         for target, message in due:
-            target.tell(message)
+            self._deliver(target, message)
 
     @staticmethod
     def _drain(sock: zmq.Socket, handle: Callable[[list[bytes]], None], limit: int = 256) -> None:
@@ -246,7 +274,10 @@ class Bridge(threading.Thread):
                 frames = sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            handle(frames)
+            try:
+                handle(frames)
+            except Exception as err:  # one frame we could not route never ends the loop
+                log.error("event=frame_dropped error=%r", err)
 
     def _forward(self, frames: list[bytes], router, dealer) -> None:
         route = frames[0] if frames else b""
@@ -272,7 +303,7 @@ class Bridge(threading.Thread):
 
         message = self._decode(body, reply=refuse)
         if message is not None and self._control_target is not None:
-            self._control_target.tell(Inbound(peer, message))
+            self._deliver(self._control_target, Inbound(peer, message))
 
     def _from_control(self, frames: list[bytes]) -> None:
         message = self._decode(frames, reply=None)
@@ -285,11 +316,11 @@ class Bridge(threading.Thread):
         if target is None:
             log.warning("event=no_route kind=%s", kind)
             return
-        target.tell(Inbound(b"", message))
+        self._deliver(target, Inbound(b"", message))
 
     def _from_nudge(self, frames: list[bytes]) -> None:
         if self._nudge_target is not None:
-            self._nudge_target.tell(Inbound(b"", "nudge"))
+            self._deliver(self._nudge_target, Inbound(b"", "nudge"))
 
     def _decode(self, frames: list[bytes], reply) -> Any | None:
         try:

@@ -1,0 +1,412 @@
+"""Actor failure and restart: the Supervisor restarts each child, escalates a child that keeps
+failing, and the bridge keeps serving timers and pidfd watches across a restart; a bridge loop
+that dies stops the runtime (issue 9 §2; SEMANTICS.md §10).
+
+Failures are real: a message type the test adds to an actor's handler table raises, so pykka
+stops the actor and `on_failure` tells the Supervisor, exactly as any bug would.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+
+import pykka
+import pytest
+import zmq
+
+from qlactors import faults
+from qlactors.actors.executor import Executor
+from qlactors.actors.receipts import ReceiptConsumer
+from qlactors.actors import scheduler as scheduler_module
+from qlactors.actors.scheduler import Scheduler
+from qlactors.actors.recovery import Recovery
+from qlactors.actors.signals import ActorFailed, AttemptEnded, Consume, NoReceipt, StepDone, StepRequest, Tick
+from qlactors.actors.supervisor import MAX_RESTARTS, Supervisor, fence_of
+from qlactors.edge import ORDER
+from qlactors.domain.transitions import ErrorCode
+from qlactors.wire import messages as m
+from qlactors.wire.bridge import Bridge
+
+from actor_harness import WAIT_S, ActorHarness, Stub, leases, unique_endpoint, wait_until
+from test_actors import ExecutorRig, Flights, ReceiptRig, new_token, spec
+
+
+class Boom:
+    """A test-only message: the actor that receives it raises, as a bug in a handler would."""
+
+
+@pytest.fixture
+def breakable(monkeypatch):
+    """Make every runtime actor class (and any restarted instance of it) fail on Boom."""
+
+    def boom(_msg, _peer):
+        raise RuntimeError("boom")
+
+    for _name, cls in [*ORDER, ("supervisor", Supervisor)]:
+        original = cls.handlers
+        monkeypatch.setattr(cls, "handlers", lambda self, original=original: {**original(self), Boom: boom})
+
+
+class Rig:
+    """An executor-side harness with the real Supervisor restarting the children it is given."""
+
+    def __init__(self, h: ActorHarness, peer, names: tuple[str, ...]) -> None:
+        self.h, self.peer = h, peer
+        classes = dict(ORDER)
+        self.factories = {name: (lambda cls=classes[name]: cls.start(h.ctx)) for name in names}
+        self.supervisor = h.start("supervisor", Supervisor, self.factories)
+
+    def fail(self, name: str) -> pykka.ActorRef:
+        """Make actor `name` fail for real; returns the instance that replaced it."""
+        old = self.h.directory.get(name)
+        old.tell(Boom())
+        return wait_until(lambda: (ref := self.h.directory.get(name)) is not old and ref is not None
+                          and ref.is_alive() and ref, what=f"{name} restarted")
+
+    def close(self) -> None:
+        for name in self.h.directory.names():  # restarted instances are not in the harness's list
+            ref = self.h.directory.get(name)
+            if ref is not None and ref.is_alive():
+                ref.stop(timeout=WAIT_S)
+
+
+@pytest.fixture
+def make_rig(tmp_path, breakable):
+    made: list[tuple[Rig, ActorHarness]] = []
+
+    def make(*names: str, **runtime: int) -> Rig:
+        endpoint = unique_endpoint("exec")
+        h = ActorHarness(tmp_path, control_connect=endpoint, **runtime)
+        peer = h.router(endpoint)
+        h.route_executor_side()
+        h.start_bridge()
+        h.ctx.admitting.set()
+        rig = Rig(h, peer, names)
+        made.append((rig, h))
+        return rig
+
+    yield make
+    for rig, h in made:
+        rig.close()
+        h.close()
+
+
+# -- restart and escalation, for every child ----------------------------------------------------
+
+
+@pytest.mark.parametrize("name", [name for name, _ in ORDER])
+def test_supervisor_restarts_a_failed_child_then_escalates_when_it_keeps_failing(make_rig, name, caplog):
+    rig = make_rig(name)
+    h = rig.h
+    first = rig.factories[name]()
+    assert h.directory.get(name) is first
+    caplog.set_level(logging.WARNING, logger="qlactors.supervisor")
+    current = first
+    for n in range(MAX_RESTARTS):
+        replacement = rig.fail(name)
+        assert not current.is_alive()
+        assert replacement.actor_class is first.actor_class
+        current = replacement
+        assert not h.ctx.fatal.event.is_set(), f"restart {n + 1} was fatal: {h.ctx.fatal.reason}"
+    assert len([r for r in caplog.records if "event=actor_restarted" in r.getMessage()
+                and f"actor={name}" in r.getMessage()]) == MAX_RESTARTS
+    # One failure more within the window: the runtime stops, saying who and why.
+    current.tell(Boom())
+    wait_until(h.ctx.fatal.event.is_set, what="the escalation")
+    assert h.ctx.fatal.reason.startswith(f"actor {name} failed {MAX_RESTARTS + 1} times")
+    assert "boom" in h.ctx.fatal.reason
+    assert rig.supervisor.is_alive()
+
+
+def test_supervisor_escalates_a_failure_of_an_actor_it_cannot_restart(make_rig):
+    rig = make_rig()  # no factories at all
+    rig.supervisor.tell(ActorFailed("bridge", "gone"))
+    wait_until(rig.h.ctx.fatal.event.is_set, what="the escalation")
+    assert rig.h.ctx.fatal.reason == "actor bridge failed 1 times, last: gone"
+
+
+def test_a_failure_of_the_supervisor_itself_stops_the_runtime(make_rig):
+    rig = make_rig()
+    rig.supervisor.tell(Boom())
+    wait_until(rig.h.ctx.fatal.event.is_set, what="the fatal stop")
+    assert rig.h.ctx.fatal.reason.startswith("the supervisor failed: RuntimeError('boom')")
+
+
+# -- restarts while a timer or a pidfd watch is pending ----------------------------------------
+
+
+def test_a_receipt_consumer_restarted_with_its_recheck_timer_pending_still_gets_it(make_rig):
+    rig = make_rig("receipts", publish_grace_ms=400)
+    h = rig.h
+    h.stub("executor")
+    h.start("receipts", ReceiptConsumer)
+    h.directory.tell("receipts", Consume("run-1", "att-1"))  # no receipt yet: a recheck after the grace
+    wait_until(lambda: h.bridge.timer_due("recheck:att-1") is not None, what="the recheck timer")
+    rig.fail("receipts")
+    assert h.bridge.timer_due("recheck:att-1") is not None  # still pending across the restart
+    (told,) = h.inbox.wait("executor", NoReceipt)
+    assert (told.run_id, told.attempt_id) == ("run-1", "att-1")
+    assert h.bridge.is_alive()
+    # ...and the bridge goes on serving timers afterwards.
+    later = Stub.start("later", h.inbox)
+    h._refs.append(later)
+    h.directory.set("later", later)
+    h.bridge.call_at("later", time.monotonic() + 0.05, h.directory.named("later"), "ping")
+    assert h.inbox.wait("later", str) == ["ping"]
+
+
+def test_a_scheduler_restarted_with_its_step_deadline_pending_goes_on_cycling(make_rig, monkeypatch):
+    monkeypatch.setattr(scheduler_module, "STEP_DEADLINE_S", 0.3)
+    rig = make_rig("scheduler")
+    h = rig.h
+    h.stub("recovery")  # silent: the step deadline is what ends a cycle
+    h.start("scheduler", Scheduler)
+    h.directory.tell("scheduler", Tick("test"))
+    h.inbox.wait("recovery", StepRequest)
+    assert h.bridge.timer_due("scheduler-step") is not None
+    rig.fail("scheduler")
+    # The old instance's deadline fires at the new one (a stale cycle: ignored) without harm...
+    wait_until(lambda: h.bridge.timer_due("scheduler-step") is None, what="the stale deadline fired")
+    assert h.bridge.is_alive()
+    # ...and the new instance cycles, with a deadline the bridge serves: the silent step is reported.
+    h.directory.tell("scheduler", Tick("test"))
+    h.inbox.wait("recovery", StepRequest, count=2)
+    # (recovery has no factory in this rig, so the Supervisor escalates what the Scheduler reports)
+    wait_until(h.ctx.fatal.event.is_set, what="the silent step reported to the Supervisor")
+    assert h.ctx.fatal.reason == "actor recovery failed 1 times, last: silent past its step deadline"
+
+
+def test_an_executor_restarted_mid_stop_re_adopts_its_launcher_and_finishes_the_stop(make_rig):
+    """A stop timer and a pidfd watch are pending when the Executor dies: the new instance gets the
+    timer (and escalates to KILL), re-adopts the launcher from its journal and sees it end."""
+    rig = make_rig("executor", "receipts", slots=1, kill_grace_ms=500)
+    h = rig.h
+    h.start("receipts", ReceiptConsumer)
+    h.start("executor", Executor)
+    exe = ExecutorRig(h, h.directory.get("executor"), rig.peer, rig.peer.expect(m.Register))
+    # The job ignores TERM (and its children inherit that), so only the KILL after the grace ends it.
+    offer, _act, started = exe.launch(["sh", "-c", "trap '' TERM; echo up; sleep 30"])
+    exe.ack_started(started)
+    wait_until(lambda: b"up" in h.config.logs_dir.joinpath(
+        h.ctx.logs.artifact_id(offer.run_id, offer.attempt_id)).read_bytes(), what="the job is up")
+    rig.peer.send(m.StopRequested(run_id=offer.run_id, attempt_id=offer.attempt_id, reason="user",
+                                  grace_ms=1500))
+    key = f"stop:{offer.attempt_id}"
+    wait_until(lambda: h.bridge.timer_due(key) is not None, what="the stop timer")
+    rig.fail("executor")
+    # The new instance registers; once welcomed it re-adopts the launcher from the journal.
+    rig.peer.expect(m.Register)
+    s = h.ctx.session
+    rig.peer.send(m.Welcome(worker_id=s.worker_id, session_id=s.session_id, session_generation=s.generation))
+    # The pending stop timer reaches the new instance, which sends KILL; the pidfd it re-watched
+    # reports the launcher's end, and the receipt (or its absence) is reported.
+    report = rig.peer.expect((m.Completed, m.Attest), timeout=WAIT_S, strict=False)
+    assert report.attempt_id == offer.attempt_id
+    assert h.bridge.is_alive()
+    assert not h.ctx.fatal.event.is_set()
+    wait_until(lambda: not _group_alive(started.pgid), what="the job's group gone")
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+# -- the bridge loop itself -------------------------------------------------------------------------
+
+
+def test_a_dead_target_never_ends_the_bridge_loop(tmp_path):
+    ctx = zmq.Context()
+    bridge = Bridge(ctx)
+    stopped: list[str] = []
+    bridge.on_exit = stopped.append
+    received = threading.Event()
+
+    class Dead:
+        def tell(self, message):
+            raise pykka.ActorDeadError("gone")
+
+    class Alive:
+        def tell(self, message):
+            received.set()
+
+    try:
+        bridge.start()
+        bridge.ready()
+        r, w = os.pipe()
+        bridge.watch(r, "pipe", Dead())
+        bridge.call_at("dead", time.monotonic(), Dead(), "x")
+        os.write(w, b"x")  # the "process" ends: the dead watcher is told, and fails
+        wait_until(lambda: bridge.timer_due("dead") is None, what="the dead timer fired")
+        bridge.call_at("alive", time.monotonic() + 0.05, Alive(), "y")
+        assert received.wait(WAIT_S)
+        assert bridge.is_alive() and stopped == []
+        os.close(r)
+        os.close(w)
+    finally:
+        bridge.close()
+        ctx.term()
+    assert stopped == []  # close() is not a failure
+
+
+def test_a_bridge_loop_that_dies_stops_the_runtime_with_a_reason(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(faults, "_ACTIVE", "bridge_loop_on_nudge")
+    monkeypatch.setattr(faults, "_raised", set())
+    ctx = zmq.Context()
+    endpoint = unique_endpoint("nudge")
+    bridge = Bridge(ctx, nudge_bind=endpoint)
+    stopped: list[str] = []
+    bridge.on_exit = stopped.append
+    push = ctx.socket(zmq.PUSH)
+    push.setsockopt(zmq.LINGER, 0)
+    try:
+        bridge.start()
+        bridge.ready()
+        push.connect(endpoint)
+        push.send(b"nudge")
+        bridge.join(WAIT_S)
+        assert not bridge.is_alive()
+        assert stopped == ["the bridge thread failed: InjectedFault('fault injected at bridge_loop_on_nudge'); "
+                           "no socket, timer or process watch is served any more"]
+        assert any("event=bridge_failed" in r.getMessage() for r in caplog.records)
+    finally:
+        push.close(0)
+        bridge.close()
+        ctx.term()
+
+
+# -- an Executor restart, or a re-offer, with an offer in flight -----------------------------------
+
+
+def _offer_message(view) -> m.Offer:
+    return m.Offer(worker_id=view.worker_id, session_id=view.session_id,
+                   session_generation=view.session_generation, run_id=view.run_id,
+                   attempt_id=view.attempt_id, attempt_number=view.attempt_number, offer_id=view.offer_id,
+                   lease_generation=view.lease_generation, lease_version=view.lease_version,
+                   argv=list(view.argv), cwd=view.cwd, env=dict(view.env), timeout_ms=view.timeout_ms,
+                   stop_grace_ms=view.stop_grace_ms, log_cap_bytes=view.log_cap_bytes)
+
+
+def test_an_executor_re_offered_an_attempt_it_holds_unactivated_accepts_it_again_and_runs_it(make_rig):
+    """Same attempt id, new lease generation: the journal row and the log file are reused, the late
+    refusal of the first Activate does not drop the second offer, and the job runs once."""
+    rig = make_rig("executor", "receipts", slots=2)
+    h = rig.h
+    h.start("receipts", ReceiptConsumer)
+    h.start("executor", Executor)
+    exe = ExecutorRig(h, h.directory.get("executor"), rig.peer, rig.peer.expect(m.Register))
+    pull = exe.welcome()
+    h.repo.tasks.add(spec("job", ["sh", "-c", "echo once"]))
+    run_id = h.repo.runs.request("job").run.id
+    first = exe.offer_for(pull)
+    rig.peer.send(first)
+    act1 = rig.peer.expect(m.Activate)
+    pull2 = rig.peer.expect(m.Pull)  # a second slot is free
+    log_path = h.ctx.logs.path_for(run_id, first.attempt_id)
+    log_path.write_bytes(b"stale")
+    # The control side withdraws the first lease before activating it, and offers the attempt again.
+    assert h.ctx.dispatch.release_unstarted(fence_of(act1), "declined").result == "applied"
+    second = exe.offer_for(pull2)
+    assert (second.attempt_id, second.lease_generation) == (first.attempt_id, 2)
+    rig.peer.send(second)
+    act2 = rig.peer.expect(m.Activate)
+    assert (act2.attempt_id, act2.lease_generation, act2.offer_id) == (first.attempt_id, 2, second.offer_id)
+    assert act2.callback_token_hash != act1.callback_token_hash
+    assert log_path.read_bytes() == b""  # emptied for the new offer
+    assert h.ctx.journal.get(first.attempt_id).callback_token_hash == act2.callback_token_hash
+    # The first Activate's answer (fenced) comes first and must not drop the second offer.
+    late = h.ctx.dispatch.activate(fence_of(act1), act1.callback_token_hash, act1.log_artifact_id)
+    assert late.result == "fenced"
+    rig.peer.send(m.Ack(of="activate", run_id=run_id, attempt_id=first.attempt_id, result="fenced",
+                        detail="lease_released"))
+    exe.activate(act2)
+    started = rig.peer.expect(m.Started, strict=False)  # a Pull for the free slot may come first
+    h.track_group(started.pgid)
+    exe.ack_started(started)
+    completed = rig.peer.expect(m.Completed, strict=False)
+    assert exe.ack_completed(completed) == "applied"
+    assert h.repo.runs.get(run_id).state == "succeeded"
+    assert log_path.read_bytes() == b"once\n"
+    assert h.directory.get("executor").is_alive()
+
+
+def test_a_restarted_executor_gives_back_the_offer_the_dead_instance_accepted(make_rig):
+    """The dead instance journaled the offer (`accepted`) and never launched it: the new one clears
+    the row and attests it holds nothing, so recovery can release the lease."""
+    rig = make_rig("executor", slots=1)
+    h = rig.h
+    h.stub("receipts")
+    h.start("executor", Executor)
+    exe = ExecutorRig(h, h.directory.get("executor"), rig.peer, rig.peer.expect(m.Register))
+    pull = exe.welcome()
+    h.repo.tasks.add(spec("job"))
+    run_id = h.repo.runs.request("job").run.id
+    rig.peer.send(exe.offer_for(pull))
+    act = rig.peer.expect(m.Activate)
+    assert h.ctx.journal.get(act.attempt_id).state == "accepted"
+    rig.fail("executor")
+    rig.peer.expect(m.Register)
+    s = h.ctx.session
+    rig.peer.send(m.Welcome(worker_id=s.worker_id, session_id=s.session_id, session_generation=s.generation))
+    attest = rig.peer.expect(m.Attest, strict=False)
+    assert (attest.run_id, attest.attempt_id, attest.running, attest.conclusive) == (run_id, act.attempt_id,
+                                                                                     False, True)
+    assert h.ctx.journal.get(act.attempt_id) is None
+    rig.peer.expect(m.Pull, strict=False)  # its slot is free again
+    # A late Activated for the dead instance's offer launches nothing.
+    rig.peer.send(m.Activated(run_id=run_id, attempt_id=act.attempt_id, offer_id=act.offer_id,
+                              lease_version=1, deadline_at_ms=None))
+    rig.peer.quiet()
+    assert h.directory.get("executor").is_alive()
+
+
+def test_a_receipt_consumer_restarted_before_its_answer_still_removes_the_receipt(make_rig):
+    """The Completed went out, the consumer died, the completion committed: the new instance takes
+    the late `applied` answer and removes the receipt and journal row, as the old one would have."""
+    rig = make_rig("receipts")
+    h = rig.h
+    h.stub("executor")
+    h.start("receipts", ReceiptConsumer)
+    receipts = ReceiptRig(h, h.directory.get("receipts"), rig.peer)
+    token = new_token()
+    run_id, attempt_id = receipts.journalled_attempt(token)
+    path = receipts.plant(run_id, attempt_id, token, exit_code=0)
+    h.directory.tell("receipts", Consume(run_id, attempt_id))
+    completed = rig.peer.expect(m.Completed)
+    rig.fail("receipts")
+    assert receipts.answer(completed) == "applied"
+    wait_until(lambda: not path.exists() and h.ctx.journal.get(attempt_id) is None,
+               what="the receipt and its journal row removed")
+    assert h.repo.runs.get(run_id).state == "succeeded"
+
+
+def test_a_recovery_restarted_after_an_attest_still_judges_the_attempt_it_was_told_about(make_rig):
+    """The dead instance had been told an attempt ended; the new one looks at every `running`
+    attempt again, so the ended one becomes `lost` instead of staying `running` for ever, while a
+    healthy one, and an offered or starting one, are left alone."""
+    rig = make_rig("recovery", session_capacity=64)
+    h = rig.h
+    h.stub("scheduler")
+    h.start("recovery", Recovery)
+    flights = Flights(h, h.ctx.session)
+    _, live = h.spawn_sleep(30)
+    ended = flights.make("running", h.dead_identity())
+    healthy = flights.make("running", live)
+    offered = flights.make("claimed")
+    starting = flights.make("starting")
+    h.directory.tell("recovery", AttemptEnded(*ended))
+    rig.fail("recovery")
+    h.directory.tell("recovery", StepRequest(1))
+    (done,) = h.inbox.wait("scheduler", StepDone)
+    assert done.ok
+    run = h.repo.runs.get(ended[0])
+    assert (run.state, run.attempts[0].error_code) == ("lost", ErrorCode.RECOVERY_PROCESS_EXITED_WITHOUT_RECEIPT)
+    assert h.repo.runs.get(healthy[0]).state == "running"
+    assert [lease["status"] for lease in leases(h.repo, offered[0])] == ["leased"]
+    assert h.repo.runs.get(starting[0]).attempts[0].state == "starting"
