@@ -40,6 +40,7 @@ from .process.receipts import ReceiptStore
 from .store.completion import CompletionService
 from .store.cron_admission import CronAdmission
 from .store.control import Control
+from .store.lost_retry import LostRetry
 from .store.dispatch import Dispatch
 from .store.journal import Journal
 from .store.repository import Repository
@@ -67,6 +68,7 @@ class RuntimeContext:
     dispatch: Dispatch
     completion: CompletionService
     control: Control
+    lost_retry: LostRetry
     cron: CronAdmission
     journal: Journal
     receipts: ReceiptStore
@@ -127,6 +129,7 @@ class EdgeRuntime:
             config=self.config, zmq=zctx, bridge=bridge, directory=directory, fatal=fatal,
             admitting=admitting, session=dispatch.register_session(LOCAL_WORKER, self.config.runtime.slots),
             repo=repo, dispatch=dispatch, completion=CompletionService(store), control=Control(store),
+            lost_retry=LostRetry(store),
             cron=CronAdmission(store), journal=journal, receipts=receipts, logs=logs,
             local_receipts=LocalReceipts(receipts, journal, self.config.runtime.quarantine_retention_ms),
             boot_id=self.boot_id, launcher_shell=self.launcher_shell, free_bytes=self.free_bytes)

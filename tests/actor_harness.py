@@ -42,6 +42,7 @@ from qlactors.process.receipts import ReceiptStore
 from qlactors.store.completion import CompletionService
 from qlactors.store.cron_admission import CronAdmission
 from qlactors.store.control import Control
+from qlactors.store.lost_retry import LostRetry
 from qlactors.store.dispatch import Dispatch
 from qlactors.store.journal import Journal
 from qlactors.store.repository import Repository
@@ -202,7 +203,8 @@ class ActorHarness:
                 admitting=threading.Event(),
                 session=dispatch.register_session(LOCAL_WORKER, session_capacity),
                 repo=self.repo, dispatch=dispatch, completion=CompletionService(store),
-                control=Control(store), cron=CronAdmission(store), journal=journal, receipts=receipts, logs=logs,
+                control=Control(store), lost_retry=LostRetry(store), cron=CronAdmission(store), journal=journal,
+                receipts=receipts, logs=logs,
                 local_receipts=LocalReceipts(receipts, journal, self.config.runtime.quarantine_retention_ms),
                 boot_id=read_boot_id, launcher_shell="/bin/sh")
             watch_store(self.ctx)  # as edge.py does: outages reach `status`, a persistent one is fatal

@@ -14,6 +14,7 @@ from qlactors.domain.retry import RetryPolicy
 from qlactors.errors import BadInput
 from qlactors.store.completion import CompletionService
 from qlactors.store.control import Control
+from qlactors.store.lost_retry import LostRetry
 from qlactors.store.dispatch import Dispatch
 from qlactors.store.records import Fence, Identity
 from qlactors.store.journal import Journal
@@ -39,6 +40,11 @@ def session(dispatch):
 @pytest.fixture
 def control(repo):
     return Control(repo.store)
+
+
+@pytest.fixture
+def retries(repo):
+    return LostRetry(repo.store)
 
 
 def launch(repo, dispatch, session, stage="running", *, name=None, **task) -> Flight:
@@ -383,22 +389,22 @@ def lost_run(repo, dispatch, session, control, **task) -> Flight:
     (RetryPolicy(retry_on_lost=True, max_attempts=1), "RUN_LOST_RETRY_UNSAFE"),
     (RetryPolicy(retry_on_lost=True, max_attempts=1, safety="idempotent"), "RUN_LOST_RETRY_EXHAUSTED"),
 ])
-def test_resolve_lost_fails_runs_that_may_not_retry(repo, dispatch, session, control, policy, code):
+def test_resolve_lost_fails_runs_that_may_not_retry(repo, dispatch, session, control, policy, code, retries):
     flight = lost_run(repo, dispatch, session, control, retry=policy)
-    assert control.lost_runs() == [flight.run_id] and control.lost_count() == 1
-    out = control.resolve_lost(flight.run_id)
+    assert retries.lost_runs() == [flight.run_id] and control.lost_count() == 1
+    out = retries.resolve_lost(flight.run_id)
     assert (out.result, out.detail, out.run_state) == ("applied", code, "failed")
     run = repo.runs.get(flight.run_id)
     assert run.error_code == code and run.attempts[0].error_code == LOST
     assert event_types(repo, flight.run_id)[-1] == ("run.failed", "retry")
-    assert control.lost_runs() == [] and control.resolve_lost(flight.run_id).result == "already_terminal"
+    assert retries.lost_runs() == [] and retries.resolve_lost(flight.run_id).result == "already_terminal"
 
 
-def test_resolve_lost_schedules_a_retry_with_backoff(repo, dispatch, session, control):
+def test_resolve_lost_schedules_a_retry_with_backoff(repo, dispatch, session, control, retries):
     policy = RetryPolicy(retry_on_lost=True, max_attempts=3, safety="idempotent",
                          backoff_base_ms=60_000, backoff_max_ms=90_000)
     flight = lost_run(repo, dispatch, session, control, retry=policy)
-    out = control.resolve_lost(flight.run_id)
+    out = retries.resolve_lost(flight.run_id)
     assert (out.result, out.run_state) == ("applied", "retry_wait")
     with repo.store.read() as conn:
         row = conn.execute(select(run_retry_policies).where(run_retry_policies.c.run_id == flight.run_id)).one()
@@ -407,16 +413,16 @@ def test_resolve_lost_schedules_a_retry_with_backoff(repo, dispatch, session, co
     view = repo.runs.get(flight.run_id)
     assert [e.type for e in view.events[-2:]] == ["run.retry_scheduled", "run.retry_wait"]
     assert view.events[-1].payload == {"next_attempt_at_ms": row.next_attempt_at_ms}
-    assert control.due_retries() == []
-    assert control.requeue(flight.run_id).detail == "not_due"
+    assert retries.due_retries() == []
+    assert retries.requeue(flight.run_id).detail == "not_due"
 
 
-def test_a_due_retry_requeues_with_a_fresh_attempt_that_inherits_nothing(repo, dispatch, session, control):
+def test_a_due_retry_requeues_with_a_fresh_attempt_that_inherits_nothing(repo, dispatch, session, control, retries):
     policy = RetryPolicy(retry_on_lost=True, max_attempts=2, safety="deduplicated", backoff_base_ms=0)
     flight = lost_run(repo, dispatch, session, control, retry=policy)
-    control.resolve_lost(flight.run_id)
-    assert control.due_retries() == [flight.run_id]
-    out = control.requeue(flight.run_id)
+    retries.resolve_lost(flight.run_id)
+    assert retries.due_retries() == [flight.run_id]
+    out = retries.requeue(flight.run_id)
     assert (out.result, out.run_state) == ("applied", "queued")
     view = repo.runs.get(flight.run_id)
     assert [(a.number, a.state) for a in view.attempts] == [(1, "lost"), (2, "claimed")]
@@ -428,23 +434,23 @@ def test_a_due_retry_requeues_with_a_fresh_attempt_that_inherits_nothing(repo, d
         assert getattr(fresh, column) is None, column
     assert fresh.callback_sequence == 0 and fresh.number == 2
     assert [e.type for e in view.events[-2:]] == ["attempt.claimed", "run.queued"]
-    assert control.due_retries() == [] and control.requeue(flight.run_id).detail == "run_queued"
+    assert retries.due_retries() == [] and retries.requeue(flight.run_id).detail == "run_queued"
     # the second attempt is dispatched like any queued run, under its own first lease
     second = advance(dispatch, session, flight.run_id)
     assert second.attempt_id == out.detail and second.fence.lease_generation == 1
     # and when it is lost too, the policy is exhausted
     control.mark_lost(flight.run_id, second.attempt_id, LOST)
-    assert control.resolve_lost(flight.run_id).detail == "RUN_LOST_RETRY_EXHAUSTED"
+    assert retries.resolve_lost(flight.run_id).detail == "RUN_LOST_RETRY_EXHAUSTED"
 
 
-def test_a_cancel_intent_wins_over_a_retry(repo, dispatch, session, control):
+def test_a_cancel_intent_wins_over_a_retry(repo, dispatch, session, control, retries):
     policy = RetryPolicy(retry_on_lost=True, max_attempts=3, safety="idempotent")
     flight = lost_run(repo, dispatch, session, control, retry=policy)
     # An intent on a lost run (committed by a path outside this suite, e.g. a cluster race).
     with repo.store.write() as conn:
         conn.execute(runs.update().where(runs.c.id == flight.run_id).values(
             cancel_reason="timeout", cancel_requested_at_ms=1))
-    out = control.resolve_lost(flight.run_id)
+    out = retries.resolve_lost(flight.run_id)
     assert (out.result, out.run_state) == ("applied", "timed_out")
     with repo.store.read() as conn:
         assert conn.execute(select(run_retry_policies.c.next_attempt_at_ms).where(

@@ -17,15 +17,15 @@ class Retry(RuntimeActor):
         return {StepRequest: self.on_page}
 
     def on_page(self, msg: StepRequest, _peer: bytes) -> None:
-        control = self.ctx.control
+        retries = self.ctx.lost_retry
         page = self.ctx.config.runtime.retry_page
         try:
-            lost = control.lost_runs(page)
+            lost = retries.lost_runs(page)
             for run_id in lost:
-                control.resolve_lost(run_id)
-            due = control.due_retries(page)
+                retries.resolve_lost(run_id)
+            due = retries.due_retries(page)
             for run_id in due:
-                control.requeue(run_id)
+                retries.requeue(run_id)
         except Exception as err:  # the cycle stops here; the next tick tries again
             log.warning("event=retry_page_failed error=%r", err)
             self.ctx.directory.tell("scheduler", StepDone(msg.cycle, self.name, False, repr(err)))

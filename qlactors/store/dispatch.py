@@ -19,7 +19,7 @@ import json
 import logging
 from typing import Callable
 
-from sqlalchemy import and_, bindparam, exists, func, or_, select
+from sqlalchemy import and_, select
 from sqlalchemy.engine import Connection
 
 from ..domain.model import Command, env_from_json
@@ -59,9 +59,22 @@ from .plans import (
     load_run,
     pinned_revision,
     run_snapshot,
-    sql_states,
 )
-from .schema import run_attempts, run_dispatch_leases, runs, task_revisions, tasks, worker_sessions
+from .dispatch_queries import (
+    CANDIDATES,
+    CLAIMED_ATTEMPT_UPDATE,
+    LEASED_COUNT,
+    LEASE_BY_OFFER,
+    LEASE_LOCKED,
+    MAX_GENERATION,
+    OFFER_REVISION,
+    SESSION_LOCKED,
+    SESSION_SHARED,
+    busy,
+    candidate_query,
+    dispatchable,
+)
+from .schema import run_dispatch_leases, worker_sessions
 from .views import cwd_from_column
 
 log = logging.getLogger("qlactors.dispatch")
@@ -177,13 +190,13 @@ class Dispatch:
             raise BadInput("lease_ttl_ms must be a positive integer or None")
         with self.store.write(durable=False) as conn:
             # Capacity is checked under the session row lock, so one session never oversells.
-            session = conn.execute(_SESSION_LOCKED, {"session_id": session_id}).first()
+            session = conn.execute(SESSION_LOCKED, {"session_id": session_id}).first()
             now = self.store.now_ms(conn)
             detail = _session_mismatch(session, worker_id, session_generation, now, online_only=True)
             if detail is not None:
                 raise Fenced(f"session {session_id} of worker {worker_id!r} cannot pull ({detail}); "
                              "register a new session")
-            existing = conn.execute(_LEASE_BY_OFFER, {"offer_id": offer_id}).first()
+            existing = conn.execute(LEASE_BY_OFFER, {"offer_id": offer_id}).first()
             if existing is not None:
                 return self._replay(conn, existing, session, lease_token_hash, log_cap_bytes)
             if self._leased_count(conn, session_id) >= session.capacity:
@@ -193,8 +206,8 @@ class Dispatch:
             for _ in range(_MAX_PICKS):
                 pick = None
                 for kind in ("dispatching", "queued"):  # a declined claim first: it was the oldest
-                    query = (_candidate_query(kind, skip_runs, skip_tasks) if skip_runs or skip_tasks
-                             else _CANDIDATES[kind])
+                    query = (candidate_query(kind, skip_runs, skip_tasks) if skip_runs or skip_tasks
+                             else CANDIDATES[kind])
                     pick = conn.execute(query, {"now": now}).first()
                     if pick is not None:
                         break
@@ -205,9 +218,9 @@ class Dispatch:
                 self.store.advisory_lock(conn, f"task:{pick.task_id}")
                 run = pick  # the run row itself, locked by the query (PostgreSQL: re-read at the lock)
                 attempt = load_attempt(conn, pick.attempt_id)
-                if not _dispatchable(conn, run, attempt):
+                if not dispatchable(conn, run, attempt):
                     skip_runs.append(pick.id)  # changed between the query's snapshot and its lock
-                elif _busy(conn, run.task_id, run.id) >= pick.max_concurrent:
+                elif busy(conn, run.task_id, run.id) >= pick.max_concurrent:
                     skip_tasks.append(run.task_id)
                 else:
                     claimed = self._claim(conn, run, attempt, session, offer_id, lease_token_hash,
@@ -219,11 +232,11 @@ class Dispatch:
 
     def _leased_count(self, conn: Connection, session_id: str) -> int:
         """Live leases of the session; a lease whose attempt already ended holds no slot."""
-        return conn.execute(_LEASED_COUNT, {"session_id": session_id}).scalar_one()
+        return conn.execute(LEASED_COUNT, {"session_id": session_id}).scalar_one()
 
     def _claim(self, conn, run, attempt, session, offer_id, token_hash, log_cap_bytes, now,
                lease_ttl_ms, check) -> OfferView | object | None:
-        generation = conn.execute(_MAX_GENERATION, {"attempt_id": attempt.id}).scalar_one() + 1
+        generation = conn.execute(MAX_GENERATION, {"attempt_id": attempt.id}).scalar_one() + 1
         expires = now + lease_ttl_ms if lease_ttl_ms is not None else None
         projection = dict(offer_id=offer_id, lease_generation=generation, lease_version=1,
                           lease_expires_at_ms=expires, worker_id=session.worker_id,
@@ -247,7 +260,7 @@ class Dispatch:
                        actor_type=ACTOR, expected_callback_sequence=attempt.callback_sequence,
                        attempt_values=projection)
         else:  # a re-offer of a declined claim: the run is already `dispatching`, no status change
-            changed = conn.execute(_CLAIMED_ATTEMPT_UPDATE, dict(
+            changed = conn.execute(CLAIMED_ATTEMPT_UPDATE, dict(
                 projection, updated_at_ms=now, w_id=attempt.id)).rowcount
             if changed != 1:
                 raise Conflict(f"attempt {attempt.id} changed meanwhile")
@@ -287,7 +300,7 @@ class Dispatch:
 
     def _build_view(self, conn: Connection, run, attempt, projection: dict, log_cap_bytes: int) -> OfferView:
         """The offer of `attempt` under the lease `projection`; ValueError when the revision cannot be read."""
-        rev = conn.execute(_OFFER_REVISION, {"task_id": run.task_id, "revision": run.task_revision}).one()
+        rev = conn.execute(OFFER_REVISION, {"task_id": run.task_id, "revision": run.task_revision}).one()
         return OfferView(
             run_id=run.id, attempt_id=attempt.id, attempt_number=attempt.number,
             **{name: projection[name] for name in _PROJECTION},
@@ -305,10 +318,10 @@ class Dispatch:
         rows, the lease row, then database time. The token hash is compared in constant time.
         """
         self.store.advisory_lock(conn, f"attempt:{fence.attempt_id}")
-        session = conn.execute(_SESSION_SHARED, {"session_id": fence.session_id}).first()
+        session = conn.execute(SESSION_SHARED, {"session_id": fence.session_id}).first()
         run = load_run(conn, fence.run_id)
         attempt = load_attempt(conn, fence.attempt_id)
-        lease = conn.execute(_LEASE_LOCKED, {"attempt_id": fence.attempt_id,
+        lease = conn.execute(LEASE_LOCKED, {"attempt_id": fence.attempt_id,
                                              "generation": fence.lease_generation}).first()
         now = self.store.now_ms(conn)
         detail = _session_mismatch(session, fence.worker_id, fence.session_generation, now,
@@ -485,10 +498,6 @@ class Dispatch:
             return Outcome(APPLIED, None if version is not None else "no_live_lease", run.status)
 
 
-_ACTIVE = sql_states(_A.CLAIMED, _A.STARTING, _A.RUNNING)
-_DISPATCHED = sql_states(_R.DISPATCHING, _R.RUNNING)
-
-
 def _session_mismatch(session, worker_id: str, generation: int, now: int, *, online_only: bool) -> str | None:
     """Why `session` cannot act for (worker, generation) at `now`, or None when it can.
 
@@ -519,95 +528,3 @@ def _fenced_or_ended(mismatch: _Mismatch) -> Outcome:
         if _ended(run, attempt):
             return Outcome(ALREADY_TERMINAL, mismatch.detail, run.status)
     return Outcome(FENCED, mismatch.detail)
-
-
-def _live_lease():
-    return exists().where(and_(run_dispatch_leases.c.attempt_id == run_attempts.c.id,
-                               run_dispatch_leases.c.status == _L.LEASED.value))
-
-
-def _candidate_query(kind: str, skip_runs: list[str], skip_tasks: list[str]):
-    """The oldest dispatchable run of one kind, locked; rows another offer holds are skipped (PostgreSQL).
-
-    `queued`, or `dispatching` with no live lease (a declined claim, offered again). The attempt
-    and the limit are correlated subqueries, not joins, so that both databases walk the runs in
-    queue order on `(status, queued_at_ms, id)` and stop at the first that fits, instead of
-    sorting every claimed attempt.
-    """
-    # Ordered by number (a run has one active attempt, its newest), so SQLite looks it up by run
-    # id on (run_id, number) instead of walking every claimed attempt on (status, ...).
-    claimed = (select(run_attempts.c.id).where(and_(run_attempts.c.run_id == runs.c.id,
-                                                    run_attempts.c.status == _A.CLAIMED.value))
-               .order_by(run_attempts.c.number.desc()).limit(1).scalar_subquery())
-    limit = (select(task_revisions.c.max_concurrent).where(and_(
-        task_revisions.c.task_id == runs.c.task_id, task_revisions.c.revision == runs.c.task_revision))
-        .scalar_subquery())
-    other = runs.alias("other")
-    busy = (select(func.count()).select_from(other).where(and_(
-        other.c.task_id == runs.c.task_id, other.c.status.in_(_DISPATCHED), other.c.id != runs.c.id))
-        .scalar_subquery())
-    query = (
-        select(runs, claimed.label("attempt_id"), limit.label("max_concurrent"))
-        .where(and_(runs.c.status == kind, runs.c.cancel_reason.is_(None), claimed.is_not(None),
-                    busy < limit,
-                    # a cron run's random delay: not offered before its not-before time, judged on
-                    # the transaction's observed time (edge: system clock; cluster: database time)
-                    or_(runs.c.not_before_ms.is_(None), runs.c.not_before_ms <= bindparam("now"))))
-        .order_by(runs.c.queued_at_ms, runs.c.id)
-        .limit(1)
-        # SQLAlchemy drops FOR UPDATE on SQLite, where BEGIN IMMEDIATE already serialises writers.
-        .with_for_update(skip_locked=True, of=runs)
-    )
-    if kind == _R.DISPATCHING.value:
-        query = query.where(~exists().where(and_(run_dispatch_leases.c.attempt_id == claimed,
-                                                 run_dispatch_leases.c.status == _L.LEASED.value)))
-    if skip_runs:
-        query = query.where(runs.c.id.not_in(skip_runs))
-    if skip_tasks:
-        query = query.where(runs.c.task_id.not_in(skip_tasks))
-    return query
-
-
-def _dispatchable(conn: Connection, run, attempt) -> bool:
-    """Re-check a locked candidate with fresh reads (the query's snapshot may predate a commit)."""
-    if run is None or attempt is None or run.cancel_reason is not None:
-        return False
-    if attempt.status != _A.CLAIMED.value or attempt.run_id != run.id:
-        return False
-    if run.status == _R.QUEUED.value:
-        return True
-    if run.status != _R.DISPATCHING.value:
-        return False
-    return conn.execute(_LIVE_LEASES, {"attempt_id": attempt.id}).scalar_one() == 0
-
-
-def _busy(conn: Connection, task_id: str, run_id: str) -> int:
-    """Runs of the task already dispatched (`dispatching|running`), other than `run_id` itself."""
-    return conn.execute(_BUSY, {"task_id": task_id, "run_id": run_id}).scalar_one()
-
-
-# Built once with bound parameters (see plans.py): the offer and report paths run per job.
-_CANDIDATES = {kind: _candidate_query(kind, [], []) for kind in (_R.DISPATCHING.value, _R.QUEUED.value)}
-_SESSION = select(worker_sessions).where(worker_sessions.c.session_id == bindparam("session_id"))
-_SESSION_LOCKED = _SESSION.with_for_update()
-_SESSION_SHARED = _SESSION.with_for_update(read=True)
-_LEASE_BY_OFFER = select(run_dispatch_leases).where(run_dispatch_leases.c.offer_id == bindparam("offer_id"))
-_LEASE_LOCKED = select(run_dispatch_leases).where(and_(
-    run_dispatch_leases.c.attempt_id == bindparam("attempt_id"),
-    run_dispatch_leases.c.lease_generation == bindparam("generation"))).with_for_update()
-_LEASED_COUNT = select(func.count()).select_from(
-    run_dispatch_leases.join(run_attempts, run_attempts.c.id == run_dispatch_leases.c.attempt_id)).where(and_(
-        run_dispatch_leases.c.session_id == bindparam("session_id"),
-        run_dispatch_leases.c.status == _L.LEASED.value, run_attempts.c.status.in_(_ACTIVE)))
-_LIVE_LEASES = select(func.count()).select_from(run_dispatch_leases).where(and_(
-    run_dispatch_leases.c.attempt_id == bindparam("attempt_id"), run_dispatch_leases.c.status == _L.LEASED.value))
-_MAX_GENERATION = select(func.coalesce(func.max(run_dispatch_leases.c.lease_generation), 0)).where(
-    run_dispatch_leases.c.attempt_id == bindparam("attempt_id"))
-_CLAIMED_ATTEMPT_UPDATE = run_attempts.update().where(and_(
-    run_attempts.c.id == bindparam("w_id"), run_attempts.c.status == _A.CLAIMED.value))
-_OFFER_REVISION = (select(task_revisions, tasks.c.name.label("task_name"))
-                   .join(tasks, tasks.c.id == task_revisions.c.task_id)
-                   .where(and_(task_revisions.c.task_id == bindparam("task_id"),
-                               task_revisions.c.revision == bindparam("revision"))))
-_BUSY = select(func.count()).select_from(runs).where(and_(
-    runs.c.task_id == bindparam("task_id"), runs.c.status.in_(_DISPATCHED), runs.c.id != bindparam("run_id")))
