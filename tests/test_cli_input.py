@@ -174,3 +174,21 @@ def test_a_cwd_that_does_not_exist_or_is_not_a_directory_is_refused_by_add_and_u
 
     ok("task", "update", "existing", "--cwd", tmp_path, home=home)  # a directory is fine
     assert ok_json("task", "show", "existing", home=home)["cwd"] == str(tmp_path)
+
+
+# --- a reader that goes away --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args", [("task", "list"), ("task", "show", "existing", "--json")])
+def test_output_into_a_closed_pipe_ends_quietly_with_status_0(existing, args):
+    """`qlactors task list | head -1`: the reader going away is no failure and gets no message."""
+    import os
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # every write now fails with EPIPE
+    try:
+        result = subprocess.run([*QLACTORS, "--home", str(existing), *args], stdout=write_end,
+                                stderr=subprocess.PIPE, timeout=60, env=clean_env())
+    finally:
+        os.close(write_end)
+    assert (result.returncode, result.stderr) == (0, b"")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Callable
 
@@ -75,6 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     except QlactorsError as err:
         print(f"qlactors: {err}", file=sys.stderr)
         return err.exit_status
+    except BrokenPipeError:  # the reader went away (`| head`): nothing is wrong, say nothing
+        _silence_stdout()
+        return EXIT_OK
     except OSError as err:  # the file system refused something no check above foresaw
         where = f" ({err.filename})" if err.filename else ""
         print(f"qlactors: {err.strerror or err}{where}; the command stopped there", file=sys.stderr)
@@ -82,9 +86,20 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("qlactors: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:
-        return EXIT_OK
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so the flush at exit does not fail again on the closed pipe."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def entry() -> None:
-    sys.exit(main())
+    try:
+        status = main()
+        sys.stdout.flush()  # buffered output meets a closed pipe here, not in main
+    except BrokenPipeError:
+        _silence_stdout()
+        status = EXIT_OK
+    sys.exit(status)
