@@ -281,6 +281,7 @@ def test_bad_input_exits_2_with_one_clear_line_and_writes_nothing(tmp_path):
         (("run", "existing", "--", "echo", "x"), "`-- COMMAND` belongs to"),
         (("task", "add", "n3", "--env", "NOEQUALS", "--", "true"), "expected NAME=VALUE"),
         (("task", "add", "n3", "--env", "QLACTORS_X=1", "--", "true"), "reserved"),
+        (("task", "add", "n3", "--env", "q_token=1", "--", "true"), "names starting with q_ are reserved"),
         (("task", "add", "n3", "--cwd", "", "--", "true"), "--cwd needs a directory"),
         (("runs", "--task", "nope"), "no task named 'nope'"),
         (("runs", "--limit", "0"), "--limit"),

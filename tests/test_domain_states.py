@@ -406,6 +406,20 @@ def test_user_cancel_intent_wins_over_exit_zero(reason):
     assert plan.error_code == ErrorCode.EXECUTION_CANCELLED
 
 
+@pytest.mark.parametrize("reason", [CancelReason.USER, CancelReason.POLICY, CancelReason.SHUTDOWN])
+def test_a_job_the_stop_signalled_is_cancelled_even_when_its_clock_says_it_ended_first(reason):
+    # The launcher's clock and the commit's differ by up to a tick: a job the cancel's own TERM
+    # killed 5 ms after the commit may carry an earlier finish time. Only an unsignalled job that
+    # ended before the intent keeps its own outcome.
+    state = to_running(reason)
+    killed = plan_completion(*state, exit_code=143, finished_at_ms=995, deadline_at_ms=None,
+                             cancel_requested_at_ms=1000, signalled=True)
+    assert (killed.run_to, killed.error_code) == (R.CANCELLED, ErrorCode.EXECUTION_CANCELLED)
+    own = plan_completion(*state, exit_code=3, finished_at_ms=995, deadline_at_ms=None,
+                          cancel_requested_at_ms=1000, signalled=False)
+    assert (own.run_to, own.error_code) == (R.FAILED, ErrorCode.EXIT_NONZERO)
+
+
 def test_completion_before_running_report_ends_a_starting_attempt():
     state = admitted()
     state = apply(state, plan_offer(*state))

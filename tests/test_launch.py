@@ -97,6 +97,45 @@ def test_the_callback_token_is_never_in_the_launchers_environment(tmp_path):
     assert decode_receipt((receipts / "att1.json").read_bytes()).token == token
 
 
+def _launch_and_wait(tmp_path, argv, *, token, extra_env=None):
+    """Run ARGV under the launcher without a cap; its exit status, its log and its receipt."""
+    receipts = tmp_path / "ab"
+    receipts.mkdir(mode=0o700)
+    log = tmp_path / "log"
+    log.touch(mode=0o600)
+    env = job_environment(os.environ, extra_env or {})
+    env.update(QLACTORS_RUN_ID="run1", QLACTORS_ATTEMPT_ID="att1", QLACTORS_RECEIPT_DIR=str(receipts),
+               QLACTORS_MARKER=str(tmp_path / "marker"), QLACTORS_LOG=str(log), QLACTORS_LOG_CAP="0")
+    pid = spawn(argv, env, token=token)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status), log.read_bytes(), (receipts / "att1.json").read_bytes()
+
+
+def test_the_token_reaches_the_launcher_when_the_runtime_runs_with_stdin_closed(tmp_path):
+    # A daemoniser may start the runtime with descriptor 0 closed: the token pipe's read end is
+    # then descriptor 0, which the spawn also points at /dev/null; the token must move first.
+    token = "T0k3n_" + "c" * 40
+    saved = os.dup(0)
+    os.close(0)
+    try:
+        code, _log, receipt = _launch_and_wait(tmp_path, ["sh", "-c", "exit 5"], token=token)
+    finally:
+        os.dup2(saved, 0)
+        os.close(saved)
+    assert code == 5
+    assert decode_receipt(receipt).token == token
+
+
+def test_an_inherited_q_token_variable_never_carries_the_token_to_the_job(tmp_path):
+    # A variable the launcher's environment brings in stays exported when the launcher assigns
+    # it: the launcher unsets its token variable first (a task cannot name one q_* either).
+    token = "T0k3n_" + "e" * 40
+    code, log, receipt = _launch_and_wait(tmp_path, ["sh", "-c", "env"], token=token,
+                                          extra_env={"q_token": "planted"})
+    assert code == 0 and decode_receipt(receipt).token == token
+    assert token.encode() not in log
+
+
 def test_a_stop_kills_the_jobs_group_and_the_launcher_lives_on_to_publish(tmp_path):
     # KILL is what tells the two groups apart: sent to the launcher's, no receipt could follow.
     receipts = tmp_path / "ab"

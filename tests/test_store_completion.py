@@ -212,16 +212,30 @@ def test_user_cancel_intent_wins_over_exit_zero(repo, dispatch, session, service
 
 def test_a_job_that_ended_before_the_cancel_keeps_its_own_outcome(repo, dispatch, session, service):
     # The receipt came late (its reader drained) but the job had exited 4 before the cancel:
-    # the stop did not end it, so its exit decides (SEMANTICS.md §7).
+    # the stop found it ended and signalled nothing (`exit`), so its exit decides (SEMANTICS.md §7).
+    # (A job the executor did signal was alive after the commit: see the signalled case below.)
     flight = launch(repo, dispatch, session)
     ended_ms = rows(repo, flight)[1]["started_at_ms"]  # at once, before the cancel below
     assert repo.runs.cancel(flight.run_id).outcome == "requested"
     out = service.complete(flight.run_id, flight.attempt_id, receipt(flight, 4, finished_at_ms=ended_ms),
-                           stopped_by="term")
+                           stopped_by="exit")
     assert out.run_state == "failed"
     run, attempt, _, _ = rows(repo, flight)
     assert (run["error_code"], attempt["exit_code"], attempt["signal"]) == ("EXIT_NONZERO", 4, None)
     assert run["finished_at_ms"] == attempt["finished_at_ms"] == ended_ms
+
+
+def test_a_job_the_stop_signalled_is_cancelled_whatever_its_finish_time_says(repo, dispatch, session, service):
+    # Signals are sent only after the intent is committed, so a signalled job was alive then;
+    # its launcher-clock finish time may still read a tick earlier than the commit's.
+    flight = launch(repo, dispatch, session)
+    ended_ms = rows(repo, flight)[1]["started_at_ms"]
+    assert repo.runs.cancel(flight.run_id).outcome == "requested"
+    out = service.complete(flight.run_id, flight.attempt_id, receipt(flight, 143, finished_at_ms=ended_ms),
+                           stopped_by="term")
+    assert out.run_state == "cancelled"
+    _, attempt, _, _ = rows(repo, flight)
+    assert (attempt["exit_code"], attempt["signal"]) == (143, 15)
 
 
 @pytest.mark.parametrize(("stopped_by", "exit_code", "expected"), [

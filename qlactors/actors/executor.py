@@ -265,8 +265,10 @@ class Executor(RuntimeActor):
             if liveness is Liveness.RUNNING:
                 local.stop_phase = "kill"
                 log.info("event=stop_kill attempt=%s", local.attempt_id)
-                # The launcher outlives its job: it stops what is left, drains, and publishes.
-                wait_ms = self.ctx.config.runtime.kill_grace_ms + self.ctx.config.runtime.output_drain_ms
+                # The launcher outlives its job: it stops what is left (TERM, the task's stop
+                # grace, KILL), drains, and publishes.
+                runtime = self.ctx.config.runtime
+                wait_ms = runtime.kill_grace_ms + local.grace_ms + runtime.output_drain_ms
                 self.ctx.bridge.call_at(f"stop:{local.attempt_id}", time.monotonic() + wait_ms / 1000,
                                         self.me, StopCheck(local.attempt_id, "kill"))
         else:

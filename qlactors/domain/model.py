@@ -27,6 +27,9 @@ MAX_LABELS = 32
 MAX_QUEUED_LIMIT = 1024
 MAX_RANDOM_DELAY_MS = 24 * 3600 * 1000
 RESERVED_ENV_PREFIX = "QLACTORS_"
+# The launcher's own shell variables are all q_*: a job's env of that name would be overwritten
+# by the launcher's value (and stay exported), so the job would not get what the task says.
+LAUNCHER_ENV_PREFIX = "q_"
 SHELL = "/bin/sh"  # what runs a shell-string command
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -171,8 +174,9 @@ def _check_env(env: Mapping[str, str]) -> None:
     for key, value in env.items():
         if not _ENV_NAME.match(key):
             raise TaskSpecError(f"--env {key!r}: not a valid variable name (letters, digits, '_')")
-        if key.startswith(RESERVED_ENV_PREFIX):
-            raise TaskSpecError(f"--env {key}: names starting with {RESERVED_ENV_PREFIX} are reserved")
+        for prefix in (RESERVED_ENV_PREFIX, LAUNCHER_ENV_PREFIX):
+            if key.startswith(prefix):
+                raise TaskSpecError(f"--env {key}: names starting with {prefix} are reserved")
         if "\0" in value or _posix_length(f"--env {key}", value) > MAX_ENV_VALUE_BYTES:
             raise TaskSpecError(f"--env {key}: value has a NUL byte or is over the "
                                 f"{MAX_ENV_VALUE_BYTES}-byte limit for one value")

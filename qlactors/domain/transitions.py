@@ -243,20 +243,24 @@ def plan_completion(
     deadline_at_ms: int | None,
     cancel_requested_at_ms: int | None = None,
     output_open: bool = False,
+    signalled: bool = False,
 ) -> Plan:
     """Complete from a verified receipt (SEMANTICS.md §5): the cancel intent decides first.
 
     A `timeout` intent yields `timed_out` unless the job finished by its deadline, in which case
     only the observation was late and it completes normally. Likewise another intent decides
     only if the job's main process had not ended before it was committed: a stop never replaces
-    an exit the launcher already knew (§7). `output_open` (receipt schema 2) adds an
+    an exit the launcher already knew (§7). `signalled` (the executor sent the job's group a
+    stop signal) rules "ended before" out: the launcher's clock and the commit's differ by up to
+    a clock tick, and a job the cancel's own TERM killed must end `cancelled`. `output_open` (receipt schema 2) adds an
     `attempt.output_left_open` event ahead of the status events.
     """
     reason = run.cancel_reason
     if reason is CancelReason.TIMEOUT:
         ended_first = deadline_at_ms is None or finished_at_ms <= deadline_at_ms
     else:
-        ended_first = cancel_requested_at_ms is not None and finished_at_ms <= cancel_requested_at_ms
+        ended_first = (not signalled and cancel_requested_at_ms is not None
+                       and finished_at_ms <= cancel_requested_at_ms)
     if reason is not None and not ended_first:
         run_to, attempt_to, code = outcome_of_cancel(reason)
     elif exit_code == 0:

@@ -81,11 +81,13 @@ def spawn(argv: list[str], env: Mapping[str, str], *, token: str, shell: str = "
             os.fsencode(shell_argv[0]), [os.fsencode(a) for a in (*shell_argv, str(launcher_path()), *argv)],
             {os.fsencode(k): os.fsencode(v) for k, v in env.items()},
             setsid=True, setsigdef=DEFAULT_SIGNALS, setsigmask=(),
+            # The token first: a runtime started with stdin, stdout or stderr closed gets its
+            # pipe on descriptor 0, 1 or 2, which the /dev/null opens below then replace.
             file_actions=[
+                (os.POSIX_SPAWN_DUP2, read_end, TOKEN_FD),
                 (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
                 (os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0),
                 (os.POSIX_SPAWN_OPEN, 2, os.devnull, os.O_WRONLY, 0),
-                (os.POSIX_SPAWN_DUP2, read_end, TOKEN_FD),
             ],
         )
     finally:

@@ -34,7 +34,9 @@ umask 077
 # their errors): the job's output goes to the log, the launcher's result is the receipt.
 exec >/dev/null 2>&1
 
-q_token=
+# unset, not just assigned: a variable the environment brought in stays exported, and the job
+# would inherit the token (a task cannot name one q_*, but the launcher does not rely on that).
+unset q_token
 IFS= read -r q_token <&3
 exec 3<&-
 q_run=${QLACTORS_RUN_ID-} q_attempt=${QLACTORS_ATTEMPT_ID-}
@@ -239,9 +241,13 @@ if [ -n "$q_marker" ] && [ -n "$q_setsid" ] && read -r q_line <"$q_marker"; then
             case $q_job in '' | *[!0-9]*) q_job= ;; esac ;;
     esac
 fi
-q_group_gone() { ! kill -0 "-$q_job"; }
-if [ -n "$q_job" ] && [ "$q_keep" != 1 ] && kill -TERM "-$q_job"; then
-    q_wait_until q_group_gone "$q_grace" || kill -KILL "-$q_job"
+# The group is still the job's only while no process has the number $q_job: the kernel never
+# hands out a pid that a live group still uses, so a process with that pid means the group
+# emptied and the number was reused; it is then never signalled.
+q_group_ours() { ! [ -e "/proc/$q_job" ] && kill -0 "-$q_job"; }
+q_group_gone() { ! q_group_ours; }
+if [ -n "$q_job" ] && [ "$q_keep" != 1 ] && q_group_ours && kill -TERM "-$q_job"; then
+    q_wait_until q_group_gone "$q_grace" || { q_group_ours && kill -KILL "-$q_job"; }
 fi
 
 # The log-cap reader normally ends as soon as the job's group is gone. Something outside the

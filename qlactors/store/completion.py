@@ -110,7 +110,8 @@ class CompletionService:
                                    exit_code=receipt.exit_code, finished_at_ms=receipt.finished_at_ms,
                                    deadline_at_ms=attempt.deadline_at_ms,
                                    cancel_requested_at_ms=run.cancel_requested_at_ms,
-                                   output_open=bool(receipt.output_open))
+                                   output_open=bool(receipt.output_open),
+                                   signalled=stopped_by != "exit")
             from_stop = plan.run_to in (RunStatus.CANCELLED, RunStatus.TIMED_OUT)
             run_values = {"finished_at_ms": finished}
             if run.started_at_ms is None:
