@@ -47,11 +47,6 @@ def _first_true(lo: int, hi: int, pred: Callable[[int], bool]) -> int:
     return hi
 
 
-def exists(local: datetime, tz: tzinfo) -> bool:
-    """False when the naive wall time `local` falls inside a spring-forward gap."""
-    return wall(int(local.replace(tzinfo=tz, fold=0).timestamp()), tz) == local
-
-
 def fixed_instant_s(local: datetime, tz: tzinfo) -> int:
     """The one instant a fixed-time entry fires for wall time `local`: its first instant when
     the time is repeated, the first instant after the gap when the time does not exist."""

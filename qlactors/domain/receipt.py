@@ -122,16 +122,18 @@ def _check_str(key: str, value: object, pattern: re.Pattern[str], rule: str) -> 
         raise ReceiptError("bad_format", f"receipt {key} must be {rule}")
 
 
+def _check_version(version: object) -> None:
+    if type(version) is not int:
+        raise ReceiptError("bad_type", f"receipt schemaVersion must be an integer, got {_kind(version)}")
+    if version not in SCHEMA_VERSIONS:
+        raise ReceiptError("unsupported_version",
+                           f"receipt schemaVersion {version} is not supported (this codec reads "
+                           f"{', '.join(map(str, SCHEMA_VERSIONS))}); upgrade qlactors to read it")
+
+
 def _validate(r: Receipt) -> None:
     """The one set of field rules, shared by construction, decoding and encoding."""
-    if type(r.schema_version) is not int:
-        raise ReceiptError("bad_type",
-                           f"receipt schemaVersion must be an integer, got {_kind(r.schema_version)}")
-    if r.schema_version not in SCHEMA_VERSIONS:
-        raise ReceiptError("unsupported_version",
-                           f"receipt schemaVersion {r.schema_version} is not supported "
-                           f"(this codec reads {', '.join(map(str, SCHEMA_VERSIONS))}); "
-                           f"upgrade qlactors to read it")
+    _check_version(r.schema_version)
     ids = f"1 to {MAX_ID_LEN} characters of A-Z a-z 0-9 _ -"
     _check_str("runId", r.run_id, ID_PATTERN, ids)
     _check_str("attemptId", r.attempt_id, ID_PATTERN, ids)
@@ -191,12 +193,7 @@ def decode_receipt(data: bytes, *, expected_attempt_id: str | None = None) -> Re
     if "schemaVersion" not in obj:
         raise ReceiptError("missing_key", "receipt lacks keys ['schemaVersion']")
     version = obj["schemaVersion"]
-    if type(version) is not int:
-        raise ReceiptError("bad_type", f"receipt schemaVersion must be an integer, got {_kind(version)}")
-    if version not in _KEYS:
-        raise ReceiptError("unsupported_version",
-                           f"receipt schemaVersion {version} is not supported (this codec reads "
-                           f"{', '.join(map(str, SCHEMA_VERSIONS))}); upgrade qlactors to read it")
+    _check_version(version)
     keys = _KEYS[version]
     allowed = {k for k, _ in keys}
     unknown = sorted(set(obj) - allowed)

@@ -190,17 +190,22 @@ def _read_marker_text(path: str | os.PathLike[str]) -> str | None:
     return data.decode("ascii")  # UnicodeDecodeError is a ValueError
 
 
-def read_marker(path: str | os.PathLike[str]) -> ProcessIdentity | None:
-    """The launcher's identity in a start marker file, None when there is none yet; ValueError
-    when it is bad (a complete line that does not parse)."""
+def read_markers(path: str | os.PathLike[str]) -> tuple[ProcessIdentity | None, ProcessIdentity | None]:
+    """The launcher's and the job's identities from one read of a start marker file: (None,
+    None) when there is none yet, a None job when it names none; ValueError when it is bad (a
+    complete line that does not parse)."""
     text = _read_marker_text(path)
-    return None if text is None else parse_marker(text)
+    return (None, None) if text is None else (parse_marker(text), parse_job_marker(text))
+
+
+def read_marker(path: str | os.PathLike[str]) -> ProcessIdentity | None:
+    """The launcher's identity in a start marker file (see read_markers)."""
+    return read_markers(path)[0]
 
 
 def read_job_marker(path: str | os.PathLike[str]) -> ProcessIdentity | None:
-    """The job's identity (pid = process group) in a start marker file, None when not published."""
-    text = _read_marker_text(path)
-    return None if text is None else parse_job_marker(text)
+    """The job's identity (pid = process group) in a start marker file (see read_markers)."""
+    return read_markers(path)[1]
 
 
 def probe(identity: ProcessIdentity, *, current_boot_id: str, proc: str = "/proc") -> Liveness:

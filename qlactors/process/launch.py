@@ -8,7 +8,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping
 
-from .identity import Liveness, ProcessIdentity, probe, read_job_marker, read_marker
+from .identity import Liveness, ProcessIdentity, probe, read_markers
 
 # A non-interactive parent often ignores INT/QUIT, and `sh` cannot reset an ignored signal:
 # hand the launcher default dispositions and an empty mask (STYLE.md traps).
@@ -124,10 +124,10 @@ def signal_job(launcher: Any, marker: str | os.PathLike[str], sig: int, *,
         return liveness
     try:
         # A marker left by an earlier launch of the same attempt names another launcher.
-        named = read_marker(marker)
+        named, job = read_markers(marker)
         same = named is not None and (named.boot_id, named.pid, named.pgid, named.start_ticks) == (
             launcher.boot_id, launcher.pid, launcher.pgid, launcher.start_ticks)
-        job = read_job_marker(marker) if same else None
+        job = job if same else None
     except ValueError:
         job = None
     if job is None:

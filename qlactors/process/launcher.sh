@@ -80,27 +80,25 @@ q_clock() {
     q_ms=$((q_base + q_s * 1000 + q_n * 10))
 }
 
-# Our process group and start ticks: fields 5 and 22 of /proc/$$/stat, counted after the
-# last ')' since a command name may hold spaces and parens. A function, to keep "$@" intact.
-q_identity() {
-    q_pgid= q_ticks= q_stat= q_boot=
-    read -r q_stat <"/proc/$$/stat" || return 1
-    read -r q_boot </proc/sys/kernel/random/boot_id || return 1
+# Process group and start ticks of the /proc/PID/stat line in $q_stat, into q_fpgid and
+# q_fticks: fields 5 and 22, counted after the last ')' since a command name may hold spaces
+# and parens. A function, to keep "$@" intact.
+q_stat_fields() {
     set -f
     set -- ${q_stat##*[)]}
     set +f
     [ $# -ge 20 ] || return 1
-    q_pgid=$3 q_ticks=${20}
-    case $q_pgid$q_ticks in *[!0-9]*) return 1 ;; esac
-    [ -n "$q_boot" ]
+    q_fpgid=$3 q_fticks=${20}
+    case $q_fpgid$q_fticks in '' | *[!0-9]*) return 1 ;; esac
 }
-# Field 22 (start ticks) of the stat line in $q_stat, into q_jticks.
-q_stat_ticks() {
-    set -f
-    set -- ${q_stat##*[)]}
-    set +f
-    q_jticks=${20-}
-    case $q_jticks in '' | *[!0-9]*) return 1 ;; esac
+# Our own identity: process group, start ticks and the boot id.
+q_identity() {
+    q_pgid= q_ticks= q_stat= q_boot=
+    read -r q_stat <"/proc/$$/stat" || return 1
+    read -r q_boot </proc/sys/kernel/random/boot_id || return 1
+    q_stat_fields || return 1
+    q_pgid=$q_fpgid q_ticks=$q_fticks
+    [ -n "$q_boot" ]
 }
 
 # Start marker, published by the job's own process just before it execs the job (so it names
@@ -196,10 +194,10 @@ q_clock; q_started=$q_ms
     # setsid has run. Marker first, so that a stop can find the group as soon as it exists;
     # without a marker nobody could name that group, so the job then stays in ours.
     q_own=
-    if [ -n "$q_marker" ] && read -r q_stat </proc/self/stat && q_stat_ticks; then
+    if [ -n "$q_marker" ] && read -r q_stat </proc/self/stat && q_stat_fields; then
         q_self=${q_stat%% *}
         printf 'pid=%s pgid=%s start_ticks=%s boot_id=%s job_pid=%s job_start_ticks=%s\n' \
-            "$$" "$q_pgid" "$q_ticks" "$q_boot" "$q_self" "$q_jticks" >"$q_marker" && q_own=1
+            "$$" "$q_pgid" "$q_ticks" "$q_boot" "$q_self" "$q_fticks" >"$q_marker" && q_own=1
     fi
     if [ -n "$q_path_set" ]; then PATH=$q_path; else unset PATH; fi
     if [ -n "$q_cwd" ]; then

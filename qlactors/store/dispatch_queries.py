@@ -19,11 +19,6 @@ DISPATCHED = sql_states(_R.DISPATCHING, _R.RUNNING)
 
 
 
-def live_lease():
-    return exists().where(and_(run_dispatch_leases.c.attempt_id == run_attempts.c.id,
-                               run_dispatch_leases.c.status == _L.LEASED.value))
-
-
 def candidate_query(kind: str, skip_runs: list[str], skip_tasks: list[str]):
     """The oldest dispatchable run of one kind, locked; rows another offer holds are skipped (PostgreSQL).
 
