@@ -132,9 +132,13 @@ def signal_job(launcher: Any, marker: str | os.PathLike[str], sig: int, *,
         job = None
     if job is None:
         return signal_group(launcher, sig, current_boot_id=current_boot_id)
-    if job.boot_id == launcher.boot_id and probe(job, current_boot_id=current_boot_id) is Liveness.RUNNING:
-        return signal_group(job, sig, current_boot_id=current_boot_id)
+    if job.boot_id != launcher.boot_id:
+        return Liveness.NOT_RUNNING
     before_setsid = ProcessIdentity(job.boot_id, job.pid, launcher.pgid, job.start_ticks)
-    if probe(before_setsid, current_boot_id=current_boot_id) is Liveness.RUNNING:
-        return signal_group(launcher, sig, current_boot_id=current_boot_id)
+    # Twice: a job that ran setsid between the two probes matched neither; it does so only once.
+    for _ in range(2):
+        if probe(job, current_boot_id=current_boot_id) is Liveness.RUNNING:
+            return signal_group(job, sig, current_boot_id=current_boot_id)
+        if probe(before_setsid, current_boot_id=current_boot_id) is Liveness.RUNNING:
+            return signal_group(launcher, sig, current_boot_id=current_boot_id)
     return Liveness.NOT_RUNNING
