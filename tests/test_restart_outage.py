@@ -1,6 +1,7 @@
 """Restarts and database outages together: a restarted actor's resume meets the outage and is
 retried, a step silent during an outage is not counted towards escalation, one message failing
-for longer than `store_outage_stop_ms` fails its actor.
+for longer than `store_outage_stop_ms` fails its actor, and `edge --cancel-running` shuts down
+even when the database fails.
 
 Failures are real where the store can make them (another connection holds SQLite's write lock);
 a read failure, which SQLite in WAL mode does not give, is injected as the `StoreUnavailable`
@@ -10,7 +11,12 @@ the store raises.
 from __future__ import annotations
 
 import logging
+import os
+import signal
+import threading
+from dataclasses import replace
 
+import pykka
 
 from qlactors.actors import scheduler as scheduler_module
 from qlactors.actors.recovery import Recovery
@@ -18,10 +24,15 @@ from qlactors.actors.retry import Retry
 from qlactors.actors.scheduler import Scheduler
 from qlactors.actors.signals import Tick
 from qlactors.actors.supervisor import MAX_RESTARTS
+from qlactors.config import DEFAULTS, Config
+from qlactors.edge import EdgeRuntime
 from qlactors.store.engine import StoreUnavailable
+from qlactors.store.repository import Repository
 
-from actor_harness import WAIT_S, Stub, wait_until
+from actor_harness import WAIT_S, Stub, attempt_row, wait_until
 from test_actor_restarts import breakable, make_rig  # noqa: F401 - fixtures
+from test_actors import spec
+from test_store_outage import short_busy_timeout, write_locked  # noqa: F401 - fixture
 
 
 def _restarts(caplog, name: str) -> int:
@@ -107,3 +118,56 @@ def test_one_message_failing_longer_than_store_outage_stop_ms_fails_its_actor(ma
     assert any("event=store_retries_exhausted actor=retry message=Jam" in t for t in messages)
     assert _restarts(caplog, "retry") == 1
     assert replacement.is_alive() and not h.ctx.fatal.event.is_set()
+
+
+def test_cancel_running_shutdown_with_the_database_locked_stops_every_actor_and_returns(
+        tmp_path, short_busy_timeout, caplog):  # noqa: F811
+    caplog.set_level(logging.ERROR, logger="qlactors.edge")
+    home = tmp_path / "home"
+    config = Config(home=home, profile="edge", database_url=f"sqlite:///{home / 'qlactors.db'}",
+                    runtime=replace(DEFAULTS["edge"], shutdown_drain_ms=2_000))
+    runtime = EdgeRuntime(config, cancel_running=True)
+    outcome: dict = {}
+
+    def run() -> None:
+        try:
+            outcome["status"] = runtime.run()
+        except BaseException as err:  # before the fix: the error escaped, actors left running
+            outcome["error"] = err
+
+    thread = threading.Thread(target=run, name="test-edge", daemon=True)
+    repo = None
+    pgid = None
+    try:
+        thread.start()
+        assert runtime.started.wait(60)
+        repo = Repository.open(config.database_url)
+        repo.tasks.add(spec("job", ["sleep", "60"]))
+        run_id = repo.runs.request("job").run.id
+        runtime.ctx.directory.tell("supervisor", "nudge")
+        wait_until(lambda: repo.runs.get(run_id).state == "running", timeout=30, what="the job running")
+        pgid = attempt_row(repo, repo.runs.get(run_id).attempts[0].id).pgid
+        with write_locked(home / "qlactors.db"):
+            runtime.stop()
+            thread.join(60)
+            assert not thread.is_alive(), "the shutdown hung"
+        assert "error" not in outcome, outcome
+        assert outcome["status"] == 0
+        assert pykka.ActorRegistry.get_all() == []
+        assert any("event=cancel_running_failed" in r.getMessage() and "database is locked" in r.getMessage()
+                   for r in caplog.records)
+        assert repo.runs.get(run_id).state == "running"  # not cancelled: left for the next start
+    finally:
+        if thread.is_alive() or "error" in outcome:
+            pykka.ActorRegistry.stop_all(timeout=WAIT_S)
+        if pgid is not None:
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            try:
+                os.waitpid(pgid, 0)  # the launcher (group leader) was our child
+            except ChildProcessError:
+                pass
+        if repo is not None:
+            repo.close()
