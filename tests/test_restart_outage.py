@@ -1,7 +1,7 @@
 """Restarts and database outages together: a restarted actor's resume meets the outage and is
 retried, a step silent during an outage is not counted towards escalation, one message failing
-for longer than `store_outage_stop_ms` fails its actor, and `edge --cancel-running` shuts down
-even when the database fails.
+for longer than `store_outage_stop_ms` fails its actor, `edge --cancel-running` shuts down even
+when the database fails, and the outage status file never shows an outage that ended.
 
 Failures are real where the store can make them (another connection holds SQLite's write lock);
 a read failure, which SQLite in WAL mode does not give, is injected as the `StoreUnavailable`
@@ -26,10 +26,11 @@ from qlactors.actors.signals import Tick
 from qlactors.actors.supervisor import MAX_RESTARTS
 from qlactors.config import DEFAULTS, Config
 from qlactors.edge import EdgeRuntime
+from qlactors.home import STORE_OUTAGE_FILE, _write_json, read_store_outage
 from qlactors.store.engine import StoreUnavailable
 from qlactors.store.repository import Repository
 
-from actor_harness import WAIT_S, Stub, attempt_row, wait_until
+from actor_harness import WAIT_S, ActorHarness, Stub, attempt_row, wait_until
 from test_actor_restarts import breakable, make_rig  # noqa: F401 - fixtures
 from test_actors import spec
 from test_store_outage import short_busy_timeout, write_locked  # noqa: F401 - fixture
@@ -171,3 +172,42 @@ def test_cancel_running_shutdown_with_the_database_locked_stops_every_actor_and_
                 pass
         if repo is not None:
             repo.close()
+
+
+def test_a_late_outage_change_never_publishes_an_outage_that_ended(tmp_path):
+    h = ActorHarness(tmp_path)
+    try:
+        health = h.repo.store.health
+        health.failed("database is locked")
+        stale = health.outage()
+        assert read_store_outage(h.config.home)["failures"] == 1
+        health.succeeded()
+        assert read_store_outage(h.config.home) is None
+        # The failing thread's own change handling comes last (it runs outside the health lock).
+        health._on_change(stale)
+        assert read_store_outage(h.config.home) is None
+    finally:
+        h.close()
+
+
+def test_concurrent_writers_of_one_status_file_never_share_a_temp_file(tmp_path):
+    errors: list[BaseException] = []
+    start = threading.Barrier(4)
+
+    def write(n: int) -> None:
+        start.wait()
+        try:
+            for i in range(300):
+                _write_json(tmp_path, STORE_OUTAGE_FILE, {"writer": n, "i": i, "pad": "x" * (n * 1000)})
+        except BaseException as err:
+            errors.append(err)
+
+    threads = [threading.Thread(target=write, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(WAIT_S * 6)
+    assert errors == []
+    data = read_store_outage(tmp_path)
+    assert data is not None and data["i"] == 299 and len(data["pad"]) == data["writer"] * 1000
+    assert sorted(p.name for p in tmp_path.iterdir()) == [STORE_OUTAGE_FILE]  # no temp file left
