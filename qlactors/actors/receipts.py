@@ -35,8 +35,8 @@ class ReceiptConsumer(RuntimeActor):
         # One pass at once: a crash between a commit and the receipt's deletion leaves rows that
         # should not wait a whole cleanup interval. Later passes ride on the cadence.
         self.actor_ref.tell(Cleanup())
-        if self.ctx.admitting.is_set():  # restarted by the Supervisor
-            self.actor_ref.tell(Resume())
+        if self.ctx.admitting.is_set():  # a restart (or the first start, right after startup
+            self.actor_ref.tell(Resume())  # recovery: then there is seldom anything to find)
 
     def on_resume(self, _msg: Resume, _peer: bytes) -> None:
         """pykka dropped the Consumes queued for the dead instance, and the Executor has already
