@@ -32,6 +32,7 @@ from .actors.signals import Drain, StartupPass, Tick
 from .actors.supervisor import Supervisor
 from .config import Config, ensure_home
 from .domain.states import CancelReason
+from .errors import QlactorsError
 from .home import RuntimeLock, nudge_endpoint
 from .process.diskspace import free_space_source
 from .process.identity import boot_id_source, read_boot_id
@@ -226,7 +227,11 @@ class EdgeRuntime:
         ctx.admitting.clear()
         ctx.directory.tell("supervisor", Drain(cancel_running=self.cancel_running))
         if self.cancel_running:
-            self._cancel_running(ctx, deadline)
+            try:
+                self._cancel_running(ctx, deadline)
+            except QlactorsError as err:  # the database fails (maybe why we stop): stop anyway
+                log.error("event=cancel_running_failed error=%s (the jobs not cancelled are left running "
+                          "and recovered on the next start)", err)
         for name in [n for n, _ in reversed(ORDER)] + ["supervisor"]:
             ref = ctx.directory.get(name)
             if ref is None:

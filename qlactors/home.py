@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import hashlib
+import itertools
 import json
 import os
 from pathlib import Path
@@ -26,6 +27,7 @@ class HomeUnusable(BadInput):
 
 
 LEFTOVER_DIRS = ("logs", "receipts")
+_WRITES = itertools.count()  # temp names of status files
 _LEFTOVER_COUNT_LIMIT = 10_000  # counting stops here: the point is that something is there
 
 
@@ -191,12 +193,17 @@ def nudge(home: Path) -> bool:
 def _write_json(home: Path, name: str, data: dict) -> None:
     """Publish a small status file of the home atomically: temp file, then rename."""
     path = Path(home) / name
-    tmp = path.with_suffix(".tmp")
+    # A temp name of its own per write: two writers of one file never share (or rename) a half-written one.
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{next(_WRITES)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
-    with os.fdopen(fd, "w") as out:
-        os.fchmod(fd, FILE_MODE)  # files in the home are the user's only, whatever the umask
-        out.write(json.dumps(data))
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w") as out:
+            os.fchmod(fd, FILE_MODE)  # files in the home are the user's only, whatever the umask
+            out.write(json.dumps(data))
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _read_json(home: Path, name: str) -> dict | None:

@@ -32,6 +32,7 @@ from qlactors.wire.bridge import Bridge
 
 from actor_harness import WAIT_S, ActorHarness, Stub, leases, unique_endpoint, wait_until
 from test_actors import ExecutorRig, Flights, ReceiptRig, new_token, spec
+from qlactors.domain.receipt import token_hash
 
 
 class Boom:
@@ -386,10 +387,18 @@ def test_a_receipt_consumer_restarted_before_its_answer_still_removes_the_receip
     assert h.repo.runs.get(run_id).state == "succeeded"
 
 
+def _journal(h: ActorHarness, run_id: str, attempt_id: str, state: str) -> None:
+    """The executor's journal row of an attempt it holds (`accepted`: offered; `launching`: activated)."""
+    h.ctx.journal.accept(attempt_id, run_id, str(h.ctx.logs.path_for(run_id, attempt_id)),
+                         str(h.ctx.receipts.final_path(attempt_id)), token_hash(new_token()))
+    if state != "accepted":
+        h.ctx.journal.set_state(attempt_id, state)
+
+
 def test_a_recovery_restarted_after_an_attest_still_judges_the_attempt_it_was_told_about(make_rig):
     """The dead instance had been told an attempt ended; the new one looks at every `running`
     attempt again, so the ended one becomes `lost` instead of staying `running` for ever, while a
-    healthy one, and an offered or starting one, are left alone."""
+    healthy one, and an offered or starting one the Executor holds, are left alone."""
     rig = make_rig("recovery", session_capacity=64)
     h = rig.h
     h.stub("scheduler")
@@ -399,9 +408,12 @@ def test_a_recovery_restarted_after_an_attest_still_judges_the_attempt_it_was_to
     ended = flights.make("running", h.dead_identity())
     healthy = flights.make("running", live)
     offered = flights.make("claimed")
+    _journal(h, *offered, "accepted")  # a healthy offer in flight: the Executor holds it
     starting = flights.make("starting")
+    _journal(h, *starting, "launching")
     h.directory.tell("recovery", AttemptEnded(*ended))
     rig.fail("recovery")
+    h.inbox.wait("scheduler", Tick, count=2, where=lambda t: t.reason == "recovery_resumed")  # each instance
     h.directory.tell("recovery", StepRequest(1))
     (done,) = h.inbox.wait("scheduler", StepDone)
     assert done.ok
@@ -410,3 +422,82 @@ def test_a_recovery_restarted_after_an_attest_still_judges_the_attempt_it_was_to
     assert h.repo.runs.get(healthy[0]).state == "running"
     assert [lease["status"] for lease in leases(h.repo, offered[0])] == ["leased"]
     assert h.repo.runs.get(starting[0]).attempts[0].state == "starting"
+
+
+def test_a_recovery_restarted_before_a_give_back_still_frees_the_slot_of_an_unheld_claim(make_rig):
+    """The Executor gave back a claim and an activated attempt it never launched (no journal row:
+    it holds neither), but the Attest reached a Recovery that was being restarted: the new one
+    takes both back, so the claim's lease is released (it is offered again) and the unlaunched
+    attempt is judged, instead of their leases holding slots for ever."""
+    rig = make_rig("recovery", session_capacity=64)
+    h = rig.h
+    h.stub("scheduler")
+    h.start("recovery", Recovery)
+    flights = Flights(h, h.ctx.session)
+    given_back = flights.make("claimed")
+    never_launched = flights.make("starting")
+    old = h.directory.get("recovery")
+    old.tell(Boom())
+    h.directory.tell("recovery", AttemptEnded(*given_back))  # lost with the dying instance
+    h.directory.tell("recovery", AttemptEnded(*never_launched))
+    h.inbox.wait("scheduler", Tick, count=2, where=lambda t: t.reason == "recovery_resumed")  # each instance
+    assert h.directory.get("recovery") is not old
+    h.directory.tell("recovery", StepRequest(1))
+    (done,) = h.inbox.wait("scheduler", StepDone)
+    assert done.ok
+    assert [lease["status"] for lease in leases(h.repo, given_back[0])] == ["released"]
+    assert h.repo.runs.get(given_back[0]).state == "dispatching"  # offered again, never lost
+    run = h.repo.runs.get(never_launched[0])
+    assert (run.state, run.attempts[0].error_code) == ("lost", ErrorCode.RECOVERY_IDENTITY_MISSING)
+    assert [lease["status"] for lease in leases(h.repo, never_launched[0])] != ["leased"]
+
+
+# -- a ReceiptConsumer restart with a Consume lost, or told while no instance is alive ------------
+
+
+def test_a_receipt_consumer_restarted_with_a_consume_queued_still_consumes_that_receipt(make_rig):
+    """pykka drops what was queued for the dead instance, and the Executor has already forgotten
+    the attempt: the new instance looks again at every journaled launcher that is not running,
+    so the receipt is consumed and the run ends (with slots = 1 it would wedge the runtime)."""
+    rig = make_rig("receipts")
+    h = rig.h
+    h.stub("executor")
+    h.start("receipts", ReceiptConsumer)
+    receipts = ReceiptRig(h, h.directory.get("receipts"), rig.peer)
+    token = new_token()
+    run_id, attempt_id = receipts.journalled_attempt(token)
+    h.ctx.journal.set_state(attempt_id, "started", identity=h.dead_identity())
+    path = receipts.plant(run_id, attempt_id, token, exit_code=3)
+    _, live = h.spawn_sleep(30)  # a launcher still running: the Executor watches it, left alone
+    running_run, running_attempt = receipts.journalled_attempt(new_token())
+    h.ctx.journal.set_state(running_attempt, "started", identity=live)
+    old = h.directory.get("receipts")
+    old.tell(Boom())
+    old.tell(Consume(run_id, attempt_id))  # the Executor's tell, queued behind the failure: dropped
+    completed = rig.peer.expect(m.Completed, strict=False)
+    assert (completed.run_id, completed.attempt_id, completed.exit_code) == (run_id, attempt_id, 3)
+    assert h.directory.get("receipts") is not old
+    assert receipts.answer(completed) == "applied"
+    wait_until(lambda: not path.exists() and h.ctx.journal.get(attempt_id) is None,
+               what="the receipt and its journal row removed")
+    assert h.repo.runs.get(run_id).state == "failed"  # exit code 3, no retry policy
+    rig.peer.quiet()  # nothing about the running one
+    assert h.ctx.journal.get(running_attempt).state == "started"
+    assert h.inbox.items("executor", NoReceipt) == []
+
+
+def test_an_executor_whose_consume_finds_no_receipt_consumer_tells_it_again_once_one_is_up(make_rig):
+    """The launcher ends while the ReceiptConsumer is being restarted (no live instance under its
+    name): the Executor, which has forgotten the attempt, keeps the Consume and repeats it."""
+    rig = make_rig("executor", slots=1)
+    h = rig.h
+    h.start("executor", Executor)
+    exe = ExecutorRig(h, h.directory.get("executor"), rig.peer, rig.peer.expect(m.Register))
+    offer, _act, started = exe.launch(["sh", "-c", "exit 0"])
+    exe.ack_started(started)
+    wait_until(lambda: offer.attempt_id not in h.directory.get("executor").proxy().live.get(),
+               what="the launcher's end seen by the Executor")
+    assert h.directory.get("receipts") is None
+    h.stub("receipts")  # a new instance takes the name
+    (told,) = h.inbox.wait("receipts", Consume)
+    assert (told.run_id, told.attempt_id, told.stopped_by) == (offer.run_id, offer.attempt_id, "exit")

@@ -98,7 +98,8 @@ class RuntimeActor(pykka.ThreadingActor):
     A handler that meets an unavailable database (`StoreUnavailable`: its transaction changed
     nothing) is not a failure: the message is handled again after a backoff, its answer withheld
     until then (a peer waiting for one repeats its report anyway). Handlers are written so that
-    everything before their first store call can be done twice.
+    everything before their first store call can be done twice. A message still failing after
+    `store_outage_stop_ms` fails the actor (the Supervisor's restart and escalation take over).
     """
 
     name: ClassVar[str] = "actor"
@@ -133,9 +134,9 @@ class RuntimeActor(pykka.ThreadingActor):
         return self.ctx.directory.named(self.name)
 
     def on_receive(self, message: Any) -> Any:
-        tries = 0
+        tries, since = 0, None
         if isinstance(message, Redeliver):
-            message, tries = message.message, message.tries
+            message, tries, since = message.message, message.tries, message.since
         original, peer = message, b""
         if isinstance(message, Inbound):
             peer, message = message.peer, message.message
@@ -148,16 +149,31 @@ class RuntimeActor(pykka.ThreadingActor):
         except StoreUnavailable as err:
             if isinstance(message, self.never_redelivered):
                 raise
-            self._redeliver(original, tries + 1, err)
+            now = time.monotonic()
+            since = now if since is None else since
+            # Other transactions may succeed meanwhile (each ends the outage, so the runtime's
+            # stop never comes): one message failing this long fails the actor instead, and the
+            # Supervisor restarts it, or stops the runtime if it keeps failing. An outage that has
+            # lasted as long is left to its own stop (the runtime is stopping already).
+            limit_s = self.ctx.config.runtime.store_outage_stop_ms / 1000
+            outage = self.ctx.repo.store.health.outage()
+            if now - since > limit_s and (outage is None or outage.seconds < limit_s):
+                log.error("event=store_retries_exhausted actor=%s message=%s tries=%d seconds=%.1f",
+                          self.name, self._kind(original), tries, now - since)
+                raise
+            self._redeliver(original, tries + 1, err, since)
             return None
 
-    def _redeliver(self, message: Any, tries: int, err: StoreUnavailable) -> None:
+    @staticmethod
+    def _kind(message: Any) -> str:
+        return getattr(getattr(message, "message", message), "KIND", type(message).__name__)
+
+    def _redeliver(self, message: Any, tries: int, err: StoreUnavailable, since: float) -> None:
         delay = retry_delay_s(tries)
-        kind = getattr(getattr(message, "message", message), "KIND", type(message).__name__)
-        log.warning("event=store_retry actor=%s message=%s try=%d in_s=%.2f error=%s", self.name, kind,
-                    tries, delay, err)
+        log.warning("event=store_retry actor=%s message=%s try=%d in_s=%.2f error=%s", self.name,
+                    self._kind(message), tries, delay, err)
         self.ctx.bridge.call_at(f"redeliver:{self.name}:{next(_REDELIVERIES)}",
-                                time.monotonic() + delay, self.me, Redeliver(message, tries))
+                                time.monotonic() + delay, self.me, Redeliver(message, tries, since))
 
     def on_failure(self, exception_type, exception_value, traceback) -> None:
         # pykka does not call on_stop after on_failure: close here too (STYLE.md traps).

@@ -17,7 +17,7 @@ from typing import Any
 from ..domain.receipt import token_hash
 from ..faults import crash_point, raise_point
 from ..ids import new_id
-from ..process.identity import Liveness, probe, read_identity, read_marker
+from ..process.identity import Liveness, probe, read_identity
 from ..process.launch import job_environment, signal_job, spawn, uptime_ms
 from ..store.engine import StoreUnavailable
 from ..wire import messages as m
@@ -26,6 +26,8 @@ from .base import RuntimeActor
 from .signals import Consume, NoReceipt, StopCheck
 
 log = logging.getLogger("qlactors.executor")
+
+CONSUME_RETRY_S = 0.1  # a ReceiptConsumer restart takes milliseconds
 
 
 @dataclass
@@ -62,6 +64,7 @@ class Executor(RuntimeActor):
             m.Welcome: self.on_welcome, m.Nudge: self.on_nudge, m.Offer: self.on_offer, m.Idle: self.on_idle,
             m.Activated: self.on_activated, m.Ack: self.on_ack, m.StopRequested: self.on_stop_requested,
             ProcessExited: self.on_exited, StopCheck: self.on_stop_check, NoReceipt: self.on_no_receipt,
+            Consume: self.on_consume,
         }
 
     def started(self) -> None:
@@ -290,9 +293,17 @@ class Executor(RuntimeActor):
             local.pidfd = -1
         self.ctx.local_receipts.remove_fifo(local.attempt_id)
         stopped_by = local.sent or "exit"  # "term" or "kill" when the job's group got our signal
-        self.ctx.directory.tell("receipts", Consume(local.run_id, local.attempt_id, stopped_by=stopped_by))
+        self.on_consume(Consume(local.run_id, local.attempt_id, stopped_by=stopped_by), b"")
         # No pull here: the attempt holds its slot in the database until its end is committed,
         # and the Supervisor nudges us then (a pull now would only be answered Idle).
+
+    def on_consume(self, msg: Consume, _peer: bytes) -> None:
+        """Hand an ended launcher to the ReceiptConsumer; while it is being restarted (no live
+        instance) again a moment later: never dropped, this executor has forgotten the attempt."""
+        if not self.ctx.directory.tell("receipts", msg):
+            log.warning("event=consume_deferred attempt=%s in_s=%.2f", msg.attempt_id, CONSUME_RETRY_S)
+            self.ctx.bridge.call_at(f"consume:{msg.attempt_id}", time.monotonic() + CONSUME_RETRY_S,
+                                    self.me, msg)
 
     def on_no_receipt(self, msg: NoReceipt, _peer: bytes) -> None:
         s = self.session
@@ -336,16 +347,11 @@ class Executor(RuntimeActor):
                     self.ctx.journal.clear(entry.attempt_id)
                     self._give_back(entry.run_id, entry.attempt_id)
                     continue
-                identity = entry.identity
-                if identity is None:
-                    try:
-                        identity = read_marker(self.ctx.receipts.marker_path(entry.attempt_id))
-                    except ValueError:
-                        identity = None
+                identity = self.ctx.local_receipts.launcher_identity(entry)
                 if identity is None or probe(identity, current_boot_id=boot_id) is not Liveness.RUNNING:
                     # Ended since recovery looked (or never started): its receipt, or the lack of
                     # one, decides, exactly as for a launcher whose exit we saw ourselves.
-                    self.ctx.directory.tell("receipts", Consume(entry.run_id, entry.attempt_id))
+                    self.on_consume(Consume(entry.run_id, entry.attempt_id), b"")
                     continue
                 try:
                     pidfd = os.pidfd_open(identity.pid)

@@ -4,6 +4,7 @@ shows while it lasts, and the stop when it outlasts `store_outage_stop_ms`."""
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 from ..home import clear_store_outage, write_store_outage
@@ -27,18 +28,25 @@ def watch_store(ctx: Any) -> None:
     limit_ms = ctx.config.runtime.store_outage_stop_ms
     clear_store_outage(home)  # one left by a runtime that died is not this one's
 
-    def changed(outage: Outage | None) -> None:
-        try:
-            if outage is None:
-                clear_store_outage(home)
+    lock = threading.Lock()
+
+    def changed(reported: Outage | None) -> None:
+        # Called outside the health's lock, in whichever thread met the change: two calls may
+        # arrive out of order, so each publishes the health's state as it is now, one at a time.
+        with lock:
+            if reported is None:
                 log.warning("event=store_available")
-                return
-            if outage.failures == 1:
-                log.warning("event=store_unavailable error=%s", outage.error)
-            write_store_outage(home, since_ms=outage.since_ms, seconds=outage.seconds,
-                               failures=outage.failures, error=outage.error, stop_after_ms=limit_ms)
-        except OSError as err:  # `status` then misses the reason; the retries go on
-            log.warning("event=store_outage_status_unwritten error=%s", err)
+            elif reported.failures == 1:
+                log.warning("event=store_unavailable error=%s", reported.error)
+            outage = health.outage()
+            try:
+                if outage is None:
+                    clear_store_outage(home)
+                else:
+                    write_store_outage(home, since_ms=outage.since_ms, seconds=outage.seconds,
+                                       failures=outage.failures, error=outage.error, stop_after_ms=limit_ms)
+            except OSError as err:  # `status` then misses the reason; the retries go on
+                log.warning("event=store_outage_status_unwritten error=%s", err)
 
     def persistent(outage: Outage) -> None:
         ctx.fatal.trip(

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..process.identity import read_marker
 from ..process.receipts import Invalid, Missing, ReceiptStore, Unsafe, Valid
 from .base import now_ms
 
@@ -55,6 +56,16 @@ class LocalReceipts:
     def remove_fifo(self, attempt_id: str) -> None:
         """After the launcher ended (it never removes the FIFO itself)."""
         self.fifo_path(attempt_id).unlink(missing_ok=True)
+
+    def launcher_identity(self, entry: Any) -> Any:
+        """A journaled launcher's identity: the journal's, else its start marker's (a crash
+        between spawn and the journal write); None when neither is known or the marker is bad."""
+        if entry.identity is not None:
+            return entry.identity
+        try:
+            return read_marker(self.receipts.marker_path(entry.attempt_id))
+        except ValueError:
+            return None
 
     def look(self, attempt_id: str) -> Found:
         result = self.receipts.read(attempt_id)

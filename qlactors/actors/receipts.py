@@ -8,11 +8,14 @@ import time
 from typing import Any
 
 from ..faults import crash_point
+from ..process.identity import Liveness, probe
 from ..wire import messages as m
 from .base import RuntimeActor, now_ms
-from .signals import Cleanup, Consume, NoReceipt
+from .signals import Cleanup, Consume, NoReceipt, Resume
 
 log = logging.getLogger("qlactors.receipts")
+
+RESUME_PAGE = 64
 
 
 class ReceiptConsumer(RuntimeActor):
@@ -25,12 +28,36 @@ class ReceiptConsumer(RuntimeActor):
         self.session: tuple[str, str, int] | None = None
 
     def handlers(self):
-        return {Consume: self.on_consume, m.Ack: self.on_ack, Cleanup: self.on_cleanup}
+        return {Consume: self.on_consume, m.Ack: self.on_ack, Cleanup: self.on_cleanup,
+                Resume: self.on_resume}
 
     def started(self) -> None:
         # One pass at once: a crash between a commit and the receipt's deletion leaves rows that
         # should not wait a whole cleanup interval. Later passes ride on the cadence.
         self.actor_ref.tell(Cleanup())
+        if self.ctx.admitting.is_set():  # a restart (or the first start, right after startup
+            self.actor_ref.tell(Resume())  # recovery: then there is seldom anything to find)
+
+    def on_resume(self, _msg: Resume, _peer: bytes) -> None:
+        """pykka dropped the Consumes queued for the dead instance, and the Executor has already
+        forgotten those attempts: consume again every journaled launcher that is not running
+        (a missing receipt goes the usual way, NoReceipt, then recovery judges). A running one
+        is left to the Executor, which watches it; a Consume that also comes from there is
+        harmless (the second completion is `already_terminal`)."""
+        boot_id = self.ctx.boot_id()
+        files, after = self.ctx.local_receipts, None
+        while True:
+            entries = self.ctx.journal.list(("launching", "started"), RESUME_PAGE, after)
+            for entry in entries:
+                identity = files.launcher_identity(entry)
+                if identity is None:  # still being launched (the Executor holds it)
+                    continue
+                if probe(identity, current_boot_id=boot_id) is not Liveness.RUNNING:
+                    log.info("event=receipt_looked_again run=%s attempt=%s", entry.run_id, entry.attempt_id)
+                    self.actor_ref.tell(Consume(entry.run_id, entry.attempt_id))
+            if len(entries) < RESUME_PAGE:
+                break
+            after = entries[-1].attempt_id
 
     def _schedule_cleanup(self) -> None:
         interval = self.ctx.config.runtime.receipt_cleanup_interval_ms / 1000

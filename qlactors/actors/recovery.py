@@ -20,7 +20,7 @@ from ..home import read_recovery_status, write_recovery_status
 from ..ids import new_id
 from ..process.identity import Liveness, probe, read_marker
 from .base import RuntimeActor
-from .signals import AttemptEnded, StartupPass, StepDone, StepRequest
+from .signals import AttemptEnded, Resume, StartupPass, StepDone, StepRequest, Tick
 
 log = logging.getLogger("qlactors.recovery")
 
@@ -37,27 +37,34 @@ class Recovery(RuntimeActor):
         self.unresolved: dict[str, str] = {}  # attempt id -> why it could not be judged
 
     def handlers(self):
-        return {StartupPass: self.on_startup, StepRequest: self.on_page, AttemptEnded: self.on_ended}
+        return {StartupPass: self.on_startup, StepRequest: self.on_page, AttemptEnded: self.on_ended,
+                Resume: self.on_resume}
 
     def started(self) -> None:
-        """Restarted by the Supervisor (admission opens only after the first startup pass): what
-        the dead instance had been told is gone. Every `running` attempt is looked at again on
-        the next pages — a healthy one probes alive and is left alone; `claimed` and `starting`
-        ones belong to the live Executor and are not — and its published unresolved ones are
-        taken back. Otherwise an ended attempt it had been told about would stay `running`."""
-        if not self.ctx.admitting.is_set():
-            return
+        if self.ctx.admitting.is_set():  # restarted by the Supervisor (admission opens only
+            self.actor_ref.tell(Resume())  # after the first startup pass)
+
+    def on_resume(self, _msg: Resume, _peer: bytes) -> None:
+        """What the dead instance had been told is gone: look again, on the next pages, at every
+        attempt it may have been told about, and take back its published unresolved ones.
+
+        `running` ones: a healthy one probes alive and is left alone. `claimed` ones the Executor
+        does not hold (no `accepted` journal row: its give-back may have been lost) have their
+        lease released and are offered again — a healthy offer only loses its Activate, nothing
+        runs twice. `starting` ones without a journal row: activated, never launched here.
+        Run as a message, not in `on_start`: a database outage is retried, not a failure."""
         self.unresolved.update((item["attempt_id"], item["why"]) for item in read_recovery_status(
             self.ctx.config.home) if isinstance(item, dict) and isinstance(item.get("attempt_id"), str)
             and isinstance(item.get("why"), str))
         after = None
         while True:
             candidates, more = self.ctx.control.recovery_candidates(STARTUP_PAGE, after)
-            self.ended.update(c.attempt_id for c in candidates if c.attempt_status == "running")
+            self.ended.update(c.attempt_id for c in candidates if _may_be_orphaned(c))
             if not more or not candidates:
                 break
             after = candidates[-1].attempt_id
-        log.info("event=recovery_resumed running=%d unresolved=%d", len(self.ended), len(self.unresolved))
+        log.info("event=recovery_resumed ended=%d unresolved=%d", len(self.ended), len(self.unresolved))
+        self.ctx.directory.tell("scheduler", Tick("recovery_resumed"))
 
     def on_ended(self, msg: AttemptEnded, _peer: bytes) -> None:
         self.ended.add(msg.attempt_id)
@@ -208,3 +215,12 @@ class Recovery(RuntimeActor):
     def _resolved(self, attempt_id: str) -> None:
         self.ended.discard(attempt_id)
         self.unresolved.pop(attempt_id, None)
+
+
+def _may_be_orphaned(c: Any) -> bool:
+    """Whether a restarted Recovery must look at candidate `c` again (see `on_resume`)."""
+    if c.attempt_status == "running":
+        return True
+    if c.attempt_status == "claimed":  # a candidate only while its lease is live
+        return c.journal is None or c.journal.state != "accepted"
+    return c.attempt_status == "starting" and c.journal is None

@@ -110,7 +110,8 @@ class Scheduler(RuntimeActor):
         if self.step is None or msg.cycle != self.cycle or msg.step != STEPS[self.step]:
             return
         self._finish(ok=False, detail=f"{msg.step} did not answer within {STEP_DEADLINE_S:g} s")
-        self.ctx.directory.tell("supervisor", ActorFailed(msg.step, "silent past its step deadline"))
+        self.ctx.directory.tell("supervisor", ActorFailed(msg.step, "silent past its step deadline",
+                                                          step_timeout=True))
 
     def _finish(self, *, ok: bool, detail: str = "") -> None:
         self.ctx.bridge.cancel_timer("scheduler-step")

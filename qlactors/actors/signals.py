@@ -56,6 +56,8 @@ class Redeliver:
 
     message: object
     tries: int
+    since: float = 0.0  # monotonic time of its first failure: retries stop when they outlast
+    # `store_outage_stop_ms` (the message then fails the actor, for the Supervisor to restart)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +66,14 @@ class ActorFailed:
 
     name: str
     error: str
+    step_timeout: bool = False  # silent past its step deadline (the Scheduler reports it)
+
+
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """An actor to itself, when the Supervisor restarted it: take back, from the database and the
+    journal, what the dead instance had been told (pykka drops a dead actor's queued messages).
+    A message, not work in `on_start`, so a database outage is retried instead of failing it."""
 
 
 @dataclass(frozen=True, slots=True)

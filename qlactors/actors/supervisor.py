@@ -260,12 +260,16 @@ class Supervisor(RuntimeActor):
         now = time.monotonic()
         while history and now - history[0] > RESTART_WINDOW_S:
             history.popleft()
-        if len(history) >= MAX_RESTARTS or msg.name not in self.factories:
+        # A step that stays silent while the database is failing is waiting for it, not broken:
+        # that restart is not counted (a persistent outage stops the runtime by its own limit).
+        counted = not (msg.step_timeout and self.ctx.repo.store.health.outage() is not None)
+        if msg.name not in self.factories or (counted and len(history) >= MAX_RESTARTS):
             self.ctx.fatal.trip(f"actor {msg.name} failed {len(history) + 1} times, last: {msg.error}")
             return
-        history.append(now)
+        if counted:
+            history.append(now)
         old = self.ctx.directory.get(msg.name)
         if old is not None and old.is_alive():
             old.stop(block=False)
         self.ctx.directory.set(msg.name, self.factories[msg.name]())
-        log.warning("event=actor_restarted actor=%s error=%s", msg.name, msg.error)
+        log.warning("event=actor_restarted actor=%s error=%s counted=%s", msg.name, msg.error, counted)
