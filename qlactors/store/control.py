@@ -49,7 +49,7 @@ from .plans import (
     attempt_snapshot,
     current_attempt,
     end_lease,
-    load_attempt,
+    load_open_pair,
     load_run,
     pinned_revision,
     run_snapshot,
@@ -299,14 +299,9 @@ class Control:
             raise BadInput("an error code is 1 to 64 characters of A-Z, 0-9 and _")
         with self.store.write() as conn:
             self.store.advisory_lock(conn, f"attempt:{attempt_id}")
-            run = load_run(conn, run_id)
-            if run is None:
-                return Outcome(REFUSED, "unknown_run")
-            attempt = load_attempt(conn, attempt_id)
-            if attempt is None or attempt.run_id != run.id:
-                return Outcome(REFUSED, "wrong_attempt", run.status)
-            if RunStatus(run.status).terminal or AttemptStatus(attempt.status).terminal:
-                return Outcome(ALREADY_TERMINAL, f"attempt_{attempt.status}", run.status)
+            run, attempt, ended = load_open_pair(conn, run_id, attempt_id)
+            if ended is not None:
+                return ended
             if run.cancel_reason is not None:
                 return Outcome(REFUSED, "cancel_intent", run.status)
             if run.status not in _DISPATCHED:

@@ -56,6 +56,7 @@ from .plans import (
     attempt_snapshot,
     end_lease,
     load_attempt,
+    load_open_pair,
     load_run,
     pinned_revision,
     run_snapshot,
@@ -483,14 +484,9 @@ class Dispatch:
         """
         with self.store.write() as conn:
             self.store.advisory_lock(conn, f"attempt:{attempt_id}")
-            run = load_run(conn, run_id)
-            if run is None:
-                return Outcome(REFUSED, "unknown_run")
-            attempt = load_attempt(conn, attempt_id)
-            if attempt is None or attempt.run_id != run.id:
-                return Outcome(REFUSED, "wrong_attempt", run.status)
-            if RunStatus(run.status).terminal or AttemptStatus(attempt.status).terminal:
-                return Outcome(ALREADY_TERMINAL, f"attempt_{attempt.status}", run.status)
+            run, attempt, ended = load_open_pair(conn, run_id, attempt_id)
+            if ended is not None:
+                return ended
             if attempt.status != _A.CLAIMED.value:
                 return Outcome(REFUSED, f"attempt_{attempt.status}", run.status)
             version = end_lease(conn, attempt_id, self.store.now_ms(conn), _L.RELEASED,

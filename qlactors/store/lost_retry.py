@@ -32,6 +32,19 @@ class LostRetry:
     def __init__(self, store: Store) -> None:
         self.store = store
 
+    def _locked_run_in(self, conn: Connection, run_id: str, status: RunStatus) -> tuple[Any, Outcome | None]:
+        """The run under its advisory lock (runs are the unit here: a lost attempt has no
+        authority left to serialise on), or the Outcome when it is not in `status`."""
+        self.store.advisory_lock(conn, f"run:{run_id}")
+        run = load_run(conn, run_id)
+        if run is None:
+            return None, Outcome(REFUSED, "unknown_run")
+        if RunStatus(run.status).terminal:
+            return run, Outcome(ALREADY_TERMINAL, None, run.status)
+        if run.status != status.value:
+            return run, Outcome(REFUSED, f"run_{run.status}", run.status)
+        return run, None
+
     def lost_runs(self, limit: int = DEFAULT_PAGE) -> list[str]:
         """Ids of `lost` runs, longest lost first."""
         page_size(limit)
@@ -48,15 +61,9 @@ class LostRetry:
         now + backoff (policy version + 1). `detail` carries the error code or the due time.
         """
         with self.store.write() as conn:
-            # Runs are the unit here (the lost attempt has no authority left to serialise on).
-            self.store.advisory_lock(conn, f"run:{run_id}")
-            run = load_run(conn, run_id)
-            if run is None:
-                return Outcome(REFUSED, "unknown_run")
-            if RunStatus(run.status).terminal:
-                return Outcome(ALREADY_TERMINAL, None, run.status)
-            if run.status != _R.LOST.value:
-                return Outcome(REFUSED, f"run_{run.status}", run.status)
+            run, refusal = self._locked_run_in(conn, run_id, _R.LOST)
+            if refusal is not None:
+                return refusal
             attempt = current_attempt(conn, run_id)
             run_s, attempt_s = run_snapshot(run), attempt_snapshot(attempt)
             now = self.store.now_ms(conn)
@@ -96,14 +103,9 @@ class LostRetry:
         `detail` is the new attempt's id.
         """
         with self.store.write() as conn:
-            self.store.advisory_lock(conn, f"run:{run_id}")
-            run = load_run(conn, run_id)
-            if run is None:
-                return Outcome(REFUSED, "unknown_run")
-            if RunStatus(run.status).terminal:
-                return Outcome(ALREADY_TERMINAL, None, run.status)
-            if run.status != _R.RETRY_WAIT.value:
-                return Outcome(REFUSED, f"run_{run.status}", run.status)
+            run, refusal = self._locked_run_in(conn, run_id, _R.RETRY_WAIT)
+            if refusal is not None:
+                return refusal
             policy_row = conn.execute(select(run_retry_policies).where(
                 run_retry_policies.c.run_id == run_id).with_for_update()).first()
             now = self.store.now_ms(conn)

@@ -13,6 +13,7 @@ from ..domain.states import AttemptStatus, CancelReason, LeaseReleaseReason, Lea
 from ..domain.transitions import AttemptSnapshot, Plan, RunSnapshot
 from ..errors import Conflict
 from ..ids import new_id
+from .records import ALREADY_TERMINAL, REFUSED, Outcome
 from .schema import run_attempts, run_dispatch_leases, run_events, runs, task_revisions
 
 MAX_EVENT_PAYLOAD_BYTES = 16 * 1024
@@ -58,6 +59,21 @@ def load_run(conn: Connection, run_id: str, *, lock: bool = True):
 def load_attempt(conn: Connection, attempt_id: str):
     """The attempt row, or None."""
     return conn.execute(_ATTEMPT, {"attempt_id": attempt_id}).first()
+
+
+def load_open_pair(conn: Connection, run_id: str, attempt_id: str) -> tuple[Any, Any, Outcome | None]:
+    """The run (locked) and its attempt, and the Outcome that ends the operation before it acts:
+    `refused` for an unknown run or an attempt of another run, `already_terminal` when either
+    has ended; None when both are open."""
+    run = load_run(conn, run_id)
+    if run is None:
+        return None, None, Outcome(REFUSED, "unknown_run")
+    attempt = load_attempt(conn, attempt_id)
+    if attempt is None or attempt.run_id != run.id:
+        return run, attempt, Outcome(REFUSED, "wrong_attempt", run.status)
+    if RunStatus(run.status).terminal or AttemptStatus(attempt.status).terminal:
+        return run, attempt, Outcome(ALREADY_TERMINAL, f"attempt_{attempt.status}", run.status)
+    return run, attempt, None
 
 
 def current_attempt(conn: Connection, run_id: str):
