@@ -13,7 +13,7 @@ window, from /proc only:
   * disk: write_bytes of /proc/PID/io over the window.
 Baselines, measured the same way in the same window (they run side by side with the runtime):
   * `python3 -c "import time; time.sleep(N)"` (a bare sleeping interpreter);
-  * a bare interpreter that imports sqlalchemy, zmq, pykka (and qlactors.edge) and sleeps:
+  * a bare interpreter that imports sqlalchemy, zmq, pykka (and qlactors.profiles.edge) and sleeps:
     the floor that the runtime's own state sits on.
 Requirements: RSS at most 56 MiB, CPU under 1% of one core, at most 2 wake-ups per second.
 """
@@ -28,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as c  # noqa: E402
 
-IMPORTS = "import sqlalchemy, zmq, pykka, qlactors.edge, time; time.sleep({n})"
+IMPORTS = "import sqlalchemy, zmq, pykka, qlactors.profiles.edge, time; time.sleep({n})"
 
 
 class Sampler:
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
 
     e, b, h = stats["edge"], stats["bare"], stats["imports"]
     result.add("idle RSS (max over window)", c.mib(e["rss_kib_max"]), "MiB", c.mib(h["rss_kib_max"]),
-               "interpreter importing sqlalchemy+zmq+pykka+qlactors.edge", requirement="<= 56 MiB",
+               "interpreter importing sqlalchemy+zmq+pykka+qlactors.profiles.edge", requirement="<= 56 MiB",
                passed=c.mib(e["rss_kib_max"]) <= 56)
     result.add("idle RSS vs bare sleeping python", c.mib(e["rss_kib_max"]), "MiB", c.mib(b["rss_kib_max"]),
                "python3 -c time.sleep")
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
                "python3 -c time.sleep", requirement="< 1%", passed=e["cpu_pct"] < 1.0,
                note=f"schedstat cross-check: {e['schedstat_cpu_pct']:.3f}%")
     result.add("idle wake-ups (context switches, all threads)", e["wakeups_per_s"], "per s",
-               h["wakeups_per_s"], "interpreter importing sqlalchemy+zmq+pykka+qlactors.edge",
+               h["wakeups_per_s"], "interpreter importing sqlalchemy+zmq+pykka+qlactors.profiles.edge",
                requirement="<= 2 per s", passed=e["wakeups_per_s"] <= 2.0,
                note=f"{e['threads']} threads; busiest: " + ", ".join(
                    f"{v['comm']}/{tid}={v['switches']}" for tid, v in sorted(

@@ -35,7 +35,7 @@ from qlactors.actors.base import Directory, Fatal
 from qlactors.actors.outage import watch_store
 from qlactors.actors.receipt_files import LocalReceipts
 from qlactors.config import DEFAULTS, Config, ensure_home
-from qlactors.edge import EXECUTOR_KINDS, LOCAL_WORKER, RuntimeContext
+from qlactors.profiles.context import EXECUTOR_KINDS, LOCAL_WORKER, RuntimeContext
 from qlactors.process.identity import ProcessIdentity, read_boot_id, read_identity
 from qlactors.process.logs import LogStore
 from qlactors.process.receipts import ReceiptStore
@@ -207,7 +207,7 @@ class ActorHarness:
                 receipts=receipts, logs=logs,
                 local_receipts=LocalReceipts(receipts, journal, self.config.runtime.quarantine_retention_ms),
                 boot_id=read_boot_id, launcher_shell="/bin/sh")
-            watch_store(self.ctx)  # as edge.py does: outages reach `status`, a persistent one is fatal
+            watch_store(self.ctx)  # as profiles/edge.py does: outages reach `status`, a persistent one is fatal
         except BaseException:
             self.zmq.term()
             self.repo.close()
@@ -224,7 +224,7 @@ class ActorHarness:
         return self.ctx.directory
 
     def route_executor_side(self) -> None:
-        """The edge routes of the executor side (edge.py): replies to the executor, acks of completions to receipts."""
+        """The edge routes of the executor side (profiles/edge.py): replies to the executor, acks of completions to receipts."""
         self.bridge.route_executor(EXECUTOR_KINDS, self.directory.named("executor"))
         self.bridge.route_executor(["ack:completed"], self.directory.named("receipts"))
 

@@ -25,7 +25,7 @@ from qlactors.actors.scheduler import Scheduler
 from qlactors.actors.recovery import Recovery
 from qlactors.actors.signals import ActorFailed, AttemptEnded, Consume, NoReceipt, StepDone, StepRequest, Tick
 from qlactors.actors.supervisor import MAX_RESTARTS, Supervisor, fence_of
-from qlactors.edge import ORDER
+from qlactors.profiles.edge import ORDER
 from qlactors.domain.transitions import ErrorCode
 from qlactors.wire import messages as m
 from qlactors.wire.bridge import Bridge

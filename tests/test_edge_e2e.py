@@ -419,7 +419,7 @@ def test_a_second_edge_on_the_same_home_refuses_to_start_and_the_first_keeps_wor
 
 
 # A slow thread start widens the window deterministically: the Executor's `started()` hook sends
-# Register from its own thread while edge.py has not yet put its ref into the Directory.
+# Register from its own thread while profiles/edge.py has not yet put its ref into the Directory.
 SLOW_REGISTRATION = """
 import sys, time
 from qlactors.actors import base

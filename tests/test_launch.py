@@ -55,7 +55,7 @@ def test_every_launcher_variable_is_internal_and_unset_by_the_launcher():
 
 
 def test_the_edge_stack_loads_no_postgresql_driver():
-    code = "import sys, qlactors.edge, qlactors.cli.runtime_commands; print(sorted(m for m in sys.modules if m.startswith('psycopg')))"
+    code = "import sys, qlactors.profiles.edge, qlactors.cli.runtime_commands; print(sorted(m for m in sys.modules if m.startswith('psycopg')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[]"
 

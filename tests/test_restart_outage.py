@@ -25,7 +25,7 @@ from qlactors.actors.scheduler import Scheduler
 from qlactors.actors.signals import Tick
 from qlactors.actors.supervisor import MAX_RESTARTS
 from qlactors.config import DEFAULTS, Config
-from qlactors.edge import EdgeRuntime
+from qlactors.profiles.edge import EdgeRuntime
 from qlactors.home import STORE_OUTAGE_FILE, _write_json, read_store_outage
 from qlactors.store.engine import StoreUnavailable
 from qlactors.store.repository import Repository

@@ -22,7 +22,7 @@ TERMINAL_STATES = frozenset(s.value for s in RUN_TERMINAL)
 
 
 def edge(repo: Repository, args: argparse.Namespace) -> int:
-    from ..edge import EdgeRuntime  # the actor stack loads only for the runtime itself
+    from ..profiles.edge import EdgeRuntime  # the actor stack loads only for the runtime itself
 
     repo.close()  # the runtime opens its own connections
     logging.basicConfig(stream=sys.stderr, level=getattr(logging, args.log_level),

@@ -10,94 +10,62 @@ they are recovered on the next start.
 from __future__ import annotations
 
 import logging
-import os
-import select
-import signal
 import threading
 import time
-from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 import zmq
 
-from .actors.base import Directory, Fatal
-from .actors.executor import Executor
-from .actors.outage import watch_store
-from .actors.receipt_files import LocalReceipts
-from .actors.receipts import ReceiptConsumer
-from .actors.recovery import Recovery
-from .actors.retry import Retry
-from .actors.scheduler import Scheduler
-from .actors.signals import Drain, StartupPass, Tick
-from .actors.supervisor import Supervisor
-from .config import Config, ensure_home
-from .domain.states import CancelReason
-from .errors import QlactorsError
-from .home import RuntimeLock, nudge_endpoint
-from .process.diskspace import free_space_source
-from .process.identity import boot_id_source, read_boot_id
-from .process.logs import LogStore
-from .process.receipts import ReceiptStore
-from .store.completion import CompletionService
-from .store.cron_admission import CronAdmission
-from .store.control import Control
-from .store.lost_retry import LostRetry
-from .store.dispatch import Dispatch
-from .store.journal import Journal
-from .store.repository import Repository
-from .wire.bridge import Bridge
+from ..actors.base import Directory, Fatal
+from ..actors.executor import Executor
+from ..actors.outage import watch_store
+from ..actors.receipt_files import LocalReceipts
+from ..actors.receipts import ReceiptConsumer
+from ..actors.recovery import Recovery
+from ..actors.retry import Retry
+from ..actors.scheduler import Scheduler
+from ..actors.signals import Drain, StartupPass, Tick
+from ..actors.supervisor import Supervisor
+from ..config import Config, ensure_home
+from ..domain.states import CancelReason
+from ..errors import QlactorsError
+from ..home import nudge_endpoint
+from ..process.diskspace import free_space_source
+from ..process.identity import boot_id_source
+from ..process.logs import LogStore
+from ..process.receipts import ReceiptStore
+from ..store.completion import CompletionService
+from ..store.control import Control
+from ..store.cron_admission import CronAdmission
+from ..store.dispatch import Dispatch
+from ..store.journal import Journal
+from ..store.lost_retry import LostRetry
+from ..store.repository import Repository
+from ..wire.bridge import Bridge
+from .context import EXECUTOR_KINDS, LOCAL_WORKER, RuntimeContext
+from .runner import Runner
 
 log = logging.getLogger("qlactors.edge")
 
 CONTROL_ENDPOINT = "inproc://qlactors-control"
-LOCAL_WORKER = "local"
-EXECUTOR_KINDS = ["welcome", "offer", "idle", "activated", "stop_requested", "nudge", "ack"]
-
-
-@dataclass
-class RuntimeContext:
-    """Everything an actor may use; shared read-only (the repositories are thread-safe)."""
-
-    config: Config
-    zmq: zmq.Context
-    bridge: Bridge
-    directory: Directory
-    fatal: Fatal
-    admitting: threading.Event
-    session: Any
-    repo: Repository
-    dispatch: Dispatch
-    completion: CompletionService
-    control: Control
-    lost_retry: LostRetry
-    cron: CronAdmission
-    journal: Journal
-    receipts: ReceiptStore
-    logs: LogStore
-    local_receipts: LocalReceipts
-    boot_id: Callable[[], str] = read_boot_id
-    launcher_shell: str = "/bin/sh"
-    free_bytes: Callable[[], int] | None = None  # free space of the logs file system; None: no disk check
-
 
 ORDER = (("recovery", Recovery), ("retry", Retry), ("scheduler", Scheduler),
          ("receipts", ReceiptConsumer), ("executor", Executor))
 
 
-class EdgeRuntime:
-    """Runs in the foreground until SIGTERM/SIGINT (or `stop()`); `run()` returns an exit status."""
+class EdgeRuntime(Runner):
+    """Both sides in this process: the control side and the executor side meet over inproc."""
+
+    name = "edge"
+    log = log
 
     def __init__(self, config: Config, *, cancel_running: bool = False, launcher_shell: str = "/bin/sh",
                  boot_id: Callable[[], str] | None = None, free_bytes: Callable[[], int] | None = None) -> None:
-        self.config = config
+        super().__init__(config)
         self.free_bytes = free_bytes or free_space_source(config.logs_dir)
         self.cancel_running = cancel_running
         self.launcher_shell = launcher_shell
         self.boot_id = boot_id or boot_id_source()
-        self.ctx: RuntimeContext | None = None
-        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self._signals = 0
-        self.started = threading.Event()
 
     # -- start --------------------------------------------------------------------------------
 
@@ -156,68 +124,8 @@ class EdgeRuntime:
         directory.tell("supervisor", Tick("startup"))
         return ctx
 
-    # -- run ----------------------------------------------------------------------------------
-
-    def run(self) -> int:
-        lock = RuntimeLock(self.config.home)
-        ensure_home(self.config)
-        lock.acquire()
-        previous = self._install_signals()
-        try:
-            ctx = self._start()
-            self.started.set()
-            log.info("event=edge_started home=%s slots=%d", self.config.home, self.config.runtime.slots)
-            while not ctx.fatal.event.is_set() and self._signals == 0:
-                # Signals and a fatal stop write to the wake pipe: no need to poll often.
-                select.select([self._wake_r], [], [], 60.0)
-                self._drain_pipe()
-            if ctx.fatal.event.is_set():
-                log.error("event=runtime_stopping reason=%s", ctx.fatal.reason)
-            self._shutdown(ctx)
-            return 1 if ctx.fatal.event.is_set() else 0
-        finally:
-            self._restore_signals(previous)
-            lock.release()
-            os.close(self._wake_r)
-            os.close(self._wake_w)
-
-    def stop(self) -> None:
-        """Ask a runtime running in another thread to shut down (tests, embedding)."""
-        self._signals += 1
-        self._poke()
-
-    def _poke(self) -> None:
-        try:
-            os.write(self._wake_w, b"x")
-        except (BlockingIOError, OSError):
-            pass
-
-    def _drain_pipe(self) -> None:
-        try:
-            while os.read(self._wake_r, 64):
-                pass
-        except (BlockingIOError, OSError):
-            pass
-
-    def _install_signals(self):
-        if threading.current_thread() is not threading.main_thread():
-            return None
-
-        def handler(signum, _frame):
-            self._signals += 1
-            if self._signals > 1:
-                os._exit(130)  # a second signal exits at once (pykka threads are not daemons)
-
-        previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
-        previous["wakeup"] = signal.set_wakeup_fd(self._wake_w)
-        return previous
-
-    def _restore_signals(self, previous) -> None:
-        if not previous:
-            return
-        signal.set_wakeup_fd(previous.pop("wakeup"))
-        for sig, old in previous.items():
-            signal.signal(sig, old)
+    def _started_line(self) -> str:
+        return f"event=edge_started home={self.config.home} slots={self.config.runtime.slots}"
 
     # -- shutdown -----------------------------------------------------------------------------
 
