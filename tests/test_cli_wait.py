@@ -160,7 +160,8 @@ def test_logs_of_a_run_that_never_started_says_so_plainly(tmp_path):
     assert ended_attempt.stderr == ended.stderr
 
 
-def test_logs_follow_of_a_queued_run_cancelled_before_it_starts_says_it_never_started(tmp_path):
+def _follow_a_queued_run(tmp_path):
+    """`logs -f` of a run no runtime takes, once it has said that the run has not started yet."""
     home = Home(tmp_path)
     home.add_tasks(("t", "--", "echo never"))
     run_id = home.run("t")
@@ -170,6 +171,16 @@ def test_logs_follow_of_a_queued_run_cancelled_before_it_starts_says_it_never_st
                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err, env=clean_env())
     try:
         wait_until(lambda: b"has not started yet" in err_path.read_bytes(), 15, "the follower's first line")
+    except BaseException:
+        follower.kill()
+        follower.communicate()
+        raise
+    return home, run_id, err_path, follower
+
+
+def test_logs_follow_of_a_queued_run_cancelled_before_it_starts_says_it_never_started(tmp_path):
+    home, run_id, err_path, follower = _follow_a_queued_run(tmp_path)
+    try:
         home.main("cancel", run_id)
         out, _ = follower.communicate(timeout=15)
     finally:
@@ -250,15 +261,8 @@ def test_readme_says_the_edge_default_runs_one_job_at_a_time_and_names_the_real_
 
 
 def test_ctrl_c_on_any_other_command_exits_130_with_one_line(tmp_path):
-    home = Home(tmp_path)
-    home.add_tasks(("t", "--", "echo never"))
-    run_id = home.run("t")
-    err_path = tmp_path / "follow.err"
-    with open(err_path, "wb") as err:
-        follower = subprocess.Popen([*QLACTORS, "--home", str(home.path), "logs", run_id, "-f"],
-                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err, env=clean_env())
+    home, run_id, err_path, follower = _follow_a_queued_run(tmp_path)
     try:
-        wait_until(lambda: b"has not started yet" in err_path.read_bytes(), 15, "the follower's first line")
         follower.send_signal(signal.SIGINT)
         follower.communicate(timeout=15)
     finally:

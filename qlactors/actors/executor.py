@@ -306,13 +306,18 @@ class Executor(RuntimeActor):
                                     self.me, msg)
 
     def on_no_receipt(self, msg: NoReceipt, _peer: bytes) -> None:
+        self._attest_not_running(msg.run_id, msg.attempt_id, msg.stopped_by)
+
+    def _attest_not_running(self, run_id: str, attempt_id: str, stopped_by: str | None) -> None:
+        """Conclusive evidence for recovery: this executor runs no process for the attempt
+        (`stopped_by` how it ended, None when it was never launched here)."""
         s = self.session
         if s is None:
             return
         self.out.to_control(m.Attest(worker_id=self.worker_id, session_id=s.session_id,
-                                     session_generation=s.session_generation, run_id=msg.run_id,
-                                     attempt_id=msg.attempt_id, running=False, conclusive=True,
-                                     stopped_by=msg.stopped_by))
+                                     session_generation=s.session_generation, run_id=run_id,
+                                     attempt_id=attempt_id, running=False, conclusive=True,
+                                     stopped_by=stopped_by))
 
     # -- restart ------------------------------------------------------------------------------
 
@@ -322,13 +327,8 @@ class Executor(RuntimeActor):
         The evidence recovery needs (SEMANTICS.md §6): a `claimed` attempt has its lease released
         and is offered again; one activated but never launched ends as judged there.
         """
-        s = self.session
-        if s is None:
-            return
         log.warning("event=attempt_given_back run=%s attempt=%s", run_id, attempt_id)
-        self.out.to_control(m.Attest(worker_id=self.worker_id, session_id=s.session_id,
-                                     session_generation=s.session_generation, run_id=run_id,
-                                     attempt_id=attempt_id, running=False, conclusive=True, stopped_by=None))
+        self._attest_not_running(run_id, attempt_id, None)
 
     def _adopt(self) -> None:
         """Re-adopt launchers that survived a restart (from the journal), for timeout and cancel.

@@ -56,13 +56,8 @@ class Recovery(RuntimeActor):
         self.unresolved.update((item["attempt_id"], item["why"]) for item in read_recovery_status(
             self.ctx.config.home) if isinstance(item, dict) and isinstance(item.get("attempt_id"), str)
             and isinstance(item.get("why"), str))
-        after = None
-        while True:
-            candidates, more = self.ctx.control.recovery_candidates(STARTUP_PAGE, after)
+        for candidates in self._every_candidate():
             self.ended.update(c.attempt_id for c in candidates if _may_be_orphaned(c))
-            if not more or not candidates:
-                break
-            after = candidates[-1].attempt_id
         log.info("event=recovery_resumed ended=%d unresolved=%d", len(self.ended), len(self.unresolved))
         self.ctx.directory.tell("scheduler", Tick("recovery_resumed"))
 
@@ -72,17 +67,22 @@ class Recovery(RuntimeActor):
     def on_startup(self, _msg: StartupPass, _peer: bytes) -> dict[str, int]:
         """Examine every in-flight attempt, page after page (asked once, before admission opens)."""
         totals: dict[str, int] = {}
-        after = None
-        while True:
-            candidates, more = self.ctx.control.recovery_candidates(STARTUP_PAGE, after)
+        for candidates in self._every_candidate():
             for outcome in self._examine(candidates, startup=True):
                 totals[outcome] = totals.get(outcome, 0) + 1
-            if not more or not candidates:
-                break
-            after = candidates[-1].attempt_id
         log.info("event=startup_recovery %s", " ".join(f"{k}={v}" for k, v in sorted(totals.items())))
         self._publish()
         return totals
+
+    def _every_candidate(self):
+        """Every in-flight attempt of this node, page after page (keyset on the attempt id)."""
+        after = None
+        while True:
+            candidates, more = self.ctx.control.recovery_candidates(STARTUP_PAGE, after)
+            yield candidates
+            if not more or not candidates:
+                return
+            after = candidates[-1].attempt_id
 
     def on_page(self, msg: StepRequest, _peer: bytes) -> None:
         page = self.ctx.config.runtime.recovery_page
