@@ -15,6 +15,7 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     PrimaryKeyConstraint,
     String,
@@ -287,6 +288,9 @@ run_attempts = Table(
     Column("started_at_ms", MS),
     Column("finished_at_ms", MS),
     Column("updated_at_ms", MS, nullable=False),
+    # Schema 6 (cluster, SEMANTICS.md §13): the log's final offset, recorded with the outcome;
+    # `logs -f` ends there. NULL on edge (the log is a local file) and before the completion.
+    Column("log_final_offset", BigInteger),
     UniqueConstraint("run_id", "number"),
     CheckConstraint("number >= 1", name="number_positive"),
     CheckConstraint(_one_of("status", AttemptStatus), name="status"),
@@ -294,6 +298,7 @@ run_attempts = Table(
     CheckConstraint("exit_code IS NULL OR (exit_code >= 0 AND exit_code <= 255)", name="exit_code_range"),
     CheckConstraint("signal IS NULL OR (signal >= 1 AND signal <= 64)", name="signal_range"),
     CheckConstraint("log_dropped_bytes IS NULL OR log_dropped_bytes >= 0", name="log_dropped_nonneg"),
+    CheckConstraint("log_final_offset IS NULL OR log_final_offset >= 0", name="log_final_offset_nonneg"),
     CheckConstraint("pid IS NULL OR pid > 0", name="pid_positive"),
     # An attempt without a callback token never activated: still claimed, cancelled or lost
     # before activation, or failed because no offer could carry it (OFFER_UNENCODABLE).
@@ -368,9 +373,25 @@ executor_journal = Table(
     Column("purge_after_ms", MS),
     Column("created_at_ms", MS, nullable=False),
     Column("updated_at_ms", MS, nullable=False),
+    # Schema 6 (cluster, SEMANTICS.md §9 Journal): the lease this executor holds for the attempt,
+    # so a restarted worker can quote it in an Attest; how far its log was shipped (§13); and the
+    # executor's own clock for "finished in time" and a local timeout intent (§5, §7).
+    Column("offer_id", ID),
+    Column("lease_generation", Integer),
+    Column("lease_token", String(64)),
+    Column("session_id", ID),
+    Column("session_generation", Integer),
+    Column("shipped_offset", BigInteger, nullable=False, server_default=text("0")),
+    Column("final_offset", BigInteger),
+    Column("activated_at_ms", MS),
+    Column("local_deadline_ms", MS),
+    Column("timeout_intent_at_ms", MS),
     CheckConstraint(_one_of("state", ("accepted", "launching", "started", "completed", "quarantined")),
                     name="state"),
-    *_ms("purge_after_ms", "created_at_ms", "updated_at_ms"),
+    CheckConstraint("shipped_offset >= 0", name="offsets"),
+    CheckConstraint("final_offset IS NULL OR final_offset >= 0", name="final_offset"),
+    *_ms("purge_after_ms", "created_at_ms", "updated_at_ms", "activated_at_ms", "local_deadline_ms",
+         "timeout_intent_at_ms"),
 )
 Index("ix_executor_journal_state_purge_after_ms", executor_journal.c.state, executor_journal.c.purge_after_ms)
 
@@ -388,11 +409,24 @@ worker_sessions = Table(
     Column("lease_expires_at_ms", MS),  # NULL: lives as long as the process (edge)
     Column("created_at_ms", MS, nullable=False),
     Column("updated_at_ms", MS, nullable=False),
+    # Schema 6 (cluster, SEMANTICS.md §9 Sessions): the worker's boot id (a resume after a reboot
+    # is refused), the hash of the resume secret, the last heartbeat's number and its stored
+    # answer (a repeat gets the same answer), the worker's labels, database time minus the
+    # worker's clock at the last heartbeat, and when the session ended (expired, superseded,
+    # offline), which the recovery grace counts from.
+    Column("boot_id", String(64)),
+    Column("resume_secret_hash", String(64)),
+    Column("heartbeat_seq", BigInteger, nullable=False, server_default=text("0")),
+    Column("heartbeat_answer", Text),
+    Column("labels_json", Text, nullable=False, server_default=text("'[]'")),
+    Column("clock_skew_ms", BigInteger),
+    Column("ended_at_ms", MS),
     UniqueConstraint("worker_id", "generation"),
     CheckConstraint(_one_of("status", ("online", "draining", "offline")), name="status"),
     CheckConstraint("generation >= 1 AND version >= 0", name="counters"),
     CheckConstraint("capacity >= 0 AND free_slots >= 0 AND free_slots <= capacity", name="slots"),
-    *_ms("heartbeat_at_ms", "lease_expires_at_ms", "created_at_ms", "updated_at_ms"),
+    CheckConstraint("heartbeat_seq >= 0", name="heartbeat_seq_nonneg"),
+    *_ms("heartbeat_at_ms", "lease_expires_at_ms", "created_at_ms", "updated_at_ms", "ended_at_ms"),
 )
 
 run_dispatch_leases = Table(
@@ -444,3 +478,77 @@ run_tombstones = Table(
 Index("ix_run_tombstones_retired_at_ms_run_id", run_tombstones.c.retired_at_ms, run_tombstones.c.run_id)
 Index("ix_run_tombstones_task_id_retired_at_ms_run_id", run_tombstones.c.task_id,
       run_tombstones.c.retired_at_ms, run_tombstones.c.run_id)
+
+
+# --- schema 6: the cluster (SEMANTICS.md §9, §13) ---------------------------------------------
+
+# The allow-list: which CurveZMQ public key speaks for which worker id (`worker allow` / `revoke`).
+worker_keys = Table(
+    "worker_keys",
+    metadata,
+    Column("worker_id", String(128), primary_key=True),
+    Column("public_key", String(40), nullable=False),  # Z85 text of the 32-byte CURVE key
+    Column("created_at_ms", MS, nullable=False),
+    UniqueConstraint("public_key"),
+    CheckConstraint("length(public_key) = 40", name="public_key_z85"),
+    *_ms("created_at_ms"),
+)
+
+# A cluster run's log on the control side: chunks appended only at their expected offset.
+log_chunks = Table(
+    "log_chunks",
+    metadata,
+    Column("attempt_id", ID, ForeignKey("run_attempts.id"), nullable=False),
+    Column("start_offset", BigInteger, nullable=False),
+    Column("run_id", ID, ForeignKey("runs.id"), nullable=False),
+    Column("length", Integer, nullable=False),
+    Column("checksum", String(64), nullable=False),  # SHA-256 hex of the chunk's bytes
+    Column("data", LargeBinary, nullable=False),
+    Column("created_at_ms", MS, nullable=False),
+    PrimaryKeyConstraint("attempt_id", "start_offset"),
+    CheckConstraint("start_offset >= 0 AND length >= 1 AND length <= 131072", name="chunk_bounds"),
+    *_ms("created_at_ms"),
+)
+# Retention deletes a run's chunks with it.
+Index("ix_log_chunks_run_id", log_chunks.c.run_id)
+
+# Control replicas, for `status`: each one writes its row at start and every cycle.
+control_replicas = Table(
+    "control_replicas",
+    metadata,
+    Column("replica_id", ID, primary_key=True),
+    Column("host", String(255), nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("bind", Text, nullable=False),
+    Column("started_at_ms", MS, nullable=False),
+    Column("heartbeat_at_ms", MS, nullable=False),
+    Column("stopped_at_ms", MS),
+    *_ms("started_at_ms", "heartbeat_at_ms", "stopped_at_ms"),
+)
+
+# Executor-local (like executor_journal): the (offer id, lease token) pairs of a Pull, journalled
+# before it is sent, so a Pull whose answer was lost is repeated with the same pairs.
+executor_pulls = Table(
+    "executor_pulls",
+    metadata,
+    Column("offer_id", ID, primary_key=True),
+    Column("pull_id", ID, nullable=False),
+    Column("lease_token", String(64), nullable=False),
+    Column("created_at_ms", MS, nullable=False),
+    *_ms("created_at_ms"),
+)
+Index("ix_executor_pulls_pull_id", executor_pulls.c.pull_id)
+
+# Executor-local: this executor's current session and its resume secret (one row per worker id).
+executor_session = Table(
+    "executor_session",
+    metadata,
+    Column("worker_id", String(128), primary_key=True),
+    Column("session_id", ID, nullable=False),
+    Column("generation", Integer, nullable=False),
+    Column("resume_secret", String(64), nullable=False),
+    Column("boot_id", String(64), nullable=False),
+    Column("updated_at_ms", MS, nullable=False),
+    CheckConstraint("generation >= 1", name="generation_positive"),
+    *_ms("updated_at_ms"),
+)
