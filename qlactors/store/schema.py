@@ -291,6 +291,10 @@ run_attempts = Table(
     # Schema 6 (cluster, SEMANTICS.md §13): the log's final offset, recorded with the outcome;
     # `logs -f` ends there. NULL on edge (the log is a local file) and before the completion.
     Column("log_final_offset", BigInteger),
+    # Schema 6: what the attempt's worker last attested about its process (SEMANTICS.md §9
+    # Re-attest), and when (database time); recovery's evidence predicate reads it (§10).
+    Column("evidence", String(32)),
+    Column("evidence_at_ms", MS),
     UniqueConstraint("run_id", "number"),
     CheckConstraint("number >= 1", name="number_positive"),
     CheckConstraint(_one_of("status", AttemptStatus), name="status"),
@@ -299,6 +303,8 @@ run_attempts = Table(
     CheckConstraint("signal IS NULL OR (signal >= 1 AND signal <= 64)", name="signal_range"),
     CheckConstraint("log_dropped_bytes IS NULL OR log_dropped_bytes >= 0", name="log_dropped_nonneg"),
     CheckConstraint("log_final_offset IS NULL OR log_final_offset >= 0", name="log_final_offset_nonneg"),
+    CheckConstraint("evidence IS NULL OR evidence IN ('stopped', 'ended', 'ended_with_receipt', "
+                    "'never_launched', 'launch_unknown', 'rebooted', 'retired')", name="evidence"),
     CheckConstraint("pid IS NULL OR pid > 0", name="pid_positive"),
     # An attempt without a callback token never activated: still claimed, cancelled or lost
     # before activation, or failed because no offer could carry it (OFFER_UNENCODABLE).
@@ -306,7 +312,7 @@ run_attempts = Table(
                     "OR (status = 'failed' AND error_code = 'OFFER_UNENCODABLE')",
                     name="token_after_claim"),
     *_ms("deadline_at_ms", "lease_expires_at_ms", "created_at_ms", "started_at_ms",
-         "finished_at_ms", "updated_at_ms"),
+         "finished_at_ms", "updated_at_ms", "evidence_at_ms"),
 )
 # At most one attempt of a run may be live at a time.
 Index("ix_run_attempts_one_active", run_attempts.c.run_id, unique=True,

@@ -83,6 +83,10 @@ ALTER TABLE worker_sessions ADD COLUMN ended_at_ms BIGINT CONSTRAINT ck_worker_s
 
 ALTER TABLE run_attempts ADD COLUMN log_final_offset BIGINT CONSTRAINT ck_run_attempts_log_final_offset_nonneg CHECK (log_final_offset IS NULL OR log_final_offset >= 0);
 
+ALTER TABLE run_attempts ADD COLUMN evidence VARCHAR(32) CONSTRAINT ck_run_attempts_evidence CHECK (evidence IS NULL OR evidence IN ('stopped', 'ended', 'ended_with_receipt', 'never_launched', 'launch_unknown', 'rebooted', 'retired'));
+
+ALTER TABLE run_attempts ADD COLUMN evidence_at_ms BIGINT CONSTRAINT ck_run_attempts_evidence_at_ms_nonneg CHECK (evidence_at_ms IS NULL OR evidence_at_ms >= 0);
+
 ALTER TABLE executor_journal ADD COLUMN offer_id VARCHAR(36);
 
 ALTER TABLE executor_journal ADD COLUMN lease_generation INTEGER;
