@@ -51,16 +51,25 @@ from qlactors.wire.messages import (
     Matches,
     MaxLen,
     Nudge,
+    Decline,
+    FencedLease,
+    LeaseRef,
     Offer,
+    Offers,
+    OfferSlot,
     PosixBytes,
     Pull,
-    Renew,
+    Renewed,
     Started,
     StartFailed,
+    Unactivated,
+    Welcome,
+    LogChunk,
 )
 
 # Classes in messages.py that are not messages: the fence base and the annotation markers.
-NOT_MESSAGES = {FencedReport, MaxLen, Matches, PosixBytes}
+RECORDS = {OfferSlot, LeaseRef, Unactivated, Renewed, FencedLease, Offer}
+NOT_MESSAGES = {FencedReport, MaxLen, Matches, PosixBytes} | RECORDS
 FENCE_FIELDS = ["worker_id", "session_id", "session_generation", "run_id", "attempt_id",
                 "offer_id", "lease_generation", "lease_token", "lease_version"]
 ID_FIELDS = {"run_id", "attempt_id", "offer_id", "session_id"}
@@ -82,6 +91,10 @@ def _sample_value(tp: object) -> object:
         return True
     if tp is str:
         return "x"
+    if tp is bytes:
+        return b"\x00\xff"
+    if tp in RECORDS:
+        return sample(tp)
     if origin is Annotated:
         for marker in args[1:]:
             if isinstance(marker, Matches):
@@ -91,6 +104,8 @@ def _sample_value(tp: object) -> object:
         return args[0]
     if origin in (Union, types.UnionType):
         return _sample_value(next(a for a in args if a is not type(None)))
+    if origin is list and args[0] in RECORDS:
+        return [sample(args[0])]
     if origin is list:
         return ["a", "b"]
     if origin is dict:
@@ -114,6 +129,10 @@ def _strategy(tp: object) -> st.SearchStrategy[object]:
         return st.booleans()
     if tp is str:
         return _text
+    if tp is bytes:
+        return st.binary(max_size=40)
+    if tp in RECORDS:
+        return _message_strategy(tp)
     if origin is Annotated:
         for marker in args[1:]:
             if isinstance(marker, Matches):
@@ -128,7 +147,7 @@ def _strategy(tp: object) -> st.SearchStrategy[object]:
     if origin in (Union, types.UnionType):
         return st.none() | _strategy(next(a for a in args if a is not type(None)))
     if origin is list:
-        return st.lists(_strategy(args[0]), max_size=5)
+        return st.lists(_strategy(args[0]), max_size=3 if args[0] in RECORDS else 5)
     if origin is dict:
         return st.dictionaries(_text, _strategy(args[1]), max_size=5)
     raise AssertionError(f"no strategy for {tp!r}")
@@ -145,6 +164,21 @@ any_message = st.sampled_from(ALL_CLASSES).flatmap(_message_strategy)
 def body_of(message: object) -> dict[str, object]:
     """The unpacked body map of a message, to be tampered with."""
     return msgpack.unpackb(encode(message)[1], raw=False)
+
+
+def in_offers(offer: Offer) -> Offers:
+    """An Offer travels only inside an Offers batch."""
+    return Offers(worker_id="w", session_id="s", session_generation=1, pull_id="p", offers=[offer])
+
+
+def offer_body(offer: Offer) -> dict[str, object]:
+    """The unpacked map of one offer inside its Offers body."""
+    return body_of(in_offers(offer))["offers"][0]
+
+
+def offers_frames(offer_map: dict[str, object]) -> list[bytes]:
+    """Frames of an Offers body holding one (maybe tampered) offer map."""
+    return frames_of({**body_of(in_offers(sample(Offer))), "offers": [offer_map]})
 
 
 def frames_of(body: object) -> list[bytes]:
@@ -165,7 +199,7 @@ def test_registry_holds_every_message_class_in_the_module_once():
                if obj.__module__ == messages_module.__name__}
     assert defined - NOT_MESSAGES == set(MESSAGES.values())
     assert all(MESSAGES[cls.KIND] is cls for cls in defined - NOT_MESSAGES)
-    assert len({cls.KIND for cls in ALL_CLASSES}) == len(ALL_CLASSES) == 16
+    assert len({cls.KIND for cls in ALL_CLASSES}) == len(ALL_CLASSES) == 19
     assert all(re.fullmatch(r"[a-z]+(_[a-z]+)*", kind) for kind in MESSAGES)
     assert set(EXECUTOR_TO_CONTROL).isdisjoint(CONTROL_TO_EXECUTOR)
     assert not hasattr(FencedReport, "KIND")
@@ -187,7 +221,7 @@ def test_messages_are_frozen_slotted_keyword_only_dataclasses(cls):
 
 def test_fenced_reports_quote_the_whole_fence():
     fenced = {cls for cls in ALL_CLASSES if issubclass(cls, FencedReport)}
-    assert fenced == {Activate, Started, StartFailed, Renew}
+    assert fenced == {Activate, Started, StartFailed, Decline}
     for cls in fenced:
         assert [f.name for f in dataclasses.fields(cls)][:9] == FENCE_FIELDS
     # Completed is authenticated by its callback token, not the fence.
@@ -200,9 +234,11 @@ def test_literal_vocabularies_match_the_domain():
 
 
 def test_id_fields_are_bounded_wherever_they_appear():
-    for cls in ALL_CLASSES:
+    for cls in ALL_CLASSES + sorted(RECORDS, key=lambda c: c.__name__):
         for name, tp in _hints(cls).items():
-            if name in ID_FIELDS:
+            if name in ID_FIELDS or name.endswith("session_id"):
+                if get_origin(tp) in (Union, types.UnionType):  # an optional id is bounded too
+                    tp = next(a for a in get_args(tp) if a is not type(None))
                 assert get_origin(tp) is Annotated and MaxLen(MAX_ID_CHARS) in get_args(tp), (cls, name)
 
 
@@ -231,12 +267,15 @@ def test_every_field_is_documented():
 
 
 def test_secrets_stay_out_of_repr():
-    pull = Pull(worker_id="w", session_id="s", session_generation=1, free_slots=1, offer_id="o",
-                lease_token="LEASE-SECRET")
+    pull = Pull(worker_id="w", session_id="s", session_generation=1, pull_id="p",
+                offers=[OfferSlot(offer_id="o", lease_token="LEASE-SECRET")])
     completed = dataclasses.replace(sample(Completed), token="CALLBACK-SECRET")
-    offer = dataclasses.replace(sample(Offer), env={"PASSWORD": "ENV-SECRET"})
-    renew = dataclasses.replace(sample(Renew), lease_token="LEASE-SECRET")
-    text = " ".join(map(repr, [pull, completed, offer, renew]))
+    offers = in_offers(dataclasses.replace(sample(Offer), env={"PASSWORD": "ENV-SECRET"}))
+    decline = dataclasses.replace(sample(Decline), lease_token="LEASE-SECRET")
+    heartbeat = dataclasses.replace(sample(Heartbeat), renewals=[
+        dataclasses.replace(sample(LeaseRef), lease_token="LEASE-SECRET")])
+    welcome = dataclasses.replace(sample(Welcome), resume_secret="RESUME-SECRET")
+    text = " ".join(map(repr, [pull, completed, offers, decline, heartbeat, welcome]))
     assert "SECRET" not in text and "PASSWORD" not in text
     assert "offer_id='o'" in text
 
@@ -247,10 +286,10 @@ def test_secrets_stay_out_of_repr():
 def test_every_kind_round_trips(cls):
     message = sample(cls)
     frames = encode(message)
-    assert len(frames) == 2 and frames[0] == HEADER == b"QLACTORS/1"
+    assert len(frames) == 2 and frames[0] == HEADER == b"QLACTORS/2"
     assert all(type(f) is bytes for f in frames)
     body = msgpack.unpackb(frames[1], raw=False)
-    values = {f.name: getattr(message, f.name) for f in dataclasses.fields(cls)}
+    values = dataclasses.asdict(message)  # records nested in a message travel as maps
     assert body == {"kind": cls.KIND, **values}
     decoded = decode(frames)
     assert type(decoded) is cls and decoded == message
@@ -269,15 +308,16 @@ def test_nudge_has_no_fields_and_a_one_key_body():
 
 def test_tuples_go_out_as_arrays_and_come_back_as_lists():
     offer = dataclasses.replace(sample(Offer), argv=("/bin/echo", "hi"))
-    assert decode(encode(offer)).argv == ["/bin/echo", "hi"]
+    assert decode(encode(in_offers(offer))).offers[0].argv == ["/bin/echo", "hi"]
 
 
 def test_optional_fields_carry_none():
     attest = Attest(worker_id="w", session_id="s", session_generation=2, run_id="r", attempt_id="a",
-                    running=True, conclusive=False, stopped_by=None)
+                    lease=None, lease_session_id=None, lease_session_generation=None, fact="ended",
+                    stopped_by=None, new_slot=None, boot_id=None, pid=None, pgid=None, start_ticks=None)
     assert decode(encode(attest)) == attest
-    offer = dataclasses.replace(sample(Offer), cwd=None, timeout_ms=None)
-    assert decode(encode(offer)) == offer
+    offers = in_offers(dataclasses.replace(sample(Offer), cwd=None, timeout_ms=None))
+    assert decode(encode(offers)) == offers
 
 
 def test_extreme_but_valid_values_pass():
@@ -318,22 +358,22 @@ def test_a_wrong_header_is_refused(header):
     assert not isinstance(error, VersionMismatch)
 
 
-@pytest.mark.parametrize("version", [b"2", b"0", b"10", b"1.1", b"01"])
+@pytest.mark.parametrize("version", [b"1", b"3", b"0", b"10", b"1.1", b"01"])
 def test_another_version_is_refused_naming_both_versions(version):
     with pytest.raises(VersionMismatch) as info:
         decode([b"QLACTORS/" + version, b"\x80"])
     error = info.value
     assert isinstance(error, DecodeError)
-    assert error.theirs == version.decode() and error.ours == "1"
-    assert f"QLACTORS/{version.decode()}" in str(error) and "QLACTORS/1" in str(error)
+    assert error.theirs == version.decode() and error.ours == "2"
+    assert f"QLACTORS/{version.decode()}" in str(error) and "QLACTORS/2" in str(error)
 
 
 def test_the_version_is_judged_before_the_frame_count():
     # A future version may use another frame layout; its peer must still hear "wrong version".
     with pytest.raises(VersionMismatch):
-        decode([b"QLACTORS/2"])
+        decode([b"QLACTORS/3"])
     with pytest.raises(VersionMismatch):
-        decode([b"QLACTORS/2", b"a", b"b", b"c"])
+        decode([b"QLACTORS/3", b"a", b"b", b"c"])
 
 
 def test_a_hostile_version_string_is_bounded_in_the_error():
@@ -367,7 +407,7 @@ def test_garbage_and_truncated_bodies_are_refused(body):
 
 
 def test_a_truncated_real_message_is_refused():
-    frames = encode(sample(Offer))
+    frames = encode(sample(Offers))
     for cut in range(len(frames[1])):
         with pytest.raises(DecodeError):
             decode([HEADER, frames[1][:cut]])
@@ -391,8 +431,8 @@ def test_a_body_that_is_not_a_map_is_refused(value):
 def test_non_string_map_keys_are_refused():
     refused([HEADER, msgpack.packb({1: "x", "kind": "nudge"})], "not one msgpack value")
     refused([HEADER, msgpack.packb({b"kind": "nudge"}, use_bin_type=True)], "keys must be strings")
-    env_with_bytes_key = {**body_of(sample(Offer)), "env": {b"K": "v"}}
-    refused(frames_of(env_with_bytes_key), "offer.env key must be a string, got binary")
+    env_with_bytes_key = {**offer_body(sample(Offer)), "env": {b"K": "v"}}
+    refused(offers_frames(env_with_bytes_key), "offers.offers item 0 field env key must be a string, got binary")
 
 
 class _Raw(bytes):
@@ -410,18 +450,23 @@ def _raw_map(pairs: list[tuple[str, object]]) -> bytes:
 
 def test_duplicate_keys_are_refused():
     # Without the pairs hook the last value would win silently.
-    refused([HEADER, _raw_map([("kind", "idle"), ("offer_id", "a"), ("offer_id", "b")])],
-            "key 'offer_id' more than once")
+    refused([HEADER, _raw_map([("kind", "log_ack"), ("attempt_id", "a"), ("attempt_id", "b")])],
+            "key 'attempt_id' more than once")
     refused([HEADER, _raw_map([("kind", "nudge"), ("kind", "nudge")])], "more than once")
     env = _Raw(_raw_map([("K", "1"), ("K", "2")]))
-    pairs = [(k, env if k == "env" else v) for k, v in body_of(sample(Offer)).items()]
-    refused([HEADER, _raw_map(pairs)], "key 'K' more than once")
-    assert decode([HEADER, _raw_map(list(body_of(sample(Offer)).items()))]) == sample(Offer)
+    pairs = [(k, env if k == "env" else v) for k, v in body_of(sample(Completed)).items()]
+    pairs = [(k, v) for k, v in body_of(sample(Activate)).items()]
+    offer_pairs = [(k, env if k == "env" else v) for k, v in offer_body(sample(Offer)).items()]
+    outer = [(k, _Raw(b"\x91" + _raw_map(offer_pairs)) if k == "offers" else v)
+             for k, v in body_of(in_offers(sample(Offer))).items()]
+    refused([HEADER, _raw_map(outer)], "key 'K' more than once")
+    assert decode([HEADER, _raw_map(pairs)]) == sample(Activate)
 
 
 def test_unknown_kind_is_refused():
     refused(frames_of({"kind": "launch_missiles"}), "unknown kind 'launch_missiles'")
-    refused(frames_of({**body_of(sample(Renew)), "kind": "fenced_report"}), "unknown kind")
+    refused(frames_of({**body_of(sample(Decline)), "kind": "fenced_report"}), "unknown kind")
+    refused(frames_of({**offer_body(sample(Offer)), "kind": "offer"}), "unknown kind 'offer'")
 
 
 def test_a_missing_or_non_string_kind_is_refused():
@@ -461,9 +506,15 @@ WRONG_VALUES = [
     (Heartbeat, "free_slots", None, "must be an integer, got nil"),
     (Heartbeat, "session_generation", 2**63, "outside the signed 64-bit range"),
     (Heartbeat, "session_generation", 2**64 - 1, "outside the signed 64-bit range"),
-    (Attest, "running", 1, "must be a boolean, got an integer"),
-    (Attest, "conclusive", 0, "must be a boolean, got an integer"),
-    (Attest, "running", None, "must be a boolean, got nil"),
+    (Attest, "fact", "maybe", "must be one of running | stopped"),
+    (Attest, "fact", None, "must be a string, got nil"),
+    (Attest, "lease", "l", "must be a LeaseRef map, got a string"),
+    (Attest, "lease", {"run_id": "r"}, "lacks fields"),
+    (Attest, "new_slot", {"offer_id": "o", "lease_token": "t", "x": 1}, "has unknown fields ['x']"),
+    (Heartbeat, "renewals", ["l"], "item 0 must be a LeaseRef map, got a string"),
+    (Heartbeat, "renewals", {"a": 1}, "must be an array of LeaseRef maps, got a map"),
+    (LogChunk, "data", "text", "must be binary, got a string"),
+    (LogChunk, "data", b"x" * (128 * 1024 + 1), "over the 131072-byte limit"),
     (Attest, "stopped_by", "crash", "must be one of exit | term | kill"),
     (Attest, "stopped_by", 1, "must be a string, got an integer"),
     (Heartbeat, "worker_id", None, "must be a string, got nil"),
@@ -502,9 +553,13 @@ WRONG_VALUES = [
 
 
 @pytest.mark.parametrize("cls, name, value, fragment", WRONG_VALUES,
-                         ids=[f"{c.KIND}.{n}={str(v)[:12]!s}" for c, n, v, _ in WRONG_VALUES])
+                         ids=[f"{getattr(c, 'KIND', 'offer')}.{n}={str(v)[:12]!s}" for c, n, v, _ in WRONG_VALUES])
 def test_a_field_of_the_wrong_type_or_out_of_bounds_is_refused(cls, name, value, fragment):
-    error = refused(frames_of({**body_of(sample(cls)), name: value}), f"{cls.KIND}.{name} ")
+    if cls is Offer:  # an offer travels inside Offers: its complaint names where
+        error = refused(offers_frames({**offer_body(sample(Offer)), name: value}),
+                        f"offers.offers item 0 field {name} ")
+    else:
+        error = refused(frames_of({**body_of(sample(cls)), name: value}), f"{cls.KIND}.{name} ")
     assert fragment in error.reason
 
 
@@ -520,8 +575,8 @@ def test_invalid_utf8_and_deep_nesting_are_refused():
 
 
 def test_refusals_never_echo_field_values():
-    body = {**body_of(sample(Offer)), "env": {"PASSWORD": ["hunter2"]}}
-    error = refused(frames_of(body), "offer.env")
+    body = {**offer_body(sample(Offer)), "env": {"PASSWORD": ["hunter2"]}}
+    error = refused(offers_frames(body), "offers.offers item 0 field env")
     assert "hunter2" not in str(error) and "hunter2" not in repr(error)
 
 
@@ -617,8 +672,8 @@ def test_encode_refuses_unregistered_objects():
 def test_encode_refuses_bad_values_at_their_origin():
     with pytest.raises(EncodeError, match="heartbeat.free_slots must be an integer, got a boolean"):
         encode(dataclasses.replace(sample(Heartbeat), free_slots=True))
-    with pytest.raises(EncodeError, match="offer.argv item 0"):
-        encode(dataclasses.replace(sample(Offer), argv=[1]))
+    with pytest.raises(EncodeError, match="offers.offers item 0 field argv item 0"):
+        encode(in_offers(dataclasses.replace(sample(Offer), argv=[1])))
     with pytest.raises(EncodeError, match="ack.result must be one of"):
         encode(dataclasses.replace(sample(Ack), result="ok"))
     with pytest.raises(EncodeError, match="cannot be packed"):
@@ -629,23 +684,24 @@ def test_posix_values_travel_as_str_when_utf8_and_as_bin_otherwise():
     """Command words, env values and cwd reach the executor byte for byte, UTF-8 or not."""
     offer = dataclasses.replace(sample(Offer), argv=["printf", "\udcff\udcfe", "é"],
                                 cwd="/tmp/\udcff", env={"A": "plain", "B": "x\udc80y"})
-    body = body_of(offer)
+    body = offer_body(offer)
     assert body["argv"] == ["printf", b"\xff\xfe", "é"]
     assert body["cwd"] == b"/tmp/\xff"
     assert body["env"] == {"A": "plain", "B": b"x\x80y"}
-    assert decode(encode(offer)) == offer
+    assert decode(encode(in_offers(offer))).offers == [offer]
     # Escaped bytes that happen to form UTF-8 go out as that text: the same bytes, one spelling.
-    assert body_of(dataclasses.replace(offer, argv=["\udcc3\udca9"]))["argv"] == ["é"]
+    assert offer_body(dataclasses.replace(offer, argv=["\udcc3\udca9"]))["argv"] == ["é"]
 
 
 def test_posix_values_are_limited_in_bytes_and_must_stand_for_bytes():
-    with pytest.raises(EncodeError, match="offer.argv item 0 holds a lone surrogate"):
-        encode(dataclasses.replace(sample(Offer), argv=["\ud800"]))
-    with pytest.raises(EncodeError, match="offer.cwd is over the 65536-byte string limit"):
-        encode(dataclasses.replace(sample(Offer), cwd="/" + "\udcff" * MAX_STR_BYTES))
-    with pytest.raises(EncodeError, match="offer.env value of key 'K' must be a string, got binary"):
-        encode(dataclasses.replace(sample(Offer), env={"K": b"\xff"}))
-    fits = dataclasses.replace(sample(Offer), argv=["\udcff" * MAX_STR_BYTES])
+    where = "offers.offers item 0 field"
+    with pytest.raises(EncodeError, match=f"{where} argv item 0 holds a lone surrogate"):
+        encode(in_offers(dataclasses.replace(sample(Offer), argv=["\ud800"])))
+    with pytest.raises(EncodeError, match=f"{where} cwd is over the 65536-byte string limit"):
+        encode(in_offers(dataclasses.replace(sample(Offer), cwd="/" + "\udcff" * MAX_STR_BYTES)))
+    with pytest.raises(EncodeError, match=f"{where} env value of key 'K' must be a string, got binary"):
+        encode(in_offers(dataclasses.replace(sample(Offer), env={"K": b"\xff"})))
+    fits = in_offers(dataclasses.replace(sample(Offer), argv=["\udcff" * MAX_STR_BYTES]))
     assert decode(encode(fits)) == fits
 
 
@@ -657,12 +713,12 @@ def test_posix_str_takes_no_other_constraint():
 def test_encode_refuses_a_message_over_the_frame_limit():
     env = {f"K{i}": "v" * 60_000 for i in range(5)}
     with pytest.raises(EncodeError, match="over the"):
-        encode(dataclasses.replace(sample(Offer), env=env))
+        encode(in_offers(dataclasses.replace(sample(Offer), env=env)))
 
 
 # --- the schema compiler -------------------------------------------------------------------------
 
-@pytest.mark.parametrize("tp", [float, bytes, list[int], dict[str, int], tuple[str, ...], int | str,
+@pytest.mark.parametrize("tp", [float, bytearray, list[int], dict[str, int], tuple[str, ...], int | str,
                                 Literal[1, 2], Annotated[int, MaxLen(3)], Annotated[str, "free text"]])
 def test_annotations_the_wire_cannot_carry_fail_at_import_time(tp):
     with pytest.raises(TypeError):

@@ -20,6 +20,7 @@ from ..ids import new_id
 from ..process.identity import Liveness, probe, read_identity
 from ..process.launch import job_environment, signal_job, spawn, uptime_ms
 from ..store.engine import StoreUnavailable
+from ..wire import codec
 from ..wire import messages as m
 from ..wire.bridge import ProcessExited
 from .base import RuntimeActor
@@ -44,7 +45,8 @@ class Local:
     stop_phase: str | None = None  # None, "term" or "kill": how far a stop has gone
     sent: str | None = None  # "term" or "kill": the last signal the job's group actually got
     grace_ms: int = 1000
-    superseded: int = 0  # Activates of earlier offers of this attempt still unanswered (see on_offer)
+    session_id: str = ""  # the session the lease was granted to (from Offers)
+    session_generation: int = 0
 
 
 class Executor(RuntimeActor):
@@ -57,19 +59,24 @@ class Executor(RuntimeActor):
         self.worker_id = ctx.session.worker_id
         self.session: m.Welcome | None = None
         self.live: dict[str, Local] = {}
-        self.pending_pull: tuple[str, str] | None = None  # (offer_id, lease_token)
+        # The Pull waiting for its answer: its id and its (offer id -> lease token) pairs.
+        self.pending_pull: tuple[str, dict[str, str]] | None = None
 
     def handlers(self):
         return {
-            m.Welcome: self.on_welcome, m.Nudge: self.on_nudge, m.Offer: self.on_offer, m.Idle: self.on_idle,
-            m.Activated: self.on_activated, m.Ack: self.on_ack, m.StopRequested: self.on_stop_requested,
+            m.Welcome: self.on_welcome, m.Nudge: self.on_nudge, m.Offers: self.on_offers,
+            m.Activated: self.on_activated, m.Ack: self.on_ack, m.Attested: self.on_attested,
+            m.HeartbeatAck: self.on_heartbeat_ack, m.StopRequested: self.on_stop_requested,
             ProcessExited: self.on_exited, StopCheck: self.on_stop_check, NoReceipt: self.on_no_receipt,
             Consume: self.on_consume,
         }
 
     def started(self) -> None:
-        self.out.to_control(m.Register(worker_id=self.worker_id, capacity=self.slots,
-                                       boot_id=self.ctx.boot_id()))
+        self.out.to_control(m.Register(
+            worker_id=self.worker_id, capacity=self.slots, boot_id=self.ctx.boot_id(), labels=[],
+            protocol_min=codec.PROTOCOL_MIN, protocol_max=codec.PROTOCOL_MAX,
+            worker_clock_ms=time.time_ns() // 1_000_000, resume_session_id=None,
+            resume_generation=None, resume_secret=None))
 
     def _close(self) -> None:
         for local in self.live.values():
@@ -93,32 +100,43 @@ class Executor(RuntimeActor):
         return self.slots - len(self.live)
 
     def _pull(self) -> None:
+        """One Pull for every free slot: a pair (offer id, lease token) per slot."""
         if self.session is None or self.pending_pull is not None or self._free() <= 0:
             return
         if not self.ctx.admitting.is_set():
             return
-        self.pending_pull = (new_id(), secrets.token_urlsafe(32))
+        pairs = {new_id(): secrets.token_urlsafe(32) for _ in range(self._free())}
+        self.pending_pull = (new_id(), pairs)
         s = self.session
-        self.out.to_control(m.Pull(worker_id=self.worker_id, session_id=s.session_id,
-                                   session_generation=s.session_generation, free_slots=self._free(),
-                                   offer_id=self.pending_pull[0], lease_token=self.pending_pull[1]))
+        self.out.to_control(m.Pull(
+            worker_id=self.worker_id, session_id=s.session_id, session_generation=s.session_generation,
+            pull_id=self.pending_pull[0],
+            offers=[m.OfferSlot(offer_id=o, lease_token=t) for o, t in pairs.items()]))
 
-    def on_idle(self, msg: m.Idle, _peer: bytes) -> None:
-        if self.pending_pull and self.pending_pull[0] == msg.offer_id:
-            self.pending_pull = None
-
-    def on_offer(self, offer: m.Offer, _peer: bytes) -> None:
-        held = self.live.get(offer.attempt_id)
-        if not self.pending_pull or self.pending_pull[0] != offer.offer_id:
-            log.warning("event=offer_unexpected offer=%s attempt=%s", offer.offer_id, offer.attempt_id)
-            if held is None:  # the answer to a pull of an instance that died: nobody holds it
-                self._give_back(offer.run_id, offer.attempt_id)
+    def on_offers(self, msg: m.Offers, _peer: bytes) -> None:
+        if not self.pending_pull or self.pending_pull[0] != msg.pull_id:
+            for offer in msg.offers:
+                log.warning("event=offer_unexpected offer=%s attempt=%s", offer.offer_id, offer.attempt_id)
+                if offer.attempt_id not in self.live:  # a pull of an instance that died: nobody holds it
+                    self._give_back(offer.run_id, offer.attempt_id)
             return
+        pairs = self.pending_pull[1]
+        self.pending_pull = None
+        for offer in msg.offers:
+            token = pairs.get(offer.offer_id)
+            if token is None:
+                log.error("event=offer_of_no_pair offer=%s attempt=%s", offer.offer_id, offer.attempt_id)
+                continue
+            self._accept(offer, token, msg)
+        if len(msg.offers) == len(pairs):
+            self._pull()  # every slot asked for was filled: there may be more work
+        # Fewer offers than pairs: nothing more to offer now; a Nudge brings the next pull.
+
+    def _accept(self, offer: m.Offer, lease_token: str, batch: m.Offers) -> None:
+        held = self.live.get(offer.attempt_id)
         if held is not None and held.identity is not None:  # launched here: never twice
             log.error("event=offer_of_a_launched_attempt attempt=%s", offer.attempt_id)
-            self.pending_pull = None
             return
-        lease_token = self.pending_pull[1]
         token = secrets.token_urlsafe(32)
         # Accept: journal first, then the log file, then ask for activation (SEMANTICS.md §4).
         # The same attempt offered again (its earlier lease released before activation) keeps
@@ -128,24 +146,20 @@ class Executor(RuntimeActor):
         if not self.ctx.journal.accept(offer.attempt_id, offer.run_id, str(log_path), str(receipt_path),
                                        token_hash(token)):
             log.error("event=offer_of_a_launched_attempt attempt=%s journal=launched", offer.attempt_id)
-            self.pending_pull = None
             return
-        self.pending_pull = None
         local = Local(run_id=offer.run_id, attempt_id=offer.attempt_id, offer=offer,
                       lease_token=lease_token, token=token, grace_ms=offer.stop_grace_ms,
-                      # The earlier offer's Activate is answered first, by an Ack that names no
-                      # offer: it must not drop this one.
-                      superseded=0 if held is None else held.superseded + 1)
+                      session_id=batch.session_id, session_generation=batch.session_generation)
         self.live[offer.attempt_id] = local
         raise_point("executor_after_accept")
         self.ctx.logs.create(offer.run_id, offer.attempt_id)
         self.out.to_control(m.Activate(**self._fence(local), callback_token_hash=token_hash(local.token),
                                        log_artifact_id=self.ctx.logs.artifact_id(offer.run_id, offer.attempt_id)))
-        self._pull()
 
     def _fence(self, local: Local, lease_version: int | None = None) -> dict[str, Any]:
         o = local.offer
-        return dict(worker_id=o.worker_id, session_id=o.session_id, session_generation=o.session_generation,
+        return dict(worker_id=self.worker_id, session_id=local.session_id,
+                    session_generation=local.session_generation,
                     run_id=o.run_id, attempt_id=o.attempt_id, offer_id=o.offer_id,
                     lease_generation=o.lease_generation, lease_token=local.lease_token,
                     lease_version=o.lease_version if lease_version is None else lease_version)
@@ -225,8 +239,8 @@ class Executor(RuntimeActor):
         if msg.result in ("applied", "already_terminal") or local is None:
             return
         log.warning("event=report_%s of=%s attempt=%s detail=%s", msg.result, msg.of, msg.attempt_id, msg.detail)
-        if msg.of == "activate" and local.superseded:  # about an earlier offer of this attempt
-            local.superseded -= 1
+        if msg.of == "activate" and (local.offer is None or local.offer.offer_id != msg.offer_id):
+            pass  # about an earlier offer of this attempt: the current one is still waiting
         elif msg.of == "activate":  # fenced or refused: no spawn, give the slot back
             self.ctx.journal.clear(msg.attempt_id)
             del self.live[msg.attempt_id]
@@ -314,10 +328,20 @@ class Executor(RuntimeActor):
         s = self.session
         if s is None:
             return
-        self.out.to_control(m.Attest(worker_id=self.worker_id, session_id=s.session_id,
-                                     session_generation=s.session_generation, run_id=run_id,
-                                     attempt_id=attempt_id, running=False, conclusive=True,
-                                     stopped_by=stopped_by))
+        fact = "never_launched" if stopped_by is None else ("ended" if stopped_by == "exit" else "stopped")
+        self.out.to_control(m.Attest(
+            worker_id=self.worker_id, session_id=s.session_id, session_generation=s.session_generation,
+            run_id=run_id, attempt_id=attempt_id, lease=None, lease_session_id=None,
+            lease_session_generation=None, fact=fact, stopped_by=stopped_by, new_slot=None,
+            boot_id=None, pid=None, pgid=None, start_ticks=None))
+
+    def on_attested(self, msg: m.Attested, _peer: bytes) -> None:
+        if msg.result != "applied":
+            log.warning("event=attest_%s attempt=%s fact=%s detail=%s", msg.result, msg.attempt_id,
+                        msg.fact, msg.detail)
+
+    def on_heartbeat_ack(self, msg: m.HeartbeatAck, _peer: bytes) -> None:
+        """Edge sends no heartbeat (its leases live with the process); a stray answer changes nothing."""
 
     # -- restart ------------------------------------------------------------------------------
 

@@ -12,9 +12,11 @@ import pykka
 from ..domain.receipt import Receipt, ReceiptError, token_hash
 from ..faults import crash_point
 from ..home import clear_disk_hold, write_disk_hold
+from ..ids import new_id
+from ..wire import codec
 from ..wire import messages as m
 from ..wire.bridge import Inbound
-from ..wire.offers import check_offer, offer_message
+from ..wire.offers import BATCH_BUDGET_BYTES, check_offer, offers_message
 from .base import RuntimeActor, now_ms
 from .signals import ActorFailed, AttemptEnded, CycleDone, Drain, Redeliver, Tick
 
@@ -52,7 +54,8 @@ class Supervisor(RuntimeActor):
         return {
             m.Register: self.on_register, m.Heartbeat: self.on_heartbeat, m.Pull: self.on_pull,
             m.Activate: self.on_activate, m.Started: self.on_started, m.StartFailed: self.on_start_failed,
-            m.Renew: self.on_renew, m.Completed: self.on_completed, m.Attest: self.on_attest,
+            m.Decline: self.on_decline, m.Completed: self.on_completed, m.Attest: self.on_attest,
+            m.LogChunk: self.on_log_chunk,
             Tick: self.on_tick, CycleDone: self.on_cycle_done, ActorFailed: self.on_actor_failed,
             Drain: self.on_drain, str: self.on_nudge,
         }
@@ -84,23 +87,37 @@ class Supervisor(RuntimeActor):
 
     def _ack(self, peer: bytes, of: str, msg: Any, result: str, detail: str = "") -> None:
         self.out.to_peer(peer, m.Ack(of=of, run_id=getattr(msg, "run_id", ""),
-                                     attempt_id=getattr(msg, "attempt_id", ""), result=result,
+                                     attempt_id=getattr(msg, "attempt_id", ""),
+                                     offer_id=getattr(msg, "offer_id", ""), result=result,
                                      detail=(detail or "")[:500]))
 
     def on_register(self, msg: m.Register, peer: bytes) -> None:
+        # Edge: the one local session of this process, registered at startup; its leases live
+        # as long as the process, so there is nothing to resume and no lease to renew.
         session = self.ctx.session
         if msg.worker_id != session.worker_id:
             self._ack(peer, "register", msg, "refused", f"unknown worker {msg.worker_id!r}")
             return
-        self.peers[msg.worker_id] = peer
-        self.out.to_peer(peer, m.Welcome(worker_id=session.worker_id, session_id=session.session_id,
-                                         session_generation=session.generation))
-
-    def on_heartbeat(self, msg: m.Heartbeat, peer: bytes) -> None:
-        if not self._current_session(msg):
-            self._ack(peer, "heartbeat", msg, "fenced", "stale session")
+        if not msg.protocol_min <= codec.VERSION <= msg.protocol_max:
+            self._ack(peer, "register", msg, "refused", f"protocol {msg.protocol_min}..{msg.protocol_max} "
+                                                          f"does not include {codec.VERSION}")
             return
         self.peers[msg.worker_id] = peer
+        self.out.to_peer(peer, m.Welcome(
+            worker_id=session.worker_id, session_id=session.session_id,
+            session_generation=session.generation, resumed=False, resume_secret=new_id(),
+            protocol=codec.VERSION, heartbeat_ms=self.ctx.config.runtime.cadence_tick_ms,
+            session_lease_ms=None, run_lease_ms=None, unactivated=[]))
+
+    def on_heartbeat(self, msg: m.Heartbeat, peer: bytes) -> None:
+        ended = not self._current_session(msg)
+        if not ended:
+            self.peers[msg.worker_id] = peer
+        self.out.to_peer(peer, m.HeartbeatAck(
+            seq=msg.seq, session_ended=ended, session_expires_at_ms=None,
+            renewed=[m.Renewed(attempt_id=r.attempt_id, lease_generation=r.lease_generation,
+                               lease_version=0, expires_at_ms=None) for r in msg.renewals] if not ended else [],
+            fenced=[], detail="stale session" if ended else ""))
 
     def _current_session(self, msg: Any) -> bool:
         s = self.ctx.session
@@ -110,22 +127,21 @@ class Supervisor(RuntimeActor):
     def on_pull(self, msg: m.Pull, peer: bytes) -> None:
         from ..store.records import Fenced
 
-        offer = None
-        # Nothing is offered before startup recovery is done, during shutdown, beyond the free
-        # slots the executor says it has, or while the logs' file system is below the reserve.
-        if self.ctx.admitting.is_set() and msg.free_slots > 0 and self._disk_has_room():
+        views = []
+        # Nothing is offered before startup recovery is done, during shutdown, beyond the pairs
+        # the executor sent, or while the logs' file system is below the reserve.
+        if self.ctx.admitting.is_set() and msg.offers and self._disk_has_room():
             try:
-                offer = self.ctx.dispatch.offer(
-                    msg.worker_id, msg.session_id, msg.session_generation, msg.offer_id,
-                    token_hash(msg.lease_token), log_cap_bytes=self.ctx.config.runtime.log_cap_bytes,
-                    check=check_offer)  # an offer the wire cannot carry ends OFFER_UNENCODABLE
+                views = self.ctx.dispatch.offer_batch(
+                    msg.worker_id, msg.session_id, msg.session_generation,
+                    [(slot.offer_id, token_hash(slot.lease_token)) for slot in msg.offers],
+                    log_cap_bytes=self.ctx.config.runtime.log_cap_bytes,
+                    check=check_offer,  # an offer the wire cannot carry ends OFFER_UNENCODABLE
+                    size=check_offer, budget_bytes=BATCH_BUDGET_BYTES)
             except Fenced as err:
                 self._ack(peer, "pull", msg, "fenced", str(err))
                 return
-        if offer is None:
-            self.out.to_peer(peer, m.Idle(offer_id=msg.offer_id))
-            return
-        self.out.to_peer(peer, offer_message(offer))
+        self.out.to_peer(peer, offers_message(self.ctx.session, msg.pull_id, views))
 
     def _disk_has_room(self) -> bool:
         """The disk reserve: below it no attempt starts and queued runs wait (logged once per hold).
@@ -186,9 +202,16 @@ class Supervisor(RuntimeActor):
         outcome = self.ctx.dispatch.start_failed(fence_of(msg), msg.reason)
         self._ack(peer, "start_failed", msg, outcome.result, outcome.detail)
 
-    def on_renew(self, msg: m.Renew, peer: bytes) -> None:
-        # Edge leases live as long as the runtime process: nothing to renew (SEMANTICS.md §1).
-        self._ack(peer, "renew", msg, "applied", "edge leases do not expire")
+    def on_decline(self, msg: m.Decline, peer: bytes) -> None:
+        outcome = self.ctx.dispatch.decline(fence_of(msg))
+        self._ack(peer, "decline", msg, outcome.result, outcome.detail)
+        if outcome.result == "applied":
+            self.ctx.directory.tell("scheduler", Tick("decline"))  # offered again at once
+
+    def on_log_chunk(self, msg: m.LogChunk, peer: bytes) -> None:
+        # Edge keeps the log in a local file the commands read; no chunk is ever shipped.
+        self.out.to_peer(peer, m.LogAck(attempt_id=msg.attempt_id, result="refused", acked_offset=0,
+                                        detail="edge keeps logs in local files"))
 
     def on_completed(self, msg: m.Completed, peer: bytes) -> None:
         try:
@@ -207,14 +230,16 @@ class Supervisor(RuntimeActor):
             self.out.to_peer(peer, m.Nudge())  # its slot is free in the database now: pull again
 
     def on_attest(self, msg: m.Attest, peer: bytes) -> None:
-        if not self._current_session(msg):
-            self._ack(peer, "attest", msg, "fenced", "stale session")
-            return
-        if not msg.running and msg.conclusive:
-            # Evidence for recovery, which judges it on its next page (now: a cycle is asked for).
+        # Edge: the executor shares this process, and recovery judges by its own records and the
+        # process identity (SEMANTICS.md §6); an attestation only tells it where to look now.
+        result = "fenced" if not self._current_session(msg) else "applied"
+        if result == "applied" and msg.fact not in ("running", "launch_unknown"):
             self.ctx.directory.tell("recovery", AttemptEnded(msg.run_id, msg.attempt_id))
             self.ctx.directory.tell("scheduler", Tick("attest"))
-        self._ack(peer, "attest", msg, "applied")
+        self.out.to_peer(peer, m.Attested(
+            run_id=msg.run_id, attempt_id=msg.attempt_id, fact=msg.fact, result=result, offer_id=None,
+            lease_generation=None, lease_version=None, lease_expires_at_ms=None,
+            detail="stale session" if result == "fenced" else ""))
 
     # -- cadence ------------------------------------------------------------------------------
 

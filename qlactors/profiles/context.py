@@ -26,7 +26,8 @@ from ..wire.bridge import Bridge
 # The executor side's worker id on edge (its one built-in local session).
 LOCAL_WORKER = "local"
 # The wire kinds the bridge routes to the Executor (`ack:completed` goes to the ReceiptConsumer).
-EXECUTOR_KINDS = ["welcome", "offer", "idle", "activated", "stop_requested", "nudge", "ack"]
+EXECUTOR_KINDS = ["welcome", "offers", "activated", "stop_requested", "nudge", "ack", "attested",
+                  "heartbeat_ack"]
 
 
 @dataclass

@@ -231,6 +231,29 @@ class Dispatch:
                     skip_runs.append(run.id)
             return None
 
+    def offer_batch(self, worker_id: str, session_id: str, session_generation: int,
+                    pairs: list[tuple[str, str]], *, log_cap_bytes: int, lease_ttl_ms: int | None = None,
+                    check: Callable[[OfferView], object] | None = None,
+                    size: Callable[[OfferView], int] | None = None,
+                    budget_bytes: int | None = None) -> list[OfferView]:
+        """Up to one offer per (offer id, lease token hash) pair, within `budget_bytes` by `size`."""
+        views: list[OfferView] = []
+        used = 0
+        for offer_id, token in pairs:
+            view = self.offer(worker_id, session_id, session_generation, offer_id, token,
+                              log_cap_bytes=log_cap_bytes, lease_ttl_ms=lease_ttl_ms, check=check)
+            if view is None:
+                break
+            views.append(view)
+            used += size(view) if size is not None else 0
+            if budget_bytes is not None and used >= budget_bytes:
+                break
+        return views
+
+    def decline(self, fence: Fence) -> Outcome:
+        """The executor will not start this offer: its lease ends `released` (`declined`)."""
+        return self.release_unstarted(fence, LeaseReleaseReason.DECLINED)
+
     def _leased_count(self, conn: Connection, session_id: str) -> int:
         """Live leases of the session; a lease whose attempt already ended holds no slot."""
         return conn.execute(LEASED_COUNT, {"session_id": session_id}).scalar_one()

@@ -5,16 +5,19 @@ from __future__ import annotations
 import re
 import types
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, is_dataclass
 from typing import Annotated, Any, Literal, Union, get_args, get_origin, get_type_hints
 
 import msgpack
 
 from ..domain import posix
-from .messages import MESSAGES, Matches, MaxLen, PosixBytes
+from .messages import MAX_CHUNK_BYTES, MESSAGES, Matches, MaxLen, PosixBytes
 
 PROTOCOL = b"QLACTORS"
-VERSION = 1
+# 2: batched offers, numbered heartbeats with renewals, resume, Decline, LogChunk, Attest quoting
+# its lease (issue 10). Register names the range a worker speaks; Welcome the version agreed.
+VERSION = 2
+PROTOCOL_MIN = PROTOCOL_MAX = VERSION
 # The first frame of every message (Majordomo's `MDPW01` habit): a peer on another version is
 # recognised before its body is read, and refused by name.
 HEADER = PROTOCOL + b"/" + str(VERSION).encode("ascii")
@@ -383,7 +386,112 @@ def _is_posix(tp: object) -> bool:
         isinstance(marker, PosixBytes) for marker in get_args(tp)[1:])
 
 
-_PLAIN: dict[object, Check] = {int: _int_check, bool: _bool_check, str: _str_check}
+def _bytes_check(v: object) -> str | None:
+    if type(v) is not bytes:
+        return f"must be binary, got {_name(v)}"
+    return f"is over the {MAX_CHUNK_BYTES}-byte limit" if len(v) > MAX_CHUNK_BYTES else None
+
+
+_PLAIN: dict[object, Check] = {int: _int_check, bool: _bool_check, str: _str_check, bytes: _bytes_check}
+
+
+def _is_record(tp: object) -> bool:
+    """A nested record: a dataclass that is not a message (no KIND)."""
+    return isinstance(tp, type) and is_dataclass(tp) and not hasattr(tp, "KIND")
+
+
+def _record_plan(cls: type) -> tuple[Check, Convert, Convert]:
+    """(check, to_wire, from_wire) of a record: a map of exactly its fields, each by its own rules.
+
+    Decoding checks every field while it builds the record, and the message's field check then
+    checks the built record once more: the same check encode applies, so one rule serves both.
+    """
+    schema = _schema(cls)
+    name = cls.__name__
+
+    def check(v: object) -> str | None:
+        if type(v) is not cls:
+            return f"must be a {name} map, got {_name(v)}"
+        for f in schema.fields:
+            value = getattr(v, f.name)
+            complaint = f.check(list(value) if type(value) is tuple else value)
+            if complaint is not None:
+                return f"field {f.name} {complaint}"
+        return None
+
+    def to_wire(v: object) -> object:
+        out = {}
+        for f in schema.fields:
+            value = getattr(v, f.name)
+            if type(value) is tuple:
+                value = list(value)
+            out[f.name] = value if f.to_wire is None else f.to_wire(value)
+        return out
+
+    def from_wire(v: object) -> object:
+        if type(v) is not dict:
+            return v  # the check names what is wrong with it
+        unknown = set(v) - schema.names
+        if unknown:
+            raise _Complaint(f"has unknown fields [{', '.join(sorted(map(_short, unknown))[:8])}]")
+        missing = [f.name for f in schema.fields if f.name not in v]
+        if missing:
+            raise _Complaint(f"lacks fields {missing}")
+        values = {}
+        for f in schema.fields:
+            value = v[f.name]
+            if f.from_wire is not None:
+                try:
+                    value = f.from_wire(value)
+                except _Complaint as err:
+                    raise _Complaint(f"field {f.name} {err}") from None
+            complaint = f.check(value)
+            if complaint is not None:
+                raise _Complaint(f"field {f.name} {complaint}")
+            values[f.name] = value
+        return cls(**values)
+
+    return check, to_wire, from_wire
+
+
+
+
+def _field_plan(tp: object) -> tuple[Check, Convert | None, Convert | None]:
+    """(check, to_wire, from_wire) for one field annotation; TypeError for one the wire cannot carry."""
+    origin, args = get_origin(tp), get_args(tp)
+    if _is_record(tp):
+        return _record_plan(tp)  # type: ignore[arg-type]
+    if origin is list and len(args) == 1 and _is_record(args[0]):
+        item_check, item_out, item_in = _record_plan(args[0])
+
+        def list_check(v: object) -> str | None:
+            if type(v) is not list:
+                return f"must be an array of {args[0].__name__} maps, got {_name(v)}"
+            for i, item in enumerate(v):
+                complaint = item_check(item)
+                if complaint is not None:
+                    return f"item {i} {complaint}"
+            return None
+
+        def list_in(v: object) -> object:
+            if type(v) is not list:
+                return v
+            out = []
+            for i, item in enumerate(v):
+                try:
+                    out.append(item_in(item))
+                except _Complaint as err:
+                    raise _Complaint(f"item {i} {err}") from None
+            return out
+        return list_check, (lambda v: [item_out(x) for x in v]), list_in  # type: ignore[attr-defined]
+    if origin in (Union, types.UnionType) and len(args) == 2 and type(None) in args:
+        inner_tp = next(a for a in args if a is not type(None))
+        if _is_record(inner_tp):
+            check, out, into = _record_plan(inner_tp)
+            return ((lambda v: None if v is None else check(v)),
+                    (lambda v: None if v is None else out(v)),
+                    (lambda v: None if v is None else into(v)))
+    return (_compile(tp), *(_posix_converters(tp) or (None, None)))
 
 
 def _compile(tp: object) -> Check:
@@ -451,9 +559,7 @@ def _schema(cls: type) -> _Schema:
     names = [f.name for f in fields(cls)]
     if "kind" in names:
         raise TypeError(f"{cls.__name__} may not have a field named 'kind': the body's tag uses it")
-    return _Schema(cls, frozenset(names), tuple(
-        _Field(name, _compile(hints[name]), *(_posix_converters(hints[name]) or (None, None)))
-        for name in names))
+    return _Schema(cls, frozenset(names), tuple(_Field(name, *_field_plan(hints[name])) for name in names))
 
 
 # Built at import, so a message with a field the codec cannot check fails `import`, not traffic.

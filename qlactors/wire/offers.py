@@ -1,4 +1,5 @@
-"""The Offer message for an offered attempt, and whether a task revision's offer fits one frame."""
+"""The Offer record for an offered attempt, the Offers batch that carries them, and whether a task
+revision's offer fits one frame."""
 
 from __future__ import annotations
 
@@ -13,20 +14,36 @@ from . import messages as m
 MAX_WORKER_ID_CHARS = 128
 
 
-def offer_message(view: Any) -> m.Offer:
+# What an Offers message costs besides its offers, at most: the longest worker, session and pull
+# ids, the largest generation, the map keys and the array header (measured by a test).
+ENVELOPE_BYTES = 512
+# The bytes a batch of offers may take in one frame.
+BATCH_BUDGET_BYTES = codec.MAX_FRAME_BYTES - ENVELOPE_BYTES
+
+
+def offer_record(view: Any) -> m.Offer:
     """The Offer for an offered attempt (the store's OfferView): the only place one is built."""
     return m.Offer(
-        worker_id=view.worker_id, session_id=view.session_id, session_generation=view.session_generation,
         run_id=view.run_id, attempt_id=view.attempt_id, attempt_number=view.attempt_number,
         offer_id=view.offer_id, lease_generation=view.lease_generation, lease_version=view.lease_version,
+        lease_expires_at_ms=getattr(view, "lease_expires_at_ms", None),
         argv=list(view.argv), cwd=view.cwd, env=dict(view.env), timeout_ms=view.timeout_ms,
         stop_grace_ms=view.stop_grace_ms, log_cap_bytes=view.log_cap_bytes,
         keep_leftovers=view.keep_leftovers)
 
 
-def check_offer(view: Any) -> None:
-    """Raise codec.EncodeError (a ValueError) unless the offer for `view` can be sent as it is."""
-    codec.encode(offer_message(view))
+def offers_message(session: Any, pull_id: str, views: list[Any]) -> m.Offers:
+    """The answer to a Pull of `session` (worker_id, session_id, generation): its offers, maybe none."""
+    return m.Offers(worker_id=session.worker_id, session_id=session.session_id,
+                    session_generation=session.generation, pull_id=pull_id,
+                    offers=[offer_record(v) for v in views])
+
+
+def check_offer(view: Any) -> int:
+    """The bytes the offer for `view` takes in an Offers batch; codec.EncodeError (a ValueError)
+    when it cannot be sent at all."""
+    return len(codec.encode(m.Offers(worker_id="", session_id="", session_generation=0, pull_id="",
+                                     offers=[offer_record(view)]))[1]) - _EMPTY_BODY_BYTES
 
 
 def check_revision_fits(spec: TaskSpec) -> None:
@@ -40,12 +57,18 @@ def check_revision_fits(spec: TaskSpec) -> None:
     worst = SimpleNamespace(
         worker_id="w" * MAX_WORKER_ID_CHARS, session_id=longest_id, session_generation=largest,
         run_id=longest_id, attempt_id=longest_id, attempt_number=largest, offer_id=longest_id,
-        lease_generation=largest, lease_version=largest, argv=spec.command.exec_argv(),
+        lease_generation=largest, lease_version=largest, lease_expires_at_ms=largest,
+        argv=spec.command.exec_argv(),
         cwd=spec.cwd, env=spec.env, timeout_ms=largest, stop_grace_ms=largest, log_cap_bytes=largest,
         keep_leftovers=spec.keep_leftovers)
     try:
-        check_offer(worst)
+        if check_offer(worst) > BATCH_BUDGET_BYTES:
+            raise codec.EncodeError(f"its offer would take {check_offer(worst)} bytes of a batch")
     except codec.EncodeError as err:
         raise TaskSpecError(
             f"the command, --cwd and --env together do not fit one {codec.MAX_FRAME_BYTES}-byte wire "
             f"message ({err}): make them smaller, e.g. move large values into a file the job reads") from None
+
+
+_EMPTY_BODY_BYTES = len(codec.encode(m.Offers(worker_id="", session_id="", session_generation=0,
+                                             pull_id="", offers=[]))[1])
