@@ -24,11 +24,15 @@ from ..wire import codec
 from ..wire import messages as m
 from ..wire.bridge import ProcessExited
 from .base import RuntimeActor
-from .signals import Consume, NoReceipt, StopCheck
+from .signals import Consume, HeartbeatDue, NoReceipt, SessionOpen, StopCheck
 
 log = logging.getLogger("qlactors.executor")
 
 CONSUME_RETRY_S = 0.1  # a ReceiptConsumer restart takes milliseconds
+
+
+def _wall_ms() -> int:
+    return time.time_ns() // 1_000_000
 
 
 @dataclass
@@ -56,8 +60,11 @@ class Executor(RuntimeActor):
     def __init__(self, ctx: Any) -> None:
         super().__init__(ctx)
         self.slots = ctx.config.runtime.slots
-        self.worker_id = ctx.session.worker_id
+        # Edge: the local session's id. A cluster worker learns its id in Welcome (its key's).
+        self.worker_id = ctx.session.worker_id if ctx.session is not None else ""
+        self.labels = list(getattr(ctx, "labels", ()))
         self.session: m.Welcome | None = None
+        self.heartbeat_seq = 0
         self.live: dict[str, Local] = {}
         # The Pull waiting for its answer: its id and its (offer id -> lease token) pairs.
         self.pending_pull: tuple[str, dict[str, str]] | None = None
@@ -68,15 +75,21 @@ class Executor(RuntimeActor):
             m.Activated: self.on_activated, m.Ack: self.on_ack, m.Attested: self.on_attested,
             m.HeartbeatAck: self.on_heartbeat_ack, m.StopRequested: self.on_stop_requested,
             ProcessExited: self.on_exited, StopCheck: self.on_stop_check, NoReceipt: self.on_no_receipt,
-            Consume: self.on_consume,
+            Consume: self.on_consume, HeartbeatDue: self.on_heartbeat_due,
         }
 
     def started(self) -> None:
+        self._register(resume=True)
+
+    def _register(self, *, resume: bool) -> None:
+        """Open a session; on a worker restarted within its session lease, resume the saved one."""
+        saved = self.ctx.journal.saved_session() if resume else None
         self.out.to_control(m.Register(
-            worker_id=self.worker_id, capacity=self.slots, boot_id=self.ctx.boot_id(), labels=[],
+            worker_id=self.worker_id, capacity=self.slots, boot_id=self.ctx.boot_id(), labels=self.labels,
             protocol_min=codec.PROTOCOL_MIN, protocol_max=codec.PROTOCOL_MAX,
-            worker_clock_ms=time.time_ns() // 1_000_000, resume_session_id=None,
-            resume_generation=None, resume_secret=None))
+            worker_clock_ms=_wall_ms(), resume_session_id=saved.session_id if saved else None,
+            resume_generation=saved.generation if saved else None,
+            resume_secret=saved.resume_secret if saved else None))
 
     def _close(self) -> None:
         for local in self.live.values():
@@ -90,8 +103,42 @@ class Executor(RuntimeActor):
 
     def on_welcome(self, msg: m.Welcome, _peer: bytes) -> None:
         self.session = msg
+        self.worker_id = msg.worker_id
+        if msg.session_lease_ms is not None:  # a cluster session: kept for a resume, heartbeats on
+            self.ctx.journal.save_session(msg.worker_id, msg.session_id, msg.session_generation,
+                                          msg.resume_secret, self.ctx.boot_id())
+            self._schedule_heartbeat()
+        self.ctx.directory.tell("receipts", SessionOpen(msg.worker_id, msg.session_id, msg.session_generation))
+        for lease in msg.unactivated:
+            if lease.attempt_id not in self.live:
+                # Not known here (offered to an instance that died before journalling it): its
+                # lease expires unactivated and recovery offers the attempt again.
+                log.warning("event=unactivated_lease_unknown attempt=%s offer=%s", lease.attempt_id,
+                            lease.offer_id)
         self._adopt()
         self._pull()
+
+    # -- heartbeats (cluster) -------------------------------------------------------------------
+
+    def _schedule_heartbeat(self) -> None:
+        self.ctx.bridge.call_at("heartbeat", time.monotonic() + self.session.heartbeat_ms / 1000, self.me,
+                                HeartbeatDue())
+
+    def on_heartbeat_due(self, _msg: HeartbeatDue, _peer: bytes) -> None:
+        s = self.session
+        if s is None or s.session_lease_ms is None:
+            return
+        # Numbered per session and increasing across restarts of this worker (a resumed session
+        # keeps its stored number): the wall clock in ms, or one more than the last.
+        self.heartbeat_seq = max(self.heartbeat_seq + 1, _wall_ms())
+        renewals = [m.LeaseRef(run_id=l.run_id, attempt_id=l.attempt_id, offer_id=l.offer.offer_id,
+                               lease_generation=l.offer.lease_generation, lease_token=l.lease_token)
+                    for l in self.live.values() if l.offer is not None]
+        self.out.to_control(m.Heartbeat(
+            worker_id=self.worker_id, session_id=s.session_id, session_generation=s.session_generation,
+            seq=self.heartbeat_seq, free_slots=max(0, self._free()), worker_clock_ms=_wall_ms(),
+            renewals=renewals))
+        self._schedule_heartbeat()
 
     def on_nudge(self, _msg: m.Nudge, _peer: bytes) -> None:
         self._pull()
@@ -341,7 +388,27 @@ class Executor(RuntimeActor):
                         msg.fact, msg.detail)
 
     def on_heartbeat_ack(self, msg: m.HeartbeatAck, _peer: bytes) -> None:
-        """Edge sends no heartbeat (its leases live with the process); a stray answer changes nothing."""
+        """Renewed leases go on; a fenced one's process is stopped by its exact identity (and attested
+        when it has ended); an ended session means registering anew. Edge sends no heartbeat."""
+        if self.session is None or msg.seq != self.heartbeat_seq:
+            return  # the answer to an earlier heartbeat, or to a session already left
+        if msg.session_ended:
+            log.warning("event=session_ended session=%s detail=%s", self.session.session_id, msg.detail)
+            self.session = None
+            self.ctx.bridge.cancel_timer("heartbeat")
+            self._register(resume=False)
+            return
+        for fenced in msg.fenced:
+            local = self.live.get(fenced.attempt_id)
+            if local is None or local.offer is None or local.offer.lease_generation != fenced.lease_generation:
+                continue
+            log.warning("event=lease_fenced attempt=%s reason=%s", fenced.attempt_id, fenced.reason)
+            if local.identity is not None:
+                if local.stop_phase is None:
+                    self._begin_stop(local, "fenced")
+            else:  # not launched: never will be under this lease
+                self.ctx.journal.clear(local.attempt_id)
+                del self.live[local.attempt_id]
 
     # -- restart ------------------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ from ..faults import crash_point
 from ..process.identity import Liveness, probe
 from ..wire import messages as m
 from .base import RuntimeActor, now_ms
-from .signals import Cleanup, Consume, NoReceipt, Resume
+from .signals import Cleanup, Consume, NoReceipt, Resume, SessionOpen
 
 log = logging.getLogger("qlactors.receipts")
 
@@ -25,11 +25,20 @@ class ReceiptConsumer(RuntimeActor):
     def __init__(self, ctx: Any) -> None:
         super().__init__(ctx)
         self.waiting: dict[str, str] = {}  # attempt id -> run id, Completed sent, answer pending
-        self.session: tuple[str, str, int] | None = None
+        # The session Completed names (who forwarded it): edge's local one; a worker's from Welcome.
+        s = ctx.session
+        self.session = SessionOpen(s.worker_id, s.session_id, s.generation) if s is not None else None
+        self.deferred: dict[str, Consume] = {}  # consumed before the first Welcome (worker start)
 
     def handlers(self):
         return {Consume: self.on_consume, m.Ack: self.on_ack, Cleanup: self.on_cleanup,
-                Resume: self.on_resume}
+                Resume: self.on_resume, SessionOpen: self.on_session_open}
+
+    def on_session_open(self, msg: SessionOpen, _peer: bytes) -> None:
+        self.session = msg
+        deferred, self.deferred = self.deferred, {}
+        for consume in deferred.values():
+            self.on_consume(consume, b"")
 
     def started(self) -> None:
         # One pass at once: a crash between a commit and the receipt's deletion leaves rows that
@@ -81,14 +90,19 @@ class ReceiptConsumer(RuntimeActor):
                                                           stopped_by=msg.stopped_by))
             return
         r = found.receipt
-        session = self.ctx.session
+        session = self.session
+        if session is None:  # a worker still registering: sent once its session is open
+            self.deferred[msg.attempt_id] = msg
+            return
         self.waiting[msg.attempt_id] = msg.run_id
+        final_offset, in_time = self.ctx.completion_facts(msg.attempt_id, r)
         self.out.to_control(m.Completed(
             worker_id=session.worker_id, session_id=session.session_id,
             session_generation=session.generation, run_id=r.run_id, attempt_id=r.attempt_id,
             schema_version=r.schema_version, callback_sequence=r.callback_sequence, token=r.token,
             started_at_ms=r.started_at_ms, finished_at_ms=r.finished_at_ms, exit_code=r.exit_code,
-            log_dropped_bytes=found.dropped, output_open=r.output_open, stopped_by=msg.stopped_by))
+            log_dropped_bytes=found.dropped, output_open=r.output_open, stopped_by=msg.stopped_by,
+            final_log_offset=final_offset, finished_in_time=in_time))
 
     def on_ack(self, msg: m.Ack, _peer: bytes) -> None:
         run_id = self.waiting.get(msg.attempt_id)  # forgotten only once handled (a database

@@ -127,3 +127,32 @@ class Drain:
 @dataclass(frozen=True, slots=True)
 class StartupPass:
     """Profile -> Recovery (ask): examine every candidate, page after page, before admission opens."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToWorkers:
+    """Supervisor -> Gateway after a cycle: send these stop orders, and nudge when work waits."""
+
+    stops: tuple = ()
+    nudge: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class WakeAt:
+    """Gateway -> Supervisor: a deadline was committed; run a cycle no later than `due_ms`."""
+
+    due_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatDue:
+    """The Executor's heartbeat timer (cluster sessions only)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SessionOpen:
+    """Executor -> ReceiptConsumer: the session the worker's reports now name."""
+
+    worker_id: str
+    session_id: str
+    generation: int

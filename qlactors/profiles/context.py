@@ -54,3 +54,11 @@ class RuntimeContext:
     boot_id: Callable[[], str] = read_boot_id
     launcher_shell: str = "/bin/sh"
     free_bytes: Callable[[], int] | None = None  # free space of the logs file system; None: no disk check
+    sessions: Any = None  # the Gateway's policy: LocalSessions (edge) or ClusterSessions
+    labels: tuple[str, ...] = ()  # the executor's labels (a cluster worker's, from its config)
+    each_cycle: tuple[Callable[[], None], ...] = ()  # run by the Supervisor after every cycle
+
+    @staticmethod
+    def completion_facts(attempt_id: str, receipt: Any) -> tuple[int | None, bool | None]:
+        """What a Completed adds on a cluster worker (final log offset, finished in time); edge: none."""
+        return None, None

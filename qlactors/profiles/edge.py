@@ -1,7 +1,7 @@
 """The edge profile: one process, one SQLite file, all six actors, ZeroMQ inproc between them.
 
 Start order: lock the home, migrate, register the local session, start the bridge, the
-Supervisor, then Recovery — whose startup pass finishes before anything is admitted — then
+Supervisor, the Gateway, then Recovery — whose startup pass finishes before anything is admitted — then
 Retry, Scheduler, ReceiptConsumer and last the Executor (which starts pulling). Stop order is
 the reverse, within the shutdown drain budget. Running jobs are left running unless asked:
 they are recovered on the next start.
@@ -17,13 +17,16 @@ from typing import Callable
 import zmq
 
 from ..actors.base import Directory, Fatal
+from ..actors.disk_reserve import DiskReserve
 from ..actors.executor import Executor
+from ..actors.gateway import Gateway
 from ..actors.outage import watch_store
 from ..actors.receipt_files import LocalReceipts
 from ..actors.receipts import ReceiptConsumer
 from ..actors.recovery import Recovery
 from ..actors.retry import Retry
 from ..actors.scheduler import Scheduler
+from ..actors.session_policy import LocalSessions
 from ..actors.signals import Drain, StartupPass, Tick
 from ..actors.supervisor import Supervisor
 from ..config import Config, ensure_home
@@ -49,7 +52,7 @@ log = logging.getLogger("qlactors.edge")
 
 CONTROL_ENDPOINT = "inproc://qlactors-control"
 
-ORDER = (("recovery", Recovery), ("retry", Retry), ("scheduler", Scheduler),
+ORDER = (("gateway", Gateway), ("recovery", Recovery), ("retry", Retry), ("scheduler", Scheduler),
          ("receipts", ReceiptConsumer), ("executor", Executor))
 
 
@@ -94,17 +97,20 @@ class EdgeRuntime(Runner):
         fatal = Fatal(on_trip=self._poke)
         admitting = threading.Event()
         dispatch = Dispatch(store)
+        session = dispatch.register_session(LOCAL_WORKER, self.config.runtime.slots)
         ctx = RuntimeContext(
             config=self.config, zmq=zctx, bridge=bridge, directory=directory, fatal=fatal,
-            admitting=admitting, session=dispatch.register_session(LOCAL_WORKER, self.config.runtime.slots),
+            admitting=admitting, session=session,
             repo=repo, dispatch=dispatch, completion=CompletionService(store), control=Control(store),
             lost_retry=LostRetry(store),
             cron=CronAdmission(store), journal=journal, receipts=receipts, logs=logs,
             local_receipts=LocalReceipts(receipts, journal, self.config.runtime.quarantine_retention_ms),
-            boot_id=self.boot_id, launcher_shell=self.launcher_shell, free_bytes=self.free_bytes)
+            boot_id=self.boot_id, launcher_shell=self.launcher_shell, free_bytes=self.free_bytes,
+            sessions=LocalSessions(session, self.config.runtime.cadence_tick_ms,
+                                   DiskReserve(self.config, self.free_bytes)))
         self.ctx = ctx
         watch_store(ctx)
-        bridge.route_control(directory.named("supervisor"))
+        bridge.route_control(directory.named("gateway"))
         bridge.route_executor(EXECUTOR_KINDS, directory.named("executor"))
         bridge.route_executor(["ack:completed"], directory.named("receipts"))
         bridge.route_nudge(directory.named("supervisor"))

@@ -16,7 +16,7 @@ from sqlalchemy.engine import Connection
 from ..errors import BadInput, Conflict
 from .records import Identity, check_hash, check_id
 from .engine import Store
-from .schema import executor_journal
+from .schema import executor_journal, executor_session
 
 ACCEPTED = "accepted"
 LAUNCHING = "launching"
@@ -165,6 +165,23 @@ class Journal:
                  .order_by(_J.c.purge_after_ms, _J.c.attempt_id).limit(_limit(limit)))
         with self.store.read() as conn:
             return [JournalEntry.from_row(r) for r in conn.execute(query)]
+
+    # -- this executor's session (a cluster worker resumes it after a restart) -----------------
+
+    def save_session(self, worker_id: str, session_id: str, generation: int, resume_secret: str,
+                     boot_id: str) -> None:
+        """Keep the session Welcome opened, with its resume secret, replacing any earlier one."""
+        check_id("worker id", worker_id, 128)
+        with self.store.write(durable=False) as conn:
+            conn.execute(executor_session.delete())
+            conn.execute(executor_session.insert().values(
+                worker_id=worker_id, session_id=session_id, generation=generation,
+                resume_secret=resume_secret, boot_id=boot_id, updated_at_ms=self.store.now_ms(conn)))
+
+    def saved_session(self) -> Any | None:
+        """The session last opened here, or None (edge keeps none: its session lives with the process)."""
+        with self.store.read() as conn:
+            return conn.execute(select(executor_session)).first()
 
     def _update(self, conn: Connection, attempt_id: str, values: dict[str, Any],
                 expected: str | None) -> JournalEntry:

@@ -43,10 +43,15 @@ class Target(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Inbound:
-    """A decoded wire message and the peer it came from (ROUTER identity; b"" on the executor side)."""
+    """A decoded wire message and the peer it came from (ROUTER identity; b"" on the executor side).
+
+    `worker_id`: the worker the frame's CurveZMQ key is allowed for (a cluster replica's socket);
+    None on inproc, where the only executor is in this process.
+    """
 
     peer: bytes
     message: Any
+    worker_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,202 @@
+"""Who the Gateway's executors are: the one local session of an edge process, or the cluster's
+workers, whose sessions, leases and log chunks the database decides (SEMANTICS.md §9, §13).
+
+A policy answers the session messages (Register, Heartbeat), says how long a run lease lasts and
+whether offers may go out, and judges what differs between the profiles in a completion, a log
+chunk and an attestation. Everything else the Gateway does the same way for both.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from typing import Any
+
+from ..domain.receipt import token_hash
+from ..store.records import Fenced
+from ..wire import codec
+from ..wire import messages as m
+
+log = logging.getLogger("qlactors.gateway")
+
+
+def _protocol_refusal(msg: m.Register) -> str | None:
+    if msg.protocol_min <= codec.VERSION <= msg.protocol_max:
+        return None
+    return (f"this control side speaks protocol {codec.VERSION}; the worker speaks "
+            f"{msg.protocol_min}..{msg.protocol_max}: upgrade one of them")
+
+
+class LocalSessions:
+    """Edge: the executor in this process, its session registered at startup; leases live as long
+    as the process (nothing to renew), logs stay in local files, recovery reads the process."""
+
+    run_lease_ms: int | None = None
+
+    def __init__(self, session: Any, heartbeat_ms: int, disk_reserve: Any = None) -> None:
+        self.session = session
+        self.heartbeat_ms = heartbeat_ms
+        self.disk_reserve = disk_reserve
+
+    def register(self, msg: m.Register, worker_id: str) -> m.Welcome | str:
+        if worker_id != self.session.worker_id:
+            return f"unknown worker {worker_id!r}"
+        refusal = _protocol_refusal(msg)
+        if refusal:
+            return refusal
+        s = self.session
+        return m.Welcome(worker_id=s.worker_id, session_id=s.session_id, session_generation=s.generation,
+                         resumed=False, resume_secret=secrets.token_urlsafe(32), protocol=codec.VERSION,
+                         heartbeat_ms=self.heartbeat_ms, session_lease_ms=None, run_lease_ms=None,
+                         unactivated=[])
+
+    def _current(self, msg: Any, worker_id: str) -> bool:
+        s = self.session
+        return (worker_id, msg.session_id, msg.session_generation) == (s.worker_id, s.session_id, s.generation)
+
+    def heartbeat(self, msg: m.Heartbeat, worker_id: str) -> tuple[m.HeartbeatAck, list]:
+        ended = not self._current(msg, worker_id)
+        renewed = [] if ended else [
+            m.Renewed(attempt_id=r.attempt_id, lease_generation=r.lease_generation, lease_version=0,
+                      expires_at_ms=None) for r in msg.renewals]
+        return m.HeartbeatAck(seq=msg.seq, session_ended=ended, session_expires_at_ms=None, renewed=renewed,
+                              fenced=[], detail="stale session" if ended else ""), []
+
+    def may_offer(self) -> bool:
+        return self.disk_reserve is None or self.disk_reserve.has_room()
+
+    def completion_facts(self, worker_id: str, msg: m.Completed) -> dict[str, Any]:
+        return {}  # one clock on edge: the store compares the finish with the deadline itself
+
+    def log_chunk(self, msg: m.LogChunk, worker_id: str) -> m.LogAck:
+        return m.LogAck(attempt_id=msg.attempt_id, result="refused", acked_offset=0,
+                        detail="edge keeps logs in local files")
+
+    def attest(self, msg: m.Attest, worker_id: str) -> m.Attested:
+        # The executor shares this process; recovery judges by its own records and the process
+        # identity (SEMANTICS.md §6): an attestation only tells it where to look now.
+        result = "applied" if self._current(msg, worker_id) else "fenced"
+        return m.Attested(run_id=msg.run_id, attempt_id=msg.attempt_id, fact=msg.fact, result=result,
+                          offer_id=None, lease_generation=None, lease_version=None,
+                          lease_expires_at_ms=None, detail="" if result == "applied" else "stale session")
+
+    def worker_of(self, order: Any) -> str:
+        return self.session.worker_id
+
+
+class ClusterSessions:
+    """A cluster replica: workers authenticated by their keys, every session, lease, renewal,
+    completion and log chunk decided by the database (SEMANTICS.md §9, §13)."""
+
+    def __init__(self, dispatch: Any, log_chunks: Any, control: Any, *, heartbeat_ms: int,
+                 session_lease_ms: int, run_lease_ms: int) -> None:
+        self.dispatch = dispatch
+        self.log_chunks = log_chunks
+        self.control = control
+        self.heartbeat_ms = heartbeat_ms
+        self.session_lease_ms = session_lease_ms
+        self.run_lease_ms = run_lease_ms
+
+    # -- sessions -----------------------------------------------------------------------------
+
+    def register(self, msg: m.Register, worker_id: str) -> m.Welcome | str:
+        refusal = _protocol_refusal(msg)
+        if refusal:
+            return refusal
+        secret = secrets.token_urlsafe(32)
+        labels = tuple(sorted(set(msg.labels)))
+        if msg.resume_session_id is not None and msg.resume_generation is not None and msg.resume_secret:
+            try:
+                session = self.dispatch.resume_session(
+                    worker_id, msg.resume_session_id, msg.resume_generation, token_hash(msg.resume_secret),
+                    token_hash(secret), msg.boot_id, capacity=msg.capacity, labels=labels,
+                    session_lease_ms=self.session_lease_ms)
+            except Fenced as err:  # past its lease, after a reboot, or superseded: a new session
+                log.info("event=resume_refused worker=%s session=%s reason=%s", worker_id,
+                         msg.resume_session_id, err)
+            else:
+                return self._welcome(session, secret, resumed=True,
+                                     unactivated=self.dispatch.unactivated_leases(session.session_id))
+        session = self.dispatch.register_session(
+            worker_id, msg.capacity, boot_id=msg.boot_id, labels=labels,
+            session_lease_ms=self.session_lease_ms, resume_secret_hash=token_hash(secret))
+        return self._welcome(session, secret, resumed=False, unactivated=[])
+
+    def _welcome(self, session: Any, secret: str, *, resumed: bool, unactivated: list) -> m.Welcome:
+        return m.Welcome(
+            worker_id=session.worker_id, session_id=session.session_id, session_generation=session.generation,
+            resumed=resumed, resume_secret=secret, protocol=codec.VERSION, heartbeat_ms=self.heartbeat_ms,
+            session_lease_ms=self.session_lease_ms, run_lease_ms=self.run_lease_ms,
+            unactivated=[m.Unactivated(run_id=u.run_id, attempt_id=u.attempt_id, offer_id=u.offer_id,
+                                       lease_generation=u.lease_generation) for u in unactivated])
+
+    def heartbeat(self, msg: m.Heartbeat, worker_id: str) -> tuple[m.HeartbeatAck, list]:
+        from ..store.records import LeaseQuote
+
+        answer = self.dispatch.heartbeat(
+            worker_id, msg.session_id, msg.session_generation, msg.seq, free_slots=msg.free_slots,
+            worker_clock_ms=msg.worker_clock_ms,
+            renewals=[LeaseQuote(run_id=r.run_id, attempt_id=r.attempt_id, offer_id=r.offer_id,
+                                 lease_generation=r.lease_generation, lease_token_hash=token_hash(r.lease_token))
+                      for r in msg.renewals],
+            session_lease_ms=self.session_lease_ms, run_lease_ms=self.run_lease_ms)
+        ack = m.HeartbeatAck(
+            seq=msg.seq, session_ended=answer.session_ended, session_expires_at_ms=answer.session_expires_at_ms,
+            renewed=[m.Renewed(attempt_id=a, lease_generation=g, lease_version=v, expires_at_ms=e)
+                     for a, g, v, e in answer.renewed],
+            fenced=[m.FencedLease(attempt_id=a, lease_generation=g, reason=r) for a, g, r in answer.fenced],
+            detail=answer.reason or "")
+        stops = [] if answer.session_ended else self.control.pending_stops_of(worker_id)
+        return ack, stops
+
+    def may_offer(self) -> bool:
+        return True  # a worker checks its own disk before it pulls
+
+    # -- reports that differ from edge ------------------------------------------------------------
+
+    def completion_facts(self, worker_id: str, msg: m.Completed) -> dict[str, Any]:
+        return dict(worker_id=worker_id, final_log_offset=msg.final_log_offset,
+                    finished_in_time=msg.finished_in_time)
+
+    def log_chunk(self, msg: m.LogChunk, worker_id: str) -> m.LogAck:
+        result = self.log_chunks.append(worker_id, msg.attempt_id, msg.callback_token_hash, msg.offset,
+                                        msg.data, msg.checksum)
+        if result.result != "applied":
+            log.warning("event=log_chunk_%s attempt=%s offset=%d detail=%s", result.result, msg.attempt_id,
+                        msg.offset, result.detail)
+        return m.LogAck(attempt_id=msg.attempt_id, result=result.result, acked_offset=result.acked_offset,
+                        detail=result.detail or "")
+
+    def attest(self, msg: m.Attest, worker_id: str) -> m.Attested:
+        from ..store.records import Identity, LeaseQuote
+
+        def answer(result: str, detail: str = "", rebound: Any = None) -> m.Attested:
+            return m.Attested(run_id=msg.run_id, attempt_id=msg.attempt_id, fact=msg.fact, result=result,
+                              offer_id=getattr(rebound, "offer_id", None),
+                              lease_generation=getattr(rebound, "lease_generation", None),
+                              lease_version=getattr(rebound, "lease_version", None),
+                              lease_expires_at_ms=getattr(rebound, "expires_at_ms", None), detail=detail)
+
+        if msg.lease is None or msg.lease_session_id is None or msg.lease_session_generation is None:
+            return answer("refused", "an attestation on a cluster quotes its lease")
+        if msg.fact == "running" and (msg.new_slot is None or msg.pid is None):
+            return answer("refused", "a `running` attestation carries the identity and a fresh lease pair")
+        lease = msg.lease
+        identity = None
+        if msg.fact == "running":
+            identity = Identity(msg.boot_id or "", msg.pid, msg.pgid or 0, msg.start_ticks or 0)
+        result = self.dispatch.attest(
+            worker_id, msg.session_id, msg.session_generation,
+            LeaseQuote(run_id=lease.run_id, attempt_id=lease.attempt_id, offer_id=lease.offer_id,
+                       lease_generation=lease.lease_generation, lease_token_hash=token_hash(lease.lease_token)),
+            msg.lease_session_id, msg.lease_session_generation, msg.fact,
+            new_lease_token_hash=token_hash(msg.new_slot.lease_token) if msg.new_slot else None,
+            new_offer_id=msg.new_slot.offer_id if msg.new_slot else None,
+            identity=identity, run_lease_ms=self.run_lease_ms)
+        rebound = None
+        if result.result == "applied" and msg.fact == "running":
+            rebound = result
+        return answer(result.result, result.detail or "", rebound)
+
+    def worker_of(self, order: Any) -> str | None:
+        return getattr(order, "worker_id", None)
