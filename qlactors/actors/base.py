@@ -156,7 +156,7 @@ class RuntimeActor(pykka.ThreadingActor):
             # Supervisor restarts it, or stops the runtime if it keeps failing. An outage that has
             # lasted as long is left to its own stop (the runtime is stopping already).
             limit_s = self.ctx.config.runtime.store_outage_stop_ms / 1000
-            outage = self.ctx.repo.store.health.outage()
+            outage = self.ctx.health.outage()
             if now - since > limit_s and (outage is None or outage.seconds < limit_s):
                 log.error("event=store_retries_exhausted actor=%s message=%s tries=%d seconds=%.1f",
                           self.name, self._kind(original), tries, now - since)

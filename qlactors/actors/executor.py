@@ -24,7 +24,7 @@ from ..wire import codec
 from ..wire import messages as m
 from ..wire.bridge import ProcessExited
 from .base import RuntimeActor
-from .signals import Consume, HeartbeatDue, NoReceipt, SessionOpen, StopCheck
+from .signals import Consume, HeartbeatDue, NoReceipt, SessionOpen, ShipLog, StopCheck
 
 log = logging.getLogger("qlactors.executor")
 
@@ -220,6 +220,8 @@ class Executor(RuntimeActor):
         if local.offer.offer_id != msg.offer_id:
             return  # the answer to an earlier offer of the same attempt
         offer = local.offer
+        # The offer names the cap; this executor's own setting bounds it (a worker's config).
+        log_cap = min(offer.log_cap_bytes, self.ctx.config.runtime.log_cap_bytes)
         self.ctx.journal.set_state(offer.attempt_id, "launching")
         boot_id = self.ctx.boot_id()
         env = job_environment(os.environ, offer.env)
@@ -229,7 +231,7 @@ class Executor(RuntimeActor):
             "QLACTORS_RECEIPT_DIR": str(receipts.shard_dir(offer.attempt_id)),
             "QLACTORS_MARKER": str(receipts.marker_path(offer.attempt_id)),
             "QLACTORS_LOG": str(self.ctx.logs.path_for(offer.run_id, offer.attempt_id)),
-            "QLACTORS_LOG_CAP": str(offer.log_cap_bytes),
+            "QLACTORS_LOG_CAP": str(log_cap),
             "QLACTORS_DROPPED": str(self.ctx.local_receipts.dropped_path(offer.attempt_id)),
             "QLACTORS_CLOCK_BASE_MS": str(time.time_ns() // 1_000_000 - uptime_ms()),
             "QLACTORS_STOP_GRACE_MS": str(offer.stop_grace_ms),
@@ -249,7 +251,7 @@ class Executor(RuntimeActor):
             env["QLACTORS_CWD"] = offer.cwd
         # The log-cap FIFO is made here, not by the launcher (mkdir + mkfifo + rm would cost it
         # three execs). Without one the launcher runs the job uncapped rather than not at all.
-        fifo = self.ctx.local_receipts.make_fifo(offer.attempt_id) if offer.log_cap_bytes > 0 else None
+        fifo = self.ctx.local_receipts.make_fifo(offer.attempt_id) if log_cap > 0 else None
         if fifo is not None:
             env["QLACTORS_FIFO"] = str(fifo)
         try:
@@ -269,6 +271,10 @@ class Executor(RuntimeActor):
             # Started report carry the identity, and recovery and adoption fall back to the marker
             log.warning("event=journal_identity_unwritten attempt=%s error=%s", offer.attempt_id, err)
         self.ctx.bridge.watch(local.pidfd, offer.attempt_id, self.me)
+        if self.session is not None and self.session.session_lease_ms is not None:  # a cluster worker
+            self.ctx.directory.tell("logs", ShipLog(
+                offer.run_id, offer.attempt_id, token_hash(local.token),
+                str(self.ctx.logs.path_for(offer.run_id, offer.attempt_id)), worker_id=self.worker_id))
         i = local.identity
         self.out.to_control(m.Started(**self._fence(local, msg.lease_version), boot_id=i.boot_id,
                                       pid=i.pid, pgid=i.pgid, start_ticks=i.start_ticks))

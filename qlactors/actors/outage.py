@@ -23,7 +23,7 @@ def retry_delay_s(tries: int) -> float:
 
 def watch_store(ctx: Any) -> None:
     """Publish outages of the runtime's database for `status`, and stop the runtime on a persistent one."""
-    health = ctx.repo.store.health
+    health = ctx.health
     home = ctx.config.home
     limit_ms = ctx.config.runtime.store_outage_stop_ms
     clear_store_outage(home)  # one left by a runtime that died is not this one's

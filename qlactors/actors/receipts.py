@@ -11,7 +11,7 @@ from ..faults import crash_point
 from ..process.identity import Liveness, probe
 from ..wire import messages as m
 from .base import RuntimeActor, now_ms
-from .signals import Cleanup, Consume, NoReceipt, Resume, SessionOpen
+from .signals import Cleanup, Consume, LogFinal, NoReceipt, Resume, SessionOpen
 
 log = logging.getLogger("qlactors.receipts")
 
@@ -25,6 +25,7 @@ class ReceiptConsumer(RuntimeActor):
     def __init__(self, ctx: Any) -> None:
         super().__init__(ctx)
         self.waiting: dict[str, str] = {}  # attempt id -> run id, Completed sent, answer pending
+        self.final_offsets: dict[str, int] = {}  # attempt id -> the log's final offset it named
         # The session Completed names (who forwarded it): edge's local one; a worker's from Welcome.
         s = ctx.session
         self.session = SessionOpen(s.worker_id, s.session_id, s.generation) if s is not None else None
@@ -96,6 +97,8 @@ class ReceiptConsumer(RuntimeActor):
             return
         self.waiting[msg.attempt_id] = msg.run_id
         final_offset, in_time = self.ctx.completion_facts(msg.attempt_id, r)
+        if final_offset is not None:
+            self.final_offsets[msg.attempt_id] = final_offset
         self.out.to_control(m.Completed(
             worker_id=session.worker_id, session_id=session.session_id,
             session_generation=session.generation, run_id=r.run_id, attempt_id=r.attempt_id,
@@ -116,6 +119,9 @@ class ReceiptConsumer(RuntimeActor):
         files = self.ctx.local_receipts
         if msg.result in ("applied", "already_terminal"):
             crash_point("after_completion_commit")
+            final_offset = self.final_offsets.pop(msg.attempt_id, None)
+            if final_offset is not None:  # a cluster worker: the log's tail ships on, up to it
+                self.ctx.directory.tell("logs", LogFinal(msg.attempt_id, final_offset))
             files.finish(msg.attempt_id)  # delete only after the commit, journal row last
         elif msg.result == "refused":
             log.warning("event=receipt_refused attempt=%s detail=%s", msg.attempt_id, msg.detail)

@@ -146,7 +146,7 @@ class ClusterSessions:
                      for a, g, v, e in answer.renewed],
             fenced=[m.FencedLease(attempt_id=a, lease_generation=g, reason=r) for a, g, r in answer.fenced],
             detail=answer.reason or "")
-        stops = [] if answer.session_ended else self.control.pending_stops_of(worker_id)
+        stops = [] if answer.session_ended else self.control.pending_stops(worker_id=worker_id)
         return ack, stops
 
     def may_offer(self) -> bool:
@@ -170,12 +170,10 @@ class ClusterSessions:
     def attest(self, msg: m.Attest, worker_id: str) -> m.Attested:
         from ..store.records import Identity, LeaseQuote
 
-        def answer(result: str, detail: str = "", rebound: Any = None) -> m.Attested:
+        def answer(result: str, detail: str = "") -> m.Attested:
             return m.Attested(run_id=msg.run_id, attempt_id=msg.attempt_id, fact=msg.fact, result=result,
-                              offer_id=getattr(rebound, "offer_id", None),
-                              lease_generation=getattr(rebound, "lease_generation", None),
-                              lease_version=getattr(rebound, "lease_version", None),
-                              lease_expires_at_ms=getattr(rebound, "expires_at_ms", None), detail=detail)
+                              offer_id=None, lease_generation=None, lease_version=None,
+                              lease_expires_at_ms=None, detail=detail)
 
         if msg.lease is None or msg.lease_session_id is None or msg.lease_session_generation is None:
             return answer("refused", "an attestation on a cluster quotes its lease")
@@ -193,10 +191,12 @@ class ClusterSessions:
             new_lease_token_hash=token_hash(msg.new_slot.lease_token) if msg.new_slot else None,
             new_offer_id=msg.new_slot.offer_id if msg.new_slot else None,
             identity=identity, run_lease_ms=self.run_lease_ms)
-        rebound = None
         if result.result == "applied" and msg.fact == "running":
-            rebound = result
-        return answer(result.result, result.detail or "", rebound)
+            return m.Attested(run_id=msg.run_id, attempt_id=msg.attempt_id, fact=msg.fact, result="applied",
+                              offer_id=msg.new_slot.offer_id, lease_generation=result.lease_generation,
+                              lease_version=result.lease_version, lease_expires_at_ms=result.expires_at_ms,
+                              detail="")
+        return answer(result.result, result.detail or "")
 
     def worker_of(self, order: Any) -> str | None:
         return getattr(order, "worker_id", None)

@@ -156,3 +156,28 @@ class SessionOpen:
     worker_id: str
     session_id: str
     generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class ShipLog:
+    """Executor -> LogSender (cluster): ship this attempt's log from `acked_offset`."""
+
+    run_id: str
+    attempt_id: str
+    token_hash: str  # the callback token's hash, which authenticates each chunk
+    path: str
+    acked_offset: int = 0
+    worker_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class LogFinal:
+    """ReceiptConsumer -> LogSender: the completion named this final offset; ship up to it, then stop."""
+
+    attempt_id: str
+    final_offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class ShipTick:
+    """The LogSender's timer: at least every second while a log has new bytes."""

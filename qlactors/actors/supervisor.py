@@ -87,7 +87,7 @@ class Supervisor(RuntimeActor):
             history.popleft()
         # A step that stays silent while the database is failing is waiting for it, not broken:
         # that restart is not counted (a persistent outage stops the runtime by its own limit).
-        counted = not (msg.step_timeout and self.ctx.repo.store.health.outage() is not None)
+        counted = not (msg.step_timeout and self.ctx.health.outage() is not None)
         if msg.name not in self.factories or (counted and len(history) >= MAX_RESTARTS):
             self.ctx.fatal.trip(f"actor {msg.name} failed {len(history) + 1} times, last: {msg.error}")
             return

@@ -57,8 +57,12 @@ class RuntimeContext:
     sessions: Any = None  # the Gateway's policy: LocalSessions (edge) or ClusterSessions
     labels: tuple[str, ...] = ()  # the executor's labels (a cluster worker's, from its config)
     each_cycle: tuple[Callable[[], None], ...] = ()  # run by the Supervisor after every cycle
+    authenticator: Any = None  # a replica's CURVE authenticator, kept referenced while it serves
 
-    @staticmethod
-    def completion_facts(attempt_id: str, receipt: Any) -> tuple[int | None, bool | None]:
-        """What a Completed adds on a cluster worker (final log offset, finished in time); edge: none."""
-        return None, None
+    # What a Completed adds on a cluster worker: (final log offset, finished in time); edge: none.
+    completion_facts: Callable[[str, Any], tuple[int | None, bool | None]] = lambda _a, _r: (None, None)
+
+    @property
+    def health(self) -> Any:
+        """The health of this process's database: the store (edge, control) or a worker's journal."""
+        return (self.repo.store if self.repo is not None else self.journal.store).health

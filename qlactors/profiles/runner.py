@@ -44,10 +44,15 @@ class Runner:
     def _started_line(self) -> str:
         return f"event={self.name}_started home={self.config.home}"
 
-    def run(self) -> int:
+    def _acquire(self):
+        """Hold what this process must hold alone while it runs (edge: its home); returns a releaser."""
         lock = RuntimeLock(self.config.home)
         ensure_home(self.config)
         lock.acquire()
+        return lock.release
+
+    def run(self) -> int:
+        release = self._acquire()
         previous = self._install_signals()
         try:
             ctx = self._start()
@@ -63,7 +68,7 @@ class Runner:
             return 1 if ctx.fatal.event.is_set() else 0
         finally:
             self._restore_signals(previous)
-            lock.release()
+            release()
             os.close(self._wake_r)
             os.close(self._wake_w)
 

@@ -90,6 +90,7 @@ class StopOrder:
     pgid: int | None
     start_ticks: int | None
     attempt_status: str
+    worker_id: str | None = None  # whose process it is (a cluster stop goes to that worker)
 
     @property
     def identity(self) -> Identity | None:
@@ -237,19 +238,24 @@ class Control:
             return _stop_order(run.id, attempt, CancelReason.TIMEOUT.value,
                                pinned_revision(conn, run).stop_grace_ms)
 
-    def pending_stops(self, limit: int = DEFAULT_PAGE) -> list[StopOrder]:
+    def pending_stops(self, limit: int = DEFAULT_PAGE, *, worker_id: str | None = None) -> list[StopOrder]:
         """Runs with a committed cancel intent whose attempt is `starting|running`, oldest intent first.
 
-        Re-sending StopRequested for them is idempotent, so this is also how stops survive a restart.
+        Re-sending StopRequested for them is idempotent, so this is also how stops survive a restart
+        and how a stop committed by one replica reaches a worker talking to another (every
+        heartbeat answer carries that worker's: `worker_id`).
         """
         page_size(limit, MAX_STOP_PAGE)
+        where = and_(runs.c.cancel_reason.is_not(None), runs.c.status.in_(_DISPATCHED),
+                     run_attempts.c.status.in_(_LIVE))
+        if worker_id is not None:
+            where = and_(where, run_attempts.c.worker_id == worker_id)
         query = (
             select(run_attempts, runs.c.cancel_reason, task_revisions.c.stop_grace_ms)
             .join(runs, runs.c.id == run_attempts.c.run_id)
             .join(task_revisions, and_(task_revisions.c.task_id == runs.c.task_id,
                                        task_revisions.c.revision == runs.c.task_revision))
-            .where(and_(runs.c.cancel_reason.is_not(None), runs.c.status.in_(_DISPATCHED),
-                        run_attempts.c.status.in_(_LIVE)))
+            .where(where)
             .order_by(runs.c.cancel_requested_at_ms, runs.c.id).limit(limit))
         with self.store.read() as conn:
             return [_stop_order(r.run_id, r, r.cancel_reason, r.stop_grace_ms) for r in conn.execute(query)]
@@ -448,7 +454,8 @@ class Control:
 def _stop_order(run_id: str, attempt, reason: str, grace_ms: int) -> StopOrder:
     return StopOrder(run_id=run_id, attempt_id=attempt.id, reason=reason, grace_ms=grace_ms,
                      boot_id=attempt.boot_id, pid=attempt.pid, pgid=attempt.pgid,
-                     start_ticks=attempt.start_ticks, attempt_status=attempt.status)
+                     start_ticks=attempt.start_ticks, attempt_status=attempt.status,
+                     worker_id=attempt.worker_id)
 
 
 def _fence(session: Session, run_id: str, lease) -> Fence:

@@ -82,7 +82,9 @@ class RetireReport:
 class Retention:
     """Retire finished runs (log files first, then rows and a tombstone) and prune tombstones."""
 
-    def __init__(self, store: Store, logs: LogFiles, receipts: ReceiptFiles) -> None:
+    def __init__(self, store: Store, logs: LogFiles | None, receipts: ReceiptFiles | None) -> None:
+        """`logs` and `receipts` None: a control replica, which holds no files (a worker's own
+        retention deletes its local copies once their final offset was acknowledged)."""
         self.store = store
         self.logs = logs
         self.receipts = receipts
@@ -162,7 +164,7 @@ class Retention:
 
     def _receipt_exists(self, attempt_id: str) -> bool:
         # lexists: a symlink planted at the receipt's path still means "someone must look first".
-        return os.path.lexists(self.receipts.final_path(attempt_id))
+        return self.receipts is not None and os.path.lexists(self.receipts.final_path(attempt_id))
 
     # -- retiring one run ---------------------------------------------------------------------
 
@@ -171,7 +173,7 @@ class Retention:
         if any(self._receipt_exists(a) for a in attempt_ids):  # re-checked right before anything goes
             return "receipt", 0
         deleted = 0
-        for attempt_id in attempt_ids:
+        for attempt_id in attempt_ids if self.logs is not None else ():
             try:
                 if self.logs.remove(run_id, attempt_id):
                     deleted += 1

@@ -1,0 +1,175 @@
+"""The cluster's control replica: PostgreSQL, the Supervisor, the Gateway to workers over
+tcp + CurveZMQ, Scheduler, Recovery and Retry (SEMANTICS.md §9, §10). It holds no process and
+reads no worker's files: every decision is the database's, from what workers attest.
+
+Start: open the database and migrate it under an advisory lock (a newer schema is refused),
+load the allow-list, start the CURVE authenticator on the server socket's context before the
+bridge binds, register this replica for `status`, start the actors; admission opens once the
+first recovery page is done. Every cycle refreshes the allow-list cache and the replica's row.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from typing import Any
+
+import zmq
+
+from ..actors.base import Directory, Fatal
+from ..actors.cluster_recovery import ClusterRecovery
+from ..actors.gateway import Gateway
+from ..actors.outage import watch_store
+from ..actors.retry import Retry
+from ..actors.scheduler import Scheduler
+from ..actors.session_policy import ClusterSessions
+from ..actors.signals import Drain, StartupPass, Tick
+from ..actors.supervisor import Supervisor
+from ..cluster_config import ControlConfig
+from ..config import Config, RuntimeSettings
+from ..store.completion import CompletionService
+from ..store.control import Control
+from ..store.cron_admission import CronAdmission
+from ..store.dispatch import Dispatch
+from ..store.log_chunks import LogChunks
+from ..store.lost_retry import LostRetry
+from ..store.replicas import Replicas
+from ..store.repository import Repository
+from ..store.worker_keys import WorkerKeys
+from ..wire.bridge import Bridge
+from ..wire.curve import AllowList, CurveServer, start_authenticator
+from ..wire.curve_keys import load_key_pair
+from .context import RuntimeContext
+from .runner import Runner
+
+log = logging.getLogger("qlactors.control")
+
+# What an offer says; a worker's own `log_cap_bytes` bounds it further (SEMANTICS.md §11).
+CLUSTER_LOG_CAP_BYTES = 64 * 1024 * 1024
+
+ORDER = (("gateway", Gateway), ("recovery", ClusterRecovery), ("retry", Retry), ("scheduler", Scheduler))
+
+
+def control_settings(cfg: ControlConfig) -> Config:
+    """The actors' view of a replica's config: the knobs of SEMANTICS.md §11, cluster column."""
+    runtime = RuntimeSettings(
+        slots=1, cadence_tick_ms=cfg.cadence_tick_ms, idle_tick_ms=cfg.cadence_tick_ms,
+        recovery_page=cfg.recovery_page, retry_page=cfg.retry_page, cron_page=cfg.cron_page,
+        receipt_cleanup_interval_ms=60_000, receipt_cleanup_page=32, quarantine_retention_ms=3_600_000,
+        log_cap_bytes=CLUSTER_LOG_CAP_BYTES, stop_grace_ms=1_000, kill_grace_ms=1_000,
+        shutdown_drain_ms=cfg.shutdown_drain_ms, publish_grace_ms=100,
+        retention_max_age_ms=cfg.retention_max_age_ms, retention_max_runs=cfg.retention_max_runs,
+        retention_page=cfg.retention_page, disk_reserve_bytes=0,
+        store_outage_stop_ms=cfg.store_outage_stop_ms)
+    return Config(home=cfg.path.parent, profile="control", database_url=cfg.database.url, runtime=runtime)
+
+
+class ControlRuntime(Runner):
+    """One control replica in the foreground until SIGTERM/SIGINT."""
+
+    name = "control"
+    log = log
+
+    def __init__(self, cfg: ControlConfig) -> None:
+        super().__init__(control_settings(cfg))
+        self.cfg = cfg
+        self.replica_id: str | None = None
+
+    def _acquire(self):
+        return lambda: None  # replicas share nothing on a host: each binds its own port
+
+    def _start(self) -> RuntimeContext:
+        try:
+            return self._build_and_start()
+        except BaseException:
+            if self.ctx is not None:
+                self._shutdown(self.ctx)
+            raise
+
+    def _build_and_start(self) -> RuntimeContext:
+        cfg = self.cfg
+        public, secret = load_key_pair(cfg.key)
+        repo = Repository.open(cfg.database.url, **_pool(cfg))
+        store = repo.store
+        keys = WorkerKeys(store)
+        allow = AllowList(keys.all())
+        replicas = Replicas(store)
+        zctx = zmq.Context()
+        # Before the bridge binds, kept referenced: without it the replica refuses to serve.
+        authenticator = start_authenticator(zctx, allow)
+        bridge = Bridge(zctx, control_bind=cfg.bind, curve=CurveServer(secret, allow, authenticator),
+                        heartbeat_ms=cfg.heartbeat_ms)
+        directory = Directory()
+        fatal = Fatal(on_trip=self._poke)
+        dispatch = Dispatch(store)
+        control = Control(store)
+        self.replica_id = replicas.register(socket.gethostname(), os.getpid(), cfg.bind)
+
+        def refresh_allow_list() -> None:
+            allow.replace(keys.all())
+
+        def replica_heartbeat() -> None:
+            replicas.heartbeat(self.replica_id)
+
+        ctx = RuntimeContext(
+            config=self.config, zmq=zctx, bridge=bridge, directory=directory, fatal=fatal,
+            admitting=threading.Event(), session=None, repo=repo, dispatch=dispatch,
+            completion=CompletionService(store), control=control, lost_retry=LostRetry(store),
+            cron=CronAdmission(store), journal=None, receipts=None, logs=None, local_receipts=None,
+            sessions=ClusterSessions(dispatch, LogChunks(store), control, heartbeat_ms=cfg.heartbeat_ms,
+                                     session_lease_ms=cfg.session_lease_ms, run_lease_ms=cfg.run_lease_ms),
+            each_cycle=(refresh_allow_list, replica_heartbeat), authenticator=authenticator)
+        self.ctx = ctx
+        watch_store(ctx)
+        bridge.route_control(directory.named("gateway"))
+        bridge.on_exit = fatal.trip
+        bridge.start()
+        bridge.ready()
+        factories = {name: (lambda cls=cls: cls.start(ctx)) for name, cls in ORDER}
+        directory.set("supervisor", Supervisor.start(ctx, factories))
+        for name, cls in ORDER:
+            directory.set(name, factories[name]())
+            if name == "recovery":
+                totals = directory.get("recovery").ask(StartupPass(), timeout=300)
+                log.info("event=startup_recovery_done outcomes=%s", totals)
+                ctx.admitting.set()
+        directory.tell("supervisor", Tick("startup"))
+        return ctx
+
+    def _started_line(self) -> str:
+        return (f"event=control_started replica={self.replica_id} bind={self.cfg.bind} "
+                f"database={self.ctx.repo.store.describe()}")
+
+    def _shutdown(self, ctx: RuntimeContext) -> None:
+        deadline = time.monotonic() + ctx.config.runtime.shutdown_drain_ms / 1000
+        ctx.admitting.clear()
+        ctx.directory.tell("supervisor", Drain())
+        for name in [n for n, _ in reversed(ORDER)] + ["supervisor"]:
+            ref = ctx.directory.get(name)
+            if ref is None:
+                continue
+            try:
+                ref.stop(timeout=max(0.1, deadline - time.monotonic()))
+            except Exception as err:
+                log.error("event=actor_stop_failed actor=%s error=%r", name, err)
+        ctx.bridge.close()
+        if ctx.authenticator is not None:
+            ctx.authenticator.stop()
+        if self.replica_id is not None:
+            try:
+                Replicas(ctx.repo.store).stopped(self.replica_id)
+            except Exception as err:  # the database is gone: `status` sees the heartbeat age out
+                log.warning("event=replica_stop_unrecorded error=%r", err)
+        ctx.zmq.term()
+        ctx.repo.close()
+        log.info("event=control_stopped")
+
+
+def _pool(cfg: ControlConfig) -> dict[str, Any]:
+    db = cfg.database
+    return dict(pool_size=db.pool_size, lock_timeout_ms=db.lock_timeout_ms,
+                statement_timeout_ms=db.statement_timeout_ms,
+                idle_in_transaction_timeout_ms=db.idle_in_transaction_session_timeout_ms)

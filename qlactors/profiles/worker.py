@@ -1,0 +1,168 @@
+"""A cluster executor worker: the Executor, the ReceiptConsumer and the LogSender, its own SQLite
+journal in its state directory, and one CurveZMQ socket per control replica. It holds no
+database credentials: it learns its worker id (its key's, from the allow-list) in Welcome.
+
+Start: lock the state directory (a second worker on it refuses to start), open the journal,
+connect to every replica, start the actors; the Executor registers — resuming its saved session
+when it is still valid — and probes and re-attests its journal after every start.
+Stop (SIGTERM): stop pulling, then stop the actors; running jobs keep running (a restart
+re-attests them), their receipts and logs wait in the state directory.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import Any, Callable
+
+import zmq
+
+from ..actors.base import Directory, Fatal
+from ..actors.executor import Executor
+from ..actors.log_sender import LogSender
+from ..actors.outage import watch_store
+from ..actors.receipts import ReceiptConsumer
+from ..actors.signals import Drain
+from ..actors.supervisor import Supervisor
+from ..cluster_config import WorkerConfig
+from ..config import Config, RuntimeSettings
+from ..process.diskspace import free_space_source
+from ..process.identity import boot_id_source
+from ..process.logs import LogStore
+from ..process.receipts import ReceiptStore
+from ..wire.bridge import Bridge
+from ..wire.curve_keys import load_key_pair, load_public_key
+from ..wire.links import ReplicaLinks
+from ..worker.journal import Journal
+from ..worker.receipts import LocalReceipts
+from ..worker.state_dir import StateDir
+from .context import EXECUTOR_KINDS, RuntimeContext
+from .runner import Runner
+
+log = logging.getLogger("qlactors.worker")
+
+ORDER = (("receipts", ReceiptConsumer), ("logs", LogSender), ("executor", Executor))
+
+
+def worker_settings(cfg: WorkerConfig) -> Config:
+    """The actors' view of a worker's config (SEMANTICS.md §11, cluster column)."""
+    runtime = RuntimeSettings(
+        slots=cfg.slots, cadence_tick_ms=1_000, idle_tick_ms=1_000, recovery_page=16, retry_page=16,
+        cron_page=16, receipt_cleanup_interval_ms=cfg.receipt_cleanup_interval_ms,
+        receipt_cleanup_page=cfg.receipt_cleanup_page, quarantine_retention_ms=cfg.quarantine_retention_ms,
+        log_cap_bytes=cfg.log_cap_bytes, stop_grace_ms=cfg.stop_grace_ms, kill_grace_ms=cfg.kill_grace_ms,
+        shutdown_drain_ms=cfg.shutdown_drain_ms, publish_grace_ms=cfg.publish_grace_ms,
+        retention_max_age_ms=30 * 86_400_000, retention_max_runs=1_000, retention_page=64,
+        disk_reserve_bytes=cfg.disk_reserve_bytes, output_drain_ms=cfg.output_drain_ms)
+    return Config(home=cfg.state_dir, profile="worker", database_url="", runtime=runtime,
+                  launcher_shell=cfg.launcher_shell)
+
+
+class WorkerFacts:
+    """What a worker's Completed adds (SEMANTICS.md §5, §13): the log's final offset, and whether
+    the job finished before the deadline this worker derived on its own clock at activation."""
+
+    def __init__(self, journal: Journal, logs: LogStore) -> None:
+        self.journal = journal
+        self.logs = logs
+
+    def __call__(self, attempt_id: str, receipt: Any) -> tuple[int | None, bool | None]:
+        entry = self.journal.get(attempt_id)
+        final = None
+        try:
+            final = os.stat(self.logs.path_for(receipt.run_id, attempt_id)).st_size
+        except OSError:
+            final = 0  # no log file: nothing was written, nothing is to be shipped
+        deadline = getattr(entry, "local_deadline_ms", None) if entry is not None else None
+        in_time = None if deadline is None else receipt.finished_at_ms <= deadline
+        return final, in_time
+
+
+class WorkerRuntime(Runner):
+    """One executor worker in the foreground until SIGTERM/SIGINT."""
+
+    name = "worker"
+    log = log
+
+    def __init__(self, cfg: WorkerConfig, *, boot_id: Callable[[], str] | None = None) -> None:
+        super().__init__(worker_settings(cfg))
+        self.cfg = cfg
+        self.boot_id = boot_id or boot_id_source()
+        self.state: StateDir | None = None
+
+    def _acquire(self):
+        self.state = StateDir(self.cfg.state_dir)  # exclusive: a second worker here refuses
+
+        def release() -> None:
+            self.state.close()
+        return release
+
+    def _start(self) -> RuntimeContext:
+        try:
+            return self._build_and_start()
+        except BaseException:
+            if self.ctx is not None:
+                self._shutdown(self.ctx)
+            raise
+
+    def _build_and_start(self) -> RuntimeContext:
+        cfg, state = self.cfg, self.state
+        public, secret = load_key_pair(cfg.key)
+        server_public = load_public_key(cfg.server_key)
+        journal = Journal(state.journal)
+        receipts = ReceiptStore(state.receipts)
+        receipts.ensure()
+        logs = LogStore(state.logs)
+        logs.ensure()
+        zctx = zmq.Context()
+        links = ReplicaLinks(zctx, list(cfg.control), server_public=server_public, public=public,
+                             secret=secret, request_timeout_s=cfg.request_timeout_ms / 1000,
+                             heartbeat_ms=10_000)
+        bridge = Bridge(zctx, control_links=links)
+        directory = Directory()
+        fatal = Fatal(on_trip=self._poke)
+        admitting = threading.Event()
+        ctx = RuntimeContext(
+            config=self.config, zmq=zctx, bridge=bridge, directory=directory, fatal=fatal,
+            admitting=admitting, session=None, repo=None, dispatch=None, completion=None, control=None,
+            lost_retry=None, cron=None, journal=journal, receipts=receipts, logs=logs,
+            local_receipts=LocalReceipts(receipts, journal, self.config.runtime.quarantine_retention_ms),
+            boot_id=self.boot_id, launcher_shell=self.config.launcher_shell,
+            free_bytes=free_space_source(state.logs), labels=tuple(cfg.labels),
+            completion_facts=WorkerFacts(journal, logs))
+        self.ctx = ctx
+        watch_store(ctx)
+        bridge.route_executor(EXECUTOR_KINDS, directory.named("executor"))
+        bridge.route_executor(["ack:completed"], directory.named("receipts"))
+        bridge.route_executor(["log_ack"], directory.named("logs"))
+        bridge.on_exit = fatal.trip
+        bridge.start()
+        bridge.ready()
+        factories = {name: (lambda cls=cls: cls.start(ctx)) for name, cls in ORDER}
+        directory.set("supervisor", Supervisor.start(ctx, factories))
+        admitting.set()  # a worker admits what the control side offers; the control side decides
+        for name, _cls in ORDER:
+            directory.set(name, factories[name]())
+        return ctx
+
+    def _started_line(self) -> str:
+        return (f"event=worker_started state_dir={self.cfg.state_dir} slots={self.cfg.slots} "
+                f"labels={','.join(self.cfg.labels) or '-'} control={','.join(self.cfg.control)}")
+
+    def _shutdown(self, ctx: RuntimeContext) -> None:
+        deadline = time.monotonic() + ctx.config.runtime.shutdown_drain_ms / 1000
+        ctx.admitting.clear()  # no more pulls; running jobs keep running
+        ctx.directory.tell("supervisor", Drain())
+        for name in [n for n, _ in reversed(ORDER)] + ["supervisor"]:
+            ref = ctx.directory.get(name)
+            if ref is None:
+                continue
+            try:
+                ref.stop(timeout=max(0.1, deadline - time.monotonic()))
+            except Exception as err:
+                log.error("event=actor_stop_failed actor=%s error=%r", name, err)
+        ctx.bridge.close()
+        ctx.zmq.term()
+        log.info("event=worker_stopped")
