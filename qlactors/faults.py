@@ -15,6 +15,7 @@ POINTS = frozenset({
     "after_spawn",  # the launcher runs, its identity is not yet recorded anywhere but its marker
     "bridge_loop_on_nudge",  # raise_point: the bridge loop dies on the next nudge (it must stop the runtime)
     "executor_after_accept",  # raise_point: the Executor dies with an offer journaled, not activated
+    "gateway_drop_offers",  # drop_point: the first Offers answer is committed but never sent
 })
 _ACTIVE = os.environ.get("QLACTORS_FAULT")
 
@@ -37,3 +38,12 @@ def raise_point(name: str) -> None:
     if _ACTIVE == name and name not in _raised:
         _raised.add(name)
         raise InjectedFault(f"fault injected at {name}")
+
+
+def drop_point(name: str) -> bool:
+    """True the first time only when `name` is active: the caller drops what it would send (a
+    message lost on the network after its transaction committed)."""
+    if _ACTIVE == name and name not in _raised:
+        _raised.add(name)
+        return True
+    return False

@@ -78,7 +78,7 @@ class Cluster:
         """The config the CLI is given (any replica's: they share the database)."""
         return self.root / f"control-{self.ports[0]}.toml"
 
-    def worker_config(self, name: str, *, slots: int, labels: tuple[str, ...]) -> Path:
+    def worker_config(self, name: str, *, slots: int, labels: tuple[str, ...], extra: str = "") -> Path:
         path = self.root / f"{name}.toml"
         endpoints = ", ".join(f'"tcp://127.0.0.1:{p}"' for p in self.ports)
         (self.root / f"state-{name}").mkdir(exist_ok=True)
@@ -86,7 +86,7 @@ class Cluster:
             'profile = "worker"\n[worker]\n'
             f"control = [{endpoints}]\nserver_key = \"keys/control.key\"\nkey = \"keys/{name}.key_secret\"\n"
             f"slots = {slots}\nlabels = {json.dumps(list(labels))}\nstate_dir = \"state-{name}\"\n"
-            f"request_timeout_ms = {self.timings['request_timeout_ms']}\n")
+            f"request_timeout_ms = {self.timings['request_timeout_ms']}\n{extra}")
         return path
 
     # -- commands -----------------------------------------------------------------------------
@@ -127,8 +127,8 @@ class Cluster:
         assert proc.alive(), proc.log()
         return proc
 
-    def start_worker(self, name: str, *, slots: int = 4, labels: tuple[str, ...] = ()) -> Proc:
-        config = self.worker_config(name, slots=slots, labels=labels)
+    def start_worker(self, name: str, *, slots: int = 4, labels: tuple[str, ...] = (), extra: str = "") -> Proc:
+        config = self.worker_config(name, slots=slots, labels=labels, extra=extra)
         proc = self._spawn(f"worker-{name}", ["worker", "--config", str(config)])
         self.workers[name] = proc
         wait_for(lambda: "event=session_open" in "".join(r.log() for r in self.replicas) and

@@ -16,7 +16,7 @@ import logging
 from typing import Any
 
 from ..domain.receipt import Receipt, ReceiptError, token_hash
-from ..faults import crash_point
+from ..faults import crash_point, drop_point
 from ..wire import messages as m
 from ..wire.bridge import Inbound
 from ..wire.offers import BATCH_BUDGET_BYTES, check_offer, offers_message
@@ -130,6 +130,9 @@ class Gateway(RuntimeActor):
                 self._ack(peer, "pull", msg, "fenced", str(err))
                 return
         self.peers[self.worker_id] = peer
+        if views and drop_point("gateway_drop_offers"):
+            log.warning("event=fault_offers_dropped pull=%s offers=%d", msg.pull_id, len(views))
+            return
         self.out.to_peer(peer, offers_message(_SessionName(self.worker_id, msg), msg.pull_id, views))
 
     def on_activate(self, msg: m.Activate, peer: bytes) -> None:
