@@ -19,7 +19,7 @@ import zmq
 from ..actors.base import Directory, Fatal
 from ..actors.executor import Executor
 from ..actors.outage import watch_store
-from ..actors.receipt_files import LocalReceipts
+from ..worker.receipts import LocalReceipts
 from ..actors.receipts import ReceiptConsumer
 from ..actors.recovery import Recovery
 from ..actors.retry import Retry
@@ -38,7 +38,7 @@ from ..store.completion import CompletionService
 from ..store.control import Control
 from ..store.cron_admission import CronAdmission
 from ..store.dispatch import Dispatch
-from ..store.journal import Journal
+from ..worker.journal import Journal
 from ..store.lost_retry import LostRetry
 from ..store.repository import Repository
 from ..wire.bridge import Bridge

@@ -14,9 +14,9 @@ from sqlalchemy import and_, bindparam, select
 from sqlalchemy.engine import Connection
 
 from ..errors import BadInput, Conflict
-from .records import Identity, check_hash, check_id
-from .engine import Store
-from .schema import executor_journal
+from ..store.records import Identity, check_hash, check_id
+from ..store.engine import Store
+from ..store.schema import executor_journal
 
 ACCEPTED = "accepted"
 LAUNCHING = "launching"
