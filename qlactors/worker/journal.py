@@ -21,8 +21,8 @@ from ..store.records import Identity, check_hash, check_id
 from ..store.schema import executor_journal, executor_pulls, executor_session
 from .journal_records import (
     ACCEPTED, COMPLETED, IN_FLIGHT, LEASE_FACTS, MAX_PAGE, MAX_WORKER_ID, QUARANTINED, JournaledPull,
-    JournalEntry, LeaseFacts, SavedSession, limit_checked, ms_checked, path_checked, positive_checked,
-    secret_checked, state_checked,
+    JournalEntry, LeaseFacts, SavedSession, limit_checked, ms_checked, offset_checked, path_checked,
+    positive_checked, secret_checked, state_checked,
 )
 
 _J = executor_journal
@@ -31,6 +31,11 @@ _ROW = select(_J).where(_J.c.attempt_id == bindparam("attempt_id"))
 _UPDATE = _J.update().where(_J.c.attempt_id == bindparam("w_attempt_id")).returning(*_J.c)
 _UPDATE_FROM = _UPDATE.where(_J.c.state == bindparam("w_state"))
 _DELETE = _J.delete().where(_J.c.attempt_id == bindparam("attempt_id"))
+# A shipped offset moves forward only, never past a recorded final offset; the first timeout
+# intent sticks.
+_SHIP_FORWARD = _UPDATE.where(_J.c.shipped_offset < bindparam("w_offset")).where(
+    _J.c.final_offset.is_(None) | (_J.c.final_offset >= bindparam("w_offset")))
+_FIRST_INTENT = _UPDATE.where(_J.c.timeout_intent_at_ms.is_(None))
 _P = executor_pulls
 _S = executor_session
 
@@ -92,7 +97,7 @@ class Journal:
         """
         ms_checked("at_ms", at_ms)
         with self.store.write() as conn:
-            updated = conn.execute(_UPDATE.where(_J.c.timeout_intent_at_ms.is_(None)), dict(
+            updated = conn.execute(_FIRST_INTENT, dict(
                 timeout_intent_at_ms=at_ms, updated_at_ms=self.store.now_ms(conn),
                 w_attempt_id=attempt_id)).first()
             return JournalEntry.from_row(updated) if updated is not None else self._row(conn, attempt_id)
@@ -100,12 +105,10 @@ class Journal:
     def shipped(self, attempt_id: str, offset: int) -> JournalEntry:
         """Record that the control side acknowledged the log up to `offset` (it only moves forward,
         never past a recorded final offset); an older acknowledgement changes nothing."""
-        ms_checked("offset", offset)
-        forward = _UPDATE.where(_J.c.shipped_offset < offset).where(
-            (_J.c.final_offset.is_(None)) | (_J.c.final_offset >= offset))
+        offset_checked(offset)
         with self.store.write(durable=False) as conn:
-            updated = conn.execute(forward, dict(shipped_offset=offset, updated_at_ms=self.store.now_ms(conn),
-                                                 w_attempt_id=attempt_id)).first()
+            updated = conn.execute(_SHIP_FORWARD, dict(shipped_offset=offset, updated_at_ms=self.store.now_ms(conn),
+                                                       w_attempt_id=attempt_id, w_offset=offset)).first()
             if updated is not None:
                 return JournalEntry.from_row(updated)
             entry = self._row(conn, attempt_id)
@@ -116,7 +119,7 @@ class Journal:
 
     def final_offset(self, attempt_id: str, offset: int) -> JournalEntry:
         """Record the log's final length before `Completed` carries it (§13); set once."""
-        ms_checked("offset", offset)
+        offset_checked(offset)
         with self.store.write() as conn:
             entry = self._row(conn, attempt_id)
             if entry.final_offset == offset:

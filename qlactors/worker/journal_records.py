@@ -133,6 +133,12 @@ def ms_checked(name: str, value: Any) -> int:
     return value
 
 
+def offset_checked(value: Any) -> int:
+    if type(value) is not int or not 0 <= value < 2**63:
+        raise BadInput(f"a log offset must be a non-negative integer of bytes, got {value!r}")
+    return value
+
+
 def secret_checked(name: str, value: Any) -> str:
     if type(value) is not str or not 1 <= len(value) <= MAX_SECRET or not value.isascii():
         raise BadInput(f"{name} must be 1 to {MAX_SECRET} ASCII characters")
