@@ -33,7 +33,7 @@ from sqlalchemy import select
 
 from qlactors.actors.base import Directory, Fatal
 from qlactors.actors.outage import watch_store
-from qlactors.actors.receipt_files import LocalReceipts
+from qlactors.worker.receipts import LocalReceipts
 from qlactors.config import DEFAULTS, Config, ensure_home
 from qlactors.profiles.context import EXECUTOR_KINDS, LOCAL_WORKER, RuntimeContext
 from qlactors.process.identity import ProcessIdentity, read_boot_id, read_identity
@@ -44,7 +44,7 @@ from qlactors.store.cron_admission import CronAdmission
 from qlactors.store.control import Control
 from qlactors.store.lost_retry import LostRetry
 from qlactors.store.dispatch import Dispatch
-from qlactors.store.journal import Journal
+from qlactors.worker.journal import Journal
 from qlactors.store.repository import Repository
 from qlactors.store.schema import run_attempts
 from qlactors.wire import codec

@@ -18,7 +18,8 @@ from ..domain.receipt import token_hash
 from ..domain.transitions import ErrorCode
 from ..home import read_recovery_status, write_recovery_status
 from ..ids import new_id
-from ..process.identity import Liveness, probe, read_marker
+from ..process.identity import read_marker
+from ..worker.evidence import Alive, liveness_of
 from .base import RuntimeActor
 from .signals import AttemptEnded, Resume, StartupPass, StepDone, StepRequest, Tick
 
@@ -125,16 +126,16 @@ class Recovery(RuntimeActor):
             if identity is None:
                 later.append((c, None))
                 continue
-            liveness = probe(identity, current_boot_id=boot_id)
-            if liveness is Liveness.UNKNOWN:
+            liveness = liveness_of(identity, boot_id)  # the worker's probe (worker/evidence.py)
+            if liveness is Alive.UNREADABLE:
                 self.unresolved[c.attempt_id] = "process identity unreadable"
                 outcomes.append("unresolved")
-            elif liveness is Liveness.RUNNING:
+            elif liveness is Alive.RUNNING:
                 if startup:
                     self._rebind(c, identity)
                 self.ended.discard(c.attempt_id)
                 outcomes.append("running")
-            else:
+            else:  # gone on this boot, or another boot: not running
                 later.append((c, identity))
         if later:
             time.sleep(self.ctx.config.runtime.publish_grace_ms / 1000)  # one grace for the batch

@@ -255,7 +255,7 @@ def _not_started(run_id: str, attempt) -> str:
 def audit_receipts(repo: Repository | None, args: argparse.Namespace) -> int:
     """`audit receipts`; `repo` is None when the home has no database (it is never created here)."""
     from ..process.audit import DEFAULT_MIN_AGE_MS, audit
-    from ..store.journal import Journal
+    from ..worker.journal import Journal
 
     if repo is None:
         if args.quarantine:

@@ -9,7 +9,7 @@ from typing import Any, Callable
 import zmq
 
 from ..actors.base import Directory, Fatal
-from ..actors.receipt_files import LocalReceipts
+from ..worker.receipts import LocalReceipts
 from ..config import Config
 from ..process.identity import read_boot_id
 from ..process.logs import LogStore
@@ -18,7 +18,7 @@ from ..store.completion import CompletionService
 from ..store.control import Control
 from ..store.cron_admission import CronAdmission
 from ..store.dispatch import Dispatch
-from ..store.journal import Journal
+from ..worker.journal import Journal
 from ..store.lost_retry import LostRetry
 from ..store.repository import Repository
 from ..wire.bridge import Bridge

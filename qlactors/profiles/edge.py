@@ -21,7 +21,7 @@ from ..actors.disk_reserve import DiskReserve
 from ..actors.executor import Executor
 from ..actors.gateway import Gateway
 from ..actors.outage import watch_store
-from ..actors.receipt_files import LocalReceipts
+from ..worker.receipts import LocalReceipts
 from ..actors.receipts import ReceiptConsumer
 from ..actors.recovery import Recovery
 from ..actors.retry import Retry
@@ -41,7 +41,7 @@ from ..store.completion import CompletionService
 from ..store.control import Control
 from ..store.cron_admission import CronAdmission
 from ..store.dispatch import Dispatch
-from ..store.journal import Journal
+from ..worker.journal import Journal
 from ..store.lost_retry import LostRetry
 from ..store.repository import Repository
 from ..wire.bridge import Bridge

@@ -43,7 +43,7 @@ from .records import (
     same_hash,
 )
 from .engine import Store
-from .journal import JournalEntry
+from ..worker.journal_records import JournalEntry
 from .plans import (
     apply_plan,
     attempt_snapshot,

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..process.identity import read_marker
 from ..process.receipts import Invalid, Missing, ReceiptStore, Unsafe, Valid
-from .base import now_ms
+from ..actors.base import now_ms
 
 log = logging.getLogger("qlactors.receipts")
 
