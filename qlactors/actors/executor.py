@@ -23,6 +23,7 @@ from ..store.engine import StoreUnavailable
 from ..wire import codec
 from ..wire import messages as m
 from ..wire.bridge import ProcessExited
+from ..worker.journal_records import LeaseFacts
 from .base import RuntimeActor
 from .signals import Consume, HeartbeatDue, NoReceipt, SessionOpen, ShipLog, StopCheck
 
@@ -143,6 +144,10 @@ class Executor(RuntimeActor):
     def on_nudge(self, _msg: m.Nudge, _peer: bytes) -> None:
         self._pull()
 
+    def _cluster(self) -> bool:
+        """A cluster worker's session (leases renewed by heartbeats), as opposed to edge's local one."""
+        return self.session is not None and self.session.session_lease_ms is not None
+
     def _free(self) -> int:
         return self.slots - len(self.live)
 
@@ -190,8 +195,10 @@ class Executor(RuntimeActor):
         # its journal row, with the new token hash, and its emptied log file.
         log_path = self.ctx.logs.path_for(offer.run_id, offer.attempt_id)
         receipt_path = self.ctx.receipts.final_path(offer.attempt_id)
+        lease = LeaseFacts(offer.offer_id, offer.lease_generation, lease_token, batch.session_id,
+                           batch.session_generation)  # quoted in an Attest after a restart
         if not self.ctx.journal.accept(offer.attempt_id, offer.run_id, str(log_path), str(receipt_path),
-                                       token_hash(token)):
+                                       token_hash(token), lease):
             log.error("event=offer_of_a_launched_attempt attempt=%s journal=launched", offer.attempt_id)
             return
         local = Local(run_id=offer.run_id, attempt_id=offer.attempt_id, offer=offer,
@@ -220,6 +227,10 @@ class Executor(RuntimeActor):
         if local.offer.offer_id != msg.offer_id:
             return  # the answer to an earlier offer of the same attempt
         offer = local.offer
+        if self._cluster():  # "finished in time" is judged on this worker's own clock (§5)
+            started = _wall_ms()
+            self.ctx.journal.activated(offer.attempt_id, started,
+                                       None if offer.timeout_ms is None else started + offer.timeout_ms)
         # The offer names the cap; this executor's own setting bounds it (a worker's config).
         log_cap = min(offer.log_cap_bytes, self.ctx.config.runtime.log_cap_bytes)
         self.ctx.journal.set_state(offer.attempt_id, "launching")
@@ -271,7 +282,7 @@ class Executor(RuntimeActor):
             # Started report carry the identity, and recovery and adoption fall back to the marker
             log.warning("event=journal_identity_unwritten attempt=%s error=%s", offer.attempt_id, err)
         self.ctx.bridge.watch(local.pidfd, offer.attempt_id, self.me)
-        if self.session is not None and self.session.session_lease_ms is not None:  # a cluster worker
+        if self._cluster():
             self.ctx.directory.tell("logs", ShipLog(
                 offer.run_id, offer.attempt_id, token_hash(local.token),
                 str(self.ctx.logs.path_for(offer.run_id, offer.attempt_id)), worker_id=self.worker_id))

@@ -16,6 +16,9 @@ from .signals import Cleanup, Consume, LogFinal, NoReceipt, Resume, SessionOpen
 log = logging.getLogger("qlactors.receipts")
 
 RESUME_PAGE = 64
+# A cluster worker keeps a finished attempt's local log this long once it is acknowledged to
+# its final offset (the control side's copy is the one `qlactors logs` reads).
+LOCAL_LOG_KEEP_MS = 3_600_000
 
 
 class ReceiptConsumer(RuntimeActor):
@@ -120,9 +123,12 @@ class ReceiptConsumer(RuntimeActor):
         if msg.result in ("applied", "already_terminal"):
             crash_point("after_completion_commit")
             final_offset = self.final_offsets.pop(msg.attempt_id, None)
-            if final_offset is not None:  # a cluster worker: the log's tail ships on, up to it
+            if final_offset is None:
+                files.finish(msg.attempt_id)  # delete only after the commit, journal row last
+            else:  # a cluster worker: the log's tail ships on, up to its final offset
+                self.ctx.journal.final_offset(msg.attempt_id, final_offset)
+                files.finish(msg.attempt_id, keep_log_until_ms=now_ms() + LOCAL_LOG_KEEP_MS)
                 self.ctx.directory.tell("logs", LogFinal(msg.attempt_id, final_offset))
-            files.finish(msg.attempt_id)  # delete only after the commit, journal row last
         elif msg.result == "refused":
             log.warning("event=receipt_refused attempt=%s detail=%s", msg.attempt_id, msg.detail)
             files.quarantine(msg.attempt_id)
@@ -140,8 +146,10 @@ class ReceiptConsumer(RuntimeActor):
         page = self.ctx.config.runtime.receipt_cleanup_page
         try:
             journal = self.ctx.journal
-            for entry in journal.list(("completed",), page, None):
+            for entry in journal.list(("completed",), page, None, unretained=True):
                 self.on_consume(Consume(entry.run_id, entry.attempt_id, recheck=True), b"")
+            if self.ctx.log_retention is not None:  # a cluster worker's acknowledged local logs
+                self.ctx.log_retention.step(page)
             for entry in journal.due_purge(now_ms(), page):
                 journal.clear(entry.attempt_id)
             self.ctx.receipts.purge_quarantine(self.ctx.config.runtime.quarantine_retention_ms, now_ms(), page)

@@ -58,6 +58,7 @@ class RuntimeContext:
     labels: tuple[str, ...] = ()  # the executor's labels (a cluster worker's, from its config)
     each_cycle: tuple[Callable[[], None], ...] = ()  # run by the Supervisor after every cycle
     authenticator: Any = None  # a replica's CURVE authenticator, kept referenced while it serves
+    log_retention: Any = None  # a worker's LocalLogRetention (its acknowledged local logs)
 
     # What a Completed adds on a cluster worker: (final log offset, finished in time); edge: none.
     completion_facts: Callable[[str, Any], tuple[int | None, bool | None]] = lambda _a, _r: (None, None)

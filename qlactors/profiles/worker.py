@@ -37,6 +37,7 @@ from ..wire.curve_keys import load_key_pair, load_public_key
 from ..wire.links import ReplicaLinks
 from ..worker.journal import Journal
 from ..worker.receipts import LocalReceipts
+from ..worker.retention import LocalLogRetention
 from ..worker.state_dir import StateDir
 from .context import EXECUTOR_KINDS, RuntimeContext
 from .runner import Runner
@@ -132,6 +133,7 @@ class WorkerRuntime(Runner):
             boot_id=self.boot_id, launcher_shell=self.config.launcher_shell,
             free_bytes=free_space_source(state.logs), labels=tuple(cfg.labels),
             completion_facts=WorkerFacts(journal, logs))
+        ctx.log_retention = LocalLogRetention(journal, logs, ctx.local_receipts)
         self.ctx = ctx
         watch_store(ctx)
         bridge.route_executor(EXECUTOR_KINDS, directory.named("executor"))

@@ -173,9 +173,15 @@ class Journal:
             return JournalEntry.from_row(row) if row is not None else None
 
     def list(self, states: Iterable[str] | None = None, limit: int = 64,
-             after: str | None = None) -> builtins.list[JournalEntry]:
-        """Rows in `states` (all when None), ascending attempt id, after `after`; at most `limit`."""
+             after: str | None = None, *, unretained: bool = False) -> builtins.list[JournalEntry]:
+        """Rows in `states` (all when None), ascending attempt id, after `after`; at most `limit`.
+
+        `unretained`: only rows not handed to retention yet (no `purge_after_ms`): a `completed`
+        row with one is a cluster worker's finished attempt whose log is kept a while.
+        """
         query = select(_J)
+        if unretained:
+            query = query.where(_J.c.purge_after_ms.is_(None))
         if states is not None:
             wanted = [state_checked(s) for s in states]
             query = query.where(_J.c.state.in_(wanted))

@@ -90,12 +90,20 @@ class LocalReceipts:
             return None
         return int(text) if text.isdigit() else None
 
-    def finish(self, attempt_id: str) -> None:
-        """After a committed completion (or already_terminal): files first, the journal row last."""
+    def finish(self, attempt_id: str, *, keep_log_until_ms: int | None = None) -> None:
+        """After a committed completion (or already_terminal): files first, the journal row last.
+
+        `keep_log_until_ms` (a cluster worker): the log and its dropped-byte count stay, and the
+        row is kept `completed` for local retention (worker/retention.py), which deletes them once
+        the control side has acknowledged the log to its final offset and this time has passed.
+        """
         self.receipts.delete(attempt_id)
         self.receipts.remove_temps(attempt_id)
-        self.dropped_path(attempt_id).unlink(missing_ok=True)
         self.remove_fifo(attempt_id)
+        if keep_log_until_ms is not None:
+            self.journal.complete(attempt_id, keep_log_until_ms)
+            return
+        self.dropped_path(attempt_id).unlink(missing_ok=True)
         self.journal.clear(attempt_id)
 
     def quarantine(self, attempt_id: str) -> None:
