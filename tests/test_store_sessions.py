@@ -335,6 +335,18 @@ def test_a_repeated_running_attestation_answers_the_same_lease(repo, dispatch, w
     assert (other.result, other.detail) == ("fenced", "offer_id_used")
 
 
+def test_attest_running_of_an_attempt_whose_started_never_landed_records_it_running(repo, dispatch, worker):
+    flight = launch(repo, dispatch, worker, started=False)
+    restarted = register(dispatch, "w1")
+    result = attest(dispatch, restarted, flight, worker)
+    assert (result.result, result.lease_generation) == ("applied", 2)
+    run, (attempt,), leases, _ = db_state(repo, flight.quote.run_id)
+    assert (run["status"], attempt["status"], attempt["session_id"]) == ("running", "running", restarted.session_id)
+    assert Identity.from_row(SimpleNamespace(**attempt)) == IDENTITY and attempt["started_at_ms"] is not None
+    assert [lease["status"] for lease in leases] == ["released", "leased"]
+    assert [e.type for e in repo.runs.get(flight.quote.run_id).events][-1] == "run.running"
+
+
 def test_attest_about_another_workers_lease_is_refused(repo, dispatch, worker):
     flight = launch(repo, dispatch, worker)
     intruder = register(dispatch, "w2")

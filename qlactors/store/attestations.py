@@ -2,10 +2,11 @@
 from its current session, what it knows about each attempt in its journal, quoting the lease
 (of whichever of its sessions) the attempt was offered under.
 
-`running` re-binds that lease to the current session under a new lease generation; every other
-fact is recorded as the attempt's evidence (`run_attempts.evidence`, database time) for recovery
-to decide from (§10), and changes nothing else. No event is appended: an event bumps the run's
-version, and an attestation is not a transition of the run.
+`running` re-binds that lease to the current session under a new lease generation (and makes a
+`starting` attempt whose Started never landed `running`, the one transition an attestation
+makes); every other fact is recorded as the attempt's evidence (`run_attempts.evidence`,
+database time) for recovery to decide from (§10), and changes nothing else: no event, since an
+event bumps the run's version and evidence is not a transition of the run.
 
 Lock order, as for every report: the attempt's advisory lock, the session row, the run row, the
 lease row, then database time once.
@@ -18,9 +19,10 @@ from typing import Any
 from sqlalchemy import and_, bindparam
 
 from ..domain.states import AttemptStatus, LeaseReleaseReason, LeaseStatus
+from ..domain.transitions import plan_started
 from ..errors import BadInput, Conflict
 from .dispatch_queries import LEASE_BY_OFFER, LEASE_LOCKED, MAX_GENERATION, SESSION_SHARED
-from .plans import current_attempt, end_lease, load_attempt, load_run
+from .plans import apply_plan, attempt_snapshot, current_attempt, end_lease, load_attempt, load_run, run_snapshot
 from .records import (
     APPLIED,
     FENCED,
@@ -36,6 +38,7 @@ from .records import (
 from .schema import run_attempts, run_dispatch_leases
 from .session_rules import EVIDENCE_FACTS, RUNNING, check_ms, check_quote, session_mismatch
 
+ACTOR = "executor"
 _A = run_attempts
 _LIVE = (AttemptStatus.STARTING.value, AttemptStatus.RUNNING.value)
 _EVIDENCE = _A.update().where(_A.c.id == bindparam("w_id"))
@@ -57,7 +60,7 @@ class Attestations:
         another worker's. `superseded` when the attempt is terminal, `lost` or replaced by a later
         attempt of its run: the worker stops the process; nothing changes.
 
-        `running` needs the process `identity` (it must be the attempt's stored one), a fresh
+        `running` needs the process `identity` (the attempt's stored one, if any), a fresh
         `new_lease_token_hash` and `new_offer_id`: the quoted lease ends `released`
         (`lease_expired`) and a new lease (generation + 1, version 1, expiring at database time +
         `run_lease_ms`) binds the attempt to the current session. Repeated with the same new
@@ -118,18 +121,20 @@ class Attestations:
                     conn.execute(_EVIDENCE, dict(evidence=fact, evidence_at_ms=now, updated_at_ms=now,
                                                  w_id=attempt.id))
                 return AttestResult(APPLIED, None, lease.lease_generation, lease.version, lease.expires_at_ms)
-            return self._rebind(conn, attempt, lease, session, identity, new_offer_id,
+            return self._rebind(conn, run, attempt, lease, session, identity, new_offer_id,
                                 new_lease_token_hash, now + run_lease_ms, now)
 
-    def _rebind(self, conn, attempt, lease, session, identity: Identity, offer_id: str,
+    def _rebind(self, conn, run, attempt, lease, session, identity: Identity, offer_id: str,
                 token_hash: str, expires: int, now: int) -> AttestResult:
-        """`running`: the attempt's lease moves to the current session under a new generation."""
+        """`running`: the attempt's lease moves to the current session under a new generation.
+
+        A `starting` attempt whose Started never landed (no identity recorded) becomes `running`
+        with this identity, as a Started report would have made it.
+        """
         if attempt.status not in _LIVE:
             return AttestResult(REFUSED, f"attempt_{attempt.status}")
         stored = Identity.from_row(attempt)
-        if stored is None:
-            return AttestResult(REFUSED, "identity_unknown")
-        if stored != identity:
+        if stored is not None and stored != identity:
             return AttestResult(REFUSED, "identity_mismatch")
         end_lease(conn, attempt.id, now, LeaseStatus.RELEASED, LeaseReleaseReason.LEASE_EXPIRED)
         new_generation = conn.execute(MAX_GENERATION, {"attempt_id": attempt.id}).scalar_one() + 1
@@ -140,11 +145,18 @@ class Attestations:
                 token_hash=token_hash, offer_id=offer_id, expires_at_ms=expires, release_reason=None,
                 created_at_ms=now, updated_at_ms=now)):
             raise Conflict(f"lease {new_generation} of attempt {attempt.id} was written meanwhile")
-        if conn.execute(_REBIND, dict(
-                offer_id=offer_id, lease_generation=new_generation, lease_version=1,
-                lease_expires_at_ms=expires, worker_id=session.worker_id, session_id=session.session_id,
-                session_generation=session.generation, updated_at_ms=now, w_id=attempt.id,
-                w_status=attempt.status, w_generation=lease.lease_generation)).rowcount != 1:
+        projection = dict(offer_id=offer_id, lease_generation=new_generation, lease_version=1,
+                          lease_expires_at_ms=expires, worker_id=session.worker_id,
+                          session_id=session.session_id, session_generation=session.generation)
+        if stored is None:
+            apply_plan(conn, plan_started(run_snapshot(run), attempt_snapshot(attempt)), now,
+                       actor_type=ACTOR, expected_callback_sequence=attempt.callback_sequence,
+                       run_values={"started_at_ms": now} if run.started_at_ms is None else None,
+                       attempt_values=dict(projection, boot_id=identity.boot_id, pid=identity.pid,
+                                           pgid=identity.pgid, start_ticks=identity.start_ticks,
+                                           started_at_ms=now))
+        elif conn.execute(_REBIND, dict(projection, updated_at_ms=now, w_id=attempt.id, w_status=attempt.status,
+                                        w_generation=lease.lease_generation)).rowcount != 1:
             raise Conflict(f"attempt {attempt.id} changed meanwhile")
         return AttestResult(APPLIED, "rebound", new_generation, 1, expires)
 
