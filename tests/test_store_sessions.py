@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import secrets
+import threading
 from types import SimpleNamespace
 from typing import NamedTuple
 
@@ -414,3 +415,37 @@ def test_attest_checks_its_arguments(repo, dispatch, worker):
         attest(dispatch, worker, flight, worker, "maybe")
     with pytest.raises(BadInput):
         attest(dispatch, worker, flight, worker, identity=None)
+
+
+def test_a_heartbeat_racing_completions_of_its_leases_neither_deadlocks_nor_loses_either(repo, dispatch):
+    session = register(dispatch, "w1", capacity=8)
+    flights = [launch(repo, dispatch, session) for _ in range(6)]
+    barrier, errors, answers = threading.Barrier(2, timeout=30), [], []
+
+    def heartbeat():
+        barrier.wait()
+        answers.append(beat(dispatch, session, 1, *(f.quote for f in flights)))
+
+    def completions():
+        barrier.wait()
+        for flight in reversed(flights):  # the other end of the heartbeat's order
+            complete(repo, flight)
+
+    threads = [threading.Thread(target=lambda fn=fn: _record(errors, fn)) for fn in (heartbeat, completions)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == []
+    (answer,) = answers
+    outcome = {r[0]: "renewed" for r in answer.renewed} | {f[0]: f[2] for f in answer.fenced}
+    assert set(outcome.values()) <= {"renewed", "lease_completed"} and len(outcome) == len(flights)
+    for flight in flights:  # every completion landed, whatever the heartbeat did first
+        assert [lease["status"] for lease in db_state(repo, flight.quote.run_id)[2]] == ["completed"]
+
+
+def _record(errors, fn):
+    try:
+        fn()
+    except Exception as err:  # reported by the test
+        errors.append(err)
