@@ -19,7 +19,6 @@ import json
 import logging
 from typing import Callable
 
-from sqlalchemy import and_, select
 from sqlalchemy.engine import Connection
 
 from ..domain.model import Command, env_from_json
@@ -33,8 +32,6 @@ from ..domain.transitions import (
     plan_started,
 )
 from ..errors import BadInput, Conflict
-from ..ids import new_id
-from .engine import Store
 from .records import (
     ALREADY_TERMINAL,
     APPLIED,
@@ -46,7 +43,6 @@ from .records import (
     Identity,
     OfferView,
     Outcome,
-    Session,
     check_hash,
     check_id,
     same_hash,
@@ -75,14 +71,15 @@ from .dispatch_queries import (
     candidate_query,
     dispatchable,
 )
-from .schema import run_dispatch_leases, worker_sessions
+from .schema import run_dispatch_leases
+from .session_rules import session_mismatch as _session_mismatch
+from .sessions import Sessions
 from .views import cwd_from_column
 
 log = logging.getLogger("qlactors.dispatch")
 
 ACTOR = "executor"
 MAX_ERROR_SUMMARY = 512
-MAX_CAPACITY = 4096
 # How many candidate runs one offer may look at before answering "nothing": each miss is a task
 # found at its max_concurrent only after its lock was taken (a race), so a few are plenty.
 _MAX_PICKS = 8
@@ -109,43 +106,8 @@ def command_argv(command_json: str) -> tuple[str, ...]:
     return Command.from_json(json.loads(command_json)).exec_argv()
 
 
-class Dispatch:
-    """Sessions, offers and the fenced executor reports, each one short transaction."""
-
-    def __init__(self, store: Store) -> None:
-        self.store = store
-
-    # -- sessions ----------------------------------------------------------------------------
-
-    def register_session(self, worker_id: str, capacity: int) -> Session:
-        """A new `online` session, generation = previous + 1; older sessions of the worker go `offline`.
-
-        The new generation invalidates every fence of the old sessions at once. The session lease
-        stays NULL: on edge it lives as long as the process.
-        """
-        check_id("worker id", worker_id, 128)
-        if type(capacity) is not int or not 0 <= capacity <= MAX_CAPACITY:
-            raise BadInput(f"session capacity must be an integer from 0 to {MAX_CAPACITY}")
-        with self.store.write() as conn:
-            # Two registrations of one worker would both compute the same next generation.
-            self.store.advisory_lock(conn, f"worker:{worker_id}")
-            previous = conn.execute(select(worker_sessions).where(
-                worker_sessions.c.worker_id == worker_id).with_for_update()).all()
-            now = self.store.now_ms(conn)
-            generation = max((s.generation for s in previous), default=0) + 1
-            for old in previous:
-                if old.status != "offline":
-                    conn.execute(worker_sessions.update().where(and_(
-                        worker_sessions.c.session_id == old.session_id,
-                        worker_sessions.c.version == old.version)).values(
-                            status="offline", version=old.version + 1, updated_at_ms=now))
-            session_id = new_id()
-            if not self.store.insert_new(conn, worker_sessions, dict(
-                    session_id=session_id, worker_id=worker_id, generation=generation, status="online",
-                    version=1, capacity=capacity, free_slots=capacity, heartbeat_at_ms=now,
-                    lease_expires_at_ms=None, created_at_ms=now, updated_at_ms=now)):
-                raise Conflict(f"worker {worker_id!r} registered generation {generation} meanwhile")
-            return Session(session_id, worker_id, generation, capacity)
+class Dispatch(Sessions):
+    """Sessions (sessions.py), offers and the fenced executor reports, each one short transaction."""
 
     # -- offer -------------------------------------------------------------------------------
 
@@ -515,25 +477,6 @@ class Dispatch:
             version = end_lease(conn, attempt_id, self.store.now_ms(conn), _L.RELEASED,
                                 LeaseReleaseReason.LEASE_EXPIRED)
             return Outcome(APPLIED, None if version is not None else "no_live_lease", run.status)
-
-
-def _session_mismatch(session, worker_id: str, generation: int, now: int, *, online_only: bool) -> str | None:
-    """Why `session` cannot act for (worker, generation) at `now`, or None when it can.
-
-    Reports are accepted from a `draining` session too: it no longer pulls, but it must still be
-    able to start and finish what it holds.
-    """
-    if session is None:
-        return "unknown_session"
-    if session.worker_id != worker_id:
-        return "session_worker"
-    if session.generation != generation:
-        return "session_generation"
-    if session.status != "online" and (online_only or session.status != "draining"):
-        return f"session_{session.status}"
-    if session.lease_expires_at_ms is not None and session.lease_expires_at_ms <= now:
-        return "session_expired"
-    return None
 
 
 def _ended(run, attempt) -> bool:

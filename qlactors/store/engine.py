@@ -9,7 +9,7 @@ from typing import Iterator
 from sqlalchemy import create_engine, exc
 from sqlalchemy.engine import Connection, Engine, make_url
 
-from ..errors import QlactorsError, SchemaError
+from ..errors import BadInput, QlactorsError, SchemaError
 from . import postgres, sqlite
 from .health import StoreHealth
 
@@ -26,22 +26,37 @@ class StoreUnavailable(QlactorsError):
 class Store:
     """An engine plus the one way qlactors talks to it: `write()` and `read()` transactions."""
 
-    def __init__(self, url: str, *, echo: bool = False) -> None:
+    def __init__(self, url: str, *, echo: bool = False, pool_size: int | None = None,
+                 lock_timeout_ms: int | None = None, statement_timeout_ms: int | None = None,
+                 idle_in_transaction_timeout_ms: int | None = None) -> None:
+        """`pool_size` (PostgreSQL, default 4; as many again may overflow) and the three
+        PostgreSQL timeouts, set on every connection (SEMANTICS.md §9 Transport): None leaves the
+        server's setting. A wait or statement cut short by one raises `StoreUnavailable`."""
         parsed = make_url(url)
         self.url = parsed
         self.dialect_name = parsed.get_backend_name()
+        timeouts = postgres.session_timeouts(lock_timeout_ms=lock_timeout_ms,
+                                             statement_timeout_ms=statement_timeout_ms,
+                                             idle_in_transaction_timeout_ms=idle_in_transaction_timeout_ms)
+        if pool_size is not None and (type(pool_size) is not int or not 1 <= pool_size <= 256):
+            raise BadInput("pool_size must be an integer from 1 to 256")
         if self.dialect_name == "sqlite":
+            if timeouts or pool_size is not None:
+                raise BadInput("pool_size and the lock, statement and idle-in-transaction timeouts are "
+                               "PostgreSQL settings; a SQLite store takes none of them")
             self._dialect = sqlite
             self.engine: Engine = create_engine(parsed, echo=echo, pool_size=2, max_overflow=2)
+            self._dialect.configure(self.engine)
         elif self.dialect_name == "postgresql":
             if parsed.get_driver_name() != "psycopg":
                 raise QlactorsError("PostgreSQL URLs must use psycopg 3: postgresql+psycopg://...")
             self._dialect = postgres
+            size = pool_size if pool_size is not None else postgres.DEFAULT_POOL_SIZE
             self.engine = create_engine(parsed, echo=echo, isolation_level="READ COMMITTED",
-                                        pool_pre_ping=True, pool_size=4, max_overflow=4)
+                                        pool_pre_ping=True, pool_size=size, max_overflow=size)
+            postgres.configure(self.engine, timeouts)
         else:
             raise QlactorsError(f"unsupported database {self.dialect_name!r}: use sqlite or postgresql+psycopg")
-        self._dialect.configure(self.engine)
         # SQLite has one writer. Threads of this process queue here for it instead of in SQLite's
         # busy handler, which sleeps 1-100 ms between retries while the lock is held.
         self._writer = threading.RLock() if self._dialect is sqlite else None
@@ -134,9 +149,12 @@ def translate_errors(store: Store, *, write: bool = True) -> Iterator[None]:
             raise SchemaError(
                 f"{store.describe()} is not a readable qlactors database ({message}); it was left "
                 "untouched: move it aside or point --home elsewhere") from err
-        # OperationalError: busy/locked, I/O, a server gone; InterfaceError or an invalidated
-        # connection: a connection reset under us. All transient: nothing was changed.
-        if isinstance(err, (exc.OperationalError, exc.InterfaceError)) or err.connection_invalidated:
+        # OperationalError: busy/locked, I/O, a server gone, and on PostgreSQL a serialization
+        # failure, a deadlock, a lock or statement timeout, a server shutdown; InterfaceError or
+        # an invalidated connection: a connection reset under us. All transient: the transaction
+        # was rolled back, nothing was changed.
+        if (isinstance(err, (exc.OperationalError, exc.InterfaceError)) or err.connection_invalidated
+                or postgres.transient(err.orig)):
             store.health.failed(message, write=write)
             raise StoreUnavailable(
                 f"database {store.describe()} is unavailable: {message.strip()}; nothing was changed, "

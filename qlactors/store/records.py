@@ -1,5 +1,6 @@
 """Plain records the store's executor-facing operations exchange: outcomes, sessions, fences,
-offers and process identities, with the checks their fields need."""
+offers, lease quotes, heartbeat and attestation answers and process identities, with the checks
+their fields need."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ APPLIED = "applied"
 FENCED = "fenced"
 REFUSED = "refused"
 ALREADY_TERMINAL = "already_terminal"
+SUPERSEDED = "superseded"
 
 _HASH = re.compile(r"[0-9a-f]{64}")
 
@@ -65,12 +67,20 @@ class Identity:
 
 @dataclass(frozen=True, slots=True)
 class Session:
-    """A registered worker session (edge: the one built-in local session of this process)."""
+    """A registered worker session (edge: the one built-in local session of this process).
+
+    `lease_expires_at_ms` None: the session lives as long as the process (edge). `heartbeat_seq`
+    is the last heartbeat number the session stored: a resumed worker numbers on from it.
+    """
 
     session_id: str
     worker_id: str
     generation: int
     capacity: int
+    lease_expires_at_ms: int | None = None
+    labels: tuple[str, ...] = ()
+    boot_id: str | None = None
+    heartbeat_seq: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +96,52 @@ class Fence:
     lease_generation: int
     lease_token_hash: str
     lease_version: int
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseQuote:
+    """One lease as a heartbeat renews it or an attestation names it (SEMANTICS.md §9 Renewal).
+
+    The lease version is never quoted: it never fences.
+    """
+
+    run_id: str
+    attempt_id: str
+    offer_id: str
+    lease_generation: int
+    lease_token_hash: str
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatAnswer:
+    """What a heartbeat answers; a repeat of the same `seq` gets this same answer back.
+
+    `renewed`: (attempt id, lease generation, lease version, expires at) per renewed lease;
+    `fenced`: (attempt id, lease generation, reason word) per quoted lease not renewed.
+    `session_ended`: the session is not the worker's current live one (register anew), `stale`:
+    a heartbeat older than the last one stored; both change nothing, and `reason` says why.
+    """
+
+    seq: int
+    session_expires_at_ms: int | None
+    renewed: tuple[tuple[str, int, int, int], ...] = ()
+    fenced: tuple[tuple[str, int, str], ...] = ()
+    session_ended: bool = False
+    stale: bool = False
+    reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AttestResult:
+    """The answer to an attestation: `result` is applied, fenced, refused or superseded (stop the
+    process: its attempt ended or a later attempt replaced it); the lease fields describe the
+    lease the worker holds afterwards (the new one after a `running` re-bind)."""
+
+    result: str
+    detail: str | None = None
+    lease_generation: int | None = None
+    lease_version: int | None = None
+    expires_at_ms: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

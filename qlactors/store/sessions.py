@@ -1,0 +1,146 @@
+"""Worker sessions (SEMANTICS.md §9 Sessions): register, resume and end; heartbeats with their
+lease renewals (heartbeats.py) and attestations (attestations.py) complete the class.
+
+Every method is one short transaction and every expiry is judged on database time
+(`Store.now_ms`). A session's generation is the worker's last + 1, taken under the advisory lock
+`worker:<id>`, so two registrations never compute the same one; the new generation ends the
+older sessions and with them every fence they could still quote. A resume is checked and
+applied under the session row lock.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from sqlalchemy import select
+
+from ..errors import BadInput, Conflict
+from ..ids import new_id
+from .attestations import Attestations
+from .dispatch_queries import SESSION_LOCKED
+from .engine import Store
+from .heartbeats import Heartbeats
+from .records import APPLIED, FENCED, REFUSED, Fenced, Outcome, Session, check_hash, check_id
+from .schema import worker_sessions
+from .session_rows import LATEST_GENERATION, update_session
+from .session_rules import (
+    check_capacity,
+    check_ms,
+    ended_at,
+    labels_json,
+    normal_labels,
+    resume_refusal,
+    session_mismatch,
+)
+
+_WS = worker_sessions
+_END_STATUSES = ("offline", "draining")
+
+
+class Sessions(Heartbeats, Attestations):
+    """Register, resume and end worker sessions; heartbeat and attest (the base classes)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def register_session(self, worker_id: str, capacity: int, *, boot_id: str | None = None,
+                         labels: Iterable[str] = (), session_lease_ms: int | None = None,
+                         resume_secret_hash: str | None = None) -> Session:
+        """A new `online` session, generation = previous + 1; older sessions of the worker go `offline`
+        (`ended_at_ms` set, unless they had already ended).
+
+        The new generation invalidates every fence of the old sessions at once. `session_lease_ms`
+        None (edge): the session lives as long as the process; otherwise it expires at database
+        time + the lease unless heartbeats renew it. Only the resume secret's hash is stored.
+        """
+        check_id("worker id", worker_id, 128)
+        check_capacity(capacity)
+        if boot_id is not None:
+            check_id("boot id", boot_id, 64)
+        if resume_secret_hash is not None:
+            check_hash("resume secret hash", resume_secret_hash)
+        check_ms("session_lease_ms", session_lease_ms, optional=True)
+        labels = normal_labels(labels)
+        with self.store.write() as conn:
+            # Two registrations of one worker would both compute the same next generation.
+            self.store.advisory_lock(conn, f"worker:{worker_id}")
+            previous = conn.execute(select(_WS).where(_WS.c.worker_id == worker_id).with_for_update()).all()
+            now = self.store.now_ms(conn)
+            generation = max((s.generation for s in previous), default=0) + 1
+            for old in previous:
+                if old.status != "offline":
+                    update_session(conn, old, now, status="offline", ended_at_ms=ended_at(old, now))
+            expires = now + session_lease_ms if session_lease_ms is not None else None
+            session_id = new_id()
+            if not self.store.insert_new(conn, _WS, dict(
+                    session_id=session_id, worker_id=worker_id, generation=generation, status="online",
+                    version=1, capacity=capacity, free_slots=capacity, heartbeat_at_ms=now,
+                    lease_expires_at_ms=expires, created_at_ms=now, updated_at_ms=now, boot_id=boot_id,
+                    resume_secret_hash=resume_secret_hash, heartbeat_seq=0, heartbeat_answer=None,
+                    labels_json=labels_json(labels), clock_skew_ms=None, ended_at_ms=None)):
+                raise Conflict(f"worker {worker_id!r} registered generation {generation} meanwhile")
+            return Session(session_id, worker_id, generation, capacity, lease_expires_at_ms=expires,
+                           labels=labels, boot_id=boot_id)
+
+    def resume_session(self, worker_id: str, session_id: str, generation: int, resume_secret_hash: str,
+                       new_resume_secret_hash: str, boot_id: str, *, capacity: int,
+                       labels: Iterable[str], session_lease_ms: int) -> Session:
+        """Resume the worker's current session after a restart within its lease, on the same boot.
+
+        Raises `Fenced` whose message starts with the reason word (`unknown_session`,
+        `superseded`, `offline`, `expired`, `rebooted`, `wrong_secret`): the worker registers
+        anew. On success the secret rotates (the old one is refused from now on), the lease is
+        renewed from database time and capacity and labels are the worker's current ones; the
+        Session's `heartbeat_seq` is the last heartbeat number stored, to number on from.
+        """
+        check_id("worker id", worker_id, 128)
+        check_id("session id", session_id)
+        check_hash("resume secret hash", resume_secret_hash)
+        check_hash("new resume secret hash", new_resume_secret_hash)
+        check_id("boot id", boot_id, 64)
+        check_capacity(capacity)
+        check_ms("session_lease_ms", session_lease_ms)
+        labels = normal_labels(labels)
+        with self.store.write() as conn:
+            session = conn.execute(SESSION_LOCKED, {"session_id": session_id}).first()
+            latest = conn.execute(LATEST_GENERATION, {"worker_id": worker_id}).scalar_one()
+            now = self.store.now_ms(conn)
+            refusal = resume_refusal(session, worker_id, generation, latest, boot_id, resume_secret_hash, now)
+            if refusal is not None:
+                raise Fenced(f"{refusal}: session {session_id} of worker {worker_id!r} cannot be resumed; "
+                             "register a new session")
+            expires = now + session_lease_ms
+            update_session(conn, session, now, resume_secret_hash=new_resume_secret_hash,
+                           lease_expires_at_ms=expires, capacity=capacity,
+                           free_slots=min(session.free_slots, capacity), labels_json=labels_json(labels))
+            return Session(session_id, worker_id, generation, capacity, lease_expires_at_ms=expires,
+                           labels=labels, boot_id=boot_id, heartbeat_seq=session.heartbeat_seq)
+
+    def end_session(self, worker_id: str, session_id: str, generation: int, *,
+                    status: str = "offline") -> Outcome:
+        """End a session: `draining` (stop offering to it; its reports still count) or `offline`.
+
+        `fenced` (nothing changed) when the session is not this worker's of that generation;
+        `draining` is also refused for a session that has ended or expired. Going `offline`
+        records `ended_at_ms` (the drain grace counts from it); repeating it answers `applied`
+        with detail `already_offline`.
+        """
+        if status not in _END_STATUSES:
+            raise BadInput(f"a session ends {' or '.join(_END_STATUSES)}")
+        check_id("worker id", worker_id, 128)
+        check_id("session id", session_id)
+        with self.store.write() as conn:
+            session = conn.execute(SESSION_LOCKED, {"session_id": session_id}).first()
+            now = self.store.now_ms(conn)
+            detail = session_mismatch(session, worker_id, generation, now, online_only=False)
+            if detail in ("unknown_session", "session_worker", "session_generation"):
+                return Outcome(FENCED, detail)
+            if session.status == status:
+                return Outcome(APPLIED, f"already_{status}")
+            if status == "draining":
+                if detail is not None:
+                    return Outcome(REFUSED, detail)
+                update_session(conn, session, now, status="draining")
+            else:
+                update_session(conn, session, now, status="offline", ended_at_ms=ended_at(session, now))
+            return Outcome(APPLIED)
