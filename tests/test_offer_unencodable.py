@@ -136,38 +136,66 @@ def test_a_planted_unencodable_run_among_good_ones_never_blocks_them(home):
 
 # --- schema 5 ------------------------------------------------------------------------------------
 
-def test_a_schema_4_database_migrates_to_5_with_its_attempts_and_references_kept(store_url):
-    """SQLite rebuilds run_attempts for the new CHECK: events and leases still point at it."""
+def test_a_schema_4_database_migrates_to_5_with_its_attempts_and_references_kept(store_url, monkeypatch):
+    """SQLite rebuilds run_attempts for the new CHECK: events and leases still point at it.
+
+    The rows are written as schema 4 had them (Core inserts of its columns only: today's code
+    reads later columns), then the database is migrated to the newest schema.
+    """
+    import qlactors.store.migrations as migrations
     from qlactors.store.dispatch import Dispatch
     from qlactors.store.engine import Store
-    from qlactors.store.migrations import available, current_version, migrate
+    from qlactors.store.migrations import available, current_version, latest_version, migrate
     from qlactors.store.repository import Repository
-    from qlactors.store.schema import run_attempts, run_events, schema_version
+    from qlactors.store.schema import run_attempts, run_events, runs, worker_sessions
 
     store = Store(store_url)
     try:
-        with store.engine.begin() as conn:
-            for migration in available(store.dialect_name)[:4]:
-                for statement in migration.statements:
-                    conn.exec_driver_sql(statement)
-            conn.execute(schema_version.insert().values(id=1, version=4, applied_at_ms=0))
-        repo, dispatch = Repository(store), Dispatch(store)
-        repo.tasks.add(spec("old"))
-        kept = [repo.runs.request("old").run.id for _ in range(2)]
-        session = dispatch.register_session("edge", 1)
-        assert offer(dispatch, session, "o-1").run_id == kept[0]  # a lease that references its attempt
-        before = {run_id: db_state(repo, run_id) for run_id in kept}
+        shipped = available(store.dialect_name)
+        monkeypatch.setattr(migrations, "available", lambda dialect: shipped[:4])
+        assert migrate(store) == 4
+        monkeypatch.undo()
+        t = 1_700_000_000_000
+        with store.write() as conn:
+            conn.execute(tasks.insert().values(id="t1", name="old", current_revision=1, version=1,
+                                               enabled=True, created_at_ms=t, updated_at_ms=t))
+            conn.execute(task_revisions.insert().values(
+                task_id="t1", revision=1, command_json='{"argv": ["true"]}', cwd=None, env_json="{}",
+                timeout_ms=None, stop_grace_ms=1000, max_concurrent=1, retry_on_lost=False, max_attempts=1,
+                safety="unknown", backoff_base_ms=1000, backoff_max_ms=300000, labels_json="[]",
+                created_at_ms=t, keep_leftovers=False, max_queued=1, random_delay_ms=0))
+            conn.execute(worker_sessions.insert().values(
+                session_id="s1", worker_id="edge", generation=1, status="online", version=1, capacity=1,
+                free_slots=0, created_at_ms=t, updated_at_ms=t))
+            for n, status in ((1, "dispatching"), (2, "queued")):
+                conn.execute(runs.insert().values(
+                    id=f"r{n}", task_id="t1", task_revision=1, trigger_type="manual", status=status,
+                    version=2, event_sequence=2, created_at_ms=t, queued_at_ms=t, updated_at_ms=t))
+                conn.execute(run_attempts.insert().values(
+                    id=f"a{n}", run_id=f"r{n}", number=1, status="claimed", executor_type="local",
+                    callback_sequence=0, created_at_ms=t, updated_at_ms=t))
+                for seq, kind in ((1, "run.created"), (2, "run.queued")):
+                    conn.execute(run_events.insert().values(
+                        id=f"e{n}{seq}", run_id=f"r{n}", sequence=seq, type=kind, actor_type="user",
+                        attempt_id=f"a{n}", payload_json="{}", created_at_ms=t))
+            conn.execute(run_dispatch_leases.insert().values(  # a lease that references its attempt
+                attempt_id="a1", lease_generation=1, run_id="r1", status="leased", version=1,
+                worker_id="edge", session_id="s1", session_generation=1, token_hash="0" * 64,
+                offer_id="o-1", created_at_ms=t, updated_at_ms=t))
         assert current_version(store) == 4
-        assert migrate(store) == 5
-        assert {run_id: db_state(repo, run_id) for run_id in kept} == before
+        assert migrate(store) == latest_version(store.dialect_name) >= 5
+        repo, dispatch = Repository(store), Dispatch(store)
         with store.read() as conn:
             if store.dialect_name == "sqlite":
                 assert conn.exec_driver_sql("PRAGMA foreign_key_check").all() == []
                 sql = dict(conn.exec_driver_sql("SELECT name, sql FROM sqlite_master WHERE type = 'table'").all())
                 assert "run_attempts_old" not in " ".join(sql.values())
                 assert "REFERENCES run_attempts (id)" in sql["run_events"]
-            assert conn.execute(select(func.count()).select_from(run_attempts)).scalar_one() == 2
-            assert conn.execute(select(func.count()).select_from(run_events)).scalar_one() == 7
+            attempts = conn.execute(select(run_attempts.c.id, run_attempts.c.status).order_by(run_attempts.c.id)).all()
+            assert [tuple(a) for a in attempts] == [("a1", "claimed"), ("a2", "claimed")]
+            assert conn.execute(select(func.count()).select_from(run_events)).scalar_one() == 4
+            lease = conn.execute(select(run_dispatch_leases)).one()
+            assert (lease.attempt_id, lease.offer_id, lease.status) == ("a1", "o-1", "leased")
         # The new CHECK admits exactly the unencodable end: plant one and offer again.
         repo.tasks.add(spec("bad"))
         plant(store.write, "bad", env_json=HUGE_ENV)
