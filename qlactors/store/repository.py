@@ -30,9 +30,10 @@ class Repository:
         self.runs = Runs(store)
 
     @classmethod
-    def open(cls, url: str) -> "Repository":
-        """Open (and create or migrate) the database at `url`."""
-        store = Store(url)
+    def open(cls, url: str, **options) -> "Repository":
+        """Open (and create or migrate) the database at `url`; `options` go to `Store` (a replica's
+        pool size and PostgreSQL timeouts)."""
+        store = Store(url, **options)
         path = sqlite.database_path(store.url)
         try:
             if path is not None:
