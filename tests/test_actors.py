@@ -1031,6 +1031,25 @@ def test_executor_no_offers_means_no_activity_until_a_nudge(make_exe):
     assert again.pull_id != pull.pull_id and again.offers[0] != pull.offers[0]
 
 
+def test_executor_a_stray_heartbeat_ack_or_attested_changes_nothing(make_exe):
+    """Edge sends no heartbeat, and an Attested only answers: neither starts or stops anything."""
+    rig = make_exe()
+    pull = rig.welcome()
+    rig.peer.send(m.HeartbeatAck(seq=1, session_ended=True, session_expires_at_ms=None, renewed=[],
+                                 fenced=[m.FencedLease(attempt_id="a1", lease_generation=1, reason="lease_released")],
+                                 detail="stale session"))
+    rig.peer.send(m.Attested(run_id="r1", attempt_id="a1", fact="ended", result="fenced", offer_id=None,
+                             lease_generation=None, lease_version=None, lease_expires_at_ms=None,
+                             detail="stale session"))
+    rig.peer.quiet()
+    assert rig.alive() and rig.ctx.journal.list() == []
+    # Its Pull is still the one waiting: the answer to it is accepted.
+    rig.repo.tasks.add(spec())
+    rig.repo.runs.request("job")
+    rig.send_offers(pull, offer := rig.offer_for(pull))
+    assert rig.peer.expect(m.Activate).attempt_id == offer.attempt_id
+
+
 def test_executor_ignores_an_offer_for_a_pull_it_did_not_send(make_exe):
     rig = make_exe()
     pull = rig.welcome()
