@@ -334,7 +334,8 @@ class Bridge(threading.Thread):
             self.rejected_frames += 1
             log.warning("event=frame_rejected reason=%s detail=%s", err.reason, str(err)[:200])
             if reply is not None:
-                reply(Ack(of="unknown", run_id="", attempt_id="", result="refused", detail=str(err)[:500]))
+                reply(Ack(of="unknown", run_id="", attempt_id="", offer_id="", result="refused",
+                          detail=str(err)[:500]))
             return None
 
 
