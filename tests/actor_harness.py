@@ -32,7 +32,9 @@ import zmq
 from sqlalchemy import select
 
 from qlactors.actors.base import Directory, Fatal
+from qlactors.actors.disk_reserve import DiskReserve
 from qlactors.actors.outage import watch_store
+from qlactors.actors.session_policy import LocalSessions
 from qlactors.worker.receipts import LocalReceipts
 from qlactors.config import DEFAULTS, Config, ensure_home
 from qlactors.profiles.context import EXECUTOR_KINDS, LOCAL_WORKER, RuntimeContext
@@ -208,6 +210,8 @@ class ActorHarness:
                 receipts=receipts, logs=logs,
                 local_receipts=LocalReceipts(receipts, journal, self.config.runtime.quarantine_retention_ms),
                 boot_id=read_boot_id, launcher_shell="/bin/sh")
+            self.ctx.sessions = LocalSessions(self.ctx.session, self.config.runtime.cadence_tick_ms,
+                                              DiskReserve(self.config, None))
             watch_store(self.ctx)  # as profiles/edge.py does: outages reach `status`, a persistent one is fatal
         except BaseException:
             self.zmq.term()

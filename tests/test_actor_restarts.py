@@ -24,7 +24,8 @@ from qlactors.actors import scheduler as scheduler_module
 from qlactors.actors.scheduler import Scheduler
 from qlactors.actors.recovery import Recovery
 from qlactors.actors.signals import ActorFailed, AttemptEnded, Consume, NoReceipt, StepDone, StepRequest, Tick
-from qlactors.actors.supervisor import MAX_RESTARTS, Supervisor, fence_of
+from qlactors.actors.gateway import Gateway, fence_of
+from qlactors.actors.supervisor import MAX_RESTARTS, Supervisor
 from qlactors.profiles.edge import ORDER
 from qlactors.domain.transitions import ErrorCode
 from qlactors.wire import messages as m
@@ -306,7 +307,7 @@ def test_an_executor_re_offered_an_attempt_it_holds_unactivated_accepts_it_again
     log_path = h.ctx.logs.path_for(run_id, first.attempt_id)
     log_path.write_bytes(b"stale")
     # The control side withdraws the first lease before activating it, and offers the attempt again.
-    assert h.ctx.dispatch.release_unstarted(fence_of(act1), "declined").result == "applied"
+    assert h.ctx.dispatch.release_unstarted(fence_of(act1, act1.worker_id), "declined").result == "applied"
     second = exe.offer_for(pull2)
     assert (second.attempt_id, second.lease_generation) == (first.attempt_id, 2)
     exe.send_offers(pull2, second)
@@ -317,7 +318,7 @@ def test_an_executor_re_offered_an_attempt_it_holds_unactivated_accepts_it_again
     assert h.ctx.journal.get(first.attempt_id).callback_token_hash == act2.callback_token_hash
     # The first Activate's answer (fenced) comes first and must not drop the second offer: it
     # names the first offer's id, not the current one.
-    late = h.ctx.dispatch.activate(fence_of(act1), act1.callback_token_hash, act1.log_artifact_id)
+    late = h.ctx.dispatch.activate(fence_of(act1, act1.worker_id), act1.callback_token_hash, act1.log_artifact_id)
     assert late.result == "fenced"
     rig.peer.send(ack_message("activate", run_id, first.attempt_id, "fenced", "lease_released",
                               offer_id=act1.offer_id))

@@ -36,7 +36,8 @@ from qlactors.actors.signals import (
     StepRequest,
     Tick,
 )
-from qlactors.actors.supervisor import Supervisor, fence_of
+from qlactors.actors.gateway import Gateway, fence_of
+from qlactors.actors.supervisor import Supervisor
 from qlactors.domain.model import Command, TaskSpec
 from qlactors.domain.receipt import Receipt, encode_receipt, token_hash
 from qlactors.domain.retry import RetryPolicy
@@ -81,15 +82,16 @@ def now_ms() -> int:
 
 
 # =============================================================================================
-# Supervisor alone: the control side's face to executors, over a bound ROUTER
+# The control side: the Gateway (the face to executors) over a bound ROUTER, and the Supervisor
 # =============================================================================================
 
 
 class SupervisorRig:
-    """The Supervisor under test, its peer (a DEALER playing an executor) and the harness."""
+    """The Gateway and the Supervisor under test, their peer (a DEALER playing an executor) and
+    the harness; `ref` is the Gateway, which answers every report."""
 
-    def __init__(self, h: ActorHarness, ref, peer) -> None:
-        self.h, self.ref, self.peer = h, ref, peer
+    def __init__(self, h: ActorHarness, ref, peer, supervisor) -> None:
+        self.h, self.ref, self.peer, self.supervisor = h, ref, peer, supervisor
 
     @property
     def session(self):
@@ -177,22 +179,23 @@ class SupervisorRig:
 
 @pytest.fixture
 def sup(tmp_path, store_url):
-    """The Supervisor on SQLite and on PostgreSQL (it is the cluster control plane's face too)."""
+    """The Gateway and the Supervisor on SQLite and on PostgreSQL (the cluster's face too)."""
     endpoint = unique_endpoint("control")
     h = ActorHarness(tmp_path, control_bind=endpoint, database_url=store_url)
     try:
-        h.bridge.route_control(h.directory.named("supervisor"))
+        h.bridge.route_control(h.directory.named("gateway"))
         h.stub("recovery")
         h.stub("scheduler")
         h.start_bridge()
         h.ctx.admitting.set()
-        ref = h.start("supervisor", Supervisor, {})
-        yield SupervisorRig(h, ref, h.dealer(endpoint))
+        supervisor = h.start("supervisor", Supervisor, {})
+        ref = h.start("gateway", Gateway)
+        yield SupervisorRig(h, ref, h.dealer(endpoint), supervisor)
     finally:
         h.close()
 
 
-def test_supervisor_register_answers_welcome_with_the_registered_session(sup):
+def test_gateway_register_answers_welcome_with_the_registered_session(sup):
     welcome = sup.register()
     s = sup.session
     assert (welcome.worker_id, welcome.session_id, welcome.session_generation) == (
@@ -205,7 +208,7 @@ def test_supervisor_register_answers_welcome_with_the_registered_session(sup):
 
 
 @pytest.mark.parametrize(("low", "high"), [(1, 1), (3, 4)], ids=["older", "newer"])
-def test_supervisor_register_with_a_protocol_range_without_2_is_refused(sup, low, high):
+def test_gateway_register_with_a_protocol_range_without_2_is_refused(sup, low, high):
     sup.peer.send(register_message(sup.session.worker_id, BOOT_ID, protocol_min=low, protocol_max=high))
     ack = sup.peer.expect(m.Ack)
     assert (ack.of, ack.result) == ("register", "refused")
@@ -215,7 +218,7 @@ def test_supervisor_register_with_a_protocol_range_without_2_is_refused(sup, low
     assert sup.register(protocol_min=1, protocol_max=3).protocol == codec.VERSION
 
 
-def test_supervisor_register_of_an_unknown_worker_is_refused(sup):
+def test_gateway_register_of_an_unknown_worker_is_refused(sup):
     sup.peer.send(register_message("intruder", BOOT_ID))
     ack = sup.peer.expect(m.Ack)
     assert (ack.of, ack.result, ack.run_id, ack.attempt_id) == ("register", "refused", "", "")
@@ -223,13 +226,13 @@ def test_supervisor_register_of_an_unknown_worker_is_refused(sup):
     assert sup.alive()
 
 
-def test_supervisor_pull_without_queued_work_answers_no_offers(sup):
+def test_gateway_pull_without_queued_work_answers_no_offers(sup):
     sup.register()
     sup.peer.send(pull := sup.pull_message())
     assert sup.peer.recv() == sup.no_offers(pull.pull_id)
 
 
-def test_supervisor_pull_offers_the_queued_run_and_a_repeated_pull_gets_the_same_offer(sup):
+def test_gateway_pull_offers_the_queued_run_and_a_repeated_pull_gets_the_same_offer(sup):
     sup.register()
     sup.repo.tasks.add(spec("job", ["/bin/sh", "-c", "echo hi; exit 4"], cwd="/tmp", env={"A": "1"},
                             timeout_ms=60_000, stop_grace_ms=2_000))
@@ -256,7 +259,7 @@ def test_supervisor_pull_offers_the_queued_run_and_a_repeated_pull_gets_the_same
     assert db_state(sup.repo, run_id) == before  # no second lease, nothing changed
 
 
-def test_supervisor_a_pull_of_several_pairs_gets_one_offer_per_pair_in_one_answer(sup):
+def test_gateway_a_pull_of_several_pairs_gets_one_offer_per_pair_in_one_answer(sup):
     sup.register()
     for i in range(3):
         sup.repo.tasks.add(spec(f"job{i}"))
@@ -278,7 +281,7 @@ def test_supervisor_a_pull_of_several_pairs_gets_one_offer_per_pair_in_one_answe
     assert rest.offers[0].offer_id == pull.offers[0].offer_id
 
 
-def test_supervisor_activate_answers_activated_with_the_deadline(sup):
+def test_gateway_activate_answers_activated_with_the_deadline(sup):
     sup.register()
     t0 = now_ms()
     offer, lease_token, token, activated = sup.activated(timeout_ms=60_000)
@@ -292,7 +295,7 @@ def test_supervisor_activate_answers_activated_with_the_deadline(sup):
         "starting", token_hash(token), activated.deadline_at_ms, "ab/attempt.log")
 
 
-def test_supervisor_activate_without_timeout_has_no_deadline(sup):
+def test_gateway_activate_without_timeout_has_no_deadline(sup):
     sup.register()
     _, _, _, activated = sup.activated()
     assert activated.deadline_at_ms is None
@@ -305,7 +308,7 @@ def test_supervisor_activate_without_timeout_has_no_deadline(sup):
     {"lease_version": 5},
     {"offer_id": "another-offer"},
 ], ids=["lease_token", "session_generation", "lease_generation", "lease_version", "offer_id"])
-def test_supervisor_fenced_activate_is_acked_fenced_and_changes_nothing(sup, wrong):
+def test_gateway_fenced_activate_is_acked_fenced_and_changes_nothing(sup, wrong):
     sup.register()
     offer, lease_token = sup.offered()
     before = db_state(sup.repo, offer.run_id)
@@ -322,7 +325,7 @@ def test_supervisor_fenced_activate_is_acked_fenced_and_changes_nothing(sup, wro
     sup.peer.expect(m.Activated)
 
 
-def test_supervisor_activate_after_a_cancel_is_refused(sup):
+def test_gateway_activate_after_a_cancel_is_refused(sup):
     sup.register()
     offer, lease_token = sup.offered()
     sup.repo.runs.cancel(offer.run_id)
@@ -335,7 +338,7 @@ def test_supervisor_activate_after_a_cancel_is_refused(sup):
     assert sup.repo.runs.get(offer.run_id).state == "cancelled"
 
 
-def test_supervisor_started_is_applied_once_and_a_repeat_is_applied_again_without_an_event(sup):
+def test_gateway_started_is_applied_once_and_a_repeat_is_applied_again_without_an_event(sup):
     sup.register()
     offer, lease_token, _, activated = sup.activated()
     ack = sup.started(offer, lease_token, activated)
@@ -355,7 +358,7 @@ def test_supervisor_started_is_applied_once_and_a_repeat_is_applied_again_withou
     assert db_state(sup.repo, offer.run_id) == before
 
 
-def test_supervisor_fenced_started_changes_nothing(sup):
+def test_gateway_fenced_started_changes_nothing(sup):
     sup.register()
     offer, lease_token, _, activated = sup.activated()
     before = db_state(sup.repo, offer.run_id)
@@ -367,7 +370,7 @@ def test_supervisor_fenced_started_changes_nothing(sup):
 
 
 @pytest.mark.parametrize(("exit_code", "state"), [(0, "succeeded"), (3, "failed")])
-def test_supervisor_completed_with_the_callback_token_ends_the_run_by_exit_code(sup, exit_code, state):
+def test_gateway_completed_with_the_callback_token_ends_the_run_by_exit_code(sup, exit_code, state):
     sup.register()
     offer, lease_token, token, activated = sup.activated()
     sup.started(offer, lease_token, activated)
@@ -395,7 +398,7 @@ def test_supervisor_completed_with_the_callback_token_ends_the_run_by_exit_code(
     assert db_state(sup.repo, offer.run_id) == before
 
 
-def test_supervisor_completed_before_started_still_lands(sup):
+def test_gateway_completed_before_started_still_lands(sup):
     """A fast job's receipt may beat its Started report (SEMANTICS.md §2: `starting` may end directly)."""
     sup.register()
     offer, lease_token, token, activated = sup.activated()
@@ -406,7 +409,7 @@ def test_supervisor_completed_before_started_still_lands(sup):
     assert sup.repo.runs.get(offer.run_id).state == "succeeded"
 
 
-def test_supervisor_completed_with_an_invalid_receipt_is_refused(sup):
+def test_gateway_completed_with_an_invalid_receipt_is_refused(sup):
     sup.register()
     offer, _, token, _ = sup.activated()
     ack = sup.completed(offer, token, 300)  # exit codes are 0..255
@@ -438,7 +441,7 @@ MALFORMED = {
 
 
 @pytest.mark.parametrize("frames", list(MALFORMED.values()), ids=list(MALFORMED))
-def test_supervisor_a_malformed_frame_is_refused_and_the_supervisor_keeps_answering(sup, frames):
+def test_gateway_a_malformed_frame_is_refused_and_the_supervisor_keeps_answering(sup, frames):
     sup.peer.send_frames(frames)
     ack = sup.peer.expect(m.Ack)
     assert (ack.of, ack.run_id, ack.attempt_id, ack.result) == ("unknown", "", "", "refused")
@@ -449,7 +452,7 @@ def test_supervisor_a_malformed_frame_is_refused_and_the_supervisor_keeps_answer
     assert sup.alive()
 
 
-def test_supervisor_a_peer_on_another_protocol_version_is_refused_naming_both_versions(sup):
+def test_gateway_a_peer_on_another_protocol_version_is_refused_naming_both_versions(sup):
     # A protocol 1 peer: its Register (without the fields of version 2) is judged by the header.
     sup.peer.send_frames([b"QLACTORS/1", _body(kind="register", worker_id="local", capacity=1, boot_id="b")])
     frames = sup.peer.recv_frames()
@@ -466,7 +469,7 @@ def test_supervisor_a_peer_on_another_protocol_version_is_refused_naming_both_ve
     sup.register()
 
 
-def test_supervisor_a_control_side_message_from_a_peer_is_ignored(sup):
+def test_gateway_a_control_side_message_from_a_peer_is_ignored(sup):
     """An executor-bound kind (here Welcome) sent to the control side has no handler: no crash."""
     sup.peer.send(welcome_message(sup.session, session_id="s"))
     sup.peer.quiet()
@@ -486,7 +489,7 @@ def attest_message(welcome: m.Welcome, fact: str, stopped_by: str | None = None,
 
 @pytest.mark.parametrize(("fact", "stopped_by"), [("ended", "exit"), ("stopped", "term"),
                                                   ("never_launched", None), ("ended_with_receipt", "exit")])
-def test_supervisor_conclusive_attest_reaches_recovery_and_ticks_the_scheduler(sup, fact, stopped_by):
+def test_gateway_conclusive_attest_reaches_recovery_and_ticks_the_scheduler(sup, fact, stopped_by):
     welcome = sup.register()
     sup.peer.send(attest_message(welcome, fact, stopped_by))
     [ended] = sup.h.inbox.wait("recovery", AttemptEnded)
@@ -496,7 +499,7 @@ def test_supervisor_conclusive_attest_reaches_recovery_and_ticks_the_scheduler(s
 
 
 @pytest.mark.parametrize("fact", ["running", "launch_unknown"])
-def test_supervisor_inconclusive_attest_does_not_reach_recovery(sup, fact):
+def test_gateway_inconclusive_attest_does_not_reach_recovery(sup, fact):
     welcome = sup.register()
     sup.peer.send(attest_message(welcome, fact))
     attested = sup.peer.expect(m.Attested)
@@ -505,7 +508,7 @@ def test_supervisor_inconclusive_attest_does_not_reach_recovery(sup, fact):
     assert sup.alive()
 
 
-def test_supervisor_pull_from_a_superseded_session_is_fenced(sup):
+def test_gateway_pull_from_a_superseded_session_is_fenced(sup):
     sup.register()
     sup.repo.tasks.add(spec())
     run_id = sup.repo.runs.request("job").run.id
@@ -521,7 +524,7 @@ def test_supervisor_cycle_done_sends_stops_and_nudges_to_the_registered_peer(sup
     sup.register()
     order = StopOrder(run_id="r1", attempt_id="a1", reason="user", grace_ms=1500, boot_id=None, pid=None,
                       pgid=None, start_ticks=None, attempt_status="running")
-    sup.ref.tell(CycleDone(ok=True, stops=(order,), work_waiting=True))
+    sup.supervisor.tell(CycleDone(ok=True, stops=(order,), work_waiting=True))
     assert sup.peer.expect(m.StopRequested) == m.StopRequested(run_id="r1", attempt_id="a1", reason="user",
                                                               grace_ms=1500)
     sup.peer.expect(m.Nudge)
@@ -533,7 +536,7 @@ def test_supervisor_schedules_the_next_cycle_at_the_tick_or_the_idle_tick(sup, i
 
     runtime = sup.h.ctx.config.runtime
     sup.register()
-    sup.ref.tell(CycleDone(ok=True, idle=idle))
+    sup.supervisor.tell(CycleDone(ok=True, idle=idle))
     sup.register()  # answered: the CycleDone before it was handled
     wait_s = sup.h.ctx.bridge.timer_due("cadence") - _time.monotonic()
     expected = (runtime.idle_tick_ms if idle else runtime.cadence_tick_ms) / 1000
@@ -598,7 +601,7 @@ def _answer_or_death(rig: SupervisorRig, timeout: float = WAIT_S) -> Any:
 
 
 @pytest.mark.parametrize("send", list(PEER_KILLS_SUPERVISOR.values()), ids=list(PEER_KILLS_SUPERVISOR))
-def test_supervisor_a_wire_valid_report_the_store_rejects_is_refused_not_fatal(sup, send):
+def test_gateway_a_wire_valid_report_the_store_rejects_is_refused_not_fatal(sup, send):
     sup.register()
     send(sup)
     answer = _answer_or_death(sup)
@@ -608,7 +611,7 @@ def test_supervisor_a_wire_valid_report_the_store_rejects_is_refused_not_fatal(s
         assert answer.result in ("refused", "fenced")
 
 
-def test_supervisor_refused_or_fenced_reports_change_nothing_about_their_attempt(sup):
+def test_gateway_refused_or_fenced_reports_change_nothing_about_their_attempt(sup):
     """Issue 9 §1: a report the store refuses (a ValueError inside its transaction) or fences
     leaves the attempt, its run, its lease and its events exactly as they were."""
     sup.register()
@@ -631,7 +634,7 @@ def test_supervisor_refused_or_fenced_reports_change_nothing_about_their_attempt
     assert sup.alive()
 
 
-def test_supervisor_answers_a_pull_past_a_run_no_offer_can_carry(sup):
+def test_gateway_answers_a_pull_past_a_run_no_offer_can_carry(sup):
     """Issue 9 §1: the pull gets the good run's offer; the planted one ends OFFER_UNENCODABLE."""
     from sqlalchemy import select
 
@@ -655,7 +658,7 @@ def test_supervisor_answers_a_pull_past_a_run_no_offer_can_carry(sup):
     assert leases(sup.repo, bad) == [] and sup.alive()
 
 
-def test_supervisor_pull_with_no_free_slot_is_answered_with_no_offers(sup):
+def test_gateway_pull_with_no_free_slot_is_answered_with_no_offers(sup):
     sup.register()
     sup.repo.tasks.add(spec())
     run_id = sup.repo.runs.request("job").run.id
@@ -664,7 +667,7 @@ def test_supervisor_pull_with_no_free_slot_is_answered_with_no_offers(sup):
     assert leases(sup.repo, run_id) == []
 
 
-def test_supervisor_offers_nothing_before_admission_opens(sup):
+def test_gateway_offers_nothing_before_admission_opens(sup):
     sup.register()
     sup.h.ctx.admitting.clear()
     sup.repo.tasks.add(spec())
@@ -674,7 +677,7 @@ def test_supervisor_offers_nothing_before_admission_opens(sup):
     assert sup.repo.runs.get(run_id).state == "queued"
 
 
-def test_supervisor_answers_attest_with_attested(sup):
+def test_gateway_answers_attest_with_attested(sup):
     welcome = sup.register()
     sup.peer.send(attest_message(welcome, "ended", "exit"))
     attested = sup.peer.expect(m.Attested, timeout=1.0)
@@ -682,7 +685,7 @@ def test_supervisor_answers_attest_with_attested(sup):
     assert attested.offer_id is None  # nothing re-bound on edge
 
 
-def test_supervisor_attest_of_a_stale_session_is_fenced_and_reaches_nobody(sup):
+def test_gateway_attest_of_a_stale_session_is_fenced_and_reaches_nobody(sup):
     welcome = sup.register()
     sup.peer.send(attest_message(welcome, "ended", "exit", session_generation=welcome.session_generation + 5))
     attested = sup.peer.expect(m.Attested, timeout=1.0)
@@ -698,7 +701,7 @@ def _heartbeat(s: Any, seq: int, renewals: list[m.LeaseRef], **kw: Any) -> m.Hea
     return m.Heartbeat(**fields)
 
 
-def test_supervisor_heartbeat_of_a_stale_session_is_answered_session_ended(sup):
+def test_gateway_heartbeat_of_a_stale_session_is_answered_session_ended(sup):
     sup.register()
     s = sup.session
     sup.peer.send(_heartbeat(s, 7, [], session_generation=s.generation + 5))
@@ -707,7 +710,7 @@ def test_supervisor_heartbeat_of_a_stale_session_is_answered_session_ended(sup):
     assert ack.detail
 
 
-def test_supervisor_heartbeat_of_the_session_is_answered_with_its_renewals(sup):
+def test_gateway_heartbeat_of_the_session_is_answered_with_its_renewals(sup):
     sup.register()
     offer, lease_token = sup.offered()
     ref = m.LeaseRef(run_id=offer.run_id, attempt_id=offer.attempt_id, offer_id=offer.offer_id,
@@ -722,7 +725,7 @@ def test_supervisor_heartbeat_of_the_session_is_answered_with_its_renewals(sup):
     assert db_state(sup.repo, offer.run_id) == before  # edge leases do not expire: nothing written
 
 
-def test_supervisor_decline_releases_the_lease_and_the_attempt_is_offered_again(sup):
+def test_gateway_decline_releases_the_lease_and_the_attempt_is_offered_again(sup):
     sup.register()
     offer, lease_token = sup.offered()
     sup.peer.send(m.Decline(**sup.fence(offer, lease_token), reason="draining"))
@@ -789,7 +792,7 @@ class ExecutorRig:
         self.peer.send(offers_message(pull, *offers))
 
     def activate(self, act: m.Activate) -> m.Activated:
-        result = self.ctx.dispatch.activate(fence_of(act), act.callback_token_hash, act.log_artifact_id)
+        result = self.ctx.dispatch.activate(fence_of(act, act.worker_id), act.callback_token_hash, act.log_artifact_id)
         assert result.result == "applied", result
         activated = m.Activated(run_id=act.run_id, attempt_id=act.attempt_id, offer_id=act.offer_id,
                                 lease_version=result.lease_version, deadline_at_ms=result.deadline_at_ms)
@@ -797,7 +800,7 @@ class ExecutorRig:
         return activated
 
     def ack_started(self, started: m.Started) -> None:
-        outcome = self.ctx.dispatch.started(fence_of(started), started.boot_id, started.pid, started.pgid,
+        outcome = self.ctx.dispatch.started(fence_of(started, started.worker_id), started.boot_id, started.pid, started.pgid,
                                             started.start_ticks)
         assert outcome.result == "applied", outcome
         self.peer.send(ack_message("started", started.run_id, started.attempt_id, "applied",
