@@ -124,13 +124,16 @@ def test_times_are_clamped_to_committed_ones(repo, dispatch, session, service):
     assert attempt["finished_at_ms"] <= attempt["updated_at_ms"]  # never after the commit's now
 
 
-def test_receipt_before_started_completes_and_started_is_then_already_terminal(repo, dispatch, session, service):
+def test_receipt_before_started_completes_and_started_is_then_fenced(repo, dispatch, session, service):
     flight = launch(repo, dispatch, session, started=False)
     out = service.complete(flight.run_id, flight.attempt_id, receipt(flight, 0, started_at_ms=0, finished_at_ms=0))
     assert (out.result, out.run_state) == ("applied", "succeeded")
     run, attempt, _, _ = rows(repo, flight)
     assert attempt["started_at_ms"] == attempt["created_at_ms"] == run["started_at_ms"]
-    assert dispatch.started(flight.fence, "boot", 100, 100, 5).result == "already_terminal"
+    # the lease completed with the attempt: the late Started is fenced (SEMANTICS.md §9), no change
+    before = rows(repo, flight)
+    assert dispatch.started(flight.fence, "boot", 100, 100, 5).detail == "attempt_succeeded"
+    assert rows(repo, flight) == before
 
 
 def test_wrong_token_is_refused_and_changes_nothing(repo, dispatch, session, service):
