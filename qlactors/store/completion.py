@@ -20,7 +20,6 @@ from .engine import Store
 from .plans import (
     apply_plan,
     attempt_snapshot,
-    current_attempt,
     end_lease,
     load_attempt,
     load_run,
@@ -45,8 +44,7 @@ class CompletionOutcome:
     result: str
     reason: str | None = None
     """Why a receipt was refused: unknown_run, unknown_attempt, wrong_run, wrong_executor,
-    wrong_worker, receipt_mismatch, no_token, bad_token, wrong_sequence, attempt_<status>; why it
-    is already_terminal: None, or `superseded` (a later attempt of the run exists)."""
+    wrong_worker, receipt_mismatch, no_token, bad_token, wrong_sequence, attempt_<status>."""
     run_state: str | None = None
 
 
@@ -65,12 +63,14 @@ class CompletionService:
         attempt's worker when `worker_id` (the authenticated worker id of a cluster Completed) is
         given, that the receipt names this run and attempt, and the token against the stored hash
         in constant time. Then an attempt already terminal with this callback sequence, a
-        terminal run, a `lost` attempt or one superseded by a later attempt of its run replays
-        as `already_terminal` with no event; otherwise the sequence must be the stored one + 1.
-        The lease, if still `leased`, becomes `completed` in the same transaction, and
-        `final_log_offset` (the cluster log's end, SEMANTICS.md §13) is recorded when given. The committed cancel intent and the deadline decide before the exit
-        code (`plan_completion`): a `timeout` intent yields `timed_out` unless the receipt's own
-        `finishedAtMs` is at or before `deadline_at_ms`.
+        terminal run or a `lost` attempt replays as `already_terminal` with no event (an attempt
+        superseded by a later one of its run is always one of these: the schema keeps at most
+        one active attempt per run, and a retry starts only after its predecessor is `lost`);
+        otherwise the sequence must be the stored one + 1. The lease, if still `leased`, becomes
+        `completed` in the same transaction, and `final_log_offset` (the cluster log's end,
+        SEMANTICS.md §13) is recorded when given. The committed cancel intent and the deadline
+        decide before the exit code (`plan_completion`): a `timeout` intent yields `timed_out`
+        unless the receipt's own `finishedAtMs` is at or before `deadline_at_ms`.
 
         Times are clamped, never refused: the attempt keeps its committed `started_at_ms` (the
         receipt's, kept between the attempt's creation and now, only when none was committed,
@@ -116,8 +116,6 @@ class CompletionService:
             if ((a_status.terminal and attempt.callback_sequence == receipt.callback_sequence)
                     or r_status.terminal or a_status is AttemptStatus.LOST):
                 return CompletionOutcome(ALREADY_TERMINAL, None, run.status)
-            if current_attempt(conn, run.id).id != attempt.id:
-                return CompletionOutcome(ALREADY_TERMINAL, "superseded", run.status)
             if receipt.callback_sequence != attempt.callback_sequence + 1:
                 return CompletionOutcome(REFUSED, "wrong_sequence", run.status)
             if a_status not in (AttemptStatus.STARTING, AttemptStatus.RUNNING):

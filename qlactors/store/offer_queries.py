@@ -38,8 +38,9 @@ def labels_param(labels_json: str | None) -> str:
 
 
 @lru_cache(maxsize=64)
-def candidates(dialect: str, kind: str, *, labelled: bool, locked: bool, skipping: bool):
-    """Runs of one kind, oldest first, at most `:limit`, of the tasks in `:tasks` (when `locked`).
+def candidates(dialect: str, kind: str, *, labelled: bool, locked: bool, skipping: bool,
+               restricted: bool = False):
+    """Runs of one kind, oldest first, at most `:limit`; of the tasks in `:tasks` when `restricted`.
 
     `queued`, or `dispatching` with no live lease (a declined claim, offered again); no cancel
     intent; the not-before time reached at `:now`; the task below its pinned `max_concurrent`
@@ -74,8 +75,9 @@ def candidates(dialect: str, kind: str, *, labelled: bool, locked: bool, skippin
     if kind == _R.DISPATCHING.value:
         query = query.where(~exists().where(and_(run_dispatch_leases.c.attempt_id == claimed,
                                                  run_dispatch_leases.c.status == _L.LEASED.value)))
-    if locked:
+    if restricted:
         query = query.where(runs.c.task_id.in_(bindparam("tasks", expanding=True)))
+    if locked:
         query = query.with_for_update(skip_locked=True, of=runs)
     if skipping:
         query = query.where(and_(runs.c.id.not_in(bindparam("skip_runs", expanding=True)),
@@ -94,11 +96,15 @@ def candidate_tasks(conn: Connection, dialect: str, labels: str, now: int, limit
 
 
 def claim_candidates(conn: Connection, dialect: str, kind: str, *, labels: str, now: int, limit: int,
-                     tasks: Sequence[str], skip_runs: Sequence[str], skip_tasks: Sequence[str]) -> list:
-    """Up to `limit` candidate runs of `kind` among `tasks`, locked (PostgreSQL, SKIP LOCKED)."""
+                     tasks: Sequence[str] | None, skip_runs: Sequence[str], skip_tasks: Sequence[str]) -> list:
+    """Up to `limit` candidate runs of `kind` (among `tasks` unless None), locked (PostgreSQL:
+    SKIP LOCKED)."""
     skipping = bool(skip_runs or skip_tasks)
-    query = candidates(dialect, kind, labelled=labels != NO_LABELS, locked=True, skipping=skipping)
-    params = {"now": now, "limit": limit, "labels": labels, "tasks": list(tasks)}
+    query = candidates(dialect, kind, labelled=labels != NO_LABELS, locked=True, skipping=skipping,
+                       restricted=tasks is not None)
+    params = {"now": now, "limit": limit, "labels": labels}
+    if tasks is not None:
+        params["tasks"] = list(tasks)
     if skipping:
         # NOT IN over an empty expanding list renders as always-true on both dialects.
         params.update(skip_runs=list(skip_runs), skip_tasks=list(skip_tasks))

@@ -7,6 +7,7 @@ advisory locks (`task:<id>`) taken in task-id order, then the session row (capac
 under it, so one session never oversells), then the candidate runs (`FOR UPDATE SKIP LOCKED`,
 so concurrent pulls never wait on each other's rows). A fenced report takes `attempt:<id>`,
 then `task:<id>`, then the session row: the same order, so the two never wait in a cycle.
+On SQLite (one writer, no advisory locks) the look-ahead is skipped and no task filter applies.
 The commit is not fsynced (`durable=False`): an offer lost in a power failure is offered again.
 """
 
@@ -152,15 +153,15 @@ class _Batch:
     def run(self) -> list[OfferView]:
         conn, store = self.conn, self.store
         now = store.now_ms(conn)
-        session = conn.execute(SESSION, {"session_id": self.session_id}).first()  # its labels
-        self._fenced(session, now)
-        labels = labels_param(session.labels_json)
         existing = {r.offer_id: r for r in conn.execute(
             _LEASES_BY_OFFER, {"offer_ids": [o for o, _ in self.pairs]})}
         fresh = [(o, h) for o, h in self.pairs if o not in existing]
-        tasks: list[str] = []
-        if fresh:
-            tasks = candidate_tasks(conn, store.dialect_name, labels, now, _TASK_LOOKAHEAD * len(fresh) + 8)
+        tasks: list[str] | None = None  # None: no task filter (SQLite has one writer: no locks)
+        if fresh and store.is_postgres:
+            early = conn.execute(SESSION, {"session_id": self.session_id}).first()  # for its labels
+            self._fenced(early, now)
+            tasks = candidate_tasks(conn, store.dialect_name, labels_param(early.labels_json), now,
+                                    _TASK_LOOKAHEAD * len(fresh) + 8)
             for task_id in tasks:  # in task-id order, before any row lock
                 store.advisory_lock(conn, f"task:{task_id}")
         session = conn.execute(SESSION_LOCKED, {"session_id": self.session_id}).first()
@@ -172,8 +173,8 @@ class _Batch:
                 if view is not None:
                     self.offers[offer_id] = view
         free = session.capacity - conn.execute(LEASED_COUNT, {"session_id": self.session_id}).scalar_one()
-        if fresh and tasks and free > 0:
-            self._claim_fresh(session, fresh[:free], labels, tasks, now)
+        if fresh and tasks != [] and free > 0:
+            self._claim_fresh(session, fresh[:free], labels_param(session.labels_json), tasks, now)
         return [self.offers[o] for o, _ in self.pairs if o in self.offers]
 
     def _claim_fresh(self, session, fresh, labels, tasks, now) -> None:
