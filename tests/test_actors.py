@@ -243,9 +243,8 @@ def test_supervisor_activate_without_timeout_has_no_deadline(sup):
     {"lease_token": "not-the-token-of-this-lease-xxxxxxxxxxxxxxxxxx"},
     {"session_generation": 2},
     {"lease_generation": 7},
-    {"lease_version": 5},
     {"offer_id": "another-offer"},
-], ids=["lease_token", "session_generation", "lease_generation", "lease_version", "offer_id"])
+], ids=["lease_token", "session_generation", "lease_generation", "offer_id"])
 def test_supervisor_fenced_activate_is_acked_fenced_and_changes_nothing(sup, wrong):
     sup.register()
     offer, lease_token = sup.offered()
@@ -263,7 +262,7 @@ def test_supervisor_fenced_activate_is_acked_fenced_and_changes_nothing(sup, wro
     sup.peer.expect(m.Activated)
 
 
-def test_supervisor_activate_after_a_cancel_is_refused(sup):
+def test_supervisor_activate_after_a_cancel_is_fenced(sup):
     sup.register()
     offer, lease_token = sup.offered()
     sup.repo.runs.cancel(offer.run_id)
@@ -271,7 +270,7 @@ def test_supervisor_activate_after_a_cancel_is_refused(sup):
     sup.peer.send(m.Activate(**sup.fence(offer, lease_token), callback_token_hash=token_hash(new_token()),
                              log_artifact_id="ab/x.log"))
     ack = sup.peer.expect(m.Ack)
-    assert (ack.of, ack.result, ack.detail) == ("activate", "refused", "attempt_cancelled")
+    assert (ack.of, ack.result, ack.detail) == ("activate", "fenced", "attempt_cancelled")
     assert db_state(sup.repo, offer.run_id) == before
     assert sup.repo.runs.get(offer.run_id).state == "cancelled"
 
@@ -343,7 +342,7 @@ def test_supervisor_completed_before_started_still_lands(sup):
     ack = sup.completed(offer, token, 0)
     assert ack.result == "applied"
     late = sup.started(offer, lease_token, activated)
-    assert late.result == "already_terminal"
+    assert (late.result, late.detail) == ("fenced", "attempt_succeeded")  # its lease completed
     assert sup.repo.runs.get(offer.run_id).state == "succeeded"
 
 
@@ -550,8 +549,8 @@ def test_supervisor_refused_or_fenced_reports_change_nothing_about_their_attempt
     fence = sup.fence(offer, lease_token, lease_version=activated.lease_version)
     reports = [
         m.Started(**fence, boot_id=BOOT_ID, pid=0, pgid=0, start_ticks=1),  # refused: pid 0
-        m.Started(**{**fence, "lease_version": activated.lease_version + 7}, boot_id=BOOT_ID, pid=9,
-                  pgid=9, start_ticks=1),  # fenced: a version never granted
+        m.Started(**{**fence, "session_generation": 2}, boot_id=BOOT_ID, pid=9,
+                  pgid=9, start_ticks=1),  # fenced: a generation never registered
         m.StartFailed(**{**fence, "offer_id": "another-offer"}, reason="spawn failed"),  # fenced
         m.Activate(**{**fence, "lease_token": new_token()}, callback_token_hash="ab" * 32,
                    log_artifact_id="x"),  # fenced: another lease token
