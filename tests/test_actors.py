@@ -305,9 +305,8 @@ def test_gateway_activate_without_timeout_has_no_deadline(sup):
     {"lease_token": "not-the-token-of-this-lease-xxxxxxxxxxxxxxxxxx"},
     {"session_generation": 2},
     {"lease_generation": 7},
-    {"lease_version": 5},
     {"offer_id": "another-offer"},
-], ids=["lease_token", "session_generation", "lease_generation", "lease_version", "offer_id"])
+], ids=["lease_token", "session_generation", "lease_generation", "offer_id"])
 def test_gateway_fenced_activate_is_acked_fenced_and_changes_nothing(sup, wrong):
     sup.register()
     offer, lease_token = sup.offered()
@@ -325,7 +324,7 @@ def test_gateway_fenced_activate_is_acked_fenced_and_changes_nothing(sup, wrong)
     sup.peer.expect(m.Activated)
 
 
-def test_gateway_activate_after_a_cancel_is_refused(sup):
+def test_gateway_activate_after_a_cancel_is_fenced(sup):
     sup.register()
     offer, lease_token = sup.offered()
     sup.repo.runs.cancel(offer.run_id)
@@ -333,7 +332,7 @@ def test_gateway_activate_after_a_cancel_is_refused(sup):
     sup.peer.send(m.Activate(**sup.fence(offer, lease_token), callback_token_hash=token_hash(new_token()),
                              log_artifact_id="ab/x.log"))
     ack = sup.peer.expect(m.Ack)
-    assert (ack.of, ack.result, ack.detail) == ("activate", "refused", "attempt_cancelled")
+    assert (ack.of, ack.result, ack.detail) == ("activate", "fenced", "attempt_cancelled")
     assert db_state(sup.repo, offer.run_id) == before
     assert sup.repo.runs.get(offer.run_id).state == "cancelled"
 
@@ -405,7 +404,7 @@ def test_gateway_completed_before_started_still_lands(sup):
     ack = sup.completed(offer, token, 0)
     assert ack.result == "applied"
     late = sup.started(offer, lease_token, activated)
-    assert late.result == "already_terminal"
+    assert (late.result, late.detail) == ("fenced", "attempt_succeeded")  # its lease completed
     assert sup.repo.runs.get(offer.run_id).state == "succeeded"
 
 
@@ -537,7 +536,7 @@ def test_supervisor_schedules_the_next_cycle_at_the_tick_or_the_idle_tick(sup, i
     runtime = sup.h.ctx.config.runtime
     sup.register()
     sup.supervisor.tell(CycleDone(ok=True, idle=idle))
-    sup.register()  # answered: the CycleDone before it was handled
+    sup.supervisor.ask(Tick("barrier"), timeout=WAIT_S)  # answered: the CycleDone before it was handled
     wait_s = sup.h.ctx.bridge.timer_due("cadence") - _time.monotonic()
     expected = (runtime.idle_tick_ms if idle else runtime.cadence_tick_ms) / 1000
     assert expected - 1.0 < wait_s <= expected + 0.1
@@ -620,8 +619,8 @@ def test_gateway_refused_or_fenced_reports_change_nothing_about_their_attempt(su
     fence = sup.fence(offer, lease_token, lease_version=activated.lease_version)
     reports = [
         m.Started(**fence, boot_id=BOOT_ID, pid=0, pgid=0, start_ticks=1),  # refused: pid 0
-        m.Started(**{**fence, "lease_version": activated.lease_version + 7}, boot_id=BOOT_ID, pid=9,
-                  pgid=9, start_ticks=1),  # fenced: a version never granted
+        m.Started(**{**fence, "session_generation": 2}, boot_id=BOOT_ID, pid=9,
+                  pgid=9, start_ticks=1),  # fenced: a generation never registered
         m.StartFailed(**{**fence, "offer_id": "another-offer"}, reason="spawn failed"),  # fenced
         m.Activate(**{**fence, "lease_token": new_token()}, callback_token_hash="ab" * 32,
                    log_artifact_id="x"),  # fenced: another lease token
@@ -741,12 +740,12 @@ def test_gateway_decline_releases_the_lease_and_the_attempt_is_offered_again(sup
     [second] = again.offers
     assert (second.attempt_id, second.offer_id) == (offer.attempt_id, offer_id)
     assert second.lease_generation == offer.lease_generation + 1
-    # A repeat of the Decline (its lease already ended) is applied again and changes nothing:
+    # A repeat of the Decline quotes a lease that has ended: fenced (§9), and nothing changes:
     # the new lease stays.
     before = db_state(sup.repo, offer.run_id)
     sup.peer.send(m.Decline(**sup.fence(offer, lease_token), reason="draining"))
     repeat = sup.peer.expect(m.Ack)
-    assert (repeat.result, repeat.detail) == ("applied", "lease_already_ended")
+    assert (repeat.result, repeat.detail) == ("fenced", "lease_released")
     assert db_state(sup.repo, offer.run_id) == before
     assert [lease["status"] for lease in leases(sup.repo, offer.run_id)].count("leased") == 1
 
