@@ -6,6 +6,12 @@ bridge's outbox; the bridge forwards to the control ROUTER (control side) or the
 message kind. Timers and process-exit watches live here too, so the whole runtime has one poll
 loop and no timer thread of its own (SEMANTICS.md §10).
 
+On a cluster the control side's ROUTER binds tcp with CurveZMQ (`curve=`): every frame's
+authenticated `User-Id` is mapped through the allow-list cache on every message, and a bridge
+whose authenticator is not running refuses to serve. The worker side reaches its replicas
+through `control_links=` (links.py: one socket per replica, failover) instead of one DEALER.
+Socket options come from endpoints.py, per socket role.
+
 Targets are names (`Directory.named`), never raw actor refs: an actor the Supervisor restarted
 is reached under its name, and one that is down only costs a log line. Every delivery is
 guarded, and any end of the loop other than `close()` calls `on_exit` (the runtime's Fatal), so
@@ -25,8 +31,11 @@ from typing import Any, Callable, Protocol
 
 import zmq
 
+from ..errors import BadInput
 from ..faults import raise_point
-from . import codec
+from . import codec, endpoints
+from .curve import CurveServer, server_socket_options
+from .links import ReplicaLinks
 from .messages import Ack
 
 log = logging.getLogger("qlactors.bridge")
@@ -35,6 +44,7 @@ ROUTE_CONTROL = b"c"  # executor side -> control side
 ROUTE_PEER = b"p"  # control side -> one executor peer (next frame: its ROUTER identity)
 ROUTE_WAKE = b"w"  # only wakes the poll loop
 IDLE_POLL_MS = 60_000
+REFUSED_KEY = "unknown or revoked key"
 
 
 class Target(Protocol):
@@ -43,10 +53,15 @@ class Target(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Inbound:
-    """A decoded wire message and the peer it came from (ROUTER identity; b"" on the executor side)."""
+    """A decoded wire message and the peer it came from (ROUTER identity; b"" on the executor side).
+
+    `worker_id` is the worker the frame's authenticated CURVE key is bound to (allow-list), on a
+    CurveZMQ control side; None on inproc (edge) and on the executor side.
+    """
 
     peer: bytes
     message: Any
+    worker_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,16 +71,37 @@ class ProcessExited:
     key: str
 
 
+class AuthenticatorDown(RuntimeError):
+    """The CurveZMQ authenticator of a serving bridge is not running: the bridge stops serving."""
+
+
 class Bridge(threading.Thread):
-    """Owns the sockets; routes, decodes, times and watches. Start it, `ready()`, then `close()`."""
+    """Owns the sockets; routes, decodes, times and watches. Start it, `ready()`, then `close()`.
+
+    Control side: `control_bind` (inproc on edge; tcp needs `curve`). Executor side:
+    `control_connect` (one DEALER, inproc on edge) or `control_links` (a worker's replicas).
+    `heartbeat_ms` is the ZMTP heartbeat interval of a tcp ROUTER.
+    """
 
     def __init__(self, ctx: zmq.Context, *, control_bind: str | None = None,
-                 control_connect: str | None = None, nudge_bind: str | None = None) -> None:
+                 control_connect: str | None = None, nudge_bind: str | None = None,
+                 curve: CurveServer | None = None, control_links: ReplicaLinks | None = None,
+                 heartbeat_ms: int = endpoints.DEFAULT_HEARTBEAT_MS) -> None:
         super().__init__(name="qlactors-bridge", daemon=True)
         self.ctx = ctx
         self.outbox_endpoint = f"inproc://qlactors-outbox-{id(self):x}"
-        self._control_bind = control_bind
-        self._control_connect = control_connect
+        self._control_bind = None if control_bind is None else endpoints.parse_endpoint(control_bind)
+        self._control_connect = None if control_connect is None else endpoints.parse_endpoint(control_connect)
+        if self._control_connect is not None and control_links is not None:
+            raise BadInput("a bridge connects either one control endpoint or replica links, not both")
+        if self._control_bind is not None and self._control_bind.transport == "tcp" and curve is None:
+            raise BadInput(f"control_bind {control_bind}: tcp is served with CurveZMQ only (pass curve=)")
+        if self._control_connect is not None and self._control_connect.transport == "tcp":
+            raise BadInput(f"control_connect {control_connect}: tcp replicas are reached through "
+                           "control_links (CurveZMQ, one socket per replica)")
+        self._curve = curve
+        self._links = control_links
+        self._heartbeat = endpoints.ZmtpHeartbeat.every(heartbeat_ms)
         self._nudge_bind = nudge_bind
         self._control_target: Target | None = None  # who gets executor reports (Supervisor)
         self._executor_targets: dict[str, Target] = {}  # kind -> actor on the executor side
@@ -155,52 +191,63 @@ class Bridge(threading.Thread):
 
         def make(kind: int) -> zmq.Socket:
             sock = self.ctx.socket(kind)
-            sock.setsockopt(zmq.LINGER, 0)
             sockets.append(sock)
             return sock
 
+        links: list[zmq.Socket] = []
         try:
             outbox = make(zmq.PULL)
+            endpoints.local_socket(outbox)
             outbox.bind(self.outbox_endpoint)
             router = dealer = nudge = None
-            # MAXMSGSIZE: an oversized frame is dropped by libzmq before it is held in memory.
             if self._control_bind:
                 router = make(zmq.ROUTER)
-                router.setsockopt(zmq.MAXMSGSIZE, codec.MAX_FRAME_BYTES)
-                router.bind(self._control_bind)
+                security = ()
+                if self._curve is not None:
+                    self._check_authenticator()  # before bind: never serve unauthenticated
+                    security = server_socket_options(self._curve.secret_key)
+                endpoints.server_router(router, self._control_bind, heartbeat=self._heartbeat, security=security)
+                router.bind(self._control_bind.text)
             if self._control_connect:
                 dealer = make(zmq.DEALER)
-                dealer.setsockopt(zmq.MAXMSGSIZE, codec.MAX_FRAME_BYTES)
-                dealer.connect(self._control_connect)
+                endpoints.client_dealer(dealer, self._control_connect, heartbeat=self._heartbeat)
+                dealer.connect(self._control_connect.text)
+            if self._links is not None:
+                links = self._links.open()
             if self._nudge_bind:
                 nudge = make(zmq.PULL)
-                nudge.setsockopt(zmq.RCVHWM, 16)
-                nudge.setsockopt(zmq.MAXMSGSIZE, 64)
+                endpoints.nudge_pull(nudge)
                 nudge.bind(self._nudge_bind)
         except BaseException as err:  # report to ready() instead of dying silently
             self._failure = err
             self._ready.set()
             for sock in sockets:
                 sock.close(0)
+            if self._links is not None:
+                self._links.close()
             return
         self._ready.set()
         reason = "the bridge loop ended unexpectedly"
         try:
-            self._loop(outbox, router, dealer, nudge)
+            self._loop(outbox, router, dealer, nudge, links)
+        except AuthenticatorDown as err:
+            reason = f"the bridge stopped serving: {err}"
         except BaseException as err:
             reason = f"the bridge thread failed: {err!r}"
             log.exception("event=bridge_failed error=%r", err)
         finally:
             for sock in sockets:
                 sock.close(0)
+            if self._links is not None:
+                self._links.close()
             if not self._stopping.is_set():
                 log.error("event=bridge_stopped reason=%s", reason)
                 if self.on_exit is not None:
                     self.on_exit(f"{reason}; no socket, timer or process watch is served any more")
 
-    def _loop(self, outbox, router, dealer, nudge) -> None:
+    def _loop(self, outbox, router, dealer, nudge, links: list[zmq.Socket]) -> None:
         poller = zmq.Poller()
-        for sock in (outbox, router, dealer, nudge):
+        for sock in (outbox, router, dealer, nudge, *links):
             if sock is not None:
                 poller.register(sock, zmq.POLLIN)
         poller.register(self._wake_fd, zmq.POLLIN)
@@ -224,9 +271,17 @@ class Bridge(threading.Thread):
             if outbox in events:
                 self._drain(outbox, lambda frames: self._forward(frames, router, dealer))
             if router is not None and router in events:
-                self._drain(router, lambda frames: self._from_executor(frames, router))
+                if self._curve is not None:
+                    self._drain(router, lambda frames: self._from_worker(frames, router), copy=False)
+                else:
+                    self._drain(router, lambda frames: self._from_executor(frames, router))
             if dealer is not None and dealer in events:
                 self._drain(dealer, self._from_control)
+            for link in links:
+                if link in events:
+                    self._drain(link, lambda frames, link=link: self._from_replica(frames, link))
+            if self._links is not None:
+                self._links.expire()
             if nudge is not None and nudge in events:
                 raise_point("bridge_loop_on_nudge")
                 self._drain(nudge, self._from_nudge)
@@ -249,9 +304,12 @@ class Bridge(threading.Thread):
         with self._lock:
             while self._timers and self._timers[0][2] not in self._timer_jobs:
                 heapq.heappop(self._timers)
-            if not self._timers:
-                return IDLE_POLL_MS
-            when = self._timers[0][0]
+            when = self._timers[0][0] if self._timers else None
+        link_due = None if self._links is None else self._links.due()
+        if link_due is not None and (when is None or link_due < when):
+            when = link_due
+        if when is None:
+            return IDLE_POLL_MS
         return max(0, min(IDLE_POLL_MS, int((when - time.monotonic()) * 1000) + 1))
 
     def _fire_timers(self) -> None:
@@ -268,20 +326,24 @@ class Bridge(threading.Thread):
             self._deliver(target, message)
 
     @staticmethod
-    def _drain(sock: zmq.Socket, handle: Callable[[list[bytes]], None], limit: int = 256) -> None:
+    def _drain(sock: zmq.Socket, handle: Callable[[list], None], limit: int = 256, copy: bool = True) -> None:
         for _ in range(limit):
             try:
-                frames = sock.recv_multipart(zmq.NOBLOCK)
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=copy)
             except zmq.Again:
                 return
             try:
                 handle(frames)
+            except AuthenticatorDown:
+                raise
             except Exception as err:  # one frame we could not route never ends the loop
                 log.error("event=frame_dropped error=%r", err)
 
     def _forward(self, frames: list[bytes], router, dealer) -> None:
         route = frames[0] if frames else b""
-        if route == ROUTE_CONTROL and dealer is not None:
+        if route == ROUTE_CONTROL and self._links is not None:
+            self._links.send(frames[1:])
+        elif route == ROUTE_CONTROL and dealer is not None:
             dealer.send_multipart(frames[1:], zmq.NOBLOCK)
         elif route == ROUTE_PEER and router is not None and len(frames) > 2:
             try:
@@ -304,6 +366,49 @@ class Bridge(threading.Thread):
         message = self._decode(body, reply=refuse)
         if message is not None and self._control_target is not None:
             self._deliver(self._control_target, Inbound(peer, message))
+
+    def _check_authenticator(self) -> None:
+        if not self._curve.authenticator.is_alive():
+            log.error("event=curve_authenticator_down action=stop_serving")
+            raise AuthenticatorDown("the CurveZMQ authenticator is not running, so no peer can be "
+                                    "authenticated; restart the replica")
+
+    def _from_worker(self, frames: list[zmq.Frame], router) -> None:
+        """A frame on the CurveZMQ ROUTER: check the authenticator and the key, then decode."""
+        self._check_authenticator()
+        peer = frames[0].bytes
+        body = [frame.bytes for frame in frames[1:]]
+        key = _user_id(frames[-1])
+        worker_id = None if key is None else self._curve.allow_list.worker_for(key)
+
+        def refuse(ack: Ack) -> None:
+            try:
+                router.send_multipart([peer, *codec.encode(ack)], zmq.NOBLOCK)
+            except zmq.ZMQError as err:
+                log.warning("event=peer_send_failed error=%s", err)
+
+        if worker_id is None:  # never decode for a key the allow-list does not hold (any more)
+            self.rejected_frames += 1
+            log.warning("event=frame_refused reason=unknown_or_revoked_key key=%s", key)
+            refuse(Ack(of="unknown", run_id="", attempt_id="", result="refused", detail=REFUSED_KEY))
+            return
+        message = self._decode(body, reply=refuse)
+        if message is None:
+            return
+        claimed = getattr(message, "worker_id", "")
+        if claimed and claimed != worker_id:
+            self.rejected_frames += 1
+            log.warning("event=frame_refused reason=wrong_worker_id claimed=%s worker=%s", claimed, worker_id)
+            refuse(Ack(of=message.KIND, run_id=getattr(message, "run_id", ""),
+                       attempt_id=getattr(message, "attempt_id", ""), result="refused",
+                       detail=f"this key is bound to worker {worker_id!r}, not {claimed!r}"[:500]))
+            return
+        if self._control_target is not None:
+            self._deliver(self._control_target, Inbound(peer, message, worker_id))
+
+    def _from_replica(self, frames: list[bytes], link: zmq.Socket) -> None:
+        self._links.heard(link)
+        self._from_control(frames)
 
     def _from_control(self, frames: list[bytes]) -> None:
         message = self._decode(frames, reply=None)
@@ -333,12 +438,20 @@ class Bridge(threading.Thread):
             return None
 
 
+def _user_id(frame: zmq.Frame) -> str | None:
+    """The ZAP User-Id libzmq attached to a frame (the peer's Z85 key), or None when there is none."""
+    try:
+        return frame.get("User-Id") or None
+    except zmq.ZMQError:
+        return None
+
+
 class Outbox:
     """One actor's PUSH into the bridge (create it in `on_start`, close it in `_close`)."""
 
     def __init__(self, ctx: zmq.Context, endpoint: str) -> None:
         self._sock = ctx.socket(zmq.PUSH)
-        self._sock.setsockopt(zmq.LINGER, 0)
+        endpoints.local_socket(self._sock)
         self._sock.connect(endpoint)
 
     def to_control(self, message: Any) -> None:

@@ -1,0 +1,173 @@
+"""The worker side's transport: one CURVE DEALER per control replica, one replica per request, failover.
+
+Every request a worker sends is safe to repeat (SEMANTICS.md §9), so the rule is short and exact:
+
+- A request goes to the current replica only.
+- An answer is any frame from the current replica that arrives after the request was sent; it
+  answers every request sent before it. (Frames from the other replicas are delivered as well —
+  a late answer is still an answer — but they say nothing about the current one.)
+- When the oldest unanswered request has waited `request_timeout_s`, the link fails over: the
+  next replica (in the configured order, wrapping) becomes current and every unanswered request
+  is sent there again, in order, and waits `request_timeout_s` anew.
+- A request the current replica's socket will not take (no connection up: IMMEDIATE) fails over
+  at once, at most once around the ring per send; when no replica takes it, it stays unanswered
+  and the timeout moves on as above, so it is sent again when a replica comes back.
+
+`Failover` holds that rule without any socket (its clock is passed in); `ReplicaLinks` does the
+I/O. Both belong to the bridge thread; `current()` may be read from any thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from typing import Callable
+
+import zmq
+
+from ..errors import BadInput
+from . import curve, endpoints
+
+log = logging.getLogger("qlactors.links")
+
+# Unanswered requests kept for re-sending; past it the oldest is dropped (and logged): the
+# actors repeat what matters on their own cadence (heartbeats, pulls, receipts).
+MAX_UNANSWERED = 1024
+
+Frames = list[bytes]
+
+
+class Failover:
+    """Which replica is current, which requests it has not answered, and when to move on."""
+
+    def __init__(self, replicas: int, timeout_s: float, *, limit: int = MAX_UNANSWERED) -> None:
+        if replicas < 1:
+            raise BadInput("a worker needs at least one control endpoint")
+        if not timeout_s > 0:
+            raise BadInput(f"request_timeout_s must be positive, got {timeout_s}")
+        self.replicas = replicas
+        self.timeout_s = timeout_s
+        self.limit = limit
+        self.current = 0
+        self.unanswered: deque[Frames] = deque()
+        self.deadline: float | None = None  # when the oldest unanswered request times out
+        self.dropped = 0  # requests dropped past `limit`, for logs and tests
+
+    def sent(self, frames: Frames, now: float) -> None:
+        """A request left (or was meant to leave) for the current replica at `now`."""
+        self.unanswered.append(frames)
+        if len(self.unanswered) > self.limit:
+            self.unanswered.popleft()
+            self.dropped += 1
+        if self.deadline is None:
+            self.deadline = now + self.timeout_s
+
+    def heard(self, replica: int) -> bool:
+        """A frame came from `replica`; True when it answered the current one's requests."""
+        if replica != self.current:
+            return False
+        self.unanswered.clear()
+        self.deadline = None
+        return True
+
+    def expired(self, now: float) -> bool:
+        return self.deadline is not None and now >= self.deadline
+
+    def rotate(self, now: float) -> list[Frames]:
+        """Make the next replica current; the requests to send it again, oldest first."""
+        self.current = (self.current + 1) % self.replicas
+        self.deadline = now + self.timeout_s if self.unanswered else None
+        return list(self.unanswered)
+
+
+class ReplicaLinks:
+    """One DEALER per replica endpoint, opened and used by the bridge thread (`Bridge(control_links=)`)."""
+
+    def __init__(self, ctx: zmq.Context, endpoints_: list[str], *, server_public: bytes, public: bytes,
+                 secret: bytes, request_timeout_s: float, heartbeat_ms: int,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.ctx = ctx
+        self.endpoints = [endpoints.connectable(endpoints.parse_endpoint(e)) for e in endpoints_]
+        if not self.endpoints:
+            raise BadInput("a worker needs at least one control endpoint")
+        self._security = curve.client_socket_options(public, secret, server_public)
+        self._heartbeat = endpoints.ZmtpHeartbeat.every(heartbeat_ms)
+        self._failover = Failover(len(self.endpoints), request_timeout_s)
+        self._clock = clock
+        self._sockets: list[zmq.Socket] = []
+
+    # -- any thread -----------------------------------------------------------------------------
+
+    def current(self) -> str:
+        """The endpoint requests go to now (for status and logs)."""
+        return self.endpoints[self._failover.current].text
+
+    # -- bridge thread --------------------------------------------------------------------------
+
+    def open(self) -> list[zmq.Socket]:
+        """Create and connect one socket per replica; the bridge polls the list it returns."""
+        try:
+            for endpoint in self.endpoints:
+                sock = self.ctx.socket(zmq.DEALER)
+                self._sockets.append(sock)
+                endpoints.client_dealer(sock, endpoint, heartbeat=self._heartbeat, security=self._security)
+                sock.connect(endpoint.text)
+        except BaseException:
+            self.close()
+            raise
+        return list(self._sockets)
+
+    def close(self) -> None:
+        for sock in self._sockets:
+            sock.close(0)
+        self._sockets = []
+
+    def send(self, frames: Frames) -> None:
+        """Send a request to the current replica (failing over at once if its socket refuses it)."""
+        self._failover.sent(frames, self._clock())
+        if self._failover.dropped:
+            log.warning("event=link_unanswered_dropped count=%d (oldest unanswered requests dropped; "
+                        "the actors repeat what matters)", self._failover.dropped)
+            self._failover.dropped = 0
+        if not self._try_send([frames]):
+            self._fail_over("not connected")
+
+    def heard(self, sock: zmq.Socket) -> None:
+        """A frame came from `sock`: the current replica answered, or another one spoke."""
+        self._failover.heard(self._index(sock))
+
+    def due(self) -> float | None:
+        """When (clock time) the oldest unanswered request times out; None when all are answered."""
+        return self._failover.deadline
+
+    def expire(self) -> None:
+        """Fail over when the oldest unanswered request has waited `request_timeout_s`."""
+        if self._failover.expired(self._clock()):
+            self._fail_over("no answer in time")
+
+    def _fail_over(self, why: str) -> None:
+        """Move to the next replica that takes the unanswered requests, at most once around the ring."""
+        failed = self.current()
+        for _ in range(len(self.endpoints)):
+            frames = self._failover.rotate(self._clock())
+            log.warning("event=link_failover from=%s to=%s reason=%s resend=%d",
+                        failed, self.current(), why.replace(" ", "_"), len(frames))
+            if self._try_send(frames):
+                return
+            failed, why = self.current(), "not connected"
+
+    def _try_send(self, batch: list[Frames]) -> bool:
+        sock = self._sockets[self._failover.current]
+        try:
+            for frames in batch:
+                sock.send_multipart(frames, zmq.NOBLOCK)
+        except zmq.Again:
+            return False
+        return True
+
+    def _index(self, sock: zmq.Socket) -> int:
+        for i, mine in enumerate(self._sockets):
+            if mine is sock:
+                return i
+        raise ValueError("not a socket of these links")
