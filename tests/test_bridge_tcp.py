@@ -11,8 +11,8 @@ import zmq
 
 from qlactors.errors import BadInput
 from qlactors.wire import codec
-from qlactors.wire.bridge import REFUSED_KEY, Bridge, Inbound, Outbox
-from qlactors.wire.curve import AllowList, CurveServer, start_authenticator
+from qlactors.wire.bridge import Bridge, Inbound, Outbox
+from qlactors.wire.curve import REFUSED_KEY, AllowList, CurveServer, start_authenticator
 from qlactors.wire.messages import Ack, Nudge, Register
 from wire_harness import WAIT_S, Collected, CurveClient, KeyPair, heartbeat, tcp_endpoint
 
@@ -88,7 +88,7 @@ def test_a_message_that_names_no_worker_id_yet_is_delivered_under_the_keys_id(co
 def test_an_unknown_key_cannot_connect_and_nothing_it_sends_is_delivered(control, w1):
     stranger = control.client(KeyPair.new())
     assert stranger.handshake() == zmq.EVENT_HANDSHAKE_FAILED_AUTH
-    stranger.send(heartbeat("w1"))  # queued on a socket that never completes a handshake
+    stranger.send(heartbeat("w1"))  # queued on (or refused by) a socket whose handshake failed
     listed = control.client(w1)
     listed.send(heartbeat("w1", free_slots=7))
     assert control.got.get().message.free_slots == 7  # the path works ...

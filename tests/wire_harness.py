@@ -100,10 +100,12 @@ class Monitored:
 class CurveClient:
     """A worker's DEALER with its own key pair, on its own context (as on another host)."""
 
-    def __init__(self, endpoint: str, keys: KeyPair, server_public: bytes) -> None:
+    def __init__(self, endpoint: str, keys: KeyPair, server_public: bytes, *, handshake_ms: int = 0) -> None:
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
+        if handshake_ms:  # give up on a handshake that stalls (libzmq's default waits 30 s)
+            self.sock.setsockopt(zmq.HANDSHAKE_IVL, handshake_ms)
         for option, value in client_socket_options(keys.public, keys.secret, server_public):
             self.sock.setsockopt(option, value)
         self.events = Monitored(self.sock)
@@ -113,8 +115,13 @@ class CurveClient:
         """Wait for the CURVE handshake's outcome: HANDSHAKE_SUCCEEDED or HANDSHAKE_FAILED_AUTH."""
         return self.events.wait_for(zmq.EVENT_HANDSHAKE_SUCCEEDED, zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 
-    def send(self, message: Any) -> None:
-        self.sock.send_multipart(codec.encode(message))
+    def send(self, message: Any) -> bool:
+        """Queue `message` without blocking; False when the socket has no connection to queue it on."""
+        try:
+            self.sock.send_multipart(codec.encode(message), zmq.NOBLOCK)
+        except zmq.Again:
+            return False
+        return True
 
     def receive(self, timeout: float = WAIT_S) -> Any:
         if not self.sock.poll(int(timeout * 1000)):
@@ -152,3 +159,15 @@ class Replica:
     def close(self) -> None:
         self.events.close()
         self.sock.close(0)
+
+
+def wait_until(predicate, timeout: float = WAIT_S, what: str = "condition"):
+    """Poll `predicate` every 10 ms until it is truthy; its value, or AssertionError at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not hold within {timeout} s")
+        time.sleep(0.01)

@@ -20,8 +20,6 @@ the runtime never goes on without its sockets, timers and watches.
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import logging
 import os
 import threading
@@ -34,9 +32,10 @@ import zmq
 from ..errors import BadInput
 from ..faults import raise_point
 from . import codec, endpoints
-from .curve import CurveServer, server_socket_options
+from .curve import REFUSED_KEY, AuthenticatorDown, CurveServer, server_socket_options, wrong_worker_claim
 from .links import ReplicaLinks
 from .messages import Ack
+from .timers import Timers
 
 log = logging.getLogger("qlactors.bridge")
 
@@ -44,7 +43,6 @@ ROUTE_CONTROL = b"c"  # executor side -> control side
 ROUTE_PEER = b"p"  # control side -> one executor peer (next frame: its ROUTER identity)
 ROUTE_WAKE = b"w"  # only wakes the poll loop
 IDLE_POLL_MS = 60_000
-REFUSED_KEY = "unknown or revoked key"
 
 
 class Target(Protocol):
@@ -69,10 +67,6 @@ class ProcessExited:
     """A watched pidfd became readable: the process `key` names has ended."""
 
     key: str
-
-
-class AuthenticatorDown(RuntimeError):
-    """The CurveZMQ authenticator of a serving bridge is not running: the bridge stops serving."""
 
 
 class Bridge(threading.Thread):
@@ -106,11 +100,9 @@ class Bridge(threading.Thread):
         self._control_target: Target | None = None  # who gets executor reports (Supervisor)
         self._executor_targets: dict[str, Target] = {}  # kind -> actor on the executor side
         self._nudge_target: Target | None = None
-        self._lock = threading.Lock()
-        self._timers: list[tuple[float, int, str]] = []
-        self._timer_jobs: dict[str, tuple[float, Target, Any]] = {}
+        self._lock = threading.Lock()  # guards the watches
+        self._timers = Timers()
         self._watches: dict[int, tuple[str, Target]] = {}
-        self._seq = itertools.count()
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._stopping = threading.Event()
         self._ready = threading.Event()
@@ -136,20 +128,15 @@ class Bridge(threading.Thread):
 
     def call_at(self, key: str, when: float, target: Target, message: Any) -> None:
         """Tell `target` `message` at monotonic time `when`; a later call with the same key replaces it."""
-        with self._lock:
-            self._timer_jobs[key] = (when, target, message)
-            heapq.heappush(self._timers, (when, next(self._seq), key))
+        self._timers.set(key, when, target, message)
         self._wake()
 
     def timer_due(self, key: str) -> float | None:
         """When the timer `key` fires (monotonic), or None when none is pending."""
-        with self._lock:
-            job = self._timer_jobs.get(key)
-        return None if job is None else job[0]
+        return self._timers.due(key)
 
     def cancel_timer(self, key: str) -> None:
-        with self._lock:
-            self._timer_jobs.pop(key, None)
+        self._timers.cancel(key)
 
     def watch(self, fd: int, key: str, target: Target) -> None:
         """Tell `target` ProcessExited(key) once `fd` (a pidfd) becomes readable; then forget it."""
@@ -195,6 +182,7 @@ class Bridge(threading.Thread):
             return sock
 
         links: list[zmq.Socket] = []
+        monitors: list[zmq.Socket] = []
         try:
             outbox = make(zmq.PULL)
             endpoints.local_socket(outbox)
@@ -204,7 +192,7 @@ class Bridge(threading.Thread):
                 router = make(zmq.ROUTER)
                 security = ()
                 if self._curve is not None:
-                    self._check_authenticator()  # before bind: never serve unauthenticated
+                    self._curve.require_alive()  # before bind: never serve unauthenticated
                     security = server_socket_options(self._curve.secret_key)
                 endpoints.server_router(router, self._control_bind, heartbeat=self._heartbeat, security=security)
                 router.bind(self._control_bind.text)
@@ -213,7 +201,7 @@ class Bridge(threading.Thread):
                 endpoints.client_dealer(dealer, self._control_connect, heartbeat=self._heartbeat)
                 dealer.connect(self._control_connect.text)
             if self._links is not None:
-                links = self._links.open()
+                links, monitors = self._links.open()
             if self._nudge_bind:
                 nudge = make(zmq.PULL)
                 endpoints.nudge_pull(nudge)
@@ -229,7 +217,7 @@ class Bridge(threading.Thread):
         self._ready.set()
         reason = "the bridge loop ended unexpectedly"
         try:
-            self._loop(outbox, router, dealer, nudge, links)
+            self._loop(outbox, router, dealer, nudge, links, monitors)
         except AuthenticatorDown as err:
             reason = f"the bridge stopped serving: {err}"
         except BaseException as err:
@@ -245,9 +233,9 @@ class Bridge(threading.Thread):
                 if self.on_exit is not None:
                     self.on_exit(f"{reason}; no socket, timer or process watch is served any more")
 
-    def _loop(self, outbox, router, dealer, nudge, links: list[zmq.Socket]) -> None:
+    def _loop(self, outbox, router, dealer, nudge, links: list[zmq.Socket], monitors: list[zmq.Socket]) -> None:
         poller = zmq.Poller()
-        for sock in (outbox, router, dealer, nudge, *links):
+        for sock in (outbox, router, dealer, nudge, *links, *monitors):
             if sock is not None:
                 poller.register(sock, zmq.POLLIN)
         poller.register(self._wake_fd, zmq.POLLIN)
@@ -271,15 +259,16 @@ class Bridge(threading.Thread):
             if outbox in events:
                 self._drain(outbox, lambda frames: self._forward(frames, router, dealer))
             if router is not None and router in events:
-                if self._curve is not None:
-                    self._drain(router, lambda frames: self._from_worker(frames, router), copy=False)
-                else:
-                    self._drain(router, lambda frames: self._from_executor(frames, router))
+                # copy=False: a Frame carries the ZAP User-Id (the peer's authenticated key).
+                self._drain(router, lambda frames: self._from_executor(frames, router), copy=False)
             if dealer is not None and dealer in events:
                 self._drain(dealer, self._from_control)
             for link in links:
                 if link in events:
                     self._drain(link, lambda frames, link=link: self._from_replica(frames, link))
+            for monitor in monitors:
+                if monitor in events:
+                    self._links.on_monitor(monitor)
             if self._links is not None:
                 self._links.expire()
             if nudge is not None and nudge in events:
@@ -301,10 +290,7 @@ class Bridge(threading.Thread):
             log.error("event=delivery_failed message=%s error=%r", type(message).__name__, err)
 
     def _poll_timeout_ms(self) -> int:
-        with self._lock:
-            while self._timers and self._timers[0][2] not in self._timer_jobs:
-                heapq.heappop(self._timers)
-            when = self._timers[0][0] if self._timers else None
+        when = self._timers.next_at()
         link_due = None if self._links is None else self._links.due()
         if link_due is not None and (when is None or link_due < when):
             when = link_due
@@ -313,16 +299,7 @@ class Bridge(threading.Thread):
         return max(0, min(IDLE_POLL_MS, int((when - time.monotonic()) * 1000) + 1))
 
     def _fire_timers(self) -> None:
-        now = time.monotonic()
-        due: list[tuple[Target, Any]] = []
-        with self._lock:
-            while self._timers and self._timers[0][0] <= now:
-                when, _, key = heapq.heappop(self._timers)
-                job = self._timer_jobs.get(key)
-                if job is not None and job[0] == when:
-                    del self._timer_jobs[key]
-                    due.append((job[1], job[2]))
-        for target, message in due:
+        for target, message in self._timers.pop_due(time.monotonic()):
             self._deliver(target, message)
 
     @staticmethod
@@ -353,8 +330,10 @@ class Bridge(threading.Thread):
         elif route != ROUTE_WAKE:
             log.error("event=outbox_unroutable route=%r", route)
 
-    def _from_executor(self, frames: list[bytes], router) -> None:
-        peer, body = frames[0], frames[1:]
+    def _from_executor(self, frames: list[zmq.Frame], router) -> None:
+        """A frame on the control ROUTER; with CurveZMQ the authenticator and the key are checked first."""
+        peer = frames[0].bytes
+        body = [frame.bytes for frame in frames[1:]]
 
         def refuse(ack: Ack) -> None:
             # Answer a frame we could not read with a refusal, so the peer learns why (version!).
@@ -363,47 +342,24 @@ class Bridge(threading.Thread):
             except zmq.ZMQError:
                 pass
 
-        message = self._decode(body, reply=refuse)
-        if message is not None and self._control_target is not None:
-            self._deliver(self._control_target, Inbound(peer, message))
-
-    def _check_authenticator(self) -> None:
-        if not self._curve.authenticator.is_alive():
-            log.error("event=curve_authenticator_down action=stop_serving")
-            raise AuthenticatorDown("the CurveZMQ authenticator is not running, so no peer can be "
-                                    "authenticated; restart the replica")
-
-    def _from_worker(self, frames: list[zmq.Frame], router) -> None:
-        """A frame on the CurveZMQ ROUTER: check the authenticator and the key, then decode."""
-        self._check_authenticator()
-        peer = frames[0].bytes
-        body = [frame.bytes for frame in frames[1:]]
-        key = _user_id(frames[-1])
-        worker_id = None if key is None else self._curve.allow_list.worker_for(key)
-
-        def refuse(ack: Ack) -> None:
-            try:
-                router.send_multipart([peer, *codec.encode(ack)], zmq.NOBLOCK)
-            except zmq.ZMQError as err:
-                log.warning("event=peer_send_failed error=%s", err)
-
-        if worker_id is None:  # never decode for a key the allow-list does not hold (any more)
-            self.rejected_frames += 1
-            log.warning("event=frame_refused reason=unknown_or_revoked_key key=%s", key)
-            refuse(Ack(of="unknown", run_id="", attempt_id="", result="refused", detail=REFUSED_KEY))
-            return
+        worker_id = None
+        if self._curve is not None:
+            self._curve.require_alive()
+            key, worker_id = self._curve.worker_of(frames[-1])
+            if worker_id is None:  # never decode for a key the allow-list does not hold (any more)
+                self.rejected_frames += 1
+                log.warning("event=frame_refused reason=unknown_or_revoked_key key=%s", key)
+                refuse(Ack(of="unknown", run_id="", attempt_id="", result="refused", detail=REFUSED_KEY))
+                return
         message = self._decode(body, reply=refuse)
         if message is None:
             return
-        claimed = getattr(message, "worker_id", "")
-        if claimed and claimed != worker_id:
+        wrong = None if worker_id is None else wrong_worker_claim(message, worker_id)
+        if wrong is not None:
             self.rejected_frames += 1
-            log.warning("event=frame_refused reason=wrong_worker_id claimed=%s worker=%s", claimed, worker_id)
-            refuse(Ack(of=message.KIND, run_id=getattr(message, "run_id", ""),
-                       attempt_id=getattr(message, "attempt_id", ""), result="refused",
-                       detail=f"this key is bound to worker {worker_id!r}, not {claimed!r}"[:500]))
-            return
-        if self._control_target is not None:
+            log.warning("event=frame_refused reason=wrong_worker_id worker=%s detail=%s", worker_id, wrong.detail)
+            refuse(wrong)
+        elif self._control_target is not None:
             self._deliver(self._control_target, Inbound(peer, message, worker_id))
 
     def _from_replica(self, frames: list[bytes], link: zmq.Socket) -> None:
@@ -436,14 +392,6 @@ class Bridge(threading.Thread):
             if reply is not None:
                 reply(Ack(of="unknown", run_id="", attempt_id="", result="refused", detail=str(err)[:500]))
             return None
-
-
-def _user_id(frame: zmq.Frame) -> str | None:
-    """The ZAP User-Id libzmq attached to a frame (the peer's Z85 key), or None when there is none."""
-    try:
-        return frame.get("User-Id") or None
-    except zmq.ZMQError:
-        return None
 
 
 class Outbox:

@@ -26,6 +26,7 @@ from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils import z85
 
 from ..errors import BadInput
+from .messages import Ack
 
 log = logging.getLogger("qlactors.curve")
 
@@ -33,7 +34,12 @@ log = logging.getLogger("qlactors.curve")
 ZAP_DOMAIN = "qlactors"
 # A CURVE key in Z85 text: 32 bytes -> 40 characters of the Z85 alphabet.
 _Z85_KEY = re.compile(r"[0-9a-zA-Z.\-:+=^!/*?&<>()\[\]{}@%$#]{40}")
-START_TIMEOUT_S = 10.0
+# The refusal's detail for a frame whose key the allow-list does not hold (any more).
+REFUSED_KEY = "unknown or revoked key"
+
+
+class AuthenticatorDown(RuntimeError):
+    """The CurveZMQ authenticator of a serving bridge is not running: the bridge stops serving."""
 
 
 def is_z85_key(text: object) -> bool:
@@ -132,6 +138,33 @@ class CurveServer:
 
     def __repr__(self) -> str:  # never the secret key
         return f"CurveServer(keys={len(self.allow_list)}, authenticator_alive={self.authenticator.is_alive()})"
+
+    def require_alive(self) -> None:
+        """Raise AuthenticatorDown unless the ZAP handler runs (a dead one would admit anyone)."""
+        if not self.authenticator.is_alive():
+            log.error("event=curve_authenticator_down action=stop_serving")
+            raise AuthenticatorDown("the CurveZMQ authenticator is not running, so no peer can be "
+                                    "authenticated; restart the replica")
+
+    def worker_of(self, frame: zmq.Frame) -> tuple[str | None, str | None]:
+        """(the frame's ZAP User-Id, the worker id the allow-list binds it to now); None when absent."""
+        try:
+            key = frame.get("User-Id") or None
+        except zmq.ZMQError:  # no ZAP metadata on this frame
+            key = None
+        return key, None if key is None else self.allow_list.worker_for(key)
+
+
+def wrong_worker_claim(message: object, worker_id: str) -> Ack | None:
+    """The refusal of a message that names a worker id other than its key's; None when it does not.
+
+    An empty `worker_id` field names no one (a worker learns its id in Welcome) and passes.
+    """
+    claimed = getattr(message, "worker_id", "")
+    if not claimed or claimed == worker_id:
+        return None
+    return Ack(of=message.KIND, run_id=getattr(message, "run_id", ""), attempt_id=getattr(message, "attempt_id", ""),
+               result="refused", detail=f"this key is bound to worker {worker_id!r}, not {claimed!r}"[:500])
 
 
 def _is_key_bytes(value: object) -> bool:

@@ -9,12 +9,16 @@ Every request a worker sends is safe to repeat (SEMANTICS.md §9), so the rule i
 - When the oldest unanswered request has waited `request_timeout_s`, the link fails over: the
   next replica (in the configured order, wrapping) becomes current and every unanswered request
   is sent there again, in order, and waits `request_timeout_s` anew.
-- A request the current replica's socket will not take (no connection up: IMMEDIATE) fails over
-  at once, at most once around the ring per send; when no replica takes it, it stays unanswered
-  and the timeout moves on as above, so it is sent again when a replica comes back.
+- A request the current replica's socket will not take (no handshake completed: IMMEDIATE)
+  fails over at once, at most once around the ring; when no replica takes it, it stays
+  unanswered and the whole ring is tried again `UNREACHABLE_RETRY_S` later (or after
+  `request_timeout_s`, if shorter), so a worker that starts before its replicas are reachable
+  registers as soon as one is.
 
 `Failover` holds that rule without any socket (its clock is passed in); `ReplicaLinks` does the
-I/O. Both belong to the bridge thread; `current()` may be read from any thread.
+I/O, and watches each socket's monitor to log connections, disconnections and a replica that
+refuses this worker's key. Both belong to the bridge thread; `current()` and `connected()` may
+be read from any thread.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from collections import deque
 from typing import Callable
 
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from ..errors import BadInput
 from . import curve, endpoints
@@ -34,6 +39,10 @@ log = logging.getLogger("qlactors.links")
 # Unanswered requests kept for re-sending; past it the oldest is dropped (and logged): the
 # actors repeat what matters on their own cadence (heartbeats, pulls, receipts).
 MAX_UNANSWERED = 1024
+# How soon the ring is tried again when no replica's socket has a connection up.
+UNREACHABLE_RETRY_S = 0.25
+_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+           | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
 
 Frames = list[bytes]
 
@@ -80,6 +89,11 @@ class Failover:
         self.deadline = now + self.timeout_s if self.unanswered else None
         return list(self.unanswered)
 
+    def unreachable(self, now: float) -> None:
+        """No replica took the unanswered requests: try the ring again soon."""
+        if self.unanswered:
+            self.deadline = now + min(self.timeout_s, UNREACHABLE_RETRY_S)
+
 
 class ReplicaLinks:
     """One DEALER per replica endpoint, opened and used by the bridge thread (`Bridge(control_links=)`)."""
@@ -96,6 +110,9 @@ class ReplicaLinks:
         self._failover = Failover(len(self.endpoints), request_timeout_s)
         self._clock = clock
         self._sockets: list[zmq.Socket] = []
+        self._monitors: list[zmq.Socket] = []
+        self._connected: frozenset[str] = frozenset()  # replaced whole: readers need no lock
+        self._unreachable_logged = False
 
     # -- any thread -----------------------------------------------------------------------------
 
@@ -103,25 +120,40 @@ class ReplicaLinks:
         """The endpoint requests go to now (for status and logs)."""
         return self.endpoints[self._failover.current].text
 
+    def connected(self) -> frozenset[str]:
+        """The endpoints whose CURVE handshake completed and whose connection is up now."""
+        return self._connected
+
     # -- bridge thread --------------------------------------------------------------------------
 
-    def open(self) -> list[zmq.Socket]:
-        """Create and connect one socket per replica; the bridge polls the list it returns."""
+    def open(self) -> tuple[list[zmq.Socket], list[zmq.Socket]]:
+        """Create and connect one socket per replica; the bridge polls both lists it returns.
+
+        The first list carries the replicas' frames (`heard`, then decode); the second their
+        sockets' monitors (`on_monitor`).
+        """
         try:
             for endpoint in self.endpoints:
                 sock = self.ctx.socket(zmq.DEALER)
                 self._sockets.append(sock)
                 endpoints.client_dealer(sock, endpoint, heartbeat=self._heartbeat, security=self._security)
+                monitor = sock.get_monitor_socket(_EVENTS)
+                monitor.setsockopt(zmq.LINGER, 0)
+                self._monitors.append(monitor)
                 sock.connect(endpoint.text)
         except BaseException:
             self.close()
             raise
-        return list(self._sockets)
+        return list(self._sockets), list(self._monitors)
 
     def close(self) -> None:
+        for sock, monitor in zip(self._sockets, self._monitors):
+            sock.disable_monitor()
+            monitor.close(0)
         for sock in self._sockets:
             sock.close(0)
-        self._sockets = []
+        self._sockets, self._monitors = [], []
+        self._connected = frozenset()
 
     def send(self, frames: Frames) -> None:
         """Send a request to the current replica (failing over at once if its socket refuses it)."""
@@ -146,16 +178,43 @@ class ReplicaLinks:
         if self._failover.expired(self._clock()):
             self._fail_over("no answer in time")
 
+    def on_monitor(self, monitor: zmq.Socket) -> None:
+        """Read a link's monitor events: keep `connected()` true, log what an operator must see."""
+        endpoint = self.endpoints[self._monitors.index(monitor)].text
+        while True:
+            try:
+                event = recv_monitor_message(monitor, zmq.NOBLOCK)["event"]
+            except zmq.Again:
+                return
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self._connected = self._connected | {endpoint}
+                log.info("event=link_connected endpoint=%s", endpoint)
+            elif event == zmq.EVENT_DISCONNECTED:
+                if endpoint in self._connected:
+                    log.warning("event=link_disconnected endpoint=%s", endpoint)
+                self._connected = self._connected - {endpoint}
+            elif event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                log.error("event=link_refused endpoint=%s reason=the replica does not accept this worker's "
+                          "key (put it on the allow-list: qlactors worker allow NAME KEYFILE)", endpoint)
+            else:
+                log.error("event=link_handshake_failed endpoint=%s event=%s (is server_key the replicas' "
+                          "public key, and is the replica's authenticator running?)", endpoint, event)
+
     def _fail_over(self, why: str) -> None:
         """Move to the next replica that takes the unanswered requests, at most once around the ring."""
         failed = self.current()
         for _ in range(len(self.endpoints)):
             frames = self._failover.rotate(self._clock())
-            log.warning("event=link_failover from=%s to=%s reason=%s resend=%d",
-                        failed, self.current(), why.replace(" ", "_"), len(frames))
             if self._try_send(frames):
+                log.warning("event=link_failover from=%s to=%s reason=%s resend=%d",
+                            failed, self.current(), why.replace(" ", "_"), len(frames))
+                self._unreachable_logged = False
                 return
-            failed, why = self.current(), "not connected"
+        self._failover.unreachable(self._clock())
+        if not self._unreachable_logged:  # once per outage, not once per retry
+            log.warning("event=link_unreachable endpoints=%s waiting=%d (no replica has a connection up; "
+                        "retrying)", ",".join(e.text for e in self.endpoints), len(self._failover.unanswered))
+            self._unreachable_logged = True
 
     def _try_send(self, batch: list[Frames]) -> bool:
         sock = self._sockets[self._failover.current]
