@@ -53,7 +53,10 @@ def test_when_no_replica_takes_the_requests_the_ring_is_tried_again_soon():
     plan.rotate(now=10.0)
     plan.rotate(now=10.0)
     plan.unreachable(now=10.0)
-    assert plan.deadline == 10.0 + UNREACHABLE_RETRY_S and plan.unanswered
+    assert plan.deadline == 10.0 + UNREACHABLE_RETRY_S and plan.unsent and plan.unanswered
+    plan.sent([b"b"], now=10.1)
+    plan.delivered(now=10.2)  # a replica took both: the full timeout from now
+    assert (plan.unsent, plan.deadline) == (False, 40.2)
     quick = Failover(1, timeout_s=0.1)
     quick.sent([b"a"], now=0.0)
     quick.unreachable(now=0.0)

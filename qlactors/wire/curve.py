@@ -19,10 +19,9 @@ import logging
 import re
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Mapping
+from typing import Any, Mapping
 
 import zmq
-from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils import z85
 
 from ..errors import BadInput
@@ -78,30 +77,33 @@ class AllowList:
         return len(self._keys)
 
 
-class _CachedCurveAuthenticator(ThreadAuthenticator):
-    """pyzmq's ZAP thread, answering CURVE requests from an AllowList only."""
+def _cached_curve_authenticator(ctx: zmq.Context, allow_list: AllowList):
+    """pyzmq's ZAP thread, answering CURVE requests from an AllowList only.
 
-    def __init__(self, ctx: zmq.Context, allow_list: AllowList) -> None:
-        super().__init__(ctx, log=log)
-        self.allow_list = allow_list
+    Built on first use: zmq.auth.thread imports asyncio (several MiB), which edge never needs.
+    """
+    from zmq.auth.thread import ThreadAuthenticator
 
-    def callback(self, domain: str, key: bytes) -> bool:
-        """The credentials provider pyzmq calls on its auth thread, with the Z85 key as bytes."""
-        text = key.decode("ascii", "replace")
-        allowed = self.allow_list.worker_for(text) is not None
-        if not allowed:
-            log.warning("event=curve_denied domain=%s key=%s reason=unknown_key", domain, text)
-        return allowed
+    class CachedCurveAuthenticator(ThreadAuthenticator):
+        def callback(self, domain: str, key: bytes) -> bool:
+            """The credentials provider pyzmq calls on its auth thread, with the Z85 key as bytes."""
+            text = key.decode("ascii", "replace")
+            allowed = allow_list.worker_for(text) is not None
+            if not allowed:
+                log.warning("event=curve_denied domain=%s key=%s reason=unknown_key", domain, text)
+            return allowed
 
-    def curve_user_id(self, client_public_key: bytes) -> str:
-        """The ZAP User-Id of an accepted peer: its key in Z85 text (the bridge maps it per message)."""
-        return z85.encode(client_public_key).decode("ascii")
+        def curve_user_id(self, client_public_key: bytes) -> str:
+            """The ZAP User-Id of an accepted peer: its key in Z85 text (the bridge maps it per message)."""
+            return z85.encode(client_public_key).decode("ascii")
+
+    return CachedCurveAuthenticator(ctx, log=log)
 
 
 class Authenticator:
     """A running ZAP handler on one context. Keep it referenced for the life of the server socket."""
 
-    def __init__(self, impl: _CachedCurveAuthenticator) -> None:
+    def __init__(self, impl: Any) -> None:  # a started CachedCurveAuthenticator
         self._impl = impl
 
     def is_alive(self) -> bool:
@@ -114,7 +116,7 @@ class Authenticator:
 
 def start_authenticator(ctx: zmq.Context, allow_list: AllowList) -> Authenticator:
     """Start the ZAP handler of `ctx` (before the server socket binds) serving `allow_list`."""
-    impl = _CachedCurveAuthenticator(ctx, allow_list)
+    impl = _cached_curve_authenticator(ctx, allow_list)
     impl.start()  # binds inproc://zeromq.zap.01 on ctx; raises if ctx has one already
     impl.configure_curve_callback(domain=ZAP_DOMAIN, credentials_provider=impl)
     if not impl.is_alive():

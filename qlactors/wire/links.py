@@ -13,7 +13,8 @@ Every request a worker sends is safe to repeat (SEMANTICS.md §9), so the rule i
   fails over at once, at most once around the ring; when no replica takes it, it stays
   unanswered and the whole ring is tried again `UNREACHABLE_RETRY_S` later (or after
   `request_timeout_s`, if shorter), so a worker that starts before its replicas are reachable
-  registers as soon as one is.
+  registers as soon as one is; a later request the current socket takes carries those earlier
+  ones with it, in order.
 
 `Failover` holds that rule without any socket (its clock is passed in); `ReplicaLinks` does the
 I/O, and watches each socket's monitor to log connections, disconnections and a replica that
@@ -61,6 +62,7 @@ class Failover:
         self.current = 0
         self.unanswered: deque[Frames] = deque()
         self.deadline: float | None = None  # when the oldest unanswered request times out
+        self.unsent = False  # no replica took the unanswered requests yet (see `unreachable`)
         self.dropped = 0  # requests dropped past `limit`, for logs and tests
 
     def sent(self, frames: Frames, now: float) -> None:
@@ -92,7 +94,13 @@ class Failover:
     def unreachable(self, now: float) -> None:
         """No replica took the unanswered requests: try the ring again soon."""
         if self.unanswered:
+            self.unsent = True
             self.deadline = now + min(self.timeout_s, UNREACHABLE_RETRY_S)
+
+    def delivered(self, now: float) -> None:
+        """Every unanswered request went out to the current replica at `now`: it has the full timeout."""
+        self.unsent = False
+        self.deadline = now + self.timeout_s if self.unanswered else None
 
 
 class ReplicaLinks:
@@ -157,13 +165,17 @@ class ReplicaLinks:
 
     def send(self, frames: Frames) -> None:
         """Send a request to the current replica (failing over at once if its socket refuses it)."""
-        self._failover.sent(frames, self._clock())
+        now = self._clock()
+        self._failover.sent(frames, now)
         if self._failover.dropped:
             log.warning("event=link_unanswered_dropped count=%d (oldest unanswered requests dropped; "
                         "the actors repeat what matters)", self._failover.dropped)
             self._failover.dropped = 0
-        if not self._try_send([frames]):
+        unsent = self._failover.unsent  # earlier requests no replica took go out first
+        if not self._try_send(list(self._failover.unanswered) if unsent else [frames]):
             self._fail_over("not connected")
+        elif unsent:
+            self._failover.delivered(now)
 
     def heard(self, sock: zmq.Socket) -> None:
         """A frame came from `sock`: the current replica answered, or another one spoke."""
@@ -206,6 +218,7 @@ class ReplicaLinks:
         for _ in range(len(self.endpoints)):
             frames = self._failover.rotate(self._clock())
             if self._try_send(frames):
+                self._failover.delivered(self._clock())
                 log.warning("event=link_failover from=%s to=%s reason=%s resend=%d",
                             failed, self.current(), why.replace(" ", "_"), len(frames))
                 self._unreachable_logged = False
