@@ -175,3 +175,7 @@ def _runtime(base: RuntimeSettings, overrides: dict[str, Any], path: Path) -> Ru
         if type(value) is not int or not low <= value <= high:
             raise BadInput(f"{path}: [runtime] {key} = {value!r} is out of range {low}..{high}")
     return replace(base, **overrides)
+
+
+# The cluster profiles (control replica, worker) live in their own module; one loader for both.
+from .cluster_config import ControlConfig, DatabaseSettings, WorkerConfig, load_config  # noqa: E402,F401
