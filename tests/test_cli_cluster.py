@@ -126,6 +126,7 @@ def test_allow_binds_one_key_to_one_worker_and_revoke_ends_its_sessions(cluster)
     assert WorkerKeys(cluster.repo.store).all() == {load_public_key(k1).decode(): "w1"}
 
     session = cluster.session("w1")
+    bystander = cluster.session("w2")
     with cluster.repo.store.read() as conn:
         before = conn.execute(select(worker_sessions).where(
             worker_sessions.c.session_id == session.session_id)).one()
@@ -136,9 +137,20 @@ def test_allow_binds_one_key_to_one_worker_and_revoke_ends_its_sessions(cluster)
     assert (after.status, after.version) == ("offline", before.version + 1)
     assert after.ended_at_ms is not None and after.ended_at_ms >= before.created_at_ms
     assert WorkerKeys(cluster.repo.store).all() == {}
+    with cluster.repo.store.read() as conn:
+        assert conn.execute(select(worker_sessions.c.status).where(
+            worker_sessions.c.session_id == bystander.session_id)).scalar_one() == "online"
     again = cluster.ql("worker", "revoke", "w1")
     assert again.returncode == 2 and "not on the allow-list" in again.stderr
     assert "worker w2 allowed" in cluster.ok("worker", "allow", "w2", k2).stdout
+
+
+def test_a_database_url_variable_that_is_not_postgresql_is_refused(tmp_path):
+    env = {**os.environ, "QLACTORS_DATABASE_URL": f"sqlite:///{tmp_path / 'x.db'}"}
+    done = subprocess.run([*QLACTORS, "--home", str(tmp_path / "h"), "runs"], capture_output=True,
+                          text=True, env=env, timeout=60)
+    assert done.returncode == 2 and "the cluster database is PostgreSQL" in done.stderr
+    assert not (tmp_path / "x.db").exists() and not (tmp_path / "h").exists()
 
 
 def test_the_allow_list_needs_a_cluster_database(tmp_path):
@@ -169,6 +181,10 @@ def test_require_label_places_a_task_and_task_show_names_who_qualifies(cluster):
     cluster.ok("task", "add", "g", "--require-label", "gpu", "--require-label", "zone=eu", "--", "true")
     cluster.session("w1", labels=["gpu", "zone=eu", "big"])
     cluster.session("w2", labels=["gpu"])
+    gone = cluster.session("w3", labels=["gpu", "zone=eu"])
+    with cluster.repo.store.write() as conn:  # its session lease ran out: it serves no offers now
+        conn.execute(update(worker_sessions).where(worker_sessions.c.session_id == gone.session_id)
+                     .values(lease_expires_at_ms=cluster.repo.store.now_ms(conn) - 1))
     shown = json.loads(cluster.ok("task", "show", "g", "--json").stdout)
     assert shown["labels"] == ["gpu", "zone=eu"] and shown["qualifying_workers"] == ["w1"]
     assert cluster.repo.tasks.get("g").spec.labels == ("gpu", "zone=eu")
@@ -203,20 +219,23 @@ def _replica(cluster, *, age_ms: int, stopped: bool = False) -> str:
 
 
 def test_status_exits_0_only_while_a_replica_is_up(cluster):
+    # A 60 s tick: a replica is up while its heartbeat is at most 3 ticks + 5 s = 185 s old.
+    cluster.config.write_text(cluster.config.read_text() + "[control]\ncadence_tick_ms = 60000\n")
     assert cluster.ql("status").returncode == 3
-    _replica(cluster, age_ms=60_000)  # silent for longer than 3 ticks + 5 s
+    _replica(cluster, age_ms=186_000)  # silent for longer than that
     _replica(cluster, age_ms=0, stopped=True)
     down = cluster.ql("status", "--json")
     assert down.returncode == 3 and [r["up"] for r in json.loads(down.stdout)["replicas"]] == [False, False]
-    live = _replica(cluster, age_ms=500)
+    live = _replica(cluster, age_ms=30_000)  # up with a 60 s tick, silent with the default 1 s
     cluster.ok("task", "add", "t1", "--", "true")
     cluster.ok("run", "t1")
     cluster.session("w1")
-    report = json.loads(cluster.ok("status", "--json", env_url=True).stdout)
+    report = json.loads(cluster.ok("status", "--json").stdout)
     assert report["up"] is True and [r["replica_id"] for r in report["replicas"] if r["up"]] == [live]
     assert report["active_runs"] == {"queued": 1} and [w["worker_id"] for w in report["workers"]] == ["w1"]
     text = cluster.ok("status").stdout
     assert "1 of 3 replica(s) up" in text and "active runs: queued 1" in text
+    assert cluster.ql("status", env_url=True).returncode == 3  # the default 1 s tick: none is up
 
 
 def test_run_wait_on_a_cluster_with_no_replica_says_so_and_times_out(cluster):

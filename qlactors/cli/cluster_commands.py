@@ -116,7 +116,7 @@ def status(repo: Repository, args: argparse.Namespace) -> int:
     counts = {k: v for k, v in Control(repo.store).status_counts().runs.items() if v}
     active = {k: v for k, v in sorted(counts.items()) if not RunStatus(k).terminal}
     up = cluster.replicas_up > 0
-    report = {"up": up, "profile": "cluster", "database": repo.store.describe(),
+    report = {"up": up, "profile": "cluster", "database": args.cluster.describe(),
               "replicas": [r.to_json() for r in cluster.replicas],
               "workers": [w.to_json() for w in listed.workers], "runs": counts, "active_runs": active,
               "unresolved_recoveries": [e.to_json() for e in cluster.expired_leases]}
@@ -124,7 +124,7 @@ def status(repo: Repository, args: argparse.Namespace) -> int:
         render.dump_json(report)
         return 0 if up else EXIT_DOWN
     print(f"cluster: {cluster.replicas_up} of {len(cluster.replicas)} replica(s) up  "
-          f"database: {repo.store.describe()}")
+          f"database: {args.cluster.describe()}")
     render.table([(r.replica_id, "up" if r.up else "stopped" if r.stopped_at_ms else "silent", r.host,
                    str(r.pid), r.bind, render.age_of(cluster.at_ms, r.heartbeat_at_ms))
                   for r in cluster.replicas], ("REPLICA", "STATE", "HOST", "PID", "BIND", "HEARTBEAT"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Mapping
 
 from ..cluster_config import ControlConfig, DatabaseSettings, file_profile, load_config
@@ -23,12 +24,18 @@ class ClusterTarget:
     @property
     def settings(self) -> ControlConfig:
         """The control settings in force: the file's, or the built-in defaults."""
-        return self.control or ControlConfig(path=self.source, database=self.database)
+        return self.control or ControlConfig(path=Path(self.source), database=self.database)
 
     @property
     def retention(self) -> RetentionPolicy:
         cfg = self.settings
         return RetentionPolicy(max_age_ms=cfg.retention_max_age_ms, max_runs=cfg.retention_max_runs)
+
+    def describe(self) -> str:
+        """The database URL as given (password hidden, without the timeouts this adds)."""
+        from sqlalchemy.engine import make_url
+
+        return make_url(self.database.url).render_as_string(hide_password=True)
 
     def open(self):
         """The cluster database, opened without migrating it (each replica migrates at start,
@@ -42,12 +49,12 @@ class ClusterTarget:
             found, known = current_version(store), latest_version(store.dialect_name)
             if found is None or found < known:
                 raise BadInput(
-                    f"the cluster database {store.describe()} (from {self.source}) has "
+                    f"the cluster database {self.describe()} (from {self.source}) has "
                     f"{'no qlactors schema' if found is None else f'schema version {found}'}, this "
                     f"qlactors needs {known}; nothing was written: start a control replica of this "
                     "version once (`qlactors control --config FILE`), it migrates the database")
             if found > known:
-                raise SchemaError(f"the cluster database {store.describe()} has schema version {found}, "
+                raise SchemaError(f"the cluster database {self.describe()} has schema version {found}, "
                                   f"newer than this qlactors knows ({known}): upgrade qlactors here")
         except BaseException:
             store.close()
