@@ -177,5 +177,16 @@ def _runtime(base: RuntimeSettings, overrides: dict[str, Any], path: Path) -> Ru
     return replace(base, **overrides)
 
 
-# The cluster profiles (control replica, worker) live in their own module; one loader for both.
-from .cluster_config import ControlConfig, DatabaseSettings, WorkerConfig, load_config  # noqa: E402,F401
+
+# The cluster profiles (control replica, worker) live in qlactors/cluster_config.py, which builds
+# on this module; these names are served from there on first use (PEP 562), so either module may
+# be imported first.
+_CLUSTER_NAMES = frozenset({"ControlConfig", "WorkerConfig", "DatabaseSettings", "load_config"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _CLUSTER_NAMES:
+        from . import cluster_config
+
+        return getattr(cluster_config, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

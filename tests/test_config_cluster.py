@@ -117,3 +117,12 @@ def test_the_edge_loader_is_unchanged_by_the_cluster_profiles(tmp_path):
     assert loaded.runtime == config.DEFAULTS["edge"]
     with pytest.raises(BadInput, match="unknown section"):
         config.load(str(tmp_path), str(CONFIGS / "control.toml"))
+
+
+def test_either_config_module_may_be_imported_first():
+    import subprocess
+    import sys
+
+    for first in ("qlactors.cluster_config", "qlactors.config"):
+        code = f"import {first}; from qlactors.config import ControlConfig, WorkerConfig, load_config"
+        assert subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60).returncode == 0
