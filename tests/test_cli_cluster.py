@@ -236,6 +236,9 @@ def test_status_exits_0_only_while_a_replica_is_up(cluster):
     text = cluster.ok("status").stdout
     assert "1 of 3 replica(s) up" in text and "active runs: queued 1" in text
     assert cluster.ql("status", env_url=True).returncode == 3  # the default 1 s tick: none is up
+    from qlactors.store.cluster_status import replicas_up  # what `run --wait` asks on each poll
+
+    assert (replicas_up(cluster.repo.store, 60_000), replicas_up(cluster.repo.store, 1_000)) == (1, 0)
 
 
 def test_run_wait_on_a_cluster_with_no_replica_says_so_and_times_out(cluster):

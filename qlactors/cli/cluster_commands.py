@@ -11,7 +11,7 @@ import time
 from ..cluster_config import ControlConfig, WorkerConfig, load_config
 from ..domain.states import AttemptStatus, RunStatus
 from ..errors import BadInput, QlactorsError
-from ..store.cluster_status import read_cluster_status
+from ..store.cluster_status import read_cluster_status, replicas_up
 from ..store.repository import Repository
 from ..store.workers import Workers
 from ..wire.curve_keys import load_key_pair, load_public_key, new_key_pair
@@ -195,7 +195,7 @@ class ReplicaWatch:
         self.repo, self.tick = repo, cadence_tick_ms
 
     def up(self) -> bool:
-        return read_cluster_status(self.repo.store, self.tick).replicas_up > 0
+        return replicas_up(self.repo.store, self.tick) > 0
 
     def up_line(self, run_id: str) -> str:
         return f"a control replica is up: following run {run_id}"

@@ -127,12 +127,12 @@ class Follow:
                 return self._ended(run)
             if self.interrupted:
                 say(f"interrupted: run {run.id} goes on ({run.state}); follow it with "
-                     f"`qlactors logs -f {run.id}`, stop it with `qlactors cancel {run.id}`")
+                    f"`qlactors logs -f {run.id}`, stop it with `qlactors cancel {run.id}`")
                 return EXIT_CANCELLED
             if self.timeout_ms is not None and (time.monotonic() - started) * 1000 >= self.timeout_ms:
                 say(f"run {run.id} is still {run.state} after --wait-timeout "
-                     f"{render.seconds(self.timeout_ms)}; it goes on: follow it with "
-                     f"`qlactors show {run.id}`")
+                    f"{render.seconds(self.timeout_ms)}; it goes on: follow it with "
+                    f"`qlactors show {run.id}`")
                 return EXIT_WAIT_TIMEOUT
             self._say_runtime(run.state)
             time.sleep(self.poll_s)

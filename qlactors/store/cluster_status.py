@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, select
+from sqlalchemy import and_, func, select
 
 from ..domain.states import AttemptStatus, LeaseStatus
 from .engine import Store
@@ -63,6 +63,19 @@ class ClusterStatus:
         return sum(1 for r in self.replicas if r.up)
 
 
+def _up_window_ms(cadence_tick_ms: int) -> int:
+    return 3 * cadence_tick_ms + REPLICA_SLACK_MS
+
+
+def replicas_up(store: Store, cadence_tick_ms: int) -> int:
+    """How many replicas are up now (not stopped, heartbeat within 3 ticks + 5 s): one small read."""
+    with store.read() as conn:
+        now = store.now_ms(conn)
+        return conn.execute(select(func.count()).select_from(control_replicas).where(and_(
+            control_replicas.c.stopped_at_ms.is_(None),
+            control_replicas.c.heartbeat_at_ms >= now - _up_window_ms(cadence_tick_ms)))).scalar_one()
+
+
 def read_cluster_status(store: Store, cadence_tick_ms: int) -> ClusterStatus:
     """One read: replicas (up: not stopped, heartbeat within 3 ticks + 5 s) and expired leases."""
     with store.read() as conn:
@@ -81,7 +94,7 @@ def read_cluster_status(store: Store, cadence_tick_ms: int) -> ClusterStatus:
                                                    AttemptStatus.RUNNING.value))))
             .order_by(run_dispatch_leases.c.expires_at_ms, run_dispatch_leases.c.attempt_id)
             .limit(EXPIRED_LEASES_SHOWN)).all()
-    window = 3 * cadence_tick_ms + REPLICA_SLACK_MS
+    window = _up_window_ms(cadence_tick_ms)
     replicas = tuple(ReplicaView(r.replica_id, r.host, r.pid, r.bind, r.started_at_ms, r.heartbeat_at_ms,
                                  r.stopped_at_ms, r.stopped_at_ms is None and r.heartbeat_at_ms >= now - window)
                      for r in rows)
