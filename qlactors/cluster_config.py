@@ -48,18 +48,14 @@ class DatabaseSettings:
     TIMEOUTS: ClassVar[tuple[str, ...]] = (
         "lock_timeout_ms", "statement_timeout_ms", "idle_in_transaction_session_timeout_ms")
 
-    @property
-    def session_url(self) -> str:
-        """The URL with the timeouts as libpq `options` (`-c lock_timeout=...`), so every
-        connection of the pool has them from its first statement; other options are kept."""
-        from sqlalchemy.engine import make_url  # only the processes that open the database pay
-
-        url = make_url(self.url)
-        given = url.query.get("options") or ""
-        given = " ".join(given) if isinstance(given, tuple) else given
-        ours = " ".join(f"-c {name.removesuffix('_ms')}={getattr(self, name)}" for name in self.TIMEOUTS)
-        return url.update_query_dict({"options": f"{given} {ours}".strip()}).render_as_string(
-            hide_password=False)
+    def store_options(self, *, pool: bool = True) -> dict[str, int]:
+        """What `Store` takes for this database: the pool size (a replica's; a command keeps the
+        default) and the three timeouts, which it sets on every connection of the pool."""
+        options = dict(lock_timeout_ms=self.lock_timeout_ms, statement_timeout_ms=self.statement_timeout_ms,
+                       idle_in_transaction_timeout_ms=self.idle_in_transaction_session_timeout_ms)
+        if pool:
+            options["pool_size"] = self.pool_size
+        return options
 
 
 @dataclass(frozen=True, slots=True)

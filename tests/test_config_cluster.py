@@ -73,13 +73,11 @@ def test_control_public_key_lies_beside_the_secret(tmp_path):
     assert loaded.runtime_settings().recovery_page == 16
 
 
-def test_session_url_carries_the_three_timeouts_and_keeps_other_options():
-    url = DatabaseSettings(url=f"{PG}?options=-csearch_path%3Dq1", lock_timeout_ms=1500).session_url
-    from sqlalchemy.engine import make_url
-
-    options = make_url(url).query["options"]
-    assert options == ("-csearch_path=q1 -c lock_timeout=1500 -c statement_timeout=5000 "
-                       "-c idle_in_transaction_session_timeout=5000")
+def test_store_options_carry_the_pool_and_the_three_timeouts():
+    db = DatabaseSettings(url=PG, lock_timeout_ms=1500)
+    assert db.store_options() == dict(pool_size=8, lock_timeout_ms=1500, statement_timeout_ms=5000,
+                                      idle_in_transaction_timeout_ms=5000)
+    assert "pool_size" not in db.store_options(pool=False)  # a command keeps the default pool
 
 
 @pytest.mark.parametrize("body, words", [

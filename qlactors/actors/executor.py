@@ -431,6 +431,9 @@ class Executor(RuntimeActor):
             else:  # not launched: never will be under this lease
                 self.ctx.journal.clear(local.attempt_id)
                 del self.live[local.attempt_id]
+        # A replica nudges the workers it talks to when work waits; a run another replica (or a
+        # command) created reaches this worker by this pull at the latest.
+        self._pull()
 
     # -- restart ------------------------------------------------------------------------------
 

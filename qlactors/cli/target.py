@@ -44,7 +44,7 @@ class ClusterTarget:
         from ..store.migrations import current_version, latest_version
         from ..store.repository import Repository
 
-        store = Store(self.database.session_url)
+        store = Store(self.database.url, **self.database.store_options(pool=False))
         try:
             found, known = current_version(store), latest_version(store.dialect_name)
             if found is None or found < known:

@@ -56,7 +56,8 @@ class CompletionService:
 
     def complete(self, run_id: str, attempt_id: str, receipt: Receipt,
                  log_dropped_bytes: int | None = None, stopped_by: str = "exit", *,
-                 worker_id: str | None = None, final_log_offset: int | None = None) -> CompletionOutcome:
+                 worker_id: str | None = None, final_log_offset: int | None = None,
+                 finished_in_time: bool | None = None) -> CompletionOutcome:
         """Apply `receipt` to its attempt; refusals change nothing (the caller quarantines).
 
         Checks, in order: the run exists and the attempt belongs to it, the executor type, the
@@ -70,7 +71,8 @@ class CompletionService:
         `completed` in the same transaction, and `final_log_offset` (the cluster log's end,
         SEMANTICS.md §13) is recorded when given. The committed cancel intent and the deadline
         decide before the exit code (`plan_completion`): a `timeout` intent yields `timed_out`
-        unless the receipt's own `finishedAtMs` is at or before `deadline_at_ms`.
+        unless the receipt's own `finishedAtMs` is at or before `deadline_at_ms` — or, from a
+        cluster worker, unless its own verdict `finished_in_time` says so (one clock, §5).
 
         Times are clamped, never refused: the attempt keeps its committed `started_at_ms` (the
         receipt's, kept between the attempt's creation and now, only when none was committed,
@@ -92,6 +94,8 @@ class CompletionService:
             raise BadInput("complete() takes a decoded Receipt")
         if final_log_offset is not None and (type(final_log_offset) is not int or final_log_offset < 0):
             raise BadInput("final_log_offset must be a non-negative integer or None")
+        if finished_in_time not in (None, True, False):
+            raise BadInput("finished_in_time must be a boolean or None")
         with self.store.write() as conn:
             self.store.advisory_lock(conn, f"attempt:{attempt_id}")
             run = load_run(conn, run_id) if isinstance(run_id, str) else None
@@ -129,7 +133,7 @@ class CompletionService:
                                    deadline_at_ms=attempt.deadline_at_ms,
                                    cancel_requested_at_ms=run.cancel_requested_at_ms,
                                    output_open=bool(receipt.output_open),
-                                   signalled=stopped_by != "exit")
+                                   signalled=stopped_by != "exit", finished_in_time=finished_in_time)
             from_stop = plan.run_to in (RunStatus.CANCELLED, RunStatus.TIMED_OUT)
             run_values = {"finished_at_ms": finished}
             if run.started_at_ms is None:
