@@ -69,6 +69,8 @@ class Executor(RuntimeActor):
         self.live: dict[str, Local] = {}
         # The Pull waiting for its answer: its id and its (offer id -> lease token) pairs.
         self.pending_pull: tuple[str, dict[str, str]] | None = None
+        self.pull_message: m.Pull | None = None  # the waiting Pull as sent, to repeat it unchanged
+        self.pull_sent_at = 0.0  # monotonic
 
     def handlers(self):
         return {
@@ -139,6 +141,7 @@ class Executor(RuntimeActor):
             worker_id=self.worker_id, session_id=s.session_id, session_generation=s.session_generation,
             seq=self.heartbeat_seq, free_slots=max(0, self._free()), worker_clock_ms=_wall_ms(),
             renewals=renewals))
+        self._repeat_pull()
         self._schedule_heartbeat()
 
     def on_nudge(self, _msg: m.Nudge, _peer: bytes) -> None:
@@ -158,12 +161,29 @@ class Executor(RuntimeActor):
         if not self.ctx.admitting.is_set():
             return
         pairs = {new_id(): secrets.token_urlsafe(32) for _ in range(self._free())}
-        self.pending_pull = (new_id(), pairs)
+        pull_id = new_id()
+        if self._cluster():  # journalled before it is sent (SEMANTICS.md §9 Offers)
+            self.ctx.journal.journal_pull(pull_id, list(pairs.items()))
+        self.pending_pull = (pull_id, pairs)
         s = self.session
-        self.out.to_control(m.Pull(
+        self.pull_message = m.Pull(
             worker_id=self.worker_id, session_id=s.session_id, session_generation=s.session_generation,
-            pull_id=self.pending_pull[0],
-            offers=[m.OfferSlot(offer_id=o, lease_token=t) for o, t in pairs.items()]))
+            pull_id=pull_id, offers=[m.OfferSlot(offer_id=o, lease_token=t) for o, t in pairs.items()])
+        self.pull_sent_at = time.monotonic()
+        self.out.to_control(self.pull_message)
+
+    def _repeat_pull(self) -> None:
+        """A Pull unanswered for a heartbeat interval went astray (an answer lost on the way, a
+        replica gone): send it again, the same pairs, which get the same offers and no second
+        lease."""
+        if self.pull_message is None or self.pending_pull is None:
+            return
+        if time.monotonic() - self.pull_sent_at < self.session.heartbeat_ms / 1000:
+            return
+        log.warning("event=pull_repeated pull=%s pairs=%d", self.pull_message.pull_id,
+                    len(self.pull_message.offers))
+        self.pull_sent_at = time.monotonic()
+        self.out.to_control(self.pull_message)
 
     def on_offers(self, msg: m.Offers, _peer: bytes) -> None:
         if not self.pending_pull or self.pending_pull[0] != msg.pull_id:
@@ -184,7 +204,9 @@ class Executor(RuntimeActor):
             self._accept(offer, token, msg)
         # Only once every offer is journalled: a handler that meets an unavailable database is
         # handled again (base.py), and its retry must still find this Pull waiting.
-        self.pending_pull = None
+        if self._cluster():
+            self.ctx.journal.clear_pull(msg.pull_id)
+        self.pending_pull = self.pull_message = None
         if len(msg.offers) == len(pairs):
             self._pull()  # every slot asked for was filled: there may be more work
         # Fewer offers than pairs: nothing more to offer now; a Nudge brings the next pull.
@@ -417,6 +439,7 @@ class Executor(RuntimeActor):
         if msg.session_ended:
             log.warning("event=session_ended session=%s detail=%s", self.session.session_id, msg.detail)
             self.session = None
+            self.pending_pull = self.pull_message = None  # its pairs were the old session's
             self.ctx.bridge.cancel_timer("heartbeat")
             self._register(resume=False)
             return
