@@ -53,7 +53,15 @@ def test_an_unknown_key_cannot_register_and_runs_wait(cluster):
         cluster.stop(proc)
 
 
-def test_two_replicas_two_workers_run_every_job_exactly_once(tmp_path):
+def test_two_replicas_two_workers_run_500_jobs_each_exactly_once(tmp_path):
+    """500 queued runs of three short jobs on two replicas and two workers: every run terminal
+    with its own exit code, each job ran once (one ledger line per run), logs exact, and neither
+    a worker's slots nor a task's max_concurrent exceeded (sampled while they run)."""
+    import threading
+
+    from qlactors.store.engine import Store
+    from qlactors.store.repository import Repository
+
     c = make_cluster(tmp_path, replicas=2)
     try:
         for name in ("w1", "w2"):
@@ -61,13 +69,51 @@ def test_two_replicas_two_workers_run_every_job_exactly_once(tmp_path):
             c.allow(name)
             c.start_worker(name, slots=4)
         ledger = tmp_path / "ledger"
-        c.cli("task", "add", "mark", "--max-concurrent", "6", "--",
-              "sh", "-c", f"echo ran >> {ledger}; echo done")
-        run_ids = [_run(c, "mark") for _ in range(60)]
-        states = c.wait_terminal(run_ids, timeout=240)
-        assert {s["state"] for s in states.values()} == {"succeeded"}
-        # One line per run: every run terminal and succeeded, none ran twice.
-        assert ledger.read_text().count("ran\n") == len(run_ids)
+        c.cli("task", "add", "ok", "--max-concurrent", "3", "--", "sh", "-c", f"echo ok >> {ledger}; echo fine")
+        c.cli("task", "add", "bad", "--max-concurrent", "2", "--", "sh", "-c", f"echo bad >> {ledger}; exit 3")
+        c.cli("task", "add", "say", "--max-concurrent", "3", "--",
+              "sh", "-c", f"echo say >> {ledger}; printf 'a\\tb\\n%%s\\n' \"$$\" >/dev/null; printf 'x y\\n'")
+        store = Store(c.database_url)
+        repo = Repository(store)
+        kinds = ["ok", "bad", "say"]
+        run_ids = {kind: [] for kind in kinds}
+        for i in range(500):
+            kind = kinds[i % 3]
+            run_ids[kind].append(repo.runs.request(kind).run.id)
+        store.close()
+        peaks: dict[str, int] = {}
+        done = threading.Event()
+
+        def sample() -> None:
+            while not done.is_set():
+                for key, n in c.sql(
+                        "SELECT 'worker:' || a.worker_id, count(*) FROM run_attempts a "
+                        "WHERE a.status IN ('starting', 'running') GROUP BY a.worker_id "
+                        "UNION ALL SELECT 'task:' || t.name, count(*) FROM run_attempts a "
+                        "JOIN runs r ON r.id = a.run_id JOIN tasks t ON t.id = r.task_id "
+                        "WHERE a.status IN ('starting', 'running') GROUP BY t.name"):
+                    peaks[key] = max(peaks.get(key, 0), n)
+                time.sleep(0.05)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        every = [r for ids in run_ids.values() for r in ids]
+        states = c.wait_terminal(every, timeout=600)
+        done.set()
+        sampler.join(5)
+        assert {states[r]["state"] for r in run_ids["ok"] + run_ids["say"]} == {"succeeded"}
+        assert {states[r]["state"] for r in run_ids["bad"]} == {"failed"}
+        codes = dict(c.sql("SELECT run_id, exit_code FROM run_attempts WHERE run_id = ANY(%s)", every))
+        assert all(codes[r] == 3 for r in run_ids["bad"]) and all(codes[r] == 0 for r in run_ids["ok"])
+        lines = ledger.read_text().splitlines()  # one line per run: none lost, none ran twice
+        assert sorted(lines) == sorted(k for k in kinds for _ in run_ids[k])
+        attempts = c.sql("SELECT count(*) FROM run_attempts WHERE run_id = ANY(%s)", every)[0][0]
+        assert attempts == 500
+        for r in run_ids["say"][:5] + run_ids["ok"][:5]:
+            want = b"x y\n" if r in run_ids["say"] else b"fine\n"
+            wait_for(lambda: c.cli("logs", r).stdout == want, 30, f"the log of {r}")
+        assert max(v for k, v in peaks.items() if k.startswith("worker:")) <= 4, peaks
+        assert peaks.get("task:ok", 0) <= 3 and peaks.get("task:bad", 0) <= 2 and peaks.get("task:say", 0) <= 3
     finally:
         c.close()
 
