@@ -225,3 +225,27 @@ def test_a_revoked_key_is_not_served_any_more(cluster):
     assert cluster.show(run_id)["state"] == "queued"
     assert "event=report_refused" in cluster.replicas[0].log() or "revoked" in cluster.replicas[0].log() \
         or "unknown or revoked" in cluster.workers["w1"].log()
+
+
+def test_a_worker_restarted_within_its_session_lease_resumes_and_its_job_finishes(cluster):
+    """SIGTERM leaves the job running; the restarted worker resumes its session (same
+    generation), re-attests the survivor, and the run ends with its own exit code and log."""
+    cluster.new_key("w1")
+    cluster.allow("w1")
+    worker = cluster.start_worker("w1", slots=1)
+    cluster.cli("task", "add", "slow", "--", "sh", "-c", "echo begin; sleep 4; echo end; exit 5")
+    run_id = _run(cluster, "slow")
+    wait_for(lambda: cluster.sql("SELECT status FROM runs WHERE id = %s", run_id)[0][0] == "running", 30,
+             "the job to run")
+    [(generation,)] = cluster.sql("SELECT session_generation FROM run_attempts WHERE run_id = %s", run_id)
+    assert cluster.stop(worker) == 0
+    again = cluster.start_worker("w1", slots=1)
+    assert again.alive()
+    final = cluster.wait_terminal([run_id], timeout=60)[run_id]
+    assert final["state"] == "failed"
+    assert cluster.sql("SELECT exit_code FROM run_attempts WHERE run_id = %s", run_id) == [(5,)]
+    assert "resumed=True" in "".join(r.log() for r in cluster.replicas)
+    sessions = cluster.sql("SELECT generation FROM worker_sessions WHERE worker_id = 'w1'")
+    assert sessions == [(generation,)]  # resumed: no new generation
+    assert "event=rebound" in again.log()
+    wait_for(lambda: cluster.cli("logs", run_id).stdout == b"begin\nend\n", 30, "the whole log")

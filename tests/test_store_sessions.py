@@ -449,3 +449,32 @@ def _record(errors, fn):
         fn()
     except Exception as err:  # reported by the test
         errors.append(err)
+
+
+def test_unactivated_leases_lists_the_sessions_offers_never_activated(repo):
+    """What Welcome lists after a resume: live leases whose attempt is still `claimed`."""
+    from qlactors.store.dispatch import Dispatch
+    from store_helpers import new_hash, spec
+
+    dispatch = Dispatch(repo.store)
+    repo.tasks.add(spec("u", max_concurrent=2))
+    first, second = (repo.runs.request("u").run.id for _ in range(2))
+    session = dispatch.register_session("w-u", 2, session_lease_ms=60_000)
+    offers = dispatch.offer_batch("w-u", session.session_id, session.generation,
+                                  [("o-u1", new_hash()), ("o-u2", new_hash())], log_cap_bytes=1024,
+                                  lease_ttl_ms=60_000)
+    assert {o.run_id for o in offers} == {first, second}
+    activated = offers[0]
+    dispatch.activate(activated.fence(_token_hash_of(dispatch, activated)), new_hash(), "ab/x.log")
+    listed = dispatch.unactivated_leases(session.session_id)
+    assert [(u.attempt_id, u.offer_id) for u in listed] == [(offers[1].attempt_id, offers[1].offer_id)]
+    assert dispatch.unactivated_leases("no-such-session") == []
+
+
+def _token_hash_of(dispatch, view) -> str:
+    from qlactors.store.schema import run_dispatch_leases
+    from sqlalchemy import select
+
+    with dispatch.store.read() as conn:
+        return conn.execute(select(run_dispatch_leases.c.token_hash).where(
+            run_dispatch_leases.c.offer_id == view.offer_id)).scalar_one()

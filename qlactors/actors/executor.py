@@ -52,6 +52,7 @@ class Local:
     grace_ms: int = 1000
     session_id: str = ""  # the session the lease was granted to (from Offers)
     session_generation: int = 0
+    lease: LeaseFacts | None = None  # the lease held now (renewed by heartbeats, re-bound by Attest)
 
 
 class Executor(RuntimeActor):
@@ -70,6 +71,9 @@ class Executor(RuntimeActor):
         # The Pull waiting for its answer: its id and its (offer id -> lease token) pairs.
         self.pending_pull: tuple[str, dict[str, str]] | None = None
         self.pull_message: m.Pull | None = None  # the waiting Pull as sent, to repeat it unchanged
+        # Survivors attested `running` after a restart: attempt id -> (offer id, lease token) of
+        # the fresh pair their re-bound lease takes.
+        self.rebinding: dict[str, tuple[str, str]] = {}
         self.pull_sent_at = 0.0  # monotonic
 
     def handlers(self):
@@ -134,9 +138,9 @@ class Executor(RuntimeActor):
         # Numbered per session and increasing across restarts of this worker (a resumed session
         # keeps its stored number): the wall clock in ms, or one more than the last.
         self.heartbeat_seq = max(self.heartbeat_seq + 1, _wall_ms())
-        renewals = [m.LeaseRef(run_id=l.run_id, attempt_id=l.attempt_id, offer_id=l.offer.offer_id,
-                               lease_generation=l.offer.lease_generation, lease_token=l.lease_token)
-                    for l in self.live.values() if l.offer is not None]
+        renewals = [m.LeaseRef(run_id=l.run_id, attempt_id=l.attempt_id, offer_id=l.lease.offer_id,
+                               lease_generation=l.lease.lease_generation, lease_token=l.lease.lease_token)
+                    for l in self.live.values() if l.lease is not None]
         self.out.to_control(m.Heartbeat(
             worker_id=self.worker_id, session_id=s.session_id, session_generation=s.session_generation,
             seq=self.heartbeat_seq, free_slots=max(0, self._free()), worker_clock_ms=_wall_ms(),
@@ -230,7 +234,7 @@ class Executor(RuntimeActor):
             return
         local = Local(run_id=offer.run_id, attempt_id=offer.attempt_id, offer=offer,
                       lease_token=lease_token, token=token, grace_ms=offer.stop_grace_ms,
-                      session_id=batch.session_id, session_generation=batch.session_generation)
+                      session_id=batch.session_id, session_generation=batch.session_generation, lease=lease)
         self.live[offer.attempt_id] = local
         raise_point("executor_after_accept")
         self.ctx.logs.create(offer.run_id, offer.attempt_id)
@@ -416,17 +420,51 @@ class Executor(RuntimeActor):
     def _attest_not_running(self, run_id: str, attempt_id: str, stopped_by: str | None) -> None:
         """Conclusive evidence for recovery: this executor runs no process for the attempt
         (`stopped_by` how it ended, None when it was never launched here)."""
+        fact = "never_launched" if stopped_by is None else ("ended" if stopped_by == "exit" else "stopped")
+        self._attest(run_id, attempt_id, fact, stopped_by)
+
+    def _attest(self, run_id: str, attempt_id: str, fact: str, stopped_by: str | None = None, *,
+                lease: LeaseFacts | None = None, slot: tuple[str, str] | None = None,
+                identity: Any = None) -> None:
+        """An Attest from the current session quoting the lease it is about (SEMANTICS.md §9): the
+        one given, else the one held or journalled (edge rows written before schema 6 have none)."""
         s = self.session
         if s is None:
             return
-        fact = "never_launched" if stopped_by is None else ("ended" if stopped_by == "exit" else "stopped")
+        if lease is None:
+            held = self.live.get(attempt_id)
+            entry = None if held is not None and held.lease is not None else self.ctx.journal.get(attempt_id)
+            lease = held.lease if entry is None and held is not None else getattr(entry, "lease", None)
+        i = identity
         self.out.to_control(m.Attest(
             worker_id=self.worker_id, session_id=s.session_id, session_generation=s.session_generation,
-            run_id=run_id, attempt_id=attempt_id, lease=None, lease_session_id=None,
-            lease_session_generation=None, fact=fact, stopped_by=stopped_by, new_slot=None,
-            boot_id=None, pid=None, pgid=None, start_ticks=None))
+            run_id=run_id, attempt_id=attempt_id,
+            lease=None if lease is None else m.LeaseRef(
+                run_id=run_id, attempt_id=attempt_id, offer_id=lease.offer_id,
+                lease_generation=lease.lease_generation, lease_token=lease.lease_token),
+            lease_session_id=None if lease is None else lease.session_id,
+            lease_session_generation=None if lease is None else lease.session_generation,
+            fact=fact, stopped_by=stopped_by,
+            new_slot=None if slot is None else m.OfferSlot(offer_id=slot[0], lease_token=slot[1]),
+            boot_id=getattr(i, "boot_id", None), pid=getattr(i, "pid", None), pgid=getattr(i, "pgid", None),
+            start_ticks=getattr(i, "start_ticks", None)))
 
     def on_attested(self, msg: m.Attested, _peer: bytes) -> None:
+        local = self.live.get(msg.attempt_id)
+        rebind = self.rebinding.pop(msg.attempt_id, None)
+        if msg.fact == "running" and local is not None and rebind is not None:
+            if msg.result == "applied":  # the survivor's lease now belongs to this session
+                s = self.session
+                local.lease = LeaseFacts(msg.offer_id, msg.lease_generation, rebind[1], s.session_id,
+                                         s.session_generation)
+                self.ctx.journal.rebind(msg.attempt_id, msg.lease_generation, msg.offer_id, rebind[1],
+                                        s.session_id, s.session_generation)
+                log.info("event=rebound attempt=%s lease_generation=%s", msg.attempt_id, msg.lease_generation)
+                return
+            if msg.result == "superseded" and local.identity is not None and local.stop_phase is None:
+                log.warning("event=superseded_process_stopped attempt=%s", msg.attempt_id)
+                self._begin_stop(local, "superseded")
+                return
         if msg.result != "applied":
             log.warning("event=attest_%s attempt=%s fact=%s detail=%s", msg.result, msg.attempt_id,
                         msg.fact, msg.detail)
@@ -445,7 +483,7 @@ class Executor(RuntimeActor):
             return
         for fenced in msg.fenced:
             local = self.live.get(fenced.attempt_id)
-            if local is None or local.offer is None or local.offer.lease_generation != fenced.lease_generation:
+            if local is None or local.lease is None or local.lease.lease_generation != fenced.lease_generation:
                 continue
             log.warning("event=lease_fenced attempt=%s reason=%s", fenced.attempt_id, fenced.reason)
             if local.identity is not None:
@@ -460,14 +498,14 @@ class Executor(RuntimeActor):
 
     # -- restart ------------------------------------------------------------------------------
 
-    def _give_back(self, run_id: str, attempt_id: str) -> None:
+    def _give_back(self, run_id: str, attempt_id: str, lease: LeaseFacts | None = None) -> None:
         """Tell the control side this executor holds no process for an attempt it never launched.
 
         The evidence recovery needs (SEMANTICS.md §6): a `claimed` attempt has its lease released
         and is offered again; one activated but never launched ends as judged there.
         """
         log.warning("event=attempt_given_back run=%s attempt=%s", run_id, attempt_id)
-        self._attest_not_running(run_id, attempt_id, None)
+        self._attest(run_id, attempt_id, "never_launched", lease=lease)
 
     def _adopt(self) -> None:
         """Re-adopt launchers that survived a restart (from the journal), for timeout and cancel.
@@ -484,7 +522,7 @@ class Executor(RuntimeActor):
                     continue
                 if entry.state == "accepted":
                     self.ctx.journal.clear(entry.attempt_id)
-                    self._give_back(entry.run_id, entry.attempt_id)
+                    self._give_back(entry.run_id, entry.attempt_id, entry.lease)
                     continue
                 identity = self.ctx.local_receipts.launcher_identity(entry)
                 if identity is None or probe(identity, current_boot_id=boot_id) is not Liveness.RUNNING:
@@ -503,6 +541,11 @@ class Executor(RuntimeActor):
                 self.live[entry.attempt_id] = local
                 self.ctx.bridge.watch(pidfd, entry.attempt_id, self.me)
                 log.info("event=adopted run=%s attempt=%s pid=%d", entry.run_id, entry.attempt_id, identity.pid)
+                if self._cluster():  # re-attest it: its lease is re-bound to this session
+                    slot = (new_id(), secrets.token_urlsafe(32))
+                    self.rebinding[entry.attempt_id] = slot
+                    self._attest(entry.run_id, entry.attempt_id, "running", lease=entry.lease, slot=slot,
+                                 identity=identity)
             if len(entries) < 64:
                 break
             after = entries[-1].attempt_id

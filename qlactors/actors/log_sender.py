@@ -15,7 +15,7 @@ from ..process.logs import UnsafeLogPath
 from ..wire import messages as m
 from ..worker.log_shipping import LogShipper, chunks_to_send
 from .base import RuntimeActor
-from .signals import LogFinal, ShipLog, ShipTick
+from .signals import LogFinal, Resume, ShipLog, ShipTick
 
 log = logging.getLogger("qlactors.logs")
 
@@ -45,7 +45,32 @@ class LogSender(RuntimeActor):
         self.worker_id = ""
 
     def handlers(self):
-        return {ShipLog: self.on_ship, LogFinal: self.on_final, m.LogAck: self.on_ack, ShipTick: self.on_tick}
+        return {ShipLog: self.on_ship, LogFinal: self.on_final, m.LogAck: self.on_ack, ShipTick: self.on_tick,
+                Resume: self.on_resume}
+
+    def started(self) -> None:
+        self.actor_ref.tell(Resume())  # after a restart of the worker or of this actor
+
+    def on_resume(self, _msg: Resume, _peer: bytes) -> None:
+        """Ship on from the journal: every log not yet acknowledged to its final offset, from the
+        acknowledged offset (the journal's `shipped_offset`)."""
+        after = None
+        while True:
+            entries = self.ctx.journal.list(("launching", "started", "completed"), 64, after)
+            for e in entries:
+                if e.attempt_id in self.shipping:
+                    continue
+                if e.final_offset is not None and e.shipped_offset >= e.final_offset:
+                    continue
+                self.shipping[e.attempt_id] = _Shipping(
+                    e.run_id, e.attempt_id, e.callback_token_hash, e.log_path,
+                    LogShipper(acked_offset=e.shipped_offset), final_offset=e.final_offset)
+                self._send(self.shipping[e.attempt_id])
+            if len(entries) < 64:
+                break
+            after = entries[-1].attempt_id
+        if self.shipping:
+            self._schedule()
 
     def on_ship(self, msg: ShipLog, _peer: bytes) -> None:
         self.worker_id = msg.worker_id or self.worker_id

@@ -10,10 +10,12 @@ applied under the session row lock.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Iterable
 
-from sqlalchemy import select
+from sqlalchemy import and_, select
 
+from ..domain.states import AttemptStatus, LeaseStatus
 from ..errors import BadInput, Conflict
 from ..ids import new_id
 from .attestations import Attestations
@@ -21,7 +23,7 @@ from .dispatch_queries import SESSION_LOCKED
 from .engine import Store
 from .heartbeats import Heartbeats
 from .records import APPLIED, FENCED, REFUSED, Fenced, Outcome, Session, check_hash, check_id
-from .schema import worker_sessions
+from .schema import run_attempts, run_dispatch_leases, worker_sessions
 from .session_rows import LATEST_GENERATION, update_session
 from .session_rules import (
     check_capacity,
@@ -35,6 +37,16 @@ from .session_rules import (
 
 _WS = worker_sessions
 _END_STATUSES = ("offline", "draining")
+
+
+@dataclass(frozen=True, slots=True)
+class Unactivated:
+    """A live lease of a session whose attempt was never activated."""
+
+    run_id: str
+    attempt_id: str
+    offer_id: str
+    lease_generation: int
 
 
 class Sessions(Heartbeats, Attestations):
@@ -115,6 +127,20 @@ class Sessions(Heartbeats, Attestations):
                            free_slots=min(session.free_slots, capacity), labels_json=labels_json(labels))
             return Session(session_id, worker_id, generation, capacity, lease_expires_at_ms=expires,
                            labels=labels, boot_id=boot_id, heartbeat_seq=session.heartbeat_seq)
+
+    def unactivated_leases(self, session_id: str, limit: int = 256) -> list[Unactivated]:
+        """The session's live leases whose attempt was never activated, for Welcome after a resume:
+        the worker declines those it does not know (SEMANTICS.md §9 Offers)."""
+        check_id("session id", session_id)
+        query = (select(run_dispatch_leases.c.run_id, run_dispatch_leases.c.attempt_id,
+                        run_dispatch_leases.c.offer_id, run_dispatch_leases.c.lease_generation)
+                 .join(run_attempts, run_attempts.c.id == run_dispatch_leases.c.attempt_id)
+                 .where(and_(run_dispatch_leases.c.session_id == session_id,
+                             run_dispatch_leases.c.status == LeaseStatus.LEASED.value,
+                             run_attempts.c.status == AttemptStatus.CLAIMED.value))
+                 .order_by(run_dispatch_leases.c.attempt_id).limit(limit))
+        with self.store.read() as conn:
+            return [Unactivated(*row) for row in conn.execute(query)]
 
     def end_session(self, worker_id: str, session_id: str, generation: int, *,
                     status: str = "offline") -> Outcome:
