@@ -146,11 +146,19 @@ class Cluster:
         return proc.popen.wait(10)
 
     def close(self) -> None:
-        for proc in [*self.workers.values(), *self.replicas]:
-            self.stop(proc)
-        self._kill_leftover_jobs()
-        with psycopg.connect(_pg_admin_conninfo(), autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{self.admin_db}" WITH (FORCE)')
+        """Stop every process this cluster started, by its PID, whatever fails on the way; then
+        the jobs the workers left, then the database."""
+        try:
+            for proc in [*self.workers.values(), *self.replicas]:
+                try:
+                    self.stop(proc)
+                except BaseException:
+                    proc.popen.kill()
+                    proc.popen.wait(10)
+            self._kill_leftover_jobs()
+        finally:
+            with psycopg.connect(_pg_admin_conninfo(), autocommit=True) as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{self.admin_db}" WITH (FORCE)')
 
     def _kill_leftover_jobs(self) -> None:
         """Jobs run in their own sessions (they outlive a worker by design): stop any left by PID."""
