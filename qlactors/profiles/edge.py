@@ -36,6 +36,7 @@ from ..home import nudge_endpoint
 from ..process.diskspace import free_space_source
 from ..process.identity import boot_id_source
 from ..process.logs import LogStore
+from ..process.malloc import limit_arenas
 from ..process.receipts import ReceiptStore
 from ..store.completion import CompletionService
 from ..store.control import Control
@@ -51,6 +52,8 @@ from .runner import Runner
 log = logging.getLogger("qlactors.edge")
 
 CONTROL_ENDPOINT = "inproc://qlactors-control"
+# A small box's runtime: its threads share the one main malloc arena (process/malloc.py).
+EDGE_MALLOC_ARENAS = 1
 
 ORDER = (("gateway", Gateway), ("recovery", Recovery), ("retry", Retry), ("scheduler", Scheduler),
          ("receipts", ReceiptConsumer), ("executor", Executor))
@@ -82,6 +85,7 @@ class EdgeRuntime(Runner):
             raise
 
     def _build_and_start(self) -> RuntimeContext:
+        limit_arenas(EDGE_MALLOC_ARENAS)  # before any actor or bridge thread exists
         ensure_home(self.config)
         repo = Repository.open(self.config.database_url)
         store = repo.store
