@@ -259,8 +259,9 @@ def cancel(repo: Repository, args: argparse.Namespace) -> int:
 
 def retry(repo: Repository, args: argparse.Namespace) -> int:
     """`retry RUN_ID [--wait]`: a new run of the same revision; stdout is its id, as for `run`."""
-    from .runtime_commands import announce_and_follow, wait_options
+    from .runtime_commands import announce_and_follow, exactly_once, wait_options
 
     timeout_ms = wait_options(args)
-    admission = repo.runs.retry(args.run_id)
+    admission = exactly_once(lambda key: repo.runs.retry(args.run_id, idempotency_key=key),
+                             f"the retry of {args.run_id}", f"`qlactors runs --limit 5`")
     return announce_and_follow(repo, args, admission.run.id, timeout_ms)

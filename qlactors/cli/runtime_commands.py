@@ -13,6 +13,8 @@ from ..domain.model import seconds_to_ms
 from ..domain.states import RUN_TERMINAL, AttemptStatus, RunStatus
 from ..errors import BadInput, NotFound
 from ..home import holder_pid, nudge, read_disk_hold, read_recovery_status, read_store_outage, runtime_is_up
+from ..ids import new_id
+from ..store.engine import StoreUnavailable
 from ..store.repository import Repository
 from . import render
 
@@ -56,9 +58,34 @@ def wait_options(args: argparse.Namespace) -> int | None:
     return ms
 
 
+# How often a request whose commit outcome is unknown is tried again, with the same key.
+REQUEST_TRIES = 5
+FIRST_RETRY_S = 0.2
+
+
+def exactly_once(request, what: str, hint: str):
+    """Run `request(key)` with an idempotency key chosen before its first try (ARCHITECTURE.md):
+    a try whose outcome is unknown (the connection failed during the commit) is repeated with
+    the same key, so a run that was committed is re-read, never admitted twice. When every try
+    fails, the error says the request may have been applied and how to see whether it was."""
+    key = f"request:{new_id()}"
+    delay = FIRST_RETRY_S
+    for attempt in range(1, REQUEST_TRIES + 1):
+        try:
+            return request(key)
+        except StoreUnavailable as err:
+            if attempt == REQUEST_TRIES:
+                raise StoreUnavailable(f"{err}; {what} may have been applied: {hint} shows whether "
+                                       "it was; request it again only if it was not") from err
+            time.sleep(delay)
+            delay *= 2
+    raise AssertionError("unreachable")
+
+
 def run(repo: Repository, args: argparse.Namespace) -> int:
     timeout_ms = wait_options(args)
-    admission = repo.runs.request(args.name)
+    admission = exactly_once(lambda key: repo.runs.request(args.name, idempotency_key=key),
+                             f"the run of {args.name}", f"`qlactors runs --task {args.name} --limit 1`")
     return announce_and_follow(repo, args, admission.run.id, timeout_ms)
 
 

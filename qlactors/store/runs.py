@@ -113,7 +113,7 @@ class Runs:
         append_events(conn, plan, now, actor_type)
         return Admission(self._view(conn, load_run(conn, run_id, lock=False)), created=True)
 
-    def retry(self, run_id: str, *, actor_type: str = "user") -> Admission:
+    def retry(self, run_id: str, *, actor_type: str = "user", idempotency_key: str | None = None) -> Admission:
         """Admit a new run of the revision `run_id` pinned, with `retry_of_run_id` = `run_id`.
 
         Only from a terminal run (a run still in flight has its own lost-run retry), and only
@@ -130,7 +130,8 @@ class Runs:
                 raise BadInput(f"run {row.id} belongs to task {head.name!r}, which was removed; nothing was "
                                f"written. Add the task again and use `qlactors run {head.name}`")
             return self.admit_in(conn, head, row.task_revision, trigger_type=TriggerType.MANUAL,
-                                 retry_of_run_id=row.id, actor_type=actor_type)
+                                 retry_of_run_id=row.id, actor_type=actor_type,
+                                 idempotency_key=idempotency_key)
 
     def cancel(self, run_id: str, reason: CancelReason = CancelReason.USER, *, actor_type: str = "user") -> CancelResult:
         """Commit a cancel intent; a run with no live process ends `cancelled` in the same transaction."""
