@@ -25,6 +25,7 @@ from ..wire import messages as m
 from ..wire.bridge import ProcessExited
 from ..worker.journal_records import LeaseFacts
 from .base import RuntimeActor
+from .executor_session import SessionReports, wall_ms
 from .signals import Consume, HeartbeatDue, NoReceipt, SessionOpen, ShipLog, StopCheck
 
 log = logging.getLogger("qlactors.executor")
@@ -32,8 +33,6 @@ log = logging.getLogger("qlactors.executor")
 CONSUME_RETRY_S = 0.1  # a ReceiptConsumer restart takes milliseconds
 
 
-def _wall_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 @dataclass
@@ -55,7 +54,7 @@ class Local:
     lease: LeaseFacts | None = None  # the lease held now (renewed by heartbeats, re-bound by Attest)
 
 
-class Executor(RuntimeActor):
+class Executor(SessionReports, RuntimeActor):
     name = "executor"
     uses_outbox = True
 
@@ -94,7 +93,7 @@ class Executor(RuntimeActor):
         self.out.to_control(m.Register(
             worker_id=self.worker_id, capacity=self.slots, boot_id=self.ctx.boot_id(), labels=self.labels,
             protocol_min=codec.PROTOCOL_MIN, protocol_max=codec.PROTOCOL_MAX,
-            worker_clock_ms=_wall_ms(), resume_session_id=saved.session_id if saved else None,
+            worker_clock_ms=wall_ms(), resume_session_id=saved.session_id if saved else None,
             resume_generation=saved.generation if saved else None,
             resume_secret=saved.resume_secret if saved else None))
 
@@ -125,29 +124,6 @@ class Executor(RuntimeActor):
         self._adopt()
         self._pull()
 
-    # -- heartbeats (cluster) -------------------------------------------------------------------
-
-    def _schedule_heartbeat(self) -> None:
-        self.ctx.bridge.call_at("heartbeat", time.monotonic() + self.session.heartbeat_ms / 1000, self.me,
-                                HeartbeatDue())
-
-    def on_heartbeat_due(self, _msg: HeartbeatDue, _peer: bytes) -> None:
-        s = self.session
-        if s is None or s.session_lease_ms is None:
-            return
-        # Numbered per session and increasing across restarts of this worker (a resumed session
-        # keeps its stored number): the wall clock in ms, or one more than the last.
-        self.heartbeat_seq = max(self.heartbeat_seq + 1, _wall_ms())
-        renewals = [m.LeaseRef(run_id=l.run_id, attempt_id=l.attempt_id, offer_id=l.lease.offer_id,
-                               lease_generation=l.lease.lease_generation, lease_token=l.lease.lease_token)
-                    for l in self.live.values() if l.lease is not None]
-        self.out.to_control(m.Heartbeat(
-            worker_id=self.worker_id, session_id=s.session_id, session_generation=s.session_generation,
-            seq=self.heartbeat_seq, free_slots=max(0, self._free()), worker_clock_ms=_wall_ms(),
-            renewals=renewals))
-        self._repeat_pull()
-        self._schedule_heartbeat()
-
     def on_nudge(self, _msg: m.Nudge, _peer: bytes) -> None:
         self._pull()
 
@@ -173,19 +149,6 @@ class Executor(RuntimeActor):
         self.pull_message = m.Pull(
             worker_id=self.worker_id, session_id=s.session_id, session_generation=s.session_generation,
             pull_id=pull_id, offers=[m.OfferSlot(offer_id=o, lease_token=t) for o, t in pairs.items()])
-        self.pull_sent_at = time.monotonic()
-        self.out.to_control(self.pull_message)
-
-    def _repeat_pull(self) -> None:
-        """A Pull unanswered for a heartbeat interval went astray (an answer lost on the way, a
-        replica gone): send it again, the same pairs, which get the same offers and no second
-        lease."""
-        if self.pull_message is None or self.pending_pull is None:
-            return
-        if time.monotonic() - self.pull_sent_at < self.session.heartbeat_ms / 1000:
-            return
-        log.warning("event=pull_repeated pull=%s pairs=%d", self.pull_message.pull_id,
-                    len(self.pull_message.offers))
         self.pull_sent_at = time.monotonic()
         self.out.to_control(self.pull_message)
 
@@ -259,7 +222,7 @@ class Executor(RuntimeActor):
             return  # the answer to an earlier offer of the same attempt
         offer = local.offer
         if self._cluster():  # "finished in time" is judged on this worker's own clock (§5)
-            started = _wall_ms()
+            started = wall_ms()
             self.ctx.journal.activated(offer.attempt_id, started,
                                        None if offer.timeout_ms is None else started + offer.timeout_ms)
         # The offer names the cap; this executor's own setting bounds it (a worker's config).
@@ -422,79 +385,6 @@ class Executor(RuntimeActor):
         (`stopped_by` how it ended, None when it was never launched here)."""
         fact = "never_launched" if stopped_by is None else ("ended" if stopped_by == "exit" else "stopped")
         self._attest(run_id, attempt_id, fact, stopped_by)
-
-    def _attest(self, run_id: str, attempt_id: str, fact: str, stopped_by: str | None = None, *,
-                lease: LeaseFacts | None = None, slot: tuple[str, str] | None = None,
-                identity: Any = None) -> None:
-        """An Attest from the current session quoting the lease it is about (SEMANTICS.md §9): the
-        one given, else the one held or journalled (edge rows written before schema 6 have none)."""
-        s = self.session
-        if s is None:
-            return
-        if lease is None:
-            held = self.live.get(attempt_id)
-            entry = None if held is not None and held.lease is not None else self.ctx.journal.get(attempt_id)
-            lease = held.lease if entry is None and held is not None else getattr(entry, "lease", None)
-        i = identity
-        self.out.to_control(m.Attest(
-            worker_id=self.worker_id, session_id=s.session_id, session_generation=s.session_generation,
-            run_id=run_id, attempt_id=attempt_id,
-            lease=None if lease is None else m.LeaseRef(
-                run_id=run_id, attempt_id=attempt_id, offer_id=lease.offer_id,
-                lease_generation=lease.lease_generation, lease_token=lease.lease_token),
-            lease_session_id=None if lease is None else lease.session_id,
-            lease_session_generation=None if lease is None else lease.session_generation,
-            fact=fact, stopped_by=stopped_by,
-            new_slot=None if slot is None else m.OfferSlot(offer_id=slot[0], lease_token=slot[1]),
-            boot_id=getattr(i, "boot_id", None), pid=getattr(i, "pid", None), pgid=getattr(i, "pgid", None),
-            start_ticks=getattr(i, "start_ticks", None)))
-
-    def on_attested(self, msg: m.Attested, _peer: bytes) -> None:
-        local = self.live.get(msg.attempt_id)
-        rebind = self.rebinding.pop(msg.attempt_id, None)
-        if msg.fact == "running" and local is not None and rebind is not None:
-            if msg.result == "applied":  # the survivor's lease now belongs to this session
-                s = self.session
-                local.lease = LeaseFacts(msg.offer_id, msg.lease_generation, rebind[1], s.session_id,
-                                         s.session_generation)
-                self.ctx.journal.rebind(msg.attempt_id, msg.lease_generation, msg.offer_id, rebind[1],
-                                        s.session_id, s.session_generation)
-                log.info("event=rebound attempt=%s lease_generation=%s", msg.attempt_id, msg.lease_generation)
-                return
-            if msg.result == "superseded" and local.identity is not None and local.stop_phase is None:
-                log.warning("event=superseded_process_stopped attempt=%s", msg.attempt_id)
-                self._begin_stop(local, "superseded")
-                return
-        if msg.result != "applied":
-            log.warning("event=attest_%s attempt=%s fact=%s detail=%s", msg.result, msg.attempt_id,
-                        msg.fact, msg.detail)
-
-    def on_heartbeat_ack(self, msg: m.HeartbeatAck, _peer: bytes) -> None:
-        """Renewed leases go on; a fenced one's process is stopped by its exact identity (and attested
-        when it has ended); an ended session means registering anew. Edge sends no heartbeat."""
-        if self.session is None or msg.seq != self.heartbeat_seq:
-            return  # the answer to an earlier heartbeat, or to a session already left
-        if msg.session_ended:
-            log.warning("event=session_ended session=%s detail=%s", self.session.session_id, msg.detail)
-            self.session = None
-            self.pending_pull = self.pull_message = None  # its pairs were the old session's
-            self.ctx.bridge.cancel_timer("heartbeat")
-            self._register(resume=False)
-            return
-        for fenced in msg.fenced:
-            local = self.live.get(fenced.attempt_id)
-            if local is None or local.lease is None or local.lease.lease_generation != fenced.lease_generation:
-                continue
-            log.warning("event=lease_fenced attempt=%s reason=%s", fenced.attempt_id, fenced.reason)
-            if local.identity is not None:
-                if local.stop_phase is None:
-                    self._begin_stop(local, "fenced")
-            else:  # not launched: never will be under this lease
-                self.ctx.journal.clear(local.attempt_id)
-                del self.live[local.attempt_id]
-        # A replica nudges the workers it talks to when work waits; a run another replica (or a
-        # command) created reaches this worker by this pull at the latest.
-        self._pull()
 
     # -- restart ------------------------------------------------------------------------------
 

@@ -263,5 +263,5 @@ def retry(repo: Repository, args: argparse.Namespace) -> int:
 
     timeout_ms = wait_options(args)
     admission = exactly_once(lambda key: repo.runs.retry(args.run_id, idempotency_key=key),
-                             f"the retry of {args.run_id}", f"`qlactors runs --limit 5`")
+                             f"the retry of {args.run_id}", "`qlactors runs --limit 5`")
     return announce_and_follow(repo, args, admission.run.id, timeout_ms)
