@@ -1,6 +1,6 @@
 """A harness for actor-level integration tests: one real actor, the real store, a test peer on ZeroMQ.
 
-`ActorHarness` builds the same `RuntimeContext` as `EdgeRuntime._start` (SQLite file in a temp
+`ActorHarness` builds the same `RuntimeContext` as `EdgeRuntime._build_and_start` (SQLite file in a temp
 home, the local session, a Bridge, Directory, Fatal, ReceiptStore, LogStore, Journal,
 LocalReceipts, CompletionService, Control) but starts only the actor under test. Every other
 name in the Directory is a `Stub` that records what it receives (and may answer). The test

@@ -70,14 +70,6 @@ class ControlRuntime(Runner):
     def _acquire(self):
         return lambda: None  # replicas share nothing on a host: each binds its own port
 
-    def _start(self) -> RuntimeContext:
-        try:
-            return self._build_and_start()
-        except BaseException:
-            if self.ctx is not None:
-                self._shutdown(self.ctx)
-            raise
-
     def _build_and_start(self) -> RuntimeContext:
         cfg = self.cfg
         public, secret = load_key_pair(cfg.key)
@@ -136,14 +128,7 @@ class ControlRuntime(Runner):
         deadline = time.monotonic() + ctx.config.runtime.shutdown_drain_ms / 1000
         ctx.admitting.clear()
         ctx.directory.tell("supervisor", Drain())
-        for name in [n for n, _ in reversed(ORDER)] + ["supervisor"]:
-            ref = ctx.directory.get(name)
-            if ref is None:
-                continue
-            try:
-                ref.stop(timeout=max(0.1, deadline - time.monotonic()))
-            except Exception as err:
-                log.error("event=actor_stop_failed actor=%s error=%r", name, err)
+        self._stop_actors(ctx, [n for n, _ in reversed(ORDER)] + ["supervisor"], deadline)
         ctx.bridge.close()
         if ctx.authenticator is not None:
             ctx.authenticator.stop()

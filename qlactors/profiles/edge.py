@@ -75,15 +75,6 @@ class EdgeRuntime(Runner):
 
     # -- start --------------------------------------------------------------------------------
 
-    def _start(self) -> RuntimeContext:
-        """Build the context and start the actors; on any failure stop what already started."""
-        try:
-            return self._build_and_start()
-        except BaseException:
-            if self.ctx is not None:
-                self._shutdown(self.ctx)
-            raise
-
     def _build_and_start(self) -> RuntimeContext:
         limit_arenas(EDGE_MALLOC_ARENAS)  # before any actor or bridge thread exists
         ensure_home(self.config)
@@ -150,14 +141,7 @@ class EdgeRuntime(Runner):
             except QlactorsError as err:  # the database fails (maybe why we stop): stop anyway
                 log.error("event=cancel_running_failed error=%s (the jobs not cancelled are left running "
                           "and recovered on the next start)", err)
-        for name in [n for n, _ in reversed(ORDER)] + ["supervisor"]:
-            ref = ctx.directory.get(name)
-            if ref is None:
-                continue
-            try:
-                ref.stop(timeout=max(0.1, deadline - time.monotonic()))
-            except Exception as err:  # a stuck actor must not keep the process alive
-                log.error("event=actor_stop_failed actor=%s error=%r", name, err)
+        self._stop_actors(ctx, [n for n, _ in reversed(ORDER)] + ["supervisor"], deadline)
         alive = [name for name in ctx.directory.names() if ctx.directory.get(name).is_alive()]
         if alive:
             log.error("event=actors_still_alive actors=%s", alive)

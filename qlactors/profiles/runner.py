@@ -13,6 +13,7 @@ import os
 import select
 import signal
 import threading
+import time
 
 from ..config import Config, ensure_home
 from ..home import RuntimeLock
@@ -21,8 +22,9 @@ from .context import RuntimeContext
 class Runner:
     """Runs in the foreground until SIGTERM/SIGINT (or `stop()`); `run()` returns an exit status.
 
-    A profile subclasses it with `_start()` (build the context and start the actors, stopping
-    what already started on failure) and `_shutdown(ctx)` (stop them within the drain budget).
+    A profile subclasses it with `_build_and_start()` (build the context and start the actors;
+    on any failure `_start` stops what already started) and `_shutdown(ctx)` (stop them within
+    the drain budget, `_stop_actors` in reverse order).
     """
 
     name = "runtime"
@@ -36,7 +38,27 @@ class Runner:
         self.started = threading.Event()
 
     def _start(self) -> RuntimeContext:
+        """Build the context and start the actors; on any failure stop what already started."""
+        try:
+            return self._build_and_start()
+        except BaseException:
+            if self.ctx is not None:
+                self._shutdown(self.ctx)
+            raise
+
+    def _build_and_start(self) -> RuntimeContext:
         raise NotImplementedError
+
+    def _stop_actors(self, ctx: RuntimeContext, names: list[str], deadline: float) -> None:
+        """Stop these actors, in this order, within the drain budget that ends at `deadline`."""
+        for name in names:
+            ref = ctx.directory.get(name)
+            if ref is None:
+                continue
+            try:
+                ref.stop(timeout=max(0.1, deadline - time.monotonic()))
+            except Exception as err:  # a stuck actor must not keep the process alive
+                self.log.error("event=actor_stop_failed actor=%s error=%r", name, err)
 
     def _shutdown(self, ctx: RuntimeContext) -> None:
         raise NotImplementedError

@@ -92,14 +92,6 @@ class WorkerRuntime(Runner):
             self.state.close()
         return release
 
-    def _start(self) -> RuntimeContext:
-        try:
-            return self._build_and_start()
-        except BaseException:
-            if self.ctx is not None:
-                self._shutdown(self.ctx)
-            raise
-
     def _build_and_start(self) -> RuntimeContext:
         cfg, state = self.cfg, self.state
         public, secret = load_key_pair(cfg.key)
@@ -149,14 +141,7 @@ class WorkerRuntime(Runner):
         deadline = time.monotonic() + ctx.config.runtime.shutdown_drain_ms / 1000
         ctx.admitting.clear()  # no more pulls; running jobs keep running
         ctx.directory.tell("supervisor", Drain())
-        for name in [n for n, _ in reversed(ORDER)] + ["supervisor"]:
-            ref = ctx.directory.get(name)
-            if ref is None:
-                continue
-            try:
-                ref.stop(timeout=max(0.1, deadline - time.monotonic()))
-            except Exception as err:
-                log.error("event=actor_stop_failed actor=%s error=%r", name, err)
+        self._stop_actors(ctx, [n for n, _ in reversed(ORDER)] + ["supervisor"], deadline)
         ctx.bridge.close()
         ctx.zmq.term()
         log.info("event=worker_stopped")
