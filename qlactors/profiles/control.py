@@ -25,7 +25,7 @@ from ..actors.outage import watch_store
 from ..actors.retry import Retry
 from ..actors.scheduler import Scheduler
 from ..actors.session_policy import ClusterSessions
-from ..actors.signals import Drain, StartupPass, Tick
+from ..actors.signals import Drain
 from ..actors.supervisor import Supervisor
 from ..cluster_config import ControlConfig
 from ..config import Config
@@ -106,18 +106,7 @@ class ControlRuntime(Runner):
         self.ctx = ctx
         watch_store(ctx)
         bridge.route_control(directory.named("gateway"))
-        bridge.on_exit = fatal.trip
-        bridge.start()
-        bridge.ready()
-        factories = {name: (lambda cls=cls: cls.start(ctx)) for name, cls in ORDER}
-        directory.set("supervisor", Supervisor.start(ctx, factories))
-        for name, cls in ORDER:
-            directory.set(name, factories[name]())
-            if name == "recovery":
-                totals = directory.get("recovery").ask(StartupPass(), timeout=300)
-                log.info("event=startup_recovery_done outcomes=%s", totals)
-                ctx.admitting.set()
-        directory.tell("supervisor", Tick("startup"))
+        self._start_actors(ctx, ORDER, Supervisor)
         return ctx
 
     def _started_line(self) -> str:

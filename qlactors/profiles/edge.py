@@ -27,7 +27,7 @@ from ..actors.recovery import Recovery
 from ..actors.retry import Retry
 from ..actors.scheduler import Scheduler
 from ..actors.session_policy import LocalSessions
-from ..actors.signals import Drain, StartupPass, Tick
+from ..actors.signals import Drain, Tick
 from ..actors.supervisor import Supervisor
 from ..config import Config, ensure_home
 from ..domain.states import CancelReason
@@ -109,20 +109,7 @@ class EdgeRuntime(Runner):
         bridge.route_executor(EXECUTOR_KINDS, directory.named("executor"))
         bridge.route_executor(["ack:completed"], directory.named("receipts"))
         bridge.route_nudge(directory.named("supervisor"))
-        bridge.on_exit = fatal.trip  # a bridge that stopped serving stops the runtime
-        bridge.start()
-        bridge.ready()
-        factories = {name: (lambda cls=cls: cls.start(ctx)) for name, cls in ORDER}
-        directory.set("supervisor", Supervisor.start(ctx, factories))
-        for name, cls in ORDER:
-            directory.set(name, factories[name]())
-            if name == "recovery":
-                started = time.monotonic()
-                totals = directory.get("recovery").ask(StartupPass(), timeout=300)
-                log.info("event=startup_recovery_done seconds=%.3f outcomes=%s",
-                         time.monotonic() - started, totals)
-                admitting.set()  # recovery is done: admission may open
-        directory.tell("supervisor", Tick("startup"))
+        self._start_actors(ctx, ORDER, Supervisor)
         return ctx
 
     def _started_line(self) -> str:

@@ -49,6 +49,29 @@ class Runner:
     def _build_and_start(self) -> RuntimeContext:
         raise NotImplementedError
 
+    def _start_actors(self, ctx: RuntimeContext, order: tuple, supervisor: type) -> None:
+        """Start the bridge, the Supervisor (with a factory per actor, to restart it), then the
+        actors in `order`. When one of them is `recovery`, its startup pass runs before the next
+        starts, and admission opens after it (SEMANTICS.md §6); without one, at once."""
+        from ..actors.signals import StartupPass, Tick
+
+        ctx.bridge.on_exit = ctx.fatal.trip  # a bridge that stopped serving stops the runtime
+        ctx.bridge.start()
+        ctx.bridge.ready()
+        factories = {name: (lambda cls=cls: cls.start(ctx)) for name, cls in order}
+        ctx.directory.set("supervisor", supervisor.start(ctx, factories))
+        if "recovery" not in factories:
+            ctx.admitting.set()
+        for name, _cls in order:
+            ctx.directory.set(name, factories[name]())
+            if name == "recovery":
+                started = time.monotonic()
+                totals = ctx.directory.get("recovery").ask(StartupPass(), timeout=300)
+                self.log.info("event=startup_recovery_done seconds=%.3f outcomes=%s",
+                              time.monotonic() - started, totals)
+                ctx.admitting.set()  # recovery is done: admission may open
+        ctx.directory.tell("supervisor", Tick("startup"))
+
     def _stop_actors(self, ctx: RuntimeContext, names: list[str], deadline: float) -> None:
         """Stop these actors, in this order, within the drain budget that ends at `deadline`."""
         for name in names:

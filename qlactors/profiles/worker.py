@@ -123,14 +123,8 @@ class WorkerRuntime(Runner):
         bridge.route_executor(EXECUTOR_KINDS, directory.named("executor"))
         bridge.route_executor(["ack:completed"], directory.named("receipts"))
         bridge.route_executor(["log_ack"], directory.named("logs"))
-        bridge.on_exit = fatal.trip
-        bridge.start()
-        bridge.ready()
-        factories = {name: (lambda cls=cls: cls.start(ctx)) for name, cls in ORDER}
-        directory.set("supervisor", Supervisor.start(ctx, factories))
-        admitting.set()  # a worker admits what the control side offers; the control side decides
-        for name, _cls in ORDER:
-            directory.set(name, factories[name]())
+        # No recovery here: a worker admits what the control side offers from the start.
+        self._start_actors(ctx, ORDER, Supervisor)
         return ctx
 
     def _started_line(self) -> str:
