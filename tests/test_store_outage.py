@@ -16,6 +16,7 @@ import sys
 
 import pytest
 
+from qlactors.actors.gateway import Gateway
 from qlactors.actors.supervisor import Supervisor
 from qlactors.domain.receipt import token_hash
 from qlactors.home import RuntimeLock, read_store_outage
@@ -44,13 +45,14 @@ def make_sup(tmp_path, short_busy_timeout):
         endpoint = unique_endpoint("control")
         h = ActorHarness(tmp_path, control_bind=endpoint, **runtime)
         made.append(h)
-        h.bridge.route_control(h.directory.named("supervisor"))
+        h.bridge.route_control(h.directory.named("gateway"))
         h.stub("recovery")
         h.stub("scheduler")
         h.start_bridge()
         h.ctx.admitting.set()
-        ref = h.start("supervisor", Supervisor, {})
-        return SupervisorRig(h, ref, h.dealer(endpoint))
+        supervisor = h.start("supervisor", Supervisor, {})
+        ref = h.start("gateway", Gateway)
+        return SupervisorRig(h, ref, h.dealer(endpoint), supervisor)
 
     yield make
     for h in made:
@@ -137,7 +139,7 @@ def test_a_database_failing_longer_than_store_outage_stop_ms_stops_the_runtime_w
         assert fatal.reason.startswith("the database has failed every transaction for ")
         assert "store_outage_stop_ms = 1000" in fatal.reason and "database is locked" in fatal.reason
         assert "fix the database, then start the runtime again" in fatal.reason
-    assert sup.ref.is_alive()  # the Supervisor did not crash: the outage was judged persistent
+    assert sup.ref.is_alive()  # the Gateway did not crash: the outage was judged persistent
 
 
 def test_store_health_tracks_one_outage_and_calls_persistent_once():
