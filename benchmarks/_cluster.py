@@ -227,8 +227,10 @@ class Cluster:
         return done.stdout
 
     def new_key(self, name: str) -> None:
-        subprocess.run([*c.qlactors_argv(), "keys", "new", name, "--dir", str(self.keys)], check=True,
-                       capture_output=True, timeout=30)
+        done = subprocess.run([*c.qlactors_argv(), "keys", "new", name, "--dir", str(self.keys)],
+                              capture_output=True, text=True, timeout=30)
+        if done.returncode != 0:
+            raise RuntimeError(f"qlactors keys new {name} exited {done.returncode}: {done.stderr.strip()[-300:]}")
 
     def allow(self, name: str) -> None:
         self.cli("worker", "allow", name, str(self.keys / f"{name}.key"))
