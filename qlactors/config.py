@@ -175,3 +175,18 @@ def _runtime(base: RuntimeSettings, overrides: dict[str, Any], path: Path) -> Ru
         if type(value) is not int or not low <= value <= high:
             raise BadInput(f"{path}: [runtime] {key} = {value!r} is out of range {low}..{high}")
     return replace(base, **overrides)
+
+
+
+# The cluster profiles (control replica, worker) live in qlactors/cluster_config.py, which builds
+# on this module; these names are served from there on first use (PEP 562), so either module may
+# be imported first.
+_CLUSTER_NAMES = frozenset({"ControlConfig", "WorkerConfig", "DatabaseSettings", "load_config"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _CLUSTER_NAMES:
+        from . import cluster_config
+
+        return getattr(cluster_config, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -32,7 +32,9 @@ import zmq
 from sqlalchemy import select
 
 from qlactors.actors.base import Directory, Fatal
+from qlactors.actors.disk_reserve import DiskReserve
 from qlactors.actors.outage import watch_store
+from qlactors.actors.session_policy import LocalSessions
 from qlactors.worker.receipts import LocalReceipts
 from qlactors.config import DEFAULTS, Config, ensure_home
 from qlactors.profiles.context import EXECUTOR_KINDS, LOCAL_WORKER, RuntimeContext
@@ -48,6 +50,7 @@ from qlactors.worker.journal import Journal
 from qlactors.store.repository import Repository
 from qlactors.store.schema import run_attempts
 from qlactors.wire import codec
+from qlactors.wire import messages as m
 from qlactors.wire.bridge import Bridge
 from store_helpers import db_state  # noqa: F401 - the actor tests import it from here
 
@@ -207,6 +210,8 @@ class ActorHarness:
                 receipts=receipts, logs=logs,
                 local_receipts=LocalReceipts(receipts, journal, self.config.runtime.quarantine_retention_ms),
                 boot_id=read_boot_id, launcher_shell="/bin/sh")
+            self.ctx.sessions = LocalSessions(self.ctx.session, self.config.runtime.cadence_tick_ms,
+                                              DiskReserve(self.config, None))
             watch_store(self.ctx)  # as profiles/edge.py does: outages reach `status`, a persistent one is fatal
         except BaseException:
             self.zmq.term()
@@ -319,6 +324,40 @@ class ActorHarness:
             proc.wait(WAIT_S)
         self.repo.close()
         assert not errors, errors
+
+
+# -- protocol 2 messages as the peers of the actors under test build them ----------------------
+
+
+def register_message(worker_id: str, boot_id: str, **kw: Any) -> m.Register:
+    """A Register of a new session (no resume) speaking exactly this protocol version."""
+    fields: dict[str, Any] = dict(
+        worker_id=worker_id, capacity=1, boot_id=boot_id, labels=[], protocol_min=codec.PROTOCOL_MIN,
+        protocol_max=codec.PROTOCOL_MAX, worker_clock_ms=time.time_ns() // 1_000_000,
+        resume_session_id=None, resume_generation=None, resume_secret=None)
+    fields.update(kw)
+    return m.Register(**fields)
+
+
+def welcome_message(session: Any, **kw: Any) -> m.Welcome:
+    """The Welcome the edge Supervisor sends for its one local session (ctx.session)."""
+    fields: dict[str, Any] = dict(
+        worker_id=session.worker_id, session_id=session.session_id, session_generation=session.generation,
+        resumed=False, resume_secret="secret", protocol=codec.VERSION, heartbeat_ms=1000,
+        session_lease_ms=None, run_lease_ms=None, unactivated=[])
+    fields.update(kw)
+    return m.Welcome(**fields)
+
+
+def offers_message(pull: m.Pull, *offers: m.Offer) -> m.Offers:
+    """The answer to `pull` carrying `offers` (none: nothing to do now)."""
+    return m.Offers(worker_id=pull.worker_id, session_id=pull.session_id,
+                    session_generation=pull.session_generation, pull_id=pull.pull_id, offers=list(offers))
+
+
+def ack_message(of: str, run_id: str, attempt_id: str, result: str, detail: str = "",
+                offer_id: str = "") -> m.Ack:
+    return m.Ack(of=of, run_id=run_id, attempt_id=attempt_id, offer_id=offer_id, result=result, detail=detail)
 
 
 # -- store helpers ------------------------------------------------------------------------------

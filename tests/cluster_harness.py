@@ -175,19 +175,23 @@ class Cluster:
     def show(self, run_id: str) -> dict:
         return self.cli_json("show", run_id)
 
+    def sql(self, query: str, *args) -> list[tuple]:
+        """Read the cluster database directly (a test's view; the CLI is what users run)."""
+        with psycopg.connect(self.database_url.replace("+psycopg", "")) as conn:
+            return conn.execute(query, args).fetchall()
+
     def wait_terminal(self, run_ids: list[str], timeout: float) -> dict[str, dict]:
-        """Every run's final state, polled from the database through the CLI's `runs --json`."""
+        """Every run's final state, polled from the database."""
         deadline = time.monotonic() + timeout
         pending = set(run_ids)
         states: dict[str, dict] = {}
         while pending and time.monotonic() < deadline:
-            runs = self.cli_json("runs", "--limit", "1000")
-            for run in runs:
-                if run["id"] in pending and run["state"] in TERMINAL:
-                    states[run["id"]] = run
-                    pending.discard(run["id"])
+            for run_id, status in self.sql("SELECT id, status FROM runs WHERE id = ANY(%s)", list(pending)):
+                if status in TERMINAL:
+                    states[run_id] = {"id": run_id, "state": status}
+                    pending.discard(run_id)
             if pending:
-                time.sleep(0.5)
+                time.sleep(0.3)
         if pending:
             logs = "\n".join(f"--- {p.name}\n{p.log()[-3000:]}" for p in [*self.replicas, *self.workers.values()])
             raise AssertionError(f"{len(pending)} runs not terminal after {timeout:g} s\n{logs}")

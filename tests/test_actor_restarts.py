@@ -24,13 +24,14 @@ from qlactors.actors import scheduler as scheduler_module
 from qlactors.actors.scheduler import Scheduler
 from qlactors.actors.recovery import Recovery
 from qlactors.actors.signals import ActorFailed, AttemptEnded, Consume, NoReceipt, StepDone, StepRequest, Tick
-from qlactors.actors.supervisor import MAX_RESTARTS, Supervisor, fence_of
+from qlactors.actors.gateway import Gateway, fence_of
+from qlactors.actors.supervisor import MAX_RESTARTS, Supervisor
 from qlactors.profiles.edge import ORDER
 from qlactors.domain.transitions import ErrorCode
 from qlactors.wire import messages as m
 from qlactors.wire.bridge import Bridge
 
-from actor_harness import WAIT_S, ActorHarness, Stub, leases, unique_endpoint, wait_until
+from actor_harness import WAIT_S, ActorHarness, Stub, ack_message, leases, unique_endpoint, wait_until, welcome_message
 from test_actors import ExecutorRig, Flights, ReceiptRig, new_token, spec
 from qlactors.domain.receipt import token_hash
 
@@ -201,7 +202,7 @@ def test_an_executor_restarted_mid_stop_re_adopts_its_launcher_and_finishes_the_
     # The new instance registers; once welcomed it re-adopts the launcher from the journal.
     rig.peer.expect(m.Register)
     s = h.ctx.session
-    rig.peer.send(m.Welcome(worker_id=s.worker_id, session_id=s.session_id, session_generation=s.generation))
+    rig.peer.send(welcome_message(s))
     # The pending stop timer reaches the new instance, which sends KILL; the pidfd it re-watched
     # reports the launcher's end, and the receipt (or its absence) is reported.
     report = rig.peer.expect((m.Completed, m.Attest), timeout=WAIT_S, strict=False)
@@ -285,15 +286,6 @@ def test_a_bridge_loop_that_dies_stops_the_runtime_with_a_reason(tmp_path, monke
 # -- an Executor restart, or a re-offer, with an offer in flight -----------------------------------
 
 
-def _offer_message(view) -> m.Offer:
-    return m.Offer(worker_id=view.worker_id, session_id=view.session_id,
-                   session_generation=view.session_generation, run_id=view.run_id,
-                   attempt_id=view.attempt_id, attempt_number=view.attempt_number, offer_id=view.offer_id,
-                   lease_generation=view.lease_generation, lease_version=view.lease_version,
-                   argv=list(view.argv), cwd=view.cwd, env=dict(view.env), timeout_ms=view.timeout_ms,
-                   stop_grace_ms=view.stop_grace_ms, log_cap_bytes=view.log_cap_bytes)
-
-
 def test_an_executor_re_offered_an_attempt_it_holds_unactivated_accepts_it_again_and_runs_it(make_rig):
     """Same attempt id, new lease generation: the journal row and the log file are reused, the late
     refusal of the first Activate does not drop the second offer, and the job runs once."""
@@ -306,26 +298,30 @@ def test_an_executor_re_offered_an_attempt_it_holds_unactivated_accepts_it_again
     h.repo.tasks.add(spec("job", ["sh", "-c", "echo once"]))
     run_id = h.repo.runs.request("job").run.id
     first = exe.offer_for(pull)
-    rig.peer.send(first)
+    assert len(pull.offers) == 2
+    exe.send_offers(pull, first)  # one offer for two pairs: nothing more to offer now
     act1 = rig.peer.expect(m.Activate)
+    rig.peer.send(m.Nudge())
     pull2 = rig.peer.expect(m.Pull)  # a second slot is free
+    assert len(pull2.offers) == 1
     log_path = h.ctx.logs.path_for(run_id, first.attempt_id)
     log_path.write_bytes(b"stale")
     # The control side withdraws the first lease before activating it, and offers the attempt again.
-    assert h.ctx.dispatch.release_unstarted(fence_of(act1), "declined").result == "applied"
+    assert h.ctx.dispatch.release_unstarted(fence_of(act1, act1.worker_id), "declined").result == "applied"
     second = exe.offer_for(pull2)
     assert (second.attempt_id, second.lease_generation) == (first.attempt_id, 2)
-    rig.peer.send(second)
+    exe.send_offers(pull2, second)
     act2 = rig.peer.expect(m.Activate)
     assert (act2.attempt_id, act2.lease_generation, act2.offer_id) == (first.attempt_id, 2, second.offer_id)
     assert act2.callback_token_hash != act1.callback_token_hash
     assert log_path.read_bytes() == b""  # emptied for the new offer
     assert h.ctx.journal.get(first.attempt_id).callback_token_hash == act2.callback_token_hash
-    # The first Activate's answer (fenced) comes first and must not drop the second offer.
-    late = h.ctx.dispatch.activate(fence_of(act1), act1.callback_token_hash, act1.log_artifact_id)
+    # The first Activate's answer (fenced) comes first and must not drop the second offer: it
+    # names the first offer's id, not the current one.
+    late = h.ctx.dispatch.activate(fence_of(act1, act1.worker_id), act1.callback_token_hash, act1.log_artifact_id)
     assert late.result == "fenced"
-    rig.peer.send(m.Ack(of="activate", run_id=run_id, attempt_id=first.attempt_id, result="fenced",
-                        detail="lease_released"))
+    rig.peer.send(ack_message("activate", run_id, first.attempt_id, "fenced", "lease_released",
+                              offer_id=act1.offer_id))
     exe.activate(act2)
     started = rig.peer.expect(m.Started, strict=False)  # a Pull for the free slot may come first
     h.track_group(started.pgid)
@@ -348,16 +344,15 @@ def test_a_restarted_executor_gives_back_the_offer_the_dead_instance_accepted(ma
     pull = exe.welcome()
     h.repo.tasks.add(spec("job"))
     run_id = h.repo.runs.request("job").run.id
-    rig.peer.send(exe.offer_for(pull))
+    exe.send_offers(pull, exe.offer_for(pull))
     act = rig.peer.expect(m.Activate)
     assert h.ctx.journal.get(act.attempt_id).state == "accepted"
     rig.fail("executor")
     rig.peer.expect(m.Register)
     s = h.ctx.session
-    rig.peer.send(m.Welcome(worker_id=s.worker_id, session_id=s.session_id, session_generation=s.generation))
+    rig.peer.send(welcome_message(s))
     attest = rig.peer.expect(m.Attest, strict=False)
-    assert (attest.run_id, attest.attempt_id, attest.running, attest.conclusive) == (run_id, act.attempt_id,
-                                                                                     False, True)
+    assert (attest.run_id, attest.attempt_id, attest.fact) == (run_id, act.attempt_id, "never_launched")
     assert h.ctx.journal.get(act.attempt_id) is None
     rig.peer.expect(m.Pull, strict=False)  # its slot is free again
     # A late Activated for the dead instance's offer launches nothing.

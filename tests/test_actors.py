@@ -36,7 +36,8 @@ from qlactors.actors.signals import (
     StepRequest,
     Tick,
 )
-from qlactors.actors.supervisor import Supervisor, fence_of
+from qlactors.actors.gateway import Gateway, fence_of
+from qlactors.actors.supervisor import Supervisor
 from qlactors.domain.model import Command, TaskSpec
 from qlactors.domain.receipt import Receipt, encode_receipt, token_hash
 from qlactors.domain.retry import RetryPolicy
@@ -48,16 +49,21 @@ from qlactors.store.repository import Repository
 from qlactors.store import sqlite as sqlite_store
 from qlactors.wire import codec
 from qlactors.wire import messages as m
+from qlactors.wire.offers import offer_record
 
 from actor_harness import (
     QUIET_S,
     WAIT_S,
     ActorHarness,
+    ack_message,
     attempt_row,
     db_state,
     leases,
+    offers_message,
+    register_message,
     unique_endpoint,
     wait_until,
+    welcome_message,
 )
 
 BOOT_ID = read_boot_id()
@@ -76,15 +82,16 @@ def now_ms() -> int:
 
 
 # =============================================================================================
-# Supervisor alone: the control side's face to executors, over a bound ROUTER
+# The control side: the Gateway (the face to executors) over a bound ROUTER, and the Supervisor
 # =============================================================================================
 
 
 class SupervisorRig:
-    """The Supervisor under test, its peer (a DEALER playing an executor) and the harness."""
+    """The Gateway and the Supervisor under test, their peer (a DEALER playing an executor) and
+    the harness; `ref` is the Gateway, which answers every report."""
 
-    def __init__(self, h: ActorHarness, ref, peer) -> None:
-        self.h, self.ref, self.peer = h, ref, peer
+    def __init__(self, h: ActorHarness, ref, peer, supervisor) -> None:
+        self.h, self.ref, self.peer, self.supervisor = h, ref, peer, supervisor
 
     @property
     def session(self):
@@ -94,23 +101,38 @@ class SupervisorRig:
     def repo(self):
         return self.h.repo
 
-    def register(self) -> m.Welcome:
-        self.peer.send(m.Register(worker_id=self.session.worker_id, capacity=1, boot_id=BOOT_ID))
+    def register(self, **kw: Any) -> m.Welcome:
+        self.peer.send(register_message(self.session.worker_id, BOOT_ID, **kw))
         return self.peer.expect(m.Welcome)
 
-    def pull(self, offer_id: str | None = None, lease_token: str | None = None, **kw: Any) -> tuple[Any, str, str]:
-        offer_id = offer_id or secrets.token_hex(8)
-        lease_token = lease_token or new_token()
+    def pull_message(self, slots: int = 1, pairs: list[tuple[str, str]] | None = None, **kw: Any) -> m.Pull:
+        """A Pull with `pairs` (offer id, lease token), or `slots` fresh ones."""
+        if pairs is None:
+            pairs = [(secrets.token_hex(8), new_token()) for _ in range(slots)]
         s = self.session
         fields = dict(worker_id=s.worker_id, session_id=s.session_id, session_generation=s.generation,
-                      free_slots=1, offer_id=offer_id, lease_token=lease_token)
+                      pull_id=secrets.token_hex(8),
+                      offers=[m.OfferSlot(offer_id=o, lease_token=t) for o, t in pairs])
         fields.update(kw)
-        self.peer.send(m.Pull(**fields))
+        return m.Pull(**fields)
+
+    def pull(self, offer_id: str | None = None, lease_token: str | None = None, **kw: Any) -> tuple[Any, str, str]:
+        """One pair asked for: (the answer, its offer id, its lease token)."""
+        offer_id = offer_id or secrets.token_hex(8)
+        lease_token = lease_token or new_token()
+        self.peer.send(self.pull_message(pairs=[(offer_id, lease_token)], **kw))
         return self.peer.recv(), offer_id, lease_token
 
+    def no_offers(self, pull_id: str) -> m.Offers:
+        """The answer to a Pull of this session when there is nothing to offer."""
+        s = self.session
+        return m.Offers(worker_id=s.worker_id, session_id=s.session_id, session_generation=s.generation,
+                        pull_id=pull_id, offers=[])
+
     def fence(self, offer: m.Offer, token_of_lease: str, **kw: Any) -> dict[str, Any]:
-        fence = dict(worker_id=offer.worker_id, session_id=offer.session_id,
-                     session_generation=offer.session_generation, run_id=offer.run_id,
+        s = self.session
+        fence = dict(worker_id=s.worker_id, session_id=s.session_id,
+                     session_generation=s.generation, run_id=offer.run_id,
                      attempt_id=offer.attempt_id, offer_id=offer.offer_id,
                      lease_generation=offer.lease_generation, lease_token=token_of_lease,
                      lease_version=offer.lease_version)
@@ -121,9 +143,9 @@ class SupervisorRig:
         """A task, a queued run and a real offer for it; (offer, lease token)."""
         self.repo.tasks.add(spec(name, **task))
         self.repo.runs.request(name)
-        offer, _, lease_token = self.pull()
-        assert isinstance(offer, m.Offer), offer
-        return offer, lease_token
+        answer, _, lease_token = self.pull()
+        assert isinstance(answer, m.Offers) and len(answer.offers) == 1, answer
+        return answer.offers[0], lease_token
 
     def activated(self, name: str = "job", **task: Any) -> tuple[m.Offer, str, str, m.Activated]:
         """(offer, lease token, callback token, Activated) of an attempt now `starting`."""
@@ -157,52 +179,70 @@ class SupervisorRig:
 
 @pytest.fixture
 def sup(tmp_path, store_url):
-    """The Supervisor on SQLite and on PostgreSQL (it is the cluster control plane's face too)."""
+    """The Gateway and the Supervisor on SQLite and on PostgreSQL (the cluster's face too)."""
     endpoint = unique_endpoint("control")
     h = ActorHarness(tmp_path, control_bind=endpoint, database_url=store_url)
     try:
-        h.bridge.route_control(h.directory.named("supervisor"))
+        h.bridge.route_control(h.directory.named("gateway"))
         h.stub("recovery")
         h.stub("scheduler")
         h.start_bridge()
         h.ctx.admitting.set()
-        ref = h.start("supervisor", Supervisor, {})
-        yield SupervisorRig(h, ref, h.dealer(endpoint))
+        supervisor = h.start("supervisor", Supervisor, {})
+        ref = h.start("gateway", Gateway)
+        yield SupervisorRig(h, ref, h.dealer(endpoint), supervisor)
     finally:
         h.close()
 
 
-def test_supervisor_register_answers_welcome_with_the_registered_session(sup):
+def test_gateway_register_answers_welcome_with_the_registered_session(sup):
     welcome = sup.register()
     s = sup.session
     assert (welcome.worker_id, welcome.session_id, welcome.session_generation) == (
         s.worker_id, s.session_id, s.generation)
     assert welcome.session_generation == 1
+    # Edge: the version agreed, no resume, no lease that expires, nothing left unactivated.
+    assert (welcome.protocol, welcome.resumed, welcome.session_lease_ms, welcome.run_lease_ms,
+            welcome.unactivated) == (codec.VERSION, False, None, None, [])
+    assert welcome.heartbeat_ms > 0 and welcome.resume_secret
 
 
-def test_supervisor_register_of_an_unknown_worker_is_refused(sup):
-    sup.peer.send(m.Register(worker_id="intruder", capacity=1, boot_id=BOOT_ID))
+@pytest.mark.parametrize(("low", "high"), [(1, 1), (3, 4)], ids=["older", "newer"])
+def test_gateway_register_with_a_protocol_range_without_2_is_refused(sup, low, high):
+    sup.peer.send(register_message(sup.session.worker_id, BOOT_ID, protocol_min=low, protocol_max=high))
+    ack = sup.peer.expect(m.Ack)
+    assert (ack.of, ack.result) == ("register", "refused")
+    assert f"{low}..{high}" in ack.detail and str(codec.VERSION) in ack.detail
+    assert sup.alive()
+    # A range that includes it is welcome.
+    assert sup.register(protocol_min=1, protocol_max=3).protocol == codec.VERSION
+
+
+def test_gateway_register_of_an_unknown_worker_is_refused(sup):
+    sup.peer.send(register_message("intruder", BOOT_ID))
     ack = sup.peer.expect(m.Ack)
     assert (ack.of, ack.result, ack.run_id, ack.attempt_id) == ("register", "refused", "", "")
     assert "intruder" in ack.detail
     assert sup.alive()
 
 
-def test_supervisor_pull_without_queued_work_answers_idle(sup):
+def test_gateway_pull_without_queued_work_answers_no_offers(sup):
     sup.register()
-    idle, offer_id, _ = sup.pull()
-    assert idle == m.Idle(offer_id=offer_id)
+    sup.peer.send(pull := sup.pull_message())
+    assert sup.peer.recv() == sup.no_offers(pull.pull_id)
 
 
-def test_supervisor_pull_offers_the_queued_run_and_a_repeated_pull_gets_the_same_offer(sup):
+def test_gateway_pull_offers_the_queued_run_and_a_repeated_pull_gets_the_same_offer(sup):
     sup.register()
     sup.repo.tasks.add(spec("job", ["/bin/sh", "-c", "echo hi; exit 4"], cwd="/tmp", env={"A": "1"},
                             timeout_ms=60_000, stop_grace_ms=2_000))
     run_id = sup.repo.runs.request("job").run.id
-    offer, offer_id, lease_token = sup.pull()
-    assert isinstance(offer, m.Offer)
+    answer, offer_id, lease_token = sup.pull()
+    assert isinstance(answer, m.Offers)
     s = sup.session
-    assert (offer.worker_id, offer.session_id, offer.session_generation) == (s.worker_id, s.session_id, s.generation)
+    assert (answer.worker_id, answer.session_id, answer.session_generation) == (s.worker_id, s.session_id, s.generation)
+    [offer] = answer.offers
+    assert offer.lease_expires_at_ms is None  # edge leases live with the runtime
     assert (offer.run_id, offer.attempt_number, offer.offer_id) == (run_id, 1, offer_id)
     assert offer.argv == ["/bin/sh", "-c", "echo hi; exit 4"]
     assert (offer.cwd, offer.env, offer.timeout_ms, offer.stop_grace_ms) == ("/tmp", {"A": "1"}, 60_000, 2_000)
@@ -215,11 +255,33 @@ def test_supervisor_pull_offers_the_queued_run_and_a_repeated_pull_gets_the_same
     before = db_state(sup.repo, run_id)
 
     again, _, _ = sup.pull(offer_id=offer_id, lease_token=lease_token)
-    assert again == offer
+    assert again.offers == [offer]
     assert db_state(sup.repo, run_id) == before  # no second lease, nothing changed
 
 
-def test_supervisor_activate_answers_activated_with_the_deadline(sup):
+def test_gateway_a_pull_of_several_pairs_gets_one_offer_per_pair_in_one_answer(sup):
+    sup.register()
+    for i in range(3):
+        sup.repo.tasks.add(spec(f"job{i}"))
+    runs = {sup.repo.runs.request(f"job{i}").run.id for i in range(3)}
+    pairs = [(secrets.token_hex(8), new_token()) for _ in range(2)]
+    sup.peer.send(pull := sup.pull_message(pairs=pairs))
+    answer = sup.peer.recv()
+    assert isinstance(answer, m.Offers) and answer.pull_id == pull.pull_id
+    assert [o.offer_id for o in answer.offers] == [o for o, _ in pairs]  # one per pair, in order
+    offered = {o.run_id for o in answer.offers}
+    assert len(offered) == 2 and offered <= runs
+    for offer, (offer_id, lease_token) in zip(answer.offers, pairs):
+        [lease] = leases(sup.repo, offer.run_id)
+        assert (lease["offer_id"], lease["token_hash"]) == (offer_id, token_hash(lease_token))
+    # More pairs than queued runs: the one left is offered, and the answer says no more.
+    sup.peer.send(pull := sup.pull_message(slots=3))
+    rest = sup.peer.recv()
+    assert [o.run_id for o in rest.offers] == list(runs - offered)
+    assert rest.offers[0].offer_id == pull.offers[0].offer_id
+
+
+def test_gateway_activate_answers_activated_with_the_deadline(sup):
     sup.register()
     t0 = now_ms()
     offer, lease_token, token, activated = sup.activated(timeout_ms=60_000)
@@ -233,7 +295,7 @@ def test_supervisor_activate_answers_activated_with_the_deadline(sup):
         "starting", token_hash(token), activated.deadline_at_ms, "ab/attempt.log")
 
 
-def test_supervisor_activate_without_timeout_has_no_deadline(sup):
+def test_gateway_activate_without_timeout_has_no_deadline(sup):
     sup.register()
     _, _, _, activated = sup.activated()
     assert activated.deadline_at_ms is None
@@ -243,10 +305,9 @@ def test_supervisor_activate_without_timeout_has_no_deadline(sup):
     {"lease_token": "not-the-token-of-this-lease-xxxxxxxxxxxxxxxxxx"},
     {"session_generation": 2},
     {"lease_generation": 7},
-    {"lease_version": 5},
     {"offer_id": "another-offer"},
-], ids=["lease_token", "session_generation", "lease_generation", "lease_version", "offer_id"])
-def test_supervisor_fenced_activate_is_acked_fenced_and_changes_nothing(sup, wrong):
+], ids=["lease_token", "session_generation", "lease_generation", "offer_id"])
+def test_gateway_fenced_activate_is_acked_fenced_and_changes_nothing(sup, wrong):
     sup.register()
     offer, lease_token = sup.offered()
     before = db_state(sup.repo, offer.run_id)
@@ -263,7 +324,7 @@ def test_supervisor_fenced_activate_is_acked_fenced_and_changes_nothing(sup, wro
     sup.peer.expect(m.Activated)
 
 
-def test_supervisor_activate_after_a_cancel_is_refused(sup):
+def test_gateway_activate_after_a_cancel_is_fenced(sup):
     sup.register()
     offer, lease_token = sup.offered()
     sup.repo.runs.cancel(offer.run_id)
@@ -271,12 +332,12 @@ def test_supervisor_activate_after_a_cancel_is_refused(sup):
     sup.peer.send(m.Activate(**sup.fence(offer, lease_token), callback_token_hash=token_hash(new_token()),
                              log_artifact_id="ab/x.log"))
     ack = sup.peer.expect(m.Ack)
-    assert (ack.of, ack.result, ack.detail) == ("activate", "refused", "attempt_cancelled")
+    assert (ack.of, ack.result, ack.detail) == ("activate", "fenced", "attempt_cancelled")
     assert db_state(sup.repo, offer.run_id) == before
     assert sup.repo.runs.get(offer.run_id).state == "cancelled"
 
 
-def test_supervisor_started_is_applied_once_and_a_repeat_is_applied_again_without_an_event(sup):
+def test_gateway_started_is_applied_once_and_a_repeat_is_applied_again_without_an_event(sup):
     sup.register()
     offer, lease_token, _, activated = sup.activated()
     ack = sup.started(offer, lease_token, activated)
@@ -296,7 +357,7 @@ def test_supervisor_started_is_applied_once_and_a_repeat_is_applied_again_withou
     assert db_state(sup.repo, offer.run_id) == before
 
 
-def test_supervisor_fenced_started_changes_nothing(sup):
+def test_gateway_fenced_started_changes_nothing(sup):
     sup.register()
     offer, lease_token, _, activated = sup.activated()
     before = db_state(sup.repo, offer.run_id)
@@ -308,7 +369,7 @@ def test_supervisor_fenced_started_changes_nothing(sup):
 
 
 @pytest.mark.parametrize(("exit_code", "state"), [(0, "succeeded"), (3, "failed")])
-def test_supervisor_completed_with_the_callback_token_ends_the_run_by_exit_code(sup, exit_code, state):
+def test_gateway_completed_with_the_callback_token_ends_the_run_by_exit_code(sup, exit_code, state):
     sup.register()
     offer, lease_token, token, activated = sup.activated()
     sup.started(offer, lease_token, activated)
@@ -336,18 +397,18 @@ def test_supervisor_completed_with_the_callback_token_ends_the_run_by_exit_code(
     assert db_state(sup.repo, offer.run_id) == before
 
 
-def test_supervisor_completed_before_started_still_lands(sup):
+def test_gateway_completed_before_started_still_lands(sup):
     """A fast job's receipt may beat its Started report (SEMANTICS.md §2: `starting` may end directly)."""
     sup.register()
     offer, lease_token, token, activated = sup.activated()
     ack = sup.completed(offer, token, 0)
     assert ack.result == "applied"
     late = sup.started(offer, lease_token, activated)
-    assert late.result == "already_terminal"
+    assert (late.result, late.detail) == ("fenced", "attempt_succeeded")  # its lease completed
     assert sup.repo.runs.get(offer.run_id).state == "succeeded"
 
 
-def test_supervisor_completed_with_an_invalid_receipt_is_refused(sup):
+def test_gateway_completed_with_an_invalid_receipt_is_refused(sup):
     sup.register()
     offer, _, token, _ = sup.activated()
     ack = sup.completed(offer, token, 300)  # exit codes are 0..255
@@ -361,7 +422,9 @@ def _body(**fields: Any) -> bytes:
     return msgpack.packb(fields, use_bin_type=True)
 
 
-_GOOD_REGISTER = dict(kind="register", worker_id="local", capacity=1, boot_id="b")
+_GOOD_REGISTER = dict(kind="register", worker_id="local", capacity=1, boot_id="b", labels=[], protocol_min=2,
+                      protocol_max=2, worker_clock_ms=1, resume_session_id=None, resume_generation=None,
+                      resume_secret=None)
 
 MALFORMED = {
     "garbage": [b"\xff\x00garbage\x13"],
@@ -377,7 +440,7 @@ MALFORMED = {
 
 
 @pytest.mark.parametrize("frames", list(MALFORMED.values()), ids=list(MALFORMED))
-def test_supervisor_a_malformed_frame_is_refused_and_the_supervisor_keeps_answering(sup, frames):
+def test_gateway_a_malformed_frame_is_refused_and_the_supervisor_keeps_answering(sup, frames):
     sup.peer.send_frames(frames)
     ack = sup.peer.expect(m.Ack)
     assert (ack.of, ack.run_id, ack.attempt_id, ack.result) == ("unknown", "", "", "refused")
@@ -388,60 +451,69 @@ def test_supervisor_a_malformed_frame_is_refused_and_the_supervisor_keeps_answer
     assert sup.alive()
 
 
-def test_supervisor_a_peer_on_another_protocol_version_is_refused_naming_both_versions(sup):
-    sup.peer.send_frames([b"QLACTORS/2", _body(kind="register", worker_id="local", capacity=1,
-                                              boot_id="b", new_field=[1, 2])])
+def test_gateway_a_peer_on_another_protocol_version_is_refused_naming_both_versions(sup):
+    # A protocol 1 peer: its Register (without the fields of version 2) is judged by the header.
+    sup.peer.send_frames([b"QLACTORS/1", _body(kind="register", worker_id="local", capacity=1, boot_id="b")])
     frames = sup.peer.recv_frames()
-    assert frames is not None and frames[0] == codec.HEADER  # our answer speaks version 1
+    assert frames is not None and frames[0] == codec.HEADER == b"QLACTORS/2"  # our answer speaks version 2
     ack = codec.decode(frames)
     assert isinstance(ack, m.Ack)
     assert (ack.of, ack.result) == ("unknown", "refused")
-    assert "QLACTORS/2" in ack.detail and "QLACTORS/1" in ack.detail
+    assert "QLACTORS/1" in ack.detail and "QLACTORS/2" in ack.detail
     # A later version may have another frame layout: still judged by the header first.
     sup.peer.send_frames([b"QLACTORS/3"])
     ack = sup.peer.expect(m.Ack)
-    assert "QLACTORS/3" in ack.detail and "QLACTORS/1" in ack.detail
+    assert "QLACTORS/3" in ack.detail and "QLACTORS/2" in ack.detail
     assert sup.alive()
     sup.register()
 
 
-def test_supervisor_a_control_side_message_from_a_peer_is_ignored(sup):
+def test_gateway_a_control_side_message_from_a_peer_is_ignored(sup):
     """An executor-bound kind (here Welcome) sent to the control side has no handler: no crash."""
-    sup.peer.send(m.Welcome(worker_id="local", session_id="s", session_generation=1))
+    sup.peer.send(welcome_message(sup.session, session_id="s"))
     sup.peer.quiet()
     assert sup.alive()
     sup.register()
 
 
-def test_supervisor_conclusive_attest_reaches_recovery_and_ticks_the_scheduler(sup):
+def attest_message(welcome: m.Welcome, fact: str, stopped_by: str | None = None, **kw: Any) -> m.Attest:
+    """An Attest of the current session about run r1 / attempt a1 quoting no lease (as edge sends it)."""
+    fields: dict[str, Any] = dict(
+        worker_id="local", session_id=welcome.session_id, session_generation=welcome.session_generation,
+        run_id="r1", attempt_id="a1", lease=None, lease_session_id=None, lease_session_generation=None,
+        fact=fact, stopped_by=stopped_by, new_slot=None, boot_id=None, pid=None, pgid=None, start_ticks=None)
+    fields.update(kw)
+    return m.Attest(**fields)
+
+
+@pytest.mark.parametrize(("fact", "stopped_by"), [("ended", "exit"), ("stopped", "term"),
+                                                  ("never_launched", None), ("ended_with_receipt", "exit")])
+def test_gateway_conclusive_attest_reaches_recovery_and_ticks_the_scheduler(sup, fact, stopped_by):
     welcome = sup.register()
-    sup.peer.send(m.Attest(worker_id="local", session_id=welcome.session_id,
-                           session_generation=welcome.session_generation, run_id="r1", attempt_id="a1",
-                           running=False, conclusive=True, stopped_by="exit"))
+    sup.peer.send(attest_message(welcome, fact, stopped_by))
     [ended] = sup.h.inbox.wait("recovery", AttemptEnded)
     assert ended == AttemptEnded("r1", "a1")
     [tick] = sup.h.inbox.wait("scheduler", Tick)
     assert tick.reason == "attest"
 
 
-@pytest.mark.parametrize(("running", "conclusive"), [(True, False), (False, False)])
-def test_supervisor_inconclusive_attest_does_not_reach_recovery(sup, running, conclusive):
+@pytest.mark.parametrize("fact", ["running", "launch_unknown"])
+def test_gateway_inconclusive_attest_does_not_reach_recovery(sup, fact):
     welcome = sup.register()
-    sup.peer.send(m.Attest(worker_id="local", session_id=welcome.session_id,
-                           session_generation=welcome.session_generation, run_id="r1", attempt_id="a1",
-                           running=running, conclusive=conclusive, stopped_by=None))
-    ack = sup.peer.expect(m.Ack)
-    assert (ack.of, ack.result) == ("attest", "applied")
+    sup.peer.send(attest_message(welcome, fact))
+    attested = sup.peer.expect(m.Attested)
+    assert (attested.fact, attested.result) == (fact, "applied")
     assert sup.h.inbox.items("recovery") == []
     assert sup.alive()
 
 
-def test_supervisor_pull_from_a_superseded_session_is_fenced(sup):
+def test_gateway_pull_from_a_superseded_session_is_fenced(sup):
     sup.register()
     sup.repo.tasks.add(spec())
     run_id = sup.repo.runs.request("job").run.id
     answer, _, _ = sup.pull(session_generation=sup.session.generation + 1)
     assert isinstance(answer, m.Ack) and (answer.of, answer.result) == ("pull", "fenced")
+    assert leases(sup.repo, run_id) == []
     assert sup.repo.runs.get(run_id).state == "queued"
 
 
@@ -451,7 +523,7 @@ def test_supervisor_cycle_done_sends_stops_and_nudges_to_the_registered_peer(sup
     sup.register()
     order = StopOrder(run_id="r1", attempt_id="a1", reason="user", grace_ms=1500, boot_id=None, pid=None,
                       pgid=None, start_ticks=None, attempt_status="running")
-    sup.ref.tell(CycleDone(ok=True, stops=(order,), work_waiting=True))
+    sup.supervisor.tell(CycleDone(ok=True, stops=(order,), work_waiting=True))
     assert sup.peer.expect(m.StopRequested) == m.StopRequested(run_id="r1", attempt_id="a1", reason="user",
                                                               grace_ms=1500)
     sup.peer.expect(m.Nudge)
@@ -463,8 +535,8 @@ def test_supervisor_schedules_the_next_cycle_at_the_tick_or_the_idle_tick(sup, i
 
     runtime = sup.h.ctx.config.runtime
     sup.register()
-    sup.ref.tell(CycleDone(ok=True, idle=idle))
-    sup.register()  # answered: the CycleDone before it was handled
+    sup.supervisor.tell(CycleDone(ok=True, idle=idle))
+    sup.supervisor.ask(Tick("barrier"), timeout=WAIT_S)  # answered: the CycleDone before it was handled
     wait_s = sup.h.ctx.bridge.timer_due("cadence") - _time.monotonic()
     expected = (runtime.idle_tick_ms if idle else runtime.cadence_tick_ms) / 1000
     assert expected - 1.0 < wait_s <= expected + 0.1
@@ -487,17 +559,14 @@ def test_supervisor_the_cadence_timer_ticks_the_scheduler_at_a_deadline(sup):
 PEER_KILLS_SUPERVISOR = {
     "pull_offer_id_40_chars": lambda rig: _send_pull(rig, offer_id="o" * 40),
     "pull_non_ascii_lease_token": lambda rig: _send_pull(rig, lease_token="jeton-\u00e9"),
+    "pull_id_40_chars": lambda rig: rig.peer.send(rig.pull_message(pull_id="p" * 40)),
     "started_pid_0": lambda rig: _send_started(rig, pid=0),
     "completed_negative_dropped_bytes": lambda rig: _send_completed(rig, log_dropped_bytes=-1),
 }
 
 
-def _send_pull(rig: SupervisorRig, **kw: Any) -> None:
-    s = rig.session
-    fields = dict(worker_id=s.worker_id, session_id=s.session_id, session_generation=s.generation,
-                  free_slots=1, offer_id="o1", lease_token=new_token())
-    fields.update(kw)
-    rig.peer.send(m.Pull(**fields))
+def _send_pull(rig: SupervisorRig, offer_id: str = "o1", lease_token: str | None = None) -> None:
+    rig.peer.send(rig.pull_message(pairs=[(offer_id, lease_token or new_token())]))
 
 
 def _send_started(rig: SupervisorRig, **identity: Any) -> None:
@@ -531,17 +600,17 @@ def _answer_or_death(rig: SupervisorRig, timeout: float = WAIT_S) -> Any:
 
 
 @pytest.mark.parametrize("send", list(PEER_KILLS_SUPERVISOR.values()), ids=list(PEER_KILLS_SUPERVISOR))
-def test_supervisor_a_wire_valid_report_the_store_rejects_is_refused_not_fatal(sup, send):
+def test_gateway_a_wire_valid_report_the_store_rejects_is_refused_not_fatal(sup, send):
     sup.register()
     send(sup)
     answer = _answer_or_death(sup)
     assert sup.alive(), f"the supervisor died: {sup.h.ctx.fatal.reason}"
-    assert isinstance(answer, (m.Ack, m.Idle)), answer
+    assert isinstance(answer, (m.Ack, m.Offers)), answer
     if isinstance(answer, m.Ack):
         assert answer.result in ("refused", "fenced")
 
 
-def test_supervisor_refused_or_fenced_reports_change_nothing_about_their_attempt(sup):
+def test_gateway_refused_or_fenced_reports_change_nothing_about_their_attempt(sup):
     """Issue 9 §1: a report the store refuses (a ValueError inside its transaction) or fences
     leaves the attempt, its run, its lease and its events exactly as they were."""
     sup.register()
@@ -550,8 +619,8 @@ def test_supervisor_refused_or_fenced_reports_change_nothing_about_their_attempt
     fence = sup.fence(offer, lease_token, lease_version=activated.lease_version)
     reports = [
         m.Started(**fence, boot_id=BOOT_ID, pid=0, pgid=0, start_ticks=1),  # refused: pid 0
-        m.Started(**{**fence, "lease_version": activated.lease_version + 7}, boot_id=BOOT_ID, pid=9,
-                  pgid=9, start_ticks=1),  # fenced: a version never granted
+        m.Started(**{**fence, "session_generation": 2}, boot_id=BOOT_ID, pid=9,
+                  pgid=9, start_ticks=1),  # fenced: a generation never registered
         m.StartFailed(**{**fence, "offer_id": "another-offer"}, reason="spawn failed"),  # fenced
         m.Activate(**{**fence, "lease_token": new_token()}, callback_token_hash="ab" * 32,
                    log_artifact_id="x"),  # fenced: another lease token
@@ -564,7 +633,7 @@ def test_supervisor_refused_or_fenced_reports_change_nothing_about_their_attempt
     assert sup.alive()
 
 
-def test_supervisor_answers_a_pull_past_a_run_no_offer_can_carry(sup):
+def test_gateway_answers_a_pull_past_a_run_no_offer_can_carry(sup):
     """Issue 9 §1: the pull gets the good run's offer; the planted one ends OFFER_UNENCODABLE."""
     from sqlalchemy import select
 
@@ -580,48 +649,105 @@ def test_supervisor_answers_a_pull_past_a_run_no_offer_can_carry(sup):
     bad = sup.repo.runs.request("bad").run.id
     good = sup.repo.runs.request("good").run.id
     answer, offer_id, _ = sup.pull()
-    assert isinstance(answer, m.Offer) and (answer.run_id, answer.offer_id) == (good, offer_id), answer
+    assert isinstance(answer, m.Offers), answer
+    assert [(o.run_id, o.offer_id) for o in answer.offers] == [(good, offer_id)], answer
     run = sup.repo.runs.get(bad)
     assert (run.state, run.error_code) == ("failed", ErrorCode.OFFER_UNENCODABLE)
     assert [(a.state, a.error_code) for a in run.attempts] == [("failed", ErrorCode.OFFER_UNENCODABLE)]
     assert leases(sup.repo, bad) == [] and sup.alive()
 
 
-def test_supervisor_pull_with_no_free_slot_is_answered_idle(sup):
+def test_gateway_pull_with_no_free_slot_is_answered_with_no_offers(sup):
     sup.register()
     sup.repo.tasks.add(spec())
     run_id = sup.repo.runs.request("job").run.id
-    answer, offer_id, _ = sup.pull(free_slots=0)
-    assert answer == m.Idle(offer_id=offer_id)
+    sup.peer.send(pull := sup.pull_message(slots=0))  # no pair: no free slot
+    assert sup.peer.recv() == sup.no_offers(pull.pull_id)
     assert leases(sup.repo, run_id) == []
 
 
-def test_supervisor_offers_nothing_before_admission_opens(sup):
+def test_gateway_offers_nothing_before_admission_opens(sup):
     sup.register()
     sup.h.ctx.admitting.clear()
     sup.repo.tasks.add(spec())
     run_id = sup.repo.runs.request("job").run.id
-    answer, offer_id, _ = sup.pull()
-    assert answer == m.Idle(offer_id=offer_id)
+    sup.peer.send(pull := sup.pull_message())
+    assert sup.peer.recv() == sup.no_offers(pull.pull_id)
     assert sup.repo.runs.get(run_id).state == "queued"
 
 
-def test_supervisor_answers_attest_with_an_ack(sup):
+def test_gateway_answers_attest_with_attested(sup):
     welcome = sup.register()
-    sup.peer.send(m.Attest(worker_id="local", session_id=welcome.session_id,
-                           session_generation=welcome.session_generation, run_id="r1", attempt_id="a1",
-                           running=False, conclusive=True, stopped_by="exit"))
-    ack = sup.peer.expect(m.Ack, timeout=1.0)
-    assert (ack.of, ack.run_id, ack.attempt_id) == ("attest", "r1", "a1")
+    sup.peer.send(attest_message(welcome, "ended", "exit"))
+    attested = sup.peer.expect(m.Attested, timeout=1.0)
+    assert (attested.run_id, attested.attempt_id, attested.fact, attested.result) == ("r1", "a1", "ended", "applied")
+    assert attested.offer_id is None  # nothing re-bound on edge
 
 
-def test_supervisor_heartbeat_of_a_stale_session_is_fenced(sup):
+def test_gateway_attest_of_a_stale_session_is_fenced_and_reaches_nobody(sup):
+    welcome = sup.register()
+    sup.peer.send(attest_message(welcome, "ended", "exit", session_generation=welcome.session_generation + 5))
+    attested = sup.peer.expect(m.Attested, timeout=1.0)
+    assert (attested.attempt_id, attested.result) == ("a1", "fenced")
+    sup.peer.quiet()
+    assert sup.h.inbox.items("recovery") == []
+
+
+def _heartbeat(s: Any, seq: int, renewals: list[m.LeaseRef], **kw: Any) -> m.Heartbeat:
+    fields: dict[str, Any] = dict(worker_id=s.worker_id, session_id=s.session_id, session_generation=s.generation,
+                                  seq=seq, free_slots=1, worker_clock_ms=now_ms(), renewals=renewals)
+    fields.update(kw)
+    return m.Heartbeat(**fields)
+
+
+def test_gateway_heartbeat_of_a_stale_session_is_answered_session_ended(sup):
     sup.register()
     s = sup.session
-    sup.peer.send(m.Heartbeat(worker_id=s.worker_id, session_id=s.session_id,
-                              session_generation=s.generation + 5, free_slots=1))
-    ack = sup.peer.expect(m.Ack, timeout=1.0)
-    assert (ack.of, ack.result) == ("heartbeat", "fenced")
+    sup.peer.send(_heartbeat(s, 7, [], session_generation=s.generation + 5))
+    ack = sup.peer.expect(m.HeartbeatAck, timeout=1.0)
+    assert (ack.seq, ack.session_ended, ack.renewed, ack.fenced) == (7, True, [], [])
+    assert ack.detail
+
+
+def test_gateway_heartbeat_of_the_session_is_answered_with_its_renewals(sup):
+    sup.register()
+    offer, lease_token = sup.offered()
+    ref = m.LeaseRef(run_id=offer.run_id, attempt_id=offer.attempt_id, offer_id=offer.offer_id,
+                     lease_generation=offer.lease_generation, lease_token=lease_token)
+    before = db_state(sup.repo, offer.run_id)
+    for seq in (1, 2):
+        sup.peer.send(_heartbeat(sup.session, seq, [ref] if seq == 2 else []))
+        ack = sup.peer.expect(m.HeartbeatAck, timeout=1.0)
+        assert (ack.seq, ack.session_ended, ack.session_expires_at_ms, ack.fenced) == (seq, False, None, [])
+        assert [(r.attempt_id, r.lease_generation, r.expires_at_ms) for r in ack.renewed] == (
+            [(offer.attempt_id, offer.lease_generation, None)] if seq == 2 else [])
+    assert db_state(sup.repo, offer.run_id) == before  # edge leases do not expire: nothing written
+
+
+def test_gateway_decline_releases_the_lease_and_the_attempt_is_offered_again(sup):
+    sup.register()
+    offer, lease_token = sup.offered()
+    sup.peer.send(m.Decline(**sup.fence(offer, lease_token), reason="draining"))
+    ack = sup.peer.expect(m.Ack)
+    assert (ack.of, ack.result, ack.run_id, ack.attempt_id, ack.offer_id) == (
+        "decline", "applied", offer.run_id, offer.attempt_id, offer.offer_id)
+    [lease] = leases(sup.repo, offer.run_id)
+    assert lease["status"] == "released"
+    [tick] = sup.h.inbox.wait("scheduler", Tick)
+    assert tick.reason == "decline"
+    # The same attempt, under a new lease generation, goes to the next pull.
+    again, offer_id, _ = sup.pull()
+    [second] = again.offers
+    assert (second.attempt_id, second.offer_id) == (offer.attempt_id, offer_id)
+    assert second.lease_generation == offer.lease_generation + 1
+    # A repeat of the Decline quotes a lease that has ended: fenced (§9), and nothing changes:
+    # the new lease stays.
+    before = db_state(sup.repo, offer.run_id)
+    sup.peer.send(m.Decline(**sup.fence(offer, lease_token), reason="draining"))
+    repeat = sup.peer.expect(m.Ack)
+    assert (repeat.result, repeat.detail) == ("fenced", "lease_released")
+    assert db_state(sup.repo, offer.run_id) == before
+    assert [lease["status"] for lease in leases(sup.repo, offer.run_id)].count("leased") == 1
 
 
 # =============================================================================================
@@ -648,24 +774,24 @@ class ExecutorRig:
         return self.h.ctx
 
     def welcome(self) -> m.Pull:
-        s = self.ctx.session
-        self.peer.send(m.Welcome(worker_id=s.worker_id, session_id=s.session_id, session_generation=s.generation))
+        self.peer.send(welcome_message(self.ctx.session))
         return self.peer.expect(m.Pull)
 
-    def offer_for(self, pull: m.Pull) -> m.Offer:
-        view = self.ctx.dispatch.offer(pull.worker_id, pull.session_id, pull.session_generation, pull.offer_id,
-                                       token_hash(pull.lease_token),
+    def offer_for(self, pull: m.Pull, slot: int = 0) -> m.Offer:
+        """A genuine lease of the next queued run, taken with the `slot`-th pair of `pull`."""
+        pair = pull.offers[slot]
+        view = self.ctx.dispatch.offer(pull.worker_id, pull.session_id, pull.session_generation, pair.offer_id,
+                                       token_hash(pair.lease_token),
                                        log_cap_bytes=self.h.config.runtime.log_cap_bytes)
         assert view is not None, "no queued run to offer"
-        return m.Offer(worker_id=view.worker_id, session_id=view.session_id,
-                       session_generation=view.session_generation, run_id=view.run_id,
-                       attempt_id=view.attempt_id, attempt_number=view.attempt_number, offer_id=view.offer_id,
-                       lease_generation=view.lease_generation, lease_version=view.lease_version,
-                       argv=list(view.argv), cwd=view.cwd, env=dict(view.env), timeout_ms=view.timeout_ms,
-                       stop_grace_ms=view.stop_grace_ms, log_cap_bytes=view.log_cap_bytes)
+        return offer_record(view)
+
+    def send_offers(self, pull: m.Pull, *offers: m.Offer) -> None:
+        """Answer `pull` with `offers` (none: nothing to do now)."""
+        self.peer.send(offers_message(pull, *offers))
 
     def activate(self, act: m.Activate) -> m.Activated:
-        result = self.ctx.dispatch.activate(fence_of(act), act.callback_token_hash, act.log_artifact_id)
+        result = self.ctx.dispatch.activate(fence_of(act, act.worker_id), act.callback_token_hash, act.log_artifact_id)
         assert result.result == "applied", result
         activated = m.Activated(run_id=act.run_id, attempt_id=act.attempt_id, offer_id=act.offer_id,
                                 lease_version=result.lease_version, deadline_at_ms=result.deadline_at_ms)
@@ -673,11 +799,11 @@ class ExecutorRig:
         return activated
 
     def ack_started(self, started: m.Started) -> None:
-        outcome = self.ctx.dispatch.started(fence_of(started), started.boot_id, started.pid, started.pgid,
+        outcome = self.ctx.dispatch.started(fence_of(started, started.worker_id), started.boot_id, started.pid, started.pgid,
                                             started.start_ticks)
         assert outcome.result == "applied", outcome
-        self.peer.send(m.Ack(of="started", run_id=started.run_id, attempt_id=started.attempt_id,
-                             result="applied", detail=""))
+        self.peer.send(ack_message("started", started.run_id, started.attempt_id, "applied",
+                                   offer_id=started.offer_id))
 
     def ack_completed(self, completed: m.Completed) -> str:
         receipt = Receipt(schema_version=completed.schema_version, run_id=completed.run_id,
@@ -686,8 +812,8 @@ class ExecutorRig:
                           finished_at_ms=completed.finished_at_ms, exit_code=completed.exit_code)
         outcome = self.ctx.completion.complete(completed.run_id, completed.attempt_id, receipt,
                                                completed.log_dropped_bytes)
-        self.peer.send(m.Ack(of="completed", run_id=completed.run_id, attempt_id=completed.attempt_id,
-                             result=outcome.result, detail=outcome.reason or ""))
+        self.peer.send(ack_message("completed", completed.run_id, completed.attempt_id, outcome.result,
+                                   outcome.reason or ""))
         return outcome.result
 
     def launch(self, words: list[str], **task: Any) -> tuple[m.Offer, m.Activate, m.Started]:
@@ -696,7 +822,7 @@ class ExecutorRig:
         self.repo.tasks.add(spec("job", words, **task))
         self.repo.runs.request("job")
         offer = self.offer_for(pull)
-        self.peer.send(offer)
+        self.send_offers(pull, offer)
         act = self.peer.expect(m.Activate)
         self.activate(act)
         started = self.peer.expect(m.Started)
@@ -738,12 +864,38 @@ def make_exe(tmp_path):
 
 def test_executor_registers_then_pulls_after_welcome(make_exe):
     rig = make_exe()
-    assert rig.register == m.Register(worker_id="local", capacity=1, boot_id=BOOT_ID)
+    assert rig.register == dataclasses.replace(register_message("local", BOOT_ID),
+                                               worker_clock_ms=rig.register.worker_clock_ms)
+    assert abs(rig.register.worker_clock_ms - now_ms()) < 60_000  # its own clock, for the skew
     pull = rig.welcome()
     s = rig.ctx.session
-    assert (pull.worker_id, pull.session_id, pull.session_generation, pull.free_slots) == (
+    assert (pull.worker_id, pull.session_id, pull.session_generation, len(pull.offers)) == (
         s.worker_id, s.session_id, s.generation, 1)
-    assert pull.offer_id and len(pull.lease_token) >= 32
+    [pair] = pull.offers
+    assert pull.pull_id and pair.offer_id and len(pair.lease_token) >= 32
+
+
+def test_executor_pulls_one_pair_per_free_slot_and_accepts_a_batch_of_offers_in_one_go(make_exe):
+    rig = make_exe(slots=3)
+    assert rig.register.capacity == 3
+    pull = rig.welcome()
+    assert len(pull.offers) == 3  # one (offer id, lease token) pair per free slot
+    assert len({p.offer_id for p in pull.offers}) == 3 and len({p.lease_token for p in pull.offers}) == 3
+    for i in range(2):
+        rig.repo.tasks.add(spec(f"job{i}", sleeper(rig)))
+        rig.repo.runs.request(f"job{i}")
+    first, second = rig.offer_for(pull, 0), rig.offer_for(pull, 2)  # any of the pairs may be used
+    rig.send_offers(pull, first, second)
+    acts = {a.attempt_id: a for a in (rig.peer.expect(m.Activate), rig.peer.expect(m.Activate))}
+    assert set(acts) == {first.attempt_id, second.attempt_id}
+    assert acts[first.attempt_id].lease_token == pull.offers[0].lease_token
+    assert acts[second.attempt_id].lease_token == pull.offers[2].lease_token
+    assert {e.attempt_id for e in rig.ctx.journal.list()} == set(acts)
+    # Fewer offers than pairs: nothing more to offer now, so no pull until a Nudge; then one pair.
+    rig.peer.quiet()
+    rig.peer.send(m.Nudge())
+    again = rig.peer.expect(m.Pull)
+    assert len(again.offers) == 1 and again.pull_id != pull.pull_id
 
 
 def test_executor_runs_an_offer_end_to_end_through_the_real_receipt_consumer(make_exe):
@@ -752,14 +904,14 @@ def test_executor_runs_an_offer_end_to_end_through_the_real_receipt_consumer(mak
     rig.repo.tasks.add(spec("job", ["/bin/sh", "-c", "echo hi; exit 4"]))
     run_id = rig.repo.runs.request("job").run.id
     offer = rig.offer_for(pull)
-    rig.peer.send(offer)
+    rig.send_offers(pull, offer)
 
     act = rig.peer.expect(m.Activate)
     assert (act.worker_id, act.session_id, act.session_generation, act.run_id, act.attempt_id, act.offer_id,
             act.lease_generation, act.lease_version) == (
-        offer.worker_id, offer.session_id, offer.session_generation, run_id, offer.attempt_id, offer.offer_id,
+        pull.worker_id, pull.session_id, pull.session_generation, run_id, offer.attempt_id, offer.offer_id,
         offer.lease_generation, offer.lease_version)
-    assert act.lease_token == pull.lease_token
+    assert act.lease_token == pull.offers[0].lease_token
     assert len(act.callback_token_hash) == 64 and int(act.callback_token_hash, 16) >= 0
     log_path = rig.ctx.logs.path_for(run_id, offer.attempt_id)
     assert act.log_artifact_id == rig.ctx.logs.artifact_id(run_id, offer.attempt_id)
@@ -771,7 +923,7 @@ def test_executor_runs_an_offer_end_to_end_through_the_real_receipt_consumer(mak
     started = rig.peer.expect(m.Started)
     rig.h.track_group(started.pgid)
     assert (started.run_id, started.attempt_id, started.lease_token, started.lease_version) == (
-        run_id, offer.attempt_id, pull.lease_token, activated.lease_version)
+        run_id, offer.attempt_id, pull.offers[0].lease_token, activated.lease_version)
     assert started.boot_id == BOOT_ID
     assert started.pgid == started.pid  # its own session and group (setsid)
     entry = rig.ctx.journal.get(offer.attempt_id)
@@ -797,7 +949,7 @@ def test_executor_runs_an_offer_end_to_end_through_the_real_receipt_consumer(mak
     # completion, it pulls once more, with a fresh offer id and lease token.
     rig.peer.send(m.Nudge())
     again = rig.peer.expect(m.Pull, strict=False)
-    assert (again.offer_id, again.lease_token) != (pull.offer_id, pull.lease_token)
+    assert again.pull_id != pull.pull_id and again.offers[0] != pull.offers[0]
     assert rig.alive()
 
 
@@ -838,8 +990,8 @@ def test_executor_a_fenced_started_stops_the_process_by_identity(make_exe):
     offer, _, started = rig.launch(sleeper(rig), stop_grace_ms=5_000)
     identity = read_identity(started.pid, boot_id=BOOT_ID)
     job_running(rig)
-    rig.peer.send(m.Ack(of="started", run_id=offer.run_id, attempt_id=offer.attempt_id, result="fenced",
-                        detail="lease_token"))
+    rig.peer.send(ack_message("started", offer.run_id, offer.attempt_id, "fenced", "lease_token",
+                              offer_id=offer.offer_id))
     completed = rig.peer.expect(m.Completed, strict=False)
     assert completed.exit_code == 143
     wait_until(lambda: probe(identity, current_boot_id=BOOT_ID) is not Liveness.RUNNING, what="group gone")
@@ -859,26 +1011,45 @@ def test_executor_refused_activation_clears_the_journal_and_frees_the_slot(make_
     rig.repo.tasks.add(spec())
     rig.repo.runs.request("job")
     offer = rig.offer_for(pull)
-    rig.peer.send(offer)
+    rig.send_offers(pull, offer)
     act = rig.peer.expect(m.Activate)
     assert rig.ctx.journal.get(act.attempt_id) is not None
-    rig.peer.send(m.Ack(of="activate", run_id=act.run_id, attempt_id=act.attempt_id, result="refused",
-                        detail="cancel_requested"))
+    rig.peer.send(ack_message("activate", act.run_id, act.attempt_id, "refused", "cancel_requested",
+                              offer_id=act.offer_id))
     again = rig.peer.expect(m.Pull)  # the slot is free: it pulls again, never spawns
-    assert again.offer_id != pull.offer_id and again.free_slots == 1
+    assert again.offers[0].offer_id != pull.offers[0].offer_id and len(again.offers) == 1
     assert rig.ctx.journal.get(act.attempt_id) is None
     rig.peer.quiet()
     assert rig.alive()
 
 
-def test_executor_idle_means_no_activity_until_a_nudge(make_exe):
+def test_executor_no_offers_means_no_activity_until_a_nudge(make_exe):
     rig = make_exe()
     pull = rig.welcome()
-    rig.peer.send(m.Idle(offer_id=pull.offer_id))
+    rig.send_offers(pull)
     rig.peer.quiet()
     rig.peer.send(m.Nudge())
     again = rig.peer.expect(m.Pull)
-    assert (again.offer_id, again.lease_token) != (pull.offer_id, pull.lease_token)
+    assert again.pull_id != pull.pull_id and again.offers[0] != pull.offers[0]
+
+
+def test_executor_a_stray_heartbeat_ack_or_attested_changes_nothing(make_exe):
+    """Edge sends no heartbeat, and an Attested only answers: neither starts or stops anything."""
+    rig = make_exe()
+    pull = rig.welcome()
+    rig.peer.send(m.HeartbeatAck(seq=1, session_ended=True, session_expires_at_ms=None, renewed=[],
+                                 fenced=[m.FencedLease(attempt_id="a1", lease_generation=1, reason="lease_released")],
+                                 detail="stale session"))
+    rig.peer.send(m.Attested(run_id="r1", attempt_id="a1", fact="ended", result="fenced", offer_id=None,
+                             lease_generation=None, lease_version=None, lease_expires_at_ms=None,
+                             detail="stale session"))
+    rig.peer.quiet()
+    assert rig.alive() and rig.ctx.journal.list() == []
+    # Its Pull is still the one waiting: the answer to it is accepted.
+    rig.repo.tasks.add(spec())
+    rig.repo.runs.request("job")
+    rig.send_offers(pull, offer := rig.offer_for(pull))
+    assert rig.peer.expect(m.Activate).attempt_id == offer.attempt_id
 
 
 def test_executor_ignores_an_offer_for_a_pull_it_did_not_send(make_exe):
@@ -887,12 +1058,12 @@ def test_executor_ignores_an_offer_for_a_pull_it_did_not_send(make_exe):
     rig.repo.tasks.add(spec())
     rig.repo.runs.request("job")
     offer = rig.offer_for(pull)
-    rig.peer.send(dataclasses.replace(offer, offer_id="stranger"))
+    rig.peer.send(dataclasses.replace(offers_message(pull, offer), pull_id="stranger"))
     # Not its pull: it holds nothing for that attempt and says so (recovery then frees the lease).
     given_back = rig.peer.expect(m.Attest)
-    assert (given_back.attempt_id, given_back.running, given_back.conclusive) == (offer.attempt_id, False, True)
+    assert (given_back.attempt_id, given_back.fact, given_back.lease) == (offer.attempt_id, "never_launched", None)
     assert rig.ctx.journal.list() == []
-    rig.peer.send(offer)  # the genuine one is still accepted
+    rig.send_offers(pull, offer)  # the genuine one is still accepted
     rig.peer.expect(m.Activate)
 
 
@@ -900,12 +1071,14 @@ def test_executor_drops_malformed_frames_from_the_control_side_and_keeps_working
     rig = make_exe()
     pull = rig.welcome()
     rig.peer.send_frames([b"\x00garbage"])
-    rig.peer.send_frames([b"QLACTORS/2", _body(kind="idle", offer_id=pull.offer_id)])
-    rig.peer.send_frames([codec.HEADER, _body(kind="idle", offer_id=pull.offer_id, extra=True)])
+    no_offers = dict(kind="offers", worker_id=pull.worker_id, session_id=pull.session_id,
+                     session_generation=pull.session_generation, pull_id=pull.pull_id, offers=[])
+    rig.peer.send_frames([b"QLACTORS/1", _body(kind="idle", offer_id=pull.offers[0].offer_id)])
+    rig.peer.send_frames([codec.HEADER, _body(**no_offers, extra=True)])
     rig.peer.quiet()  # the executor side has nothing to answer a bad frame with
     wait_until(lambda: rig.h.bridge.rejected_frames == 3, what="three rejected frames")
     assert rig.alive()
-    rig.peer.send(m.Idle(offer_id=pull.offer_id))
+    rig.peer.send_frames([codec.HEADER, _body(**no_offers)])
     rig.peer.send(m.Nudge())
     rig.peer.expect(m.Pull)
 
@@ -922,8 +1095,7 @@ def test_executor_re_adopts_a_surviving_launcher_from_its_journal(make_exe, tmp_
         survivor.update(identity=identity, run_id=run_id, attempt_id=attempt_id)
 
     rig = make_exe(before=journal_a_survivor, real_receipts=False)
-    s = rig.ctx.session
-    rig.peer.send(m.Welcome(worker_id=s.worker_id, session_id=s.session_id, session_generation=s.generation))
+    rig.peer.send(welcome_message(rig.ctx.session))
     rig.peer.quiet()  # its one slot is the survivor's: no pull
     assert rig.alive(), rig.h.inbox.items("supervisor", ActorFailed)
     rig.peer.send(m.StopRequested(run_id=survivor["run_id"], attempt_id=survivor["attempt_id"],
@@ -1006,8 +1178,7 @@ class ReceiptRig:
                               finished_at_ms=completed.finished_at_ms, exit_code=completed.exit_code)
             result = self.ctx.completion.complete(completed.run_id, completed.attempt_id, receipt,
                                                   completed.log_dropped_bytes).result
-        self.peer.send(m.Ack(of="completed", run_id=completed.run_id, attempt_id=completed.attempt_id,
-                             result=result, detail=""))
+        self.peer.send(ack_message("completed", completed.run_id, completed.attempt_id, result))
         return result
 
 
@@ -1149,7 +1320,7 @@ def test_receipts_an_ack_for_nothing_pending_is_ignored(rc):
     completed = rc.peer.expect(m.Completed)
     # Acks nobody waits for: an unknown attempt, and a late second answer about the first one.
     for run_id, attempt_id in (("run-z", "att-z"), first):
-        rc.peer.send(m.Ack(of="completed", run_id=run_id, attempt_id=attempt_id, result="refused", detail=""))
+        rc.peer.send(ack_message("completed", run_id, attempt_id, "refused"))
     rc.answer(completed)  # same connection, so handled after the two above
     wait_until(lambda: not second_path.exists(), what="the second receipt removed")
     assert rc.ref.is_alive()

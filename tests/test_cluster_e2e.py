@@ -73,11 +73,8 @@ def test_two_replicas_two_workers_run_every_job_exactly_once(tmp_path):
 
 
 def _leases(cluster, run_id: str) -> list[tuple]:
-    import psycopg
-
-    with psycopg.connect(cluster.database_url.replace("+psycopg", "")) as conn:
-        return conn.execute("SELECT lease_generation, status, offer_id FROM run_dispatch_leases "
-                            "WHERE run_id = %s ORDER BY lease_generation", (run_id,)).fetchall()
+    return cluster.sql("SELECT lease_generation, status, offer_id FROM run_dispatch_leases "
+                       "WHERE run_id = %s ORDER BY lease_generation", run_id)
 
 
 def test_a_pull_whose_answer_was_dropped_is_repeated_and_gets_the_same_offer(tmp_path, monkeypatch):
@@ -132,13 +129,6 @@ def test_a_big_output_is_read_back_exactly_up_to_the_cap(cluster):
     assert attempt["log_dropped_bytes"] == 10 * 1024 * 1024 - 4 * 1024 * 1024
 
 
-def _sql(cluster, query: str, *args) -> list[tuple]:
-    import psycopg
-
-    with psycopg.connect(cluster.database_url.replace("+psycopg", "")) as conn:
-        return conn.execute(query, args).fetchall()
-
-
 def test_cron_on_two_replicas_admits_each_occurrence_once(tmp_path):
     c = make_cluster(tmp_path, replicas=2)
     try:
@@ -150,11 +140,11 @@ def test_cron_on_two_replicas_admits_each_occurrence_once(tmp_path):
         time.sleep(20)
         c.cli("task", "disable", "tick")
         time.sleep(1)  # a cycle that began before the disable commits nothing after it
-        runs = _sql(c, "SELECT scheduled_for_ms FROM runs WHERE trigger_type = 'cron' ORDER BY 1")
+        runs = c.sql("SELECT scheduled_for_ms FROM runs WHERE trigger_type = 'cron' ORDER BY 1")
         times = [r[0] for r in runs]
         assert len(times) == len(set(times)), "an occurrence was admitted twice"
         assert len(times) >= 18
-        events = _sql(c, "SELECT type, scheduled_for_ms, occurrences FROM trigger_events")
+        events = c.sql("SELECT type, scheduled_for_ms, occurrences FROM trigger_events")
         missed = sum(n for kind, _at, n in events if kind == "missed")
         skipped = sum(n for kind, _at, n in events if kind == "skipped")
         # Every second from the first admitted occurrence to the last is a run or counted.

@@ -36,7 +36,7 @@ def test_an_executor_that_dies_with_an_offer_in_flight_does_not_strand_the_one_s
     """slots = 1 (the edge default). The Executor dies right after journaling its first offer
     (`QLACTORS_FAULT=executor_after_accept`, once): the Supervisor restarts it, the new instance
     gives the offer back, recovery releases its lease, and that same attempt and the next run both
-    run — instead of every later pull being answered Idle until the runtime restarts."""
+    run — instead of every later pull being answered with no offers until the runtime restarts."""
     home.add_tasks(("first", "--", "echo", "one"), ("second", "--", "echo", "two"))
     edge = home.start_edge(fault="executor_after_accept")
     first = home.run("first")

@@ -124,13 +124,16 @@ def test_times_are_clamped_to_committed_ones(repo, dispatch, session, service):
     assert attempt["finished_at_ms"] <= attempt["updated_at_ms"]  # never after the commit's now
 
 
-def test_receipt_before_started_completes_and_started_is_then_already_terminal(repo, dispatch, session, service):
+def test_receipt_before_started_completes_and_started_is_then_fenced(repo, dispatch, session, service):
     flight = launch(repo, dispatch, session, started=False)
     out = service.complete(flight.run_id, flight.attempt_id, receipt(flight, 0, started_at_ms=0, finished_at_ms=0))
     assert (out.result, out.run_state) == ("applied", "succeeded")
     run, attempt, _, _ = rows(repo, flight)
     assert attempt["started_at_ms"] == attempt["created_at_ms"] == run["started_at_ms"]
-    assert dispatch.started(flight.fence, "boot", 100, 100, 5).result == "already_terminal"
+    # the lease completed with the attempt: the late Started is fenced (SEMANTICS.md §9), no change
+    before = rows(repo, flight)
+    assert dispatch.started(flight.fence, "boot", 100, 100, 5).detail == "attempt_succeeded"
+    assert rows(repo, flight) == before
 
 
 def test_wrong_token_is_refused_and_changes_nothing(repo, dispatch, session, service):
@@ -323,3 +326,51 @@ def test_concurrent_completions_of_one_receipt_apply_once(repo, dispatch, sessio
     assert sorted(results) == ["already_terminal", "applied"]
     types = [e.type for e in repo.runs.get(flight.run_id).events]
     assert types.count("run.succeeded") == 1 and types.count("attempt.succeeded") == 1
+
+
+# -- completion from a later session (SEMANTICS.md §9 Completion) ------------------------------
+
+def test_completed_lands_from_a_later_session_of_the_same_worker(repo, dispatch, session, service):
+    flight = launch(repo, dispatch, session)
+    dispatch.register_session("edge", 8)  # the worker restarted: its old session is superseded
+    out = service.complete(flight.run_id, flight.attempt_id, receipt(flight, 0), 0,
+                           worker_id="edge", final_log_offset=1234)
+    assert (out.result, out.run_state) == ("applied", "succeeded")
+    _, attempt, (lease,), _ = rows(repo, flight)
+    assert attempt["log_final_offset"] == 1234
+    assert (lease["status"], lease["version"]) == ("completed", 2)
+
+
+def test_completed_for_another_workers_attempt_is_refused_and_changes_nothing(repo, dispatch, session, service):
+    flight = launch(repo, dispatch, session)
+    before = rows(repo, flight)
+    out = service.complete(flight.run_id, flight.attempt_id, receipt(flight, 0), worker_id="intruder",
+                           final_log_offset=5)
+    assert (out.result, out.reason) == ("refused", "wrong_worker")
+    wrong = service.complete(flight.run_id, flight.attempt_id, receipt(flight, 0, token=secrets.token_urlsafe(32)),
+                             worker_id="edge", final_log_offset=5)
+    assert (wrong.result, wrong.reason) == ("refused", "bad_token")
+    assert rows(repo, flight) == before
+
+
+def test_completed_of_a_superseded_attempt_is_already_terminal(repo, dispatch, session, service):
+    from qlactors.domain.retry import RetryPolicy
+    from qlactors.store.lost_retry import LostRetry
+
+    policy = RetryPolicy(retry_on_lost=True, max_attempts=2, safety="idempotent", backoff_base_ms=0)
+    flight = launch(repo, dispatch, session, retry=policy)
+    assert Control(repo.store).mark_lost(flight.run_id, flight.attempt_id, "RECOVERY_PROCESS_EXITED_WITHOUT_RECEIPT").result == "applied"
+    retries = LostRetry(repo.store)
+    retries.resolve_lost(flight.run_id)
+    assert retries.requeue(flight.run_id).result == "applied"  # attempt 2 is the run's now
+    before = rows(repo, flight)
+    out = service.complete(flight.run_id, flight.attempt_id, receipt(flight, 0), worker_id="edge",
+                           final_log_offset=9)
+    assert (out.result, out.run_state) == ("already_terminal", "queued")
+    assert rows(repo, flight) == before
+
+
+def test_final_log_offset_must_be_a_count(repo, dispatch, session, service):
+    flight = launch(repo, dispatch, session)
+    with pytest.raises(BadInput):
+        service.complete(flight.run_id, flight.attempt_id, receipt(flight, 0), final_log_offset=-1)

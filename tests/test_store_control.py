@@ -189,8 +189,8 @@ def test_mark_lost_releases_the_lease_in_the_same_transaction(repo, dispatch, se
     assert (lease.status, lease.release_reason, lease.version) == ("released", "lease_expired", 2)
     assert event_types(repo, flight.run_id)[-2:] == [("attempt.lost", "recovery"), ("run.lost", "recovery")]
     assert control.mark_lost(flight.run_id, flight.attempt_id, LOST).result == "already_terminal"
-    # the old executor's reports are over too
-    assert Dispatch(repo.store).started(flight.fence, "boot", 100, 100, 5).result == "already_terminal"
+    # the old executor's reports are over too: fenced (SEMANTICS.md §9), so it stops its process
+    assert Dispatch(repo.store).started(flight.fence, "boot", 100, 100, 5).detail == "attempt_lost"
 
 
 def test_mark_lost_of_an_unstarted_claim(repo, dispatch, session, control):

@@ -238,7 +238,6 @@ def test_offer_refuses_a_raw_token(repo, dispatch, session):
 FENCE_CHANGES = {
     "session_generation": lambda f: dataclasses.replace(f, session_generation=f.session_generation + 1),
     "lease_token": lambda f: dataclasses.replace(f, lease_token_hash=new_hash()),
-    "lease_version": lambda f: dataclasses.replace(f, lease_version=f.lease_version + 1),
     "offer_id": lambda f: dataclasses.replace(f, offer_id="another-offer"),
     "lease_generation": lambda f: dataclasses.replace(f, lease_generation=f.lease_generation + 1),
     "worker": lambda f: dataclasses.replace(f, worker_id="intruder"),
@@ -332,11 +331,12 @@ def test_cancelled_run_never_activates(repo, dispatch, session):
     assert repo.runs.cancel(run_id).outcome == "cancelled"
     before = db_state(repo, run_id)
     result = activate(dispatch, fence)
-    assert (result.result, result.detail) == ("refused", "attempt_cancelled")
+    assert (result.result, result.detail) == ("fenced", "attempt_cancelled")
     assert db_state(repo, run_id) == before
     assert "attempt.starting" not in [t for t, _ in events(repo, run_id)]
-    # the cancel already ended its lease: the executor's decline changes nothing
-    assert dispatch.release_unstarted(fence, "declined").detail == "lease_already_ended"
+    # the cancel already ended its lease: the executor's decline is fenced and changes nothing
+    assert dispatch.release_unstarted(fence, "declined").result == "fenced"
+    assert db_state(repo, run_id) == before
     assert leases_of(repo, run_id)[0]["status"] == "released"
 
 
@@ -357,7 +357,7 @@ def test_cancel_of_an_offered_attempt_releases_its_lease_as_cancelled_in_the_sam
     repo.tasks.add(spec("other"))
     repo.runs.request("other")
     assert pull(dispatch, session)[0] is not None
-    assert dispatch.release_unstarted(fence, "declined").detail == "lease_already_ended"
+    assert dispatch.release_unstarted(fence, "declined").detail == "attempt_cancelled"
 
 
 def test_cancel_of_a_started_attempt_keeps_its_lease_until_the_process_ends(repo, dispatch, session):
@@ -426,9 +426,11 @@ def test_start_failed_fails_the_run_and_releases_the_lease(repo, dispatch, sessi
     assert (lease["status"], lease["release_reason"], lease["version"]) == ("released", "start_failed", 2)
     assert attempt["lease_version"] == 2
     assert events(repo, run_id)[-2:] == [("attempt.failed", "executor"), ("run.failed", "executor")]
-    # the lease has ended with the attempt: a repeat is already_terminal, not fenced
-    assert dispatch.start_failed(fence, "again").result == "already_terminal"
-    assert dispatch.started(fence, "boot", 10, 10, 99).result == "already_terminal"
+    # the lease has ended with the attempt: a repeat is fenced (SEMANTICS.md §9) and changes nothing
+    before = db_state(repo, run_id)
+    assert dispatch.start_failed(fence, "again").detail == "attempt_failed"
+    assert dispatch.started(fence, "boot", 10, 10, 99).result == "fenced"
+    assert db_state(repo, run_id) == before
 
 
 def test_start_failed_with_a_cancel_intent_ends_as_the_intent(repo, dispatch, session):
@@ -451,7 +453,7 @@ def test_released_unstarted_offer_is_offered_again_under_a_new_generation(repo, 
     run, (attempt,), (lease,), _ = db_state(repo, run_id)
     assert attempt["status"] == "claimed" and run["status"] == "dispatching"
     assert (lease["status"], lease["release_reason"], lease["version"]) == ("released", "shutdown", 2)
-    assert dispatch.release_unstarted(fence, "shutdown").detail == "lease_already_ended"
+    assert dispatch.release_unstarted(fence, "shutdown").detail == "lease_released"
     assert activate(dispatch, fence).result == "fenced"  # the released lease no longer authorises
     again, fence2 = pull(dispatch, session)
     assert (again.run_id, again.attempt_id, again.lease_generation) == (run_id, offer.attempt_id, 2)

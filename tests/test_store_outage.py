@@ -116,13 +116,12 @@ def test_a_pull_during_an_outage_gets_its_offer_afterwards(make_sup):
     sup.register()
     sup.repo.tasks.add(spec("job"))
     sup.repo.runs.request("job")
-    s = sup.session
     with write_locked(sup.h.config.home / "qlactors.db"):
-        sup.peer.send(m.Pull(worker_id=s.worker_id, session_id=s.session_id, session_generation=s.generation,
-                             free_slots=1, offer_id="pull-1", lease_token=new_token()))
+        sup.peer.send(pull := sup.pull_message(pairs=[("pull-1", new_token())]))
         wait_until(lambda: read_store_outage(sup.h.config.home), what="the outage published")
         sup.peer.quiet(0.3)
-    assert isinstance(sup.peer.expect(m.Offer), m.Offer)
+    answer = sup.peer.expect(m.Offers)
+    assert answer.pull_id == pull.pull_id and [o.offer_id for o in answer.offers] == ["pull-1"]
     assert sup.alive()
 
 
@@ -198,7 +197,7 @@ def test_an_offer_the_executor_cannot_journal_during_an_outage_is_accepted_once_
     rig.repo.runs.request("job")
     offer = rig.offer_for(pull)
     with write_locked(rig.h.config.home / "qlactors.db"):
-        rig.peer.send(offer)
+        rig.send_offers(pull, offer)
         wait_until(lambda: read_store_outage(rig.h.config.home), what="the outage published")
         rig.peer.quiet(0.3)  # nothing journaled, nothing asked
         assert rig.ref.is_alive()

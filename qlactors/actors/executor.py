@@ -173,13 +173,18 @@ class Executor(RuntimeActor):
                     self._give_back(offer.run_id, offer.attempt_id)
             return
         pairs = self.pending_pull[1]
-        self.pending_pull = None
         for offer in msg.offers:
             token = pairs.get(offer.offer_id)
             if token is None:
                 log.error("event=offer_of_no_pair offer=%s attempt=%s", offer.offer_id, offer.attempt_id)
                 continue
+            held = self.live.get(offer.attempt_id)
+            if held is not None and held.offer is not None and held.offer.offer_id == offer.offer_id:
+                continue  # accepted before the database failed on a later offer: this is its retry
             self._accept(offer, token, msg)
+        # Only once every offer is journalled: a handler that meets an unavailable database is
+        # handled again (base.py), and its retry must still find this Pull waiting.
+        self.pending_pull = None
         if len(msg.offers) == len(pairs):
             self._pull()  # every slot asked for was filled: there may be more work
         # Fewer offers than pairs: nothing more to offer now; a Nudge brings the next pull.
@@ -426,6 +431,9 @@ class Executor(RuntimeActor):
             else:  # not launched: never will be under this lease
                 self.ctx.journal.clear(local.attempt_id)
                 del self.live[local.attempt_id]
+        # A replica nudges the workers it talks to when work waits; a run another replica (or a
+        # command) created reaches this worker by this pull at the latest.
+        self._pull()
 
     # -- restart ------------------------------------------------------------------------------
 

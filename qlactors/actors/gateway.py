@@ -7,7 +7,7 @@ database's (SEMANTICS.md §9). Which of the two is the `Sessions` policy in the 
 (`actors/session_policy.py`); everything else is one code path.
 
 The worker id of a cluster message is the authenticated one (`Inbound.worker_id`, from the
-frame's User-Id through the allow-list): a message naming another worker is refused.
+frame's User-Id through the allow-list); the bridge refuses a message naming another worker.
 """
 
 from __future__ import annotations
@@ -59,17 +59,9 @@ class Gateway(RuntimeActor):
         inner = message.message if isinstance(message, Redeliver) else message
         inbound = inner if isinstance(inner, Inbound) else None
         if inbound is not None:
-            report = inbound.message
-            claimed = getattr(report, "worker_id", "")
-            authenticated = inbound.worker_id
-            if authenticated is not None and claimed not in ("", authenticated):
-                # A listed key cannot speak for another worker (SEMANTICS.md §9 Identity).
-                log.warning("event=report_refused kind=%s reason=worker_id_mismatch key_worker=%s claimed=%s",
-                            report.KIND, authenticated, claimed)
-                self._ack(inbound.peer, report.KIND, report, "refused",
-                          f"this key speaks for worker {authenticated!r}, not {claimed!r}")
-                return None
-            self.worker_id = authenticated if authenticated is not None else claimed
+            # On a cluster the bridge has refused a message naming another worker than its key's.
+            self.worker_id = (inbound.worker_id if inbound.worker_id is not None
+                              else getattr(inbound.message, "worker_id", ""))
         # A well-formed frame whose values the store or domain refuses (an id too long, pid 0, a
         # negative count) is the peer's fault: answer `refused`, never let it stop the runtime.
         try:

@@ -7,10 +7,13 @@ import sys
 from typing import Callable
 
 from .. import config as config_mod
-from ..errors import QlactorsError
+from ..errors import BadInput, QlactorsError
 from .parser import build
 
 EXIT_OK, EXIT_RUNTIME, EXIT_USAGE = 0, 1, 2
+# The commands that act on a cluster database when one is named (ARCHITECTURE.md "Command line").
+CLUSTER_COMMANDS = frozenset({"task", "run", "runs", "show", "logs", "cancel", "retry", "status",
+                              "workers", "worker"})
 
 
 def _split_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
@@ -22,14 +25,20 @@ def _split_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
 
 
 def _handler(args) -> Callable:
-    from . import commands, runtime_commands  # loads the store only when a command really runs
+    from . import cluster_commands, commands, runtime_commands  # the store loads only when a command runs
 
+    on_cluster = args.cluster is not None
     if args.command == "audit":
         return runtime_commands.audit_receipts
+    if args.command == "worker":
+        return {"allow": cluster_commands.worker_allow, "revoke": cluster_commands.worker_revoke}[
+            args.worker_command]
     if args.command != "task":
         return {"run": runtime_commands.run, "runs": commands.runs, "show": commands.show,
                 "cancel": commands.cancel, "retry": commands.retry, "edge": runtime_commands.edge,
-                "status": runtime_commands.status, "logs": runtime_commands.logs}[args.command]
+                "workers": cluster_commands.workers,
+                "status": cluster_commands.status if on_cluster else runtime_commands.status,
+                "logs": cluster_commands.logs if on_cluster else runtime_commands.logs}[args.command]
     return {
         "add": lambda repo, a: commands.task_add(repo, a, a.words),
         "update": lambda repo, a: commands.task_update(repo, a, a.words),
@@ -54,25 +63,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("`-- COMMAND` belongs to `task add` and `task update` only")
     args.words = words
     try:
-        from ..home import check_home
-        from ..store.repository import Repository
+        if _without_store(args):
+            from . import cluster_commands
 
-        cfg = config_mod.load(args.home, args.config, profile=getattr(args, "profile", None))
-        config_mod.ensure_home(cfg)
-        args.cfg = cfg
-        handler = _handler(args)
-        if check_home(cfg.home, cfg.database_url, audit=args.command == "audit") is not None:
-            return handler(None, args)  # `audit` without a database: it never creates one
-        repo = Repository.open(cfg.database_url)
-        try:
-            status = handler(repo, args)
-        finally:
-            repo.close()
-        if status == EXIT_OK and _changes_intent(args):
-            from ..home import nudge
-
-            nudge(cfg.home)  # a running runtime acts at once instead of at its next tick
-        return status
+            return {"keys": cluster_commands.keys_new, "control": cluster_commands.control,
+                    "worker": cluster_commands.worker}[args.command](args)
+        return _on_store(args)
     except QlactorsError as err:
         print(f"qlactors: {err}", file=sys.stderr)
         return err.exit_status
@@ -86,6 +82,53 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("qlactors: interrupted", file=sys.stderr)
         return 130
+
+
+def _without_store(args) -> bool:
+    """`keys new` touches files only; `control` and `worker` (to run) open what their runtime opens."""
+    return args.command in ("keys", "control") or (args.command == "worker" and args.worker_command is None)
+
+
+def _on_store(args) -> int:
+    """Every other command: on the cluster database (`--config control.toml` or
+    $QLACTORS_DATABASE_URL) when one is named, else on the edge home as always."""
+    from .target import cluster_target
+
+    args.cluster = cluster_target(args.config) if args.command in CLUSTER_COMMANDS else None
+    if args.cluster is not None:
+        args.cfg = None
+        handler = _handler(args)
+        repo = args.cluster.open()
+        try:
+            return handler(repo, args)  # no runtime socket to nudge: replicas act on their tick
+        finally:
+            repo.close()
+    if args.command == "worker":
+        raise BadInput(f"`worker {args.worker_command}`: the allow-list lives in a cluster database: give "
+                       "--config control.toml or set $QLACTORS_DATABASE_URL")
+    return _on_home(args)
+
+
+def _on_home(args) -> int:
+    from ..home import check_home
+    from ..store.repository import Repository
+
+    cfg = config_mod.load(args.home, args.config, profile=getattr(args, "profile", None))
+    config_mod.ensure_home(cfg)
+    args.cfg = cfg
+    handler = _handler(args)
+    if check_home(cfg.home, cfg.database_url, audit=args.command == "audit") is not None:
+        return handler(None, args)  # `audit` without a database: it never creates one
+    repo = Repository.open(cfg.database_url)
+    try:
+        status = handler(repo, args)
+    finally:
+        repo.close()
+    if status == EXIT_OK and _changes_intent(args):
+        from ..home import nudge
+
+        nudge(cfg.home)  # a running runtime acts at once instead of at its next tick
+    return status
 
 
 def _silence_stdout() -> None:

@@ -9,6 +9,7 @@ import sys
 from typing import Any
 
 from ..domain.cron import grace_ms_from_seconds
+from ..domain.labels import check_labels
 from ..domain.model import Command, TaskSpec, parse_env_pairs, seconds_to_ms
 from ..domain.numbers import parse_whole
 from ..domain.retention import RetentionPolicy, TaskRetention, parse_keep_days, parse_keep_runs
@@ -74,6 +75,7 @@ _SIMPLE = {
     "cwd": ("cwd", _directory),
     "env": ("env", parse_env_pairs),
     "keep_leftovers": ("keep_leftovers", bool),
+    "require_label": ("labels", lambda given: check_labels("--require-label", given)),
 }
 _RETRY = {
     "retry_on_lost": lambda v: {"retry_on_lost": bool(v)},
@@ -92,6 +94,10 @@ def _changes(args: argparse.Namespace, base_retry: RetryPolicy) -> dict[str, Any
     for opt, parse in _RETRY.items():
         if given.get(opt) is not None:
             retry.update(parse(given[opt]))
+    if given.get("no_require_label"):
+        if "labels" in changes:
+            raise BadInput("--no-require-label removes every required label: it takes no --require-label")
+        changes["labels"] = ()
     if retry:
         current = {f: getattr(base_retry, f) for f in RetryPolicy.__dataclass_fields__}
         changes["retry"] = RetryPolicy(**{**current, **retry})
@@ -121,6 +127,8 @@ def _retention(args: argparse.Namespace) -> dict[str, int | None]:
 
 
 def _global_retention(args: argparse.Namespace) -> RetentionPolicy:
+    if args.cluster is not None:
+        return args.cluster.retention
     rt = args.cfg.runtime
     return RetentionPolicy(max_age_ms=rt.retention_max_age_ms, max_runs=rt.retention_max_runs)
 
@@ -186,11 +194,23 @@ def task_list(repo: Repository, args: argparse.Namespace) -> int:
 
 def task_show(repo: Repository, args: argparse.Namespace) -> int:
     view = repo.tasks.get(args.name)
+    qualifying = _qualifying(repo, args, view.spec.labels)
     if args.json:
-        render.dump_json(view.to_json(_global_retention(args)))
+        render.dump_json({**view.to_json(_global_retention(args)), "qualifying_workers": qualifying})
     else:
         render.task_detail(view, _global_retention(args))
+        render.placement(view.spec.labels, qualifying)
     return 0
+
+
+def _qualifying(repo: Repository, args: argparse.Namespace, labels: tuple[str, ...]) -> list[str] | None:
+    """The workers a task's offers may go to now (cluster); None on edge, where the local runtime
+    has no labels and runs the task only if it requires none."""
+    if args.cluster is None:
+        return None
+    from ..store.workers import Workers
+
+    return [w.worker_id for w in Workers(repo.store).list().qualifying(labels)]
 
 
 def task_rm(repo: Repository, args: argparse.Namespace) -> int:

@@ -53,6 +53,13 @@ def _task_options(p: argparse.ArgumentParser, *, update: bool) -> None:
     p.add_argument("--keep-leftovers", action=argparse.BooleanOptionalAction, default=d,
                    help="leave what the job started in its process group running when it ends "
                         "(default: stop it, TERM then KILL after the stop grace)")
+    labels = p.add_mutually_exclusive_group()
+    labels.add_argument("--require-label", metavar="LABEL", action="append", default=d,
+                        help="run only on workers that have this label (repeatable; on update, "
+                             "replaces them all)")
+    if update:
+        labels.add_argument("--no-require-label", action="store_true", default=d,
+                            help="remove every required label")
     retry = p.add_mutually_exclusive_group()
     retry.add_argument("--retry-on-lost", dest="retry_on_lost", action="store_true", default=d,
                        help="re-run automatically when an attempt is lost (needs --safety)")
@@ -91,6 +98,37 @@ def _task_options(p: argparse.ArgumentParser, *, update: bool) -> None:
     p.add_argument("--overlap", metavar="queue|skip|replace", default=d,
                    help="a fire while the task is at --max-concurrent: queue (default), skip, or "
                         "replace the oldest running run")
+
+
+def _profile_options(p: argparse.ArgumentParser, what: str) -> None:
+    # SUPPRESS: when not given here, the top-level `--config` stays in force.
+    p.add_argument("--config", metavar="FILE", default=argparse.SUPPRESS, help=f"the {what} (required)")
+    p.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
+
+
+def _cluster_commands(sub) -> None:
+    keys = sub.add_parser("keys", help="CurveZMQ key pairs for replicas and workers")
+    ksub = keys.add_subparsers(dest="keys_command", metavar="ACTION", required=True, parser_class=Parser)
+    new = ksub.add_parser("new", help="make NAME.key (public) and NAME.key_secret (0600); never overwrites")
+    new.add_argument("name", type=utf8)
+    new.add_argument("--dir", default="keys", metavar="DIR", help="where to put them (default ./keys)")
+
+    control = sub.add_parser("control", help="run a cluster control replica in the foreground")
+    _profile_options(control, "replica's control.toml")
+
+    worker = sub.add_parser("worker", help="run an executor worker (worker --config FILE), or manage "
+                                           "the allow-list (worker allow|revoke)")
+    _profile_options(worker, "worker's worker.toml")
+    wsub = worker.add_subparsers(dest="worker_command", metavar="ACTION", parser_class=Parser)
+    allow = wsub.add_parser("allow", help="let the key in KEYFILE speak for worker NAME")
+    allow.add_argument("name", type=utf8)
+    allow.add_argument("keyfile", metavar="KEYFILE", help="the worker's NAME.key (public) file")
+    revoke = wsub.add_parser("revoke", help="remove worker NAME's key and end its sessions (fences them)")
+    revoke.add_argument("name", type=utf8)
+
+    workers = sub.add_parser("workers", help="each worker's current session: generation, status, "
+                                             "free slots, last heartbeat, clock skew, labels")
+    workers.add_argument("--json", action="store_true")
 
 
 def build() -> Parser:
@@ -161,6 +199,8 @@ def build() -> Parser:
     logs.add_argument("run_id", type=utf8)
     logs.add_argument("--attempt", type=whole, metavar="N", help="attempt number (default: the latest)")
     logs.add_argument("-f", "--follow", action="store_true", help="keep printing until the run ends")
+
+    _cluster_commands(sub)
 
     audit = sub.add_parser("audit", help="read-only checks of the home's files")
     asub = audit.add_subparsers(dest="audit_command", metavar="WHAT", required=True, parser_class=Parser)

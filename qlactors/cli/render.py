@@ -179,3 +179,38 @@ def run_detail(run: RunView, out: TextIO = sys.stdout) -> None:
     table([(str(e.seq), e.type, when(e.at_ms), e.actor_type,
             json.dumps(e.payload, sort_keys=True) if e.payload else "") for e in run.events],
           ("SEQ", "TYPE", "AT", "ACTOR", "PAYLOAD"), out, indent="  ")
+
+
+def age_of(now_ms: int, at_ms: int | None) -> str:
+    """How long before `now_ms` something happened, in seconds ("-" when it never did)."""
+    return "-" if at_ms is None else f"{max(0, now_ms - at_ms) / 1000:.1f}s ago"
+
+
+def _lease(w) -> str:
+    if w.status == "never" or w.session_id is None:
+        return "-"
+    if w.lease_expires_at_ms is None:
+        return "process lifetime"
+    return ("expired " if w.lease_expired else "until ") + when(w.lease_expires_at_ms)
+
+
+def worker_rows(workers) -> list[tuple[str, ...]]:
+    return [(w.worker_id, "-" if w.generation is None else str(w.generation),
+             w.status + ("" if w.allowed or w.status == "never" else " (not allowed)"),
+             "-" if w.capacity is None else f"{w.free_slots}/{w.capacity}",
+             "-" if w.heartbeat_age_ms is None else f"{w.heartbeat_age_ms / 1000:.1f}s ago",
+             _lease(w), "-" if w.clock_skew_ms is None else f"{w.clock_skew_ms:+d}ms",
+             ",".join(w.labels) or "-") for w in workers]
+
+
+WORKER_HEADER = ("WORKER", "GEN", "STATUS", "FREE/SLOTS", "HEARTBEAT", "SESSION LEASE", "SKEW", "LABELS")
+
+
+def placement(labels: tuple[str, ...], qualifying: list[str] | None, out: TextIO = sys.stdout) -> None:
+    """`task show`: the labels a task requires and who qualifies now (None: edge)."""
+    out.write(f"{'labels:':<16}{', '.join(labels) or '-'}\n")
+    if qualifying is None:
+        verdict = "no: it requires labels" if labels else "yes"
+        out.write(f"{'workers:':<16}edge: runs here only if the task requires no label ({verdict})\n")
+    else:
+        out.write(f"{'workers now:':<16}{', '.join(qualifying) or 'none online qualifies'}\n")

@@ -66,20 +66,45 @@ def announce_and_follow(repo: Repository, args: argparse.Namespace, run_id: str,
                         timeout_ms: int | None) -> int:
     """Print a new run's id, nudge the runtime, and with `--wait` follow it to its exit status."""
     print(run_id, flush=True)
-    nudge(args.cfg.home)
+    if args.cluster is None:
+        nudge(args.cfg.home)
     if not args.wait:
         return 0
-    return Follow(repo, args.cfg.home, run_id, timeout_ms).exit_status()
+    if args.cluster is None:
+        watch = HomeWatch(args.cfg.home)
+    else:
+        from .cluster_commands import ReplicaWatch
+
+        watch = ReplicaWatch(repo, args.cluster.settings.cadence_tick_ms)
+    return Follow(repo, watch, run_id, timeout_ms).exit_status()
+
+
+class HomeWatch:
+    """For `run --wait` on edge: is a runtime up for the home?"""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+
+    def up(self) -> bool:
+        return runtime_is_up(self.home)
+
+    def up_line(self, run_id: str) -> str:
+        return f"a runtime is up for {self.home} (pid {holder_pid(self.home) or '?'}): following run {run_id}"
+
+    def down_line(self, run_id: str, state: str) -> str:
+        return (f"no runtime is up for {self.home}: run {run_id} stays {state} until one starts "
+                "(`qlactors edge`); still waiting")
 
 
 class Follow:
     """`--wait`: poll the run (a read transaction each time) until it ends, the wait times out,
     or SIGINT arrives. Stderr says when no runtime is up to run it (once per change), and why
-    the exit status is 75, 124, 125 or 130; the run itself is never touched."""
+    the exit status is 75, 124, 125 or 130; the run itself is never touched. `watch` tells
+    whether something is up to run it (HomeWatch on edge, ReplicaWatch on a cluster)."""
 
-    def __init__(self, repo: Repository, home: Path, run_id: str, timeout_ms: int | None,
+    def __init__(self, repo: Repository, watch, run_id: str, timeout_ms: int | None,
                  poll_s: float = WAIT_POLL_S) -> None:
-        self.repo, self.home, self.run_id = repo, home, run_id
+        self.repo, self.watch, self.run_id = repo, watch, run_id
         self.timeout_ms, self.poll_s = timeout_ms, poll_s
         self.runtime_up: bool | None = None  # as last said on stderr; None: nothing said yet
         self.interrupted = False
@@ -101,43 +126,38 @@ class Follow:
             if run.state in TERMINAL_STATES:
                 return self._ended(run)
             if self.interrupted:
-                _say(f"interrupted: run {run.id} goes on ({run.state}); follow it with "
-                     f"`qlactors logs -f {run.id}`, stop it with `qlactors cancel {run.id}`")
+                say(f"interrupted: run {run.id} goes on ({run.state}); follow it with "
+                    f"`qlactors logs -f {run.id}`, stop it with `qlactors cancel {run.id}`")
                 return EXIT_CANCELLED
             if self.timeout_ms is not None and (time.monotonic() - started) * 1000 >= self.timeout_ms:
-                _say(f"run {run.id} is still {run.state} after --wait-timeout "
-                     f"{render.seconds(self.timeout_ms)}; it goes on: follow it with "
-                     f"`qlactors show {run.id}`")
+                say(f"run {run.id} is still {run.state} after --wait-timeout "
+                    f"{render.seconds(self.timeout_ms)}; it goes on: follow it with "
+                    f"`qlactors show {run.id}`")
                 return EXIT_WAIT_TIMEOUT
             self._say_runtime(run.state)
             time.sleep(self.poll_s)
 
     def _say_runtime(self, state: str) -> None:
-        up = runtime_is_up(self.home)
+        up = self.watch.up()
         if up == self.runtime_up or (up and self.runtime_up is None):
             self.runtime_up = up
             return
-        if up:
-            _say(f"a runtime is up for {self.home} (pid {holder_pid(self.home) or '?'}): "
-                 f"following run {self.run_id}")
-        else:
-            _say(f"no runtime is up for {self.home}: run {self.run_id} stays {state} until one "
-                 "starts (`qlactors edge`); still waiting")
+        say(self.watch.up_line(self.run_id) if up else self.watch.down_line(self.run_id, state))
         self.runtime_up = up
 
     def _ended(self, run) -> int:
         last = run.attempts[-1] if run.attempts else None
         status = exit_status_of(run.state, last.exit_code if last else None)
         if run.state == RunStatus.CANCELLED.value:
-            _say(f"run {run.id} was cancelled ({run.cancel_reason or 'no reason recorded'})")
+            say(f"run {run.id} was cancelled ({run.cancel_reason or 'no reason recorded'})")
         elif run.state == RunStatus.TIMED_OUT.value:
-            _say(f"run {run.id} timed out")
+            say(f"run {run.id} timed out")
         elif status == EXIT_FAILED_NO_CODE and (last is None or last.exit_code is None):
-            _say(f"run {run.id} failed without an exit code ({run.error_code or 'no error code'})")
+            say(f"run {run.id} failed without an exit code ({run.error_code or 'no error code'})")
         return status
 
 
-def _say(line: str) -> None:
+def say(line: str) -> None:
     print(f"qlactors: {line}", file=sys.stderr, flush=True)
 
 
@@ -198,16 +218,21 @@ def _count_quarantined(receipts_dir: Path, limit: int = 10_000) -> int:
     return count
 
 
-def logs(repo: Repository, args: argparse.Namespace) -> int:
-    from ..process.logs import LogStore, follow, read
-
+def pick_attempt(repo: Repository, args: argparse.Namespace):
+    """The run and the attempt `logs` reads: `--attempt N`, else the latest."""
     run_view = repo.runs.get(args.run_id)
     attempts = run_view.attempts
     if args.attempt is not None:
         attempts = tuple(a for a in attempts if a.number == args.attempt)
         if not attempts:
             raise NotFound(f"run {args.run_id} has no attempt {args.attempt}")
-    attempt = attempts[-1]
+    return run_view, attempts[-1]
+
+
+def logs(repo: Repository, args: argparse.Namespace) -> int:
+    from ..process.logs import LogStore, follow, read
+
+    run_view, attempt = pick_attempt(repo, args)
     path = LogStore(args.cfg.logs_dir).path_for(run_view.id, attempt.id)
     out = sys.stdout.buffer
 
@@ -219,16 +244,16 @@ def logs(repo: Repository, args: argparse.Namespace) -> int:
 
     if args.follow:
         if not path.exists() and attempt.started_at_ms is None:
-            _say(f"run {run_view.id} has not started yet ({attempt.state}); waiting for it")
+            say(f"run {run_view.id} has not started yet ({attempt.state}); waiting for it")
         while not path.exists():  # not started yet: wait for the log or the end of the run
             if done():
-                _say(_not_started(run_view.id, current()))
+                say(not_started(run_view.id, current()))
                 return 0
             time.sleep(0.2)
         follow(path, 0, done, out=out)
         return 0
     if attempt.started_at_ms is None and (not path.exists() or path.stat().st_size == 0):
-        _say(_not_started(run_view.id, attempt))  # nothing to print, and the reason is no failure
+        say(not_started(run_view.id, attempt))  # nothing to print, and the reason is no failure
         return 0
     if not path.exists():
         raise BadInput(f"no log file for run {run_view.id} attempt {attempt.number} (expected {path})")
@@ -243,7 +268,7 @@ def logs(repo: Repository, args: argparse.Namespace) -> int:
     return 0
 
 
-def _not_started(run_id: str, attempt) -> str:
+def not_started(run_id: str, attempt) -> str:
     """Why an attempt has no output: it has not started yet, or it ended before it could."""
     if AttemptStatus(attempt.state).terminal:
         why = attempt.state + (f", {attempt.error_code}" if attempt.error_code else "")

@@ -244,11 +244,14 @@ def plan_completion(
     cancel_requested_at_ms: int | None = None,
     output_open: bool = False,
     signalled: bool = False,
+    finished_in_time: bool | None = None,
 ) -> Plan:
     """Complete from a verified receipt (SEMANTICS.md §5): the cancel intent decides first.
 
     A `timeout` intent yields `timed_out` unless the job finished by its deadline, in which case
-    only the observation was late and it completes normally. Likewise another intent decides
+    only the observation was late and it completes normally. "By its deadline" is judged on one
+    clock: a cluster worker's own verdict (`finished_in_time`, its finish against the deadline it
+    derived at activation), else the receipt's finish against `deadline_at_ms` (edge). Likewise another intent decides
     only if the job's main process had not ended before it was committed: a stop never replaces
     an exit the launcher already knew (§7). `signalled` (the executor sent the job's group a
     stop signal) rules "ended before" out: the launcher's clock and the commit's differ by up to
@@ -256,7 +259,9 @@ def plan_completion(
     `attempt.output_left_open` event ahead of the status events.
     """
     reason = run.cancel_reason
-    if reason is CancelReason.TIMEOUT:
+    if reason is CancelReason.TIMEOUT and finished_in_time is not None:
+        ended_first = finished_in_time
+    elif reason is CancelReason.TIMEOUT:
         ended_first = deadline_at_ms is None or finished_at_ms <= deadline_at_ms
     else:
         ended_first = (not signalled and cancel_requested_at_ms is not None

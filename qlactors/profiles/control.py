@@ -10,13 +10,12 @@ first recovery page is done. Every cycle refreshes the allow-list cache and the 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
 import threading
 import time
-from typing import Any
-
 import zmq
 
 from ..actors.base import Directory, Fatal
@@ -29,7 +28,7 @@ from ..actors.session_policy import ClusterSessions
 from ..actors.signals import Drain, StartupPass, Tick
 from ..actors.supervisor import Supervisor
 from ..cluster_config import ControlConfig
-from ..config import Config, RuntimeSettings
+from ..config import Config
 from ..store.completion import CompletionService
 from ..store.control import Control
 from ..store.cron_admission import CronAdmission
@@ -47,23 +46,13 @@ from .runner import Runner
 
 log = logging.getLogger("qlactors.control")
 
-# What an offer says; a worker's own `log_cap_bytes` bounds it further (SEMANTICS.md §11).
-CLUSTER_LOG_CAP_BYTES = 64 * 1024 * 1024
-
 ORDER = (("gateway", Gateway), ("recovery", ClusterRecovery), ("retry", Retry), ("scheduler", Scheduler))
 
 
 def control_settings(cfg: ControlConfig) -> Config:
-    """The actors' view of a replica's config: the knobs of SEMANTICS.md §11, cluster column."""
-    runtime = RuntimeSettings(
-        slots=1, cadence_tick_ms=cfg.cadence_tick_ms, idle_tick_ms=cfg.cadence_tick_ms,
-        recovery_page=cfg.recovery_page, retry_page=cfg.retry_page, cron_page=cfg.cron_page,
-        receipt_cleanup_interval_ms=60_000, receipt_cleanup_page=32, quarantine_retention_ms=3_600_000,
-        log_cap_bytes=CLUSTER_LOG_CAP_BYTES, stop_grace_ms=1_000, kill_grace_ms=1_000,
-        shutdown_drain_ms=cfg.shutdown_drain_ms, publish_grace_ms=100,
-        retention_max_age_ms=cfg.retention_max_age_ms, retention_max_runs=cfg.retention_max_runs,
-        retention_page=cfg.retention_page, disk_reserve_bytes=0,
-        store_outage_stop_ms=cfg.store_outage_stop_ms)
+    """The actors' view of a replica's config (SEMANTICS.md §11, cluster column). A replica is a
+    server: its cadence does not slow down when idle (workers learn of new runs from its nudges)."""
+    runtime = dataclasses.replace(cfg.runtime_settings(), idle_tick_ms=cfg.cadence_tick_ms)
     return Config(home=cfg.path.parent, profile="control", database_url=cfg.database.url, runtime=runtime)
 
 
@@ -92,7 +81,7 @@ class ControlRuntime(Runner):
     def _build_and_start(self) -> RuntimeContext:
         cfg = self.cfg
         public, secret = load_key_pair(cfg.key)
-        repo = Repository.open(cfg.database.url, **_pool(cfg))
+        repo = Repository.open(cfg.database.url, **cfg.database.store_options())
         store = repo.store
         keys = WorkerKeys(store)
         allow = AllowList(keys.all())
@@ -166,10 +155,3 @@ class ControlRuntime(Runner):
         ctx.zmq.term()
         ctx.repo.close()
         log.info("event=control_stopped")
-
-
-def _pool(cfg: ControlConfig) -> dict[str, Any]:
-    db = cfg.database
-    return dict(pool_size=db.pool_size, lock_timeout_ms=db.lock_timeout_ms,
-                statement_timeout_ms=db.statement_timeout_ms,
-                idle_in_transaction_timeout_ms=db.idle_in_transaction_session_timeout_ms)

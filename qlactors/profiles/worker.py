@@ -27,7 +27,7 @@ from ..actors.receipts import ReceiptConsumer
 from ..actors.signals import Drain
 from ..actors.supervisor import Supervisor
 from ..cluster_config import WorkerConfig
-from ..config import Config, RuntimeSettings
+from ..config import Config
 from ..process.diskspace import free_space_source
 from ..process.identity import boot_id_source
 from ..process.logs import LogStore
@@ -48,16 +48,8 @@ ORDER = (("receipts", ReceiptConsumer), ("logs", LogSender), ("executor", Execut
 
 
 def worker_settings(cfg: WorkerConfig) -> Config:
-    """The actors' view of a worker's config (SEMANTICS.md §11, cluster column)."""
-    runtime = RuntimeSettings(
-        slots=cfg.slots, cadence_tick_ms=1_000, idle_tick_ms=1_000, recovery_page=16, retry_page=16,
-        cron_page=16, receipt_cleanup_interval_ms=cfg.receipt_cleanup_interval_ms,
-        receipt_cleanup_page=cfg.receipt_cleanup_page, quarantine_retention_ms=cfg.quarantine_retention_ms,
-        log_cap_bytes=cfg.log_cap_bytes, stop_grace_ms=cfg.stop_grace_ms, kill_grace_ms=cfg.kill_grace_ms,
-        shutdown_drain_ms=cfg.shutdown_drain_ms, publish_grace_ms=cfg.publish_grace_ms,
-        retention_max_age_ms=30 * 86_400_000, retention_max_runs=1_000, retention_page=64,
-        disk_reserve_bytes=cfg.disk_reserve_bytes, output_drain_ms=cfg.output_drain_ms)
-    return Config(home=cfg.state_dir, profile="worker", database_url="", runtime=runtime,
+    """The actors' view of a worker's config: its home is the state directory."""
+    return Config(home=cfg.state_dir, profile="worker", database_url="", runtime=cfg.runtime_settings(),
                   launcher_shell=cfg.launcher_shell)
 
 

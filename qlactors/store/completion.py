@@ -3,7 +3,8 @@ path and for recovery (SEMANTICS.md §5).
 
 A receipt is authenticated by its callback token, not by a session or lease fence: it is the fact
 of how the process ended, so it lands even after the executor that launched it was restarted or
-replaced, as long as the attempt is not terminal.
+replaced (a cluster worker's later session, SEMANTICS.md §9 Completion), as long as the attempt
+is not terminal, not `lost` and not superseded by a later attempt of its run.
 """
 
 from __future__ import annotations
@@ -16,7 +17,14 @@ from ..domain.states import AttemptStatus, LeaseStatus, RunStatus
 from ..domain.transitions import plan_completion, stop_signal
 from ..errors import BadInput
 from .engine import Store
-from .plans import apply_plan, attempt_snapshot, end_lease, load_attempt, load_run, run_snapshot
+from .plans import (
+    apply_plan,
+    attempt_snapshot,
+    end_lease,
+    load_attempt,
+    load_run,
+    run_snapshot,
+)
 
 APPLIED = "applied"
 ALREADY_TERMINAL = "already_terminal"
@@ -36,7 +44,7 @@ class CompletionOutcome:
     result: str
     reason: str | None = None
     """Why a receipt was refused: unknown_run, unknown_attempt, wrong_run, wrong_executor,
-    receipt_mismatch, no_token, bad_token, wrong_sequence, attempt_<status>."""
+    wrong_worker, receipt_mismatch, no_token, bad_token, wrong_sequence, attempt_<status>."""
     run_state: str | None = None
 
 
@@ -47,16 +55,24 @@ class CompletionService:
         self.store = store
 
     def complete(self, run_id: str, attempt_id: str, receipt: Receipt,
-                 log_dropped_bytes: int | None = None, stopped_by: str = "exit") -> CompletionOutcome:
+                 log_dropped_bytes: int | None = None, stopped_by: str = "exit", *,
+                 worker_id: str | None = None, final_log_offset: int | None = None,
+                 finished_in_time: bool | None = None) -> CompletionOutcome:
         """Apply `receipt` to its attempt; refusals change nothing (the caller quarantines).
 
-        Checks, in order: the run exists and the attempt belongs to it, the executor type, that the
-        receipt names this run and attempt, and the token against the stored hash in constant
-        time. Then an attempt already terminal with this callback sequence, a terminal run or a
-        `lost` attempt replays as `already_terminal` with no event; otherwise the sequence must be
-        the stored one + 1. The committed cancel intent and the deadline decide before the exit
-        code (`plan_completion`): a `timeout` intent yields `timed_out` unless the receipt's own
-        `finishedAtMs` is at or before `deadline_at_ms`.
+        Checks, in order: the run exists and the attempt belongs to it, the executor type, the
+        attempt's worker when `worker_id` (the authenticated worker id of a cluster Completed) is
+        given, that the receipt names this run and attempt, and the token against the stored hash
+        in constant time. Then an attempt already terminal with this callback sequence, a
+        terminal run or a `lost` attempt replays as `already_terminal` with no event (an attempt
+        superseded by a later one of its run is always one of these: the schema keeps at most
+        one active attempt per run, and a retry starts only after its predecessor is `lost`);
+        otherwise the sequence must be the stored one + 1. The lease, if still `leased`, becomes
+        `completed` in the same transaction, and `final_log_offset` (the cluster log's end,
+        SEMANTICS.md §13) is recorded when given. The committed cancel intent and the deadline
+        decide before the exit code (`plan_completion`): a `timeout` intent yields `timed_out`
+        unless the receipt's own `finishedAtMs` is at or before `deadline_at_ms` — or, from a
+        cluster worker, unless its own verdict `finished_in_time` says so (one clock, §5).
 
         Times are clamped, never refused: the attempt keeps its committed `started_at_ms` (the
         receipt's, kept between the attempt's creation and now, only when none was committed,
@@ -76,6 +92,10 @@ class CompletionService:
             raise BadInput(f"stopped_by must be one of {sorted(_SENT)}")
         if not isinstance(receipt, Receipt):
             raise BadInput("complete() takes a decoded Receipt")
+        if final_log_offset is not None and (type(final_log_offset) is not int or final_log_offset < 0):
+            raise BadInput("final_log_offset must be a non-negative integer or None")
+        if finished_in_time not in (None, True, False):
+            raise BadInput("finished_in_time must be a boolean or None")
         with self.store.write() as conn:
             self.store.advisory_lock(conn, f"attempt:{attempt_id}")
             run = load_run(conn, run_id) if isinstance(run_id, str) else None
@@ -88,6 +108,8 @@ class CompletionService:
                 return CompletionOutcome(REFUSED, "wrong_run", run.status)
             if attempt.executor_type != EXECUTOR_TYPE:
                 return CompletionOutcome(REFUSED, "wrong_executor", run.status)
+            if worker_id is not None and attempt.worker_id != worker_id:
+                return CompletionOutcome(REFUSED, "wrong_worker", run.status)
             if receipt.run_id != run_id or receipt.attempt_id != attempt_id:
                 return CompletionOutcome(REFUSED, "receipt_mismatch", run.status)
             if attempt.callback_token_hash is None:
@@ -111,7 +133,7 @@ class CompletionService:
                                    deadline_at_ms=attempt.deadline_at_ms,
                                    cancel_requested_at_ms=run.cancel_requested_at_ms,
                                    output_open=bool(receipt.output_open),
-                                   signalled=stopped_by != "exit")
+                                   signalled=stopped_by != "exit", finished_in_time=finished_in_time)
             from_stop = plan.run_to in (RunStatus.CANCELLED, RunStatus.TIMED_OUT)
             run_values = {"finished_at_ms": finished}
             if run.started_at_ms is None:
@@ -122,6 +144,8 @@ class CompletionService:
                                            callback_sequence=receipt.callback_sequence,
                                            started_at_ms=started, finished_at_ms=finished,
                                            signal=stop_signal(_SENT[stopped_by], receipt.exit_code, from_stop),
-                                           log_dropped_bytes=None if receipt.output_open else log_dropped_bytes))
+                                           log_dropped_bytes=None if receipt.output_open else log_dropped_bytes,
+                                           **({} if final_log_offset is None
+                                              else {"log_final_offset": final_log_offset})))
             end_lease(conn, attempt.id, now, LeaseStatus.COMPLETED)
             return CompletionOutcome(APPLIED, None, plan.run_to.value)

@@ -6,8 +6,12 @@ overlap policy's effect and the trigger events.
 The cursor is `trigger_schedules.next_fire_at_ms`, the oldest occurrence not yet handled; NULL
 means "initialise": from the trigger's `updated_at_ms`, which creating or editing a trigger and
 re-enabling its task set (so a re-enabled task starts from then, not from its past).
-Two admitters (two processes on one SQLite file, two PostgreSQL transactions) compare-and-set
-the same `state_version`: exactly one wins an occurrence, the other changes nothing.
+Two admitters (two processes on one SQLite file, two PostgreSQL transactions, two control
+replicas) compare-and-set the same `state_version`: exactly one wins an occurrence, the other
+changes nothing. On PostgreSQL each decision's transaction first takes its schedule row with
+`FOR UPDATE SKIP LOCKED` at the version the page read: a row another replica is deciding right
+now is skipped (`lost_race`) instead of waited for, so replicas never block each other; the
+run's unique idempotency key makes a duplicate admission return the existing run regardless.
 """
 
 from __future__ import annotations
@@ -63,6 +67,12 @@ _CURSOR_CAS = trigger_schedules.update().where(and_(
     trigger_schedules.c.trigger_id == bindparam("w_trigger_id"),
     trigger_schedules.c.trigger_revision == bindparam("w_revision"),
     trigger_schedules.c.state_version == bindparam("w_version")))
+# The page's row, taken for this decision; another replica's decision in flight is skipped.
+_CLAIM = (select(trigger_schedules.c.trigger_id).where(and_(
+    trigger_schedules.c.trigger_id == bindparam("trigger_id"),
+    trigger_schedules.c.trigger_revision == bindparam("revision"),
+    trigger_schedules.c.state_version == bindparam("version")))
+    .with_for_update(skip_locked=True))
 _TASK_HEAD = select(tasks).where(tasks.c.id == bindparam("task_id"))
 _LIMITS = select(task_revisions.c.max_concurrent, task_revisions.c.max_queued,
                  task_revisions.c.random_delay_ms).where(and_(
@@ -197,7 +207,11 @@ class CronAdmission:
 
     def _move_cursor(self, conn: Connection, due: DueSchedule, cursor_ms: int, scheduled_ms: int | None,
                      now_ms: int) -> bool:
-        """Compare-and-set the cursor on (trigger, revision, state_version); False: someone else moved it."""
+        """Compare-and-set the cursor on (trigger, revision, state_version); False: someone else moved
+        it, or is deciding it right now (its row is locked: skipped, never waited for)."""
+        claim = {"trigger_id": due.trigger_id, "revision": due.trigger_revision, "version": due.state_version}
+        if conn.execute(_CLAIM, claim).first() is None:
+            return False
         values = dict(next_fire_at_ms=cursor_ms, state_version=due.state_version + 1, updated_at_ms=now_ms,
                       w_trigger_id=due.trigger_id, w_revision=due.trigger_revision, w_version=due.state_version)
         if scheduled_ms is not None:

@@ -1,11 +1,11 @@
 """The dispatch path's queries, built once with bound parameters (see plans.py): the offer and
-report paths run per job. The candidate query picks the oldest dispatchable run; the rest are
-the session, lease and count reads and updates the offer and the fenced reports share.
+report paths run per job. The session, lease and count reads and updates the offers and the
+fenced reports share; the batch's candidate queries are in offer_queries.py.
 """
 
 from __future__ import annotations
 
-from sqlalchemy import and_, bindparam, exists, func, or_, select
+from sqlalchemy import and_, bindparam, func, select
 from sqlalchemy.engine import Connection
 
 from ..domain.states import AttemptStatus, LeaseStatus, RunStatus
@@ -17,48 +17,6 @@ _A, _R, _L = AttemptStatus, RunStatus, LeaseStatus
 ACTIVE = sql_states(_A.CLAIMED, _A.STARTING, _A.RUNNING)
 DISPATCHED = sql_states(_R.DISPATCHING, _R.RUNNING)
 
-
-
-def candidate_query(kind: str, skip_runs: list[str], skip_tasks: list[str]):
-    """The oldest dispatchable run of one kind, locked; rows another offer holds are skipped (PostgreSQL).
-
-    `queued`, or `dispatching` with no live lease (a declined claim, offered again). The attempt
-    and the limit are correlated subqueries, not joins, so that both databases walk the runs in
-    queue order on `(status, queued_at_ms, id)` and stop at the first that fits, instead of
-    sorting every claimed attempt.
-    """
-    # Ordered by number (a run has one active attempt, its newest), so SQLite looks it up by run
-    # id on (run_id, number) instead of walking every claimed attempt on (status, ...).
-    claimed = (select(run_attempts.c.id).where(and_(run_attempts.c.run_id == runs.c.id,
-                                                    run_attempts.c.status == _A.CLAIMED.value))
-               .order_by(run_attempts.c.number.desc()).limit(1).scalar_subquery())
-    limit = (select(task_revisions.c.max_concurrent).where(and_(
-        task_revisions.c.task_id == runs.c.task_id, task_revisions.c.revision == runs.c.task_revision))
-        .scalar_subquery())
-    other = runs.alias("other")
-    busy = (select(func.count()).select_from(other).where(and_(
-        other.c.task_id == runs.c.task_id, other.c.status.in_(DISPATCHED), other.c.id != runs.c.id))
-        .scalar_subquery())
-    query = (
-        select(runs, claimed.label("attempt_id"), limit.label("max_concurrent"))
-        .where(and_(runs.c.status == kind, runs.c.cancel_reason.is_(None), claimed.is_not(None),
-                    busy < limit,
-                    # a cron run's random delay: not offered before its not-before time, judged on
-                    # the transaction's observed time (edge: system clock; cluster: database time)
-                    or_(runs.c.not_before_ms.is_(None), runs.c.not_before_ms <= bindparam("now"))))
-        .order_by(runs.c.queued_at_ms, runs.c.id)
-        .limit(1)
-        # SQLAlchemy drops FOR UPDATE on SQLite, where BEGIN IMMEDIATE already serialises writers.
-        .with_for_update(skip_locked=True, of=runs)
-    )
-    if kind == _R.DISPATCHING.value:
-        query = query.where(~exists().where(and_(run_dispatch_leases.c.attempt_id == claimed,
-                                                 run_dispatch_leases.c.status == _L.LEASED.value)))
-    if skip_runs:
-        query = query.where(runs.c.id.not_in(skip_runs))
-    if skip_tasks:
-        query = query.where(runs.c.task_id.not_in(skip_tasks))
-    return query
 
 
 def dispatchable(conn: Connection, run, attempt) -> bool:
@@ -80,7 +38,6 @@ def busy(conn: Connection, task_id: str, run_id: str) -> int:
 
 
 # Built once with bound parameters (see plans.py): the offer and report paths run per job.
-CANDIDATES = {kind: candidate_query(kind, [], []) for kind in (_R.DISPATCHING.value, _R.QUEUED.value)}
 SESSION = select(worker_sessions).where(worker_sessions.c.session_id == bindparam("session_id"))
 SESSION_LOCKED = SESSION.with_for_update()
 SESSION_SHARED = SESSION.with_for_update(read=True)

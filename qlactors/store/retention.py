@@ -2,7 +2,8 @@
 
 For each run retired, its log files go first (a run whose rows outlive its log is only a
 `logs` that says the file is missing; a log that outlives its rows is litter nobody can find),
-then one transaction deletes its rows — events, leases, attempts, retry policy, the references
+then one transaction deletes its rows — events, leases, log chunks (a cluster run's log,
+SEMANTICS.md §13), attempts, retry policy, the references
 trigger events and other runs hold to it — and writes its tombstone. The rules of what is due
 and what holds a run back are pure (`qlactors.domain.retention`); this module reads the facts
 and does the I/O. Tombstones are pruned by the same two bounds, so nothing here grows for ever.
@@ -38,6 +39,7 @@ from .engine import Store
 from .plans import load_run
 from .schema import (
     executor_journal,
+    log_chunks,
     run_attempts,
     run_dispatch_leases,
     run_events,
@@ -197,6 +199,7 @@ class Retention:
             return hold.value
         conn.execute(run_events.delete().where(run_events.c.run_id == run_id))
         conn.execute(run_dispatch_leases.delete().where(run_dispatch_leases.c.run_id == run_id))
+        conn.execute(log_chunks.delete().where(log_chunks.c.run_id == run_id))  # a cluster run's log
         conn.execute(run_retry_policies.delete().where(run_retry_policies.c.run_id == run_id))
         conn.execute(trigger_events.update().where(trigger_events.c.run_id == run_id).values(run_id=None))
         conn.execute(runs.update().where(runs.c.retry_of_run_id == run_id).values(retry_of_run_id=None))

@@ -87,6 +87,8 @@ def session_mismatch(session, worker_id: str, generation: int, now: int, *, onli
         return "session_generation"
     if session.status != "online" and (online_only or session.status != "draining"):
         return f"session_{session.status}"
+    if session.ended_at_ms is not None:
+        return "session_ended"
     if session.lease_expires_at_ms is not None and session.lease_expires_at_ms <= now:
         return "session_expired"
     return None

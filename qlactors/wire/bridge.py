@@ -6,6 +6,12 @@ bridge's outbox; the bridge forwards to the control ROUTER (control side) or the
 message kind. Timers and process-exit watches live here too, so the whole runtime has one poll
 loop and no timer thread of its own (SEMANTICS.md §10).
 
+On a cluster the control side's ROUTER binds tcp with CurveZMQ (`curve=`): every frame's
+authenticated `User-Id` is mapped through the allow-list cache on every message, and a bridge
+whose authenticator is not running refuses to serve. The worker side reaches its replicas
+through `control_links=` (links.py: one socket per replica, failover) instead of one DEALER.
+Socket options come from endpoints.py, per socket role.
+
 Targets are names (`Directory.named`), never raw actor refs: an actor the Supervisor restarted
 is reached under its name, and one that is down only costs a log line. Every delivery is
 guarded, and any end of the loop other than `close()` calls `on_exit` (the runtime's Fatal), so
@@ -14,8 +20,6 @@ the runtime never goes on without its sockets, timers and watches.
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import logging
 import os
 import threading
@@ -25,9 +29,13 @@ from typing import Any, Callable, Protocol
 
 import zmq
 
+from ..errors import BadInput
 from ..faults import raise_point
-from . import codec
+from . import codec, endpoints
+from .curve import REFUSED_KEY, AuthenticatorDown, CurveServer, server_socket_options, wrong_worker_claim
+from .links import ReplicaLinks
 from .messages import Ack
+from .timers import Timers
 
 log = logging.getLogger("qlactors.bridge")
 
@@ -45,8 +53,8 @@ class Target(Protocol):
 class Inbound:
     """A decoded wire message and the peer it came from (ROUTER identity; b"" on the executor side).
 
-    `worker_id`: the worker the frame's CurveZMQ key is allowed for (a cluster replica's socket);
-    None on inproc, where the only executor is in this process.
+    `worker_id` is the worker the frame's authenticated CURVE key is bound to (allow-list), on a
+    CurveZMQ control side; None on inproc (edge) and on the executor side.
     """
 
     peer: bytes
@@ -62,24 +70,39 @@ class ProcessExited:
 
 
 class Bridge(threading.Thread):
-    """Owns the sockets; routes, decodes, times and watches. Start it, `ready()`, then `close()`."""
+    """Owns the sockets; routes, decodes, times and watches. Start it, `ready()`, then `close()`.
+
+    Control side: `control_bind` (inproc on edge; tcp needs `curve`). Executor side:
+    `control_connect` (one DEALER, inproc on edge) or `control_links` (a worker's replicas).
+    `heartbeat_ms` is the ZMTP heartbeat interval of a tcp ROUTER.
+    """
 
     def __init__(self, ctx: zmq.Context, *, control_bind: str | None = None,
-                 control_connect: str | None = None, nudge_bind: str | None = None) -> None:
+                 control_connect: str | None = None, nudge_bind: str | None = None,
+                 curve: CurveServer | None = None, control_links: ReplicaLinks | None = None,
+                 heartbeat_ms: int = endpoints.DEFAULT_HEARTBEAT_MS) -> None:
         super().__init__(name="qlactors-bridge", daemon=True)
         self.ctx = ctx
         self.outbox_endpoint = f"inproc://qlactors-outbox-{id(self):x}"
-        self._control_bind = control_bind
-        self._control_connect = control_connect
+        self._control_bind = None if control_bind is None else endpoints.parse_endpoint(control_bind)
+        self._control_connect = None if control_connect is None else endpoints.parse_endpoint(control_connect)
+        if self._control_connect is not None and control_links is not None:
+            raise BadInput("a bridge connects either one control endpoint or replica links, not both")
+        if self._control_bind is not None and self._control_bind.transport == "tcp" and curve is None:
+            raise BadInput(f"control_bind {control_bind}: tcp is served with CurveZMQ only (pass curve=)")
+        if self._control_connect is not None and self._control_connect.transport == "tcp":
+            raise BadInput(f"control_connect {control_connect}: tcp replicas are reached through "
+                           "control_links (CurveZMQ, one socket per replica)")
+        self._curve = curve
+        self._links = control_links
+        self._heartbeat = endpoints.ZmtpHeartbeat.every(heartbeat_ms)
         self._nudge_bind = nudge_bind
         self._control_target: Target | None = None  # who gets executor reports (Supervisor)
         self._executor_targets: dict[str, Target] = {}  # kind -> actor on the executor side
         self._nudge_target: Target | None = None
-        self._lock = threading.Lock()
-        self._timers: list[tuple[float, int, str]] = []
-        self._timer_jobs: dict[str, tuple[float, Target, Any]] = {}
+        self._lock = threading.Lock()  # guards the watches
+        self._timers = Timers()
         self._watches: dict[int, tuple[str, Target]] = {}
-        self._seq = itertools.count()
         self._wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._stopping = threading.Event()
         self._ready = threading.Event()
@@ -105,20 +128,15 @@ class Bridge(threading.Thread):
 
     def call_at(self, key: str, when: float, target: Target, message: Any) -> None:
         """Tell `target` `message` at monotonic time `when`; a later call with the same key replaces it."""
-        with self._lock:
-            self._timer_jobs[key] = (when, target, message)
-            heapq.heappush(self._timers, (when, next(self._seq), key))
+        self._timers.set(key, when, target, message)
         self._wake()
 
     def timer_due(self, key: str) -> float | None:
         """When the timer `key` fires (monotonic), or None when none is pending."""
-        with self._lock:
-            job = self._timer_jobs.get(key)
-        return None if job is None else job[0]
+        return self._timers.due(key)
 
     def cancel_timer(self, key: str) -> None:
-        with self._lock:
-            self._timer_jobs.pop(key, None)
+        self._timers.cancel(key)
 
     def watch(self, fd: int, key: str, target: Target) -> None:
         """Tell `target` ProcessExited(key) once `fd` (a pidfd) becomes readable; then forget it."""
@@ -160,52 +178,64 @@ class Bridge(threading.Thread):
 
         def make(kind: int) -> zmq.Socket:
             sock = self.ctx.socket(kind)
-            sock.setsockopt(zmq.LINGER, 0)
             sockets.append(sock)
             return sock
 
+        links: list[zmq.Socket] = []
+        monitors: list[zmq.Socket] = []
         try:
             outbox = make(zmq.PULL)
+            endpoints.local_socket(outbox)
             outbox.bind(self.outbox_endpoint)
             router = dealer = nudge = None
-            # MAXMSGSIZE: an oversized frame is dropped by libzmq before it is held in memory.
             if self._control_bind:
                 router = make(zmq.ROUTER)
-                router.setsockopt(zmq.MAXMSGSIZE, codec.MAX_FRAME_BYTES)
-                router.bind(self._control_bind)
+                security = ()
+                if self._curve is not None:
+                    self._curve.require_alive()  # before bind: never serve unauthenticated
+                    security = server_socket_options(self._curve.secret_key)
+                endpoints.server_router(router, self._control_bind, heartbeat=self._heartbeat, security=security)
+                router.bind(self._control_bind.text)
             if self._control_connect:
                 dealer = make(zmq.DEALER)
-                dealer.setsockopt(zmq.MAXMSGSIZE, codec.MAX_FRAME_BYTES)
-                dealer.connect(self._control_connect)
+                endpoints.client_dealer(dealer, self._control_connect, heartbeat=self._heartbeat)
+                dealer.connect(self._control_connect.text)
+            if self._links is not None:
+                links, monitors = self._links.open()
             if self._nudge_bind:
                 nudge = make(zmq.PULL)
-                nudge.setsockopt(zmq.RCVHWM, 16)
-                nudge.setsockopt(zmq.MAXMSGSIZE, 64)
+                endpoints.nudge_pull(nudge)
                 nudge.bind(self._nudge_bind)
         except BaseException as err:  # report to ready() instead of dying silently
             self._failure = err
             self._ready.set()
             for sock in sockets:
                 sock.close(0)
+            if self._links is not None:
+                self._links.close()
             return
         self._ready.set()
         reason = "the bridge loop ended unexpectedly"
         try:
-            self._loop(outbox, router, dealer, nudge)
+            self._loop(outbox, router, dealer, nudge, links, monitors)
+        except AuthenticatorDown as err:
+            reason = f"the bridge stopped serving: {err}"
         except BaseException as err:
             reason = f"the bridge thread failed: {err!r}"
             log.exception("event=bridge_failed error=%r", err)
         finally:
             for sock in sockets:
                 sock.close(0)
+            if self._links is not None:
+                self._links.close()
             if not self._stopping.is_set():
                 log.error("event=bridge_stopped reason=%s", reason)
                 if self.on_exit is not None:
                     self.on_exit(f"{reason}; no socket, timer or process watch is served any more")
 
-    def _loop(self, outbox, router, dealer, nudge) -> None:
+    def _loop(self, outbox, router, dealer, nudge, links: list[zmq.Socket], monitors: list[zmq.Socket]) -> None:
         poller = zmq.Poller()
-        for sock in (outbox, router, dealer, nudge):
+        for sock in (outbox, router, dealer, nudge, *links, *monitors):
             if sock is not None:
                 poller.register(sock, zmq.POLLIN)
         poller.register(self._wake_fd, zmq.POLLIN)
@@ -229,9 +259,18 @@ class Bridge(threading.Thread):
             if outbox in events:
                 self._drain(outbox, lambda frames: self._forward(frames, router, dealer))
             if router is not None and router in events:
-                self._drain(router, lambda frames: self._from_executor(frames, router))
+                # copy=False: a Frame carries the ZAP User-Id (the peer's authenticated key).
+                self._drain(router, lambda frames: self._from_executor(frames, router), copy=False)
             if dealer is not None and dealer in events:
                 self._drain(dealer, self._from_control)
+            for link in links:
+                if link in events:
+                    self._drain(link, lambda frames, link=link: self._from_replica(frames, link))
+            for monitor in monitors:
+                if monitor in events:
+                    self._links.on_monitor(monitor)
+            if self._links is not None:
+                self._links.expire()
             if nudge is not None and nudge in events:
                 raise_point("bridge_loop_on_nudge")
                 self._drain(nudge, self._from_nudge)
@@ -251,42 +290,37 @@ class Bridge(threading.Thread):
             log.error("event=delivery_failed message=%s error=%r", type(message).__name__, err)
 
     def _poll_timeout_ms(self) -> int:
-        with self._lock:
-            while self._timers and self._timers[0][2] not in self._timer_jobs:
-                heapq.heappop(self._timers)
-            if not self._timers:
-                return IDLE_POLL_MS
-            when = self._timers[0][0]
+        when = self._timers.next_at()
+        link_due = None if self._links is None else self._links.due()
+        if link_due is not None and (when is None or link_due < when):
+            when = link_due
+        if when is None:
+            return IDLE_POLL_MS
         return max(0, min(IDLE_POLL_MS, int((when - time.monotonic()) * 1000) + 1))
 
     def _fire_timers(self) -> None:
-        now = time.monotonic()
-        due: list[tuple[Target, Any]] = []
-        with self._lock:
-            while self._timers and self._timers[0][0] <= now:
-                when, _, key = heapq.heappop(self._timers)
-                job = self._timer_jobs.get(key)
-                if job is not None and job[0] == when:
-                    del self._timer_jobs[key]
-                    due.append((job[1], job[2]))
-        for target, message in due:
+        for target, message in self._timers.pop_due(time.monotonic()):
             self._deliver(target, message)
 
     @staticmethod
-    def _drain(sock: zmq.Socket, handle: Callable[[list[bytes]], None], limit: int = 256) -> None:
+    def _drain(sock: zmq.Socket, handle: Callable[[list], None], limit: int = 256, copy: bool = True) -> None:
         for _ in range(limit):
             try:
-                frames = sock.recv_multipart(zmq.NOBLOCK)
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=copy)
             except zmq.Again:
                 return
             try:
                 handle(frames)
+            except AuthenticatorDown:
+                raise
             except Exception as err:  # one frame we could not route never ends the loop
                 log.error("event=frame_dropped error=%r", err)
 
     def _forward(self, frames: list[bytes], router, dealer) -> None:
         route = frames[0] if frames else b""
-        if route == ROUTE_CONTROL and dealer is not None:
+        if route == ROUTE_CONTROL and self._links is not None:
+            self._links.send(frames[1:])
+        elif route == ROUTE_CONTROL and dealer is not None:
             dealer.send_multipart(frames[1:], zmq.NOBLOCK)
         elif route == ROUTE_PEER and router is not None and len(frames) > 2:
             try:
@@ -296,8 +330,10 @@ class Bridge(threading.Thread):
         elif route != ROUTE_WAKE:
             log.error("event=outbox_unroutable route=%r", route)
 
-    def _from_executor(self, frames: list[bytes], router) -> None:
-        peer, body = frames[0], frames[1:]
+    def _from_executor(self, frames: list[zmq.Frame], router) -> None:
+        """A frame on the control ROUTER; with CurveZMQ the authenticator and the key are checked first."""
+        peer = frames[0].bytes
+        body = [frame.bytes for frame in frames[1:]]
 
         def refuse(ack: Ack) -> None:
             # Answer a frame we could not read with a refusal, so the peer learns why (version!).
@@ -306,9 +342,29 @@ class Bridge(threading.Thread):
             except zmq.ZMQError:
                 pass
 
+        worker_id = None
+        if self._curve is not None:
+            self._curve.require_alive()
+            key, worker_id = self._curve.worker_of(frames[-1])
+            if worker_id is None:  # never decode for a key the allow-list does not hold (any more)
+                self.rejected_frames += 1
+                log.warning("event=frame_refused reason=unknown_or_revoked_key key=%s", key)
+                refuse(Ack(of="unknown", run_id="", attempt_id="", offer_id="", result="refused", detail=REFUSED_KEY))
+                return
         message = self._decode(body, reply=refuse)
-        if message is not None and self._control_target is not None:
-            self._deliver(self._control_target, Inbound(peer, message))
+        if message is None:
+            return
+        wrong = None if worker_id is None else wrong_worker_claim(message, worker_id)
+        if wrong is not None:
+            self.rejected_frames += 1
+            log.warning("event=frame_refused reason=wrong_worker_id worker=%s detail=%s", worker_id, wrong.detail)
+            refuse(wrong)
+        elif self._control_target is not None:
+            self._deliver(self._control_target, Inbound(peer, message, worker_id))
+
+    def _from_replica(self, frames: list[bytes], link: zmq.Socket) -> None:
+        self._links.heard(link)
+        self._from_control(frames)
 
     def _from_control(self, frames: list[bytes]) -> None:
         message = self._decode(frames, reply=None)
@@ -334,7 +390,8 @@ class Bridge(threading.Thread):
             self.rejected_frames += 1
             log.warning("event=frame_rejected reason=%s detail=%s", err.reason, str(err)[:200])
             if reply is not None:
-                reply(Ack(of="unknown", run_id="", attempt_id="", result="refused", detail=str(err)[:500]))
+                reply(Ack(of="unknown", run_id="", attempt_id="", offer_id="", result="refused",
+                          detail=str(err)[:500]))
             return None
 
 
@@ -343,7 +400,7 @@ class Outbox:
 
     def __init__(self, ctx: zmq.Context, endpoint: str) -> None:
         self._sock = ctx.socket(zmq.PUSH)
-        self._sock.setsockopt(zmq.LINGER, 0)
+        endpoints.local_socket(self._sock)
         self._sock.connect(endpoint)
 
     def to_control(self, message: Any) -> None:

@@ -1,0 +1,206 @@
+"""Commands of the cluster: `keys new`, `worker allow|revoke`, `workers`, `control`, `worker`,
+and the cluster side of `status`, `logs` and `run --wait` (no local runtime socket: the store)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+
+from ..cluster_config import ControlConfig, WorkerConfig, load_config
+from ..domain.states import AttemptStatus, RunStatus
+from ..errors import BadInput, QlactorsError
+from ..store.cluster_status import read_cluster_status, replicas_up
+from ..store.repository import Repository
+from ..store.workers import Workers
+from ..wire.curve_keys import load_key_pair, load_public_key, new_key_pair
+from . import render
+from .runtime_commands import not_started, pick_attempt, say
+
+LOG_READ_LIMIT = 1024 * 1024  # bytes asked of the log store per read
+FOLLOW_POLL_S = 0.2
+
+
+# -- keys and the allow-list -----------------------------------------------------------------
+
+def keys_new(args: argparse.Namespace) -> int:
+    public, secret = new_key_pair(args.dir, args.name)
+    print(f"public key: {public}")
+    print(f"secret key: {secret} (0600: keep it on this host only)")
+    return 0
+
+
+def worker_allow(repo: Repository, args: argparse.Namespace) -> int:
+    from ..store.worker_keys import WorkerKeys
+
+    key = load_public_key(args.keyfile).decode("ascii")
+    added = WorkerKeys(repo.store).allow(args.name, key)
+    print(f"worker {args.name} {'allowed' if added else 'was already allowed'} with key {key}")
+    return 0
+
+
+def worker_revoke(repo: Repository, args: argparse.Namespace) -> int:
+    from ..store.worker_keys import WorkerKeys
+
+    revoked = WorkerKeys(repo.store).revoke(args.name)
+    print(f"worker {revoked.worker_id} revoked; {revoked.sessions_ended} session(s) ended: its "
+          "reports are fenced, and its key no longer connects")
+    return 0
+
+
+def workers(repo: Repository, args: argparse.Namespace) -> int:
+    listed = Workers(repo.store).list()
+    if args.json:
+        render.dump_json([w.to_json() for w in listed.workers])
+    else:
+        render.table(render.worker_rows(listed.workers), render.WORKER_HEADER)
+    return 0
+
+
+# -- the two cluster processes ---------------------------------------------------------------
+
+def _profile_config(args: argparse.Namespace, profile: str) -> ControlConfig | WorkerConfig:
+    if not args.config:
+        raise BadInput(f"`qlactors {profile}` needs --config FILE (configs/{profile}.toml lists every "
+                       "setting at its default)")
+    cfg = load_config(args.config)
+    if cfg.profile != profile:
+        raise BadInput(f"{cfg.path} is a {cfg.profile} config; `qlactors {profile}` needs "
+                       f"profile = \"{profile}\"")
+    return cfg
+
+
+def _logging(args: argparse.Namespace) -> None:
+    logging.basicConfig(stream=sys.stderr, level=getattr(logging, args.log_level),
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+
+
+def _runtime_class(module: str, name: str):
+    import importlib
+
+    try:
+        return getattr(importlib.import_module(module), name)
+    except ModuleNotFoundError as err:
+        if err.name != module:
+            raise
+        raise QlactorsError(f"this qlactors has no {name} ({module} is missing)") from None
+
+
+def control(args: argparse.Namespace) -> int:
+    """Validate control.toml and the replica's key pair, then run the replica in the foreground."""
+    cfg = _profile_config(args, "control")
+    load_key_pair(cfg.key)
+    _logging(args)
+    return _runtime_class("qlactors.profiles.control", "ControlRuntime")(cfg).run()
+
+
+def worker(args: argparse.Namespace) -> int:
+    """Validate worker.toml and its keys, then run the executor worker in the foreground."""
+    cfg = _profile_config(args, "worker")
+    load_public_key(cfg.server_key)
+    load_key_pair(cfg.key)
+    _logging(args)
+    return _runtime_class("qlactors.profiles.worker", "WorkerRuntime")(cfg).run()
+
+
+# -- status, logs and run --wait against the cluster database --------------------------------
+
+def status(repo: Repository, args: argparse.Namespace) -> int:
+    """Replicas, workers, active runs and open recovery cases; exit 0 when a replica is up, else 3."""
+    from ..store.control import Control
+    from .runtime_commands import EXIT_DOWN
+
+    cluster = read_cluster_status(repo.store, args.cluster.settings.cadence_tick_ms)
+    listed = Workers(repo.store).list()
+    counts = {k: v for k, v in Control(repo.store).status_counts().runs.items() if v}
+    active = {k: v for k, v in sorted(counts.items()) if not RunStatus(k).terminal}
+    up = cluster.replicas_up > 0
+    report = {"up": up, "profile": "cluster", "database": args.cluster.describe(),
+              "replicas": [r.to_json() for r in cluster.replicas],
+              "workers": [w.to_json() for w in listed.workers], "runs": counts, "active_runs": active,
+              "unresolved_recoveries": [e.to_json() for e in cluster.expired_leases]}
+    if args.json:
+        render.dump_json(report)
+        return 0 if up else EXIT_DOWN
+    print(f"cluster: {cluster.replicas_up} of {len(cluster.replicas)} replica(s) up  "
+          f"database: {args.cluster.describe()}")
+    render.table([(r.replica_id, "up" if r.up else "stopped" if r.stopped_at_ms else "silent", r.host,
+                   str(r.pid), r.bind, render.age_of(cluster.at_ms, r.heartbeat_at_ms))
+                  for r in cluster.replicas], ("REPLICA", "STATE", "HOST", "PID", "BIND", "HEARTBEAT"),
+                 indent="  ")
+    serving = sum(1 for w in listed.workers if w.serving)
+    print(f"workers: {serving} serving of {len(listed.workers)}")
+    render.table(render.worker_rows(listed.workers), render.WORKER_HEADER, indent="  ")
+    print("active runs: " + (", ".join(f"{k} {v}" for k, v in active.items()) or "none"))
+    print(f"unresolved recoveries: {len(cluster.expired_leases)}")
+    for e in cluster.expired_leases:
+        print(f"  attempt {e.attempt_id} ({e.attempt_status}): lease of worker {e.worker_id} "
+              f"(generation {e.session_generation}) expired {render.when(e.expires_at_ms)}")
+    return 0 if up else EXIT_DOWN
+
+
+def logs(repo: Repository, args: argparse.Namespace) -> int:
+    """A cluster attempt's log from `log_chunks`, byte for byte; `-f` ends at the final offset
+    the worker's `Completed` recorded, not at the run's end (SEMANTICS.md §13)."""
+    from ..store.log_chunks import LogChunks  # written beside this; imported when used
+
+    run_view, attempt = pick_attempt(repo, args)
+    chunks, out = LogChunks(repo.store), sys.stdout.buffer
+    offset = 0
+
+    def drain() -> None:
+        nonlocal offset
+        while data := chunks.read(attempt.id, offset, LOG_READ_LIMIT):
+            out.write(data)
+            offset += len(data)
+        out.flush()
+
+    def current():
+        return next(a for a in repo.runs.get(run_view.id).attempts if a.id == attempt.id)
+
+    if not args.follow:
+        drain()
+        final = chunks.final_offset(attempt.id)
+        if offset == 0 and attempt.started_at_ms is None:
+            say(not_started(run_view.id, attempt))
+        elif final is not None and offset < final:
+            say(f"run {run_view.id}: {offset} of the log's {final} bytes have reached the control side "
+                f"so far; the worker is still shipping the rest (`qlactors logs -f {run_view.id}`)")
+        elif final is None and AttemptStatus(attempt.state).terminal:
+            say(_shortfall(run_view.id, attempt.state, offset))
+        return 0
+    while True:
+        now = current()  # read before the final offset: a completion records both at once
+        final = chunks.final_offset(attempt.id)
+        drain()
+        if final is not None and offset >= final:
+            return 0
+        if final is None and AttemptStatus(now.state).terminal:
+            say(not_started(run_view.id, now) if offset == 0 and now.started_at_ms is None
+                else _shortfall(run_view.id, now.state, offset))
+            return 0
+        time.sleep(FOLLOW_POLL_S)
+
+
+def _shortfall(run_id: str, state: str, offset: int) -> str:
+    return (f"run {run_id}: the attempt ended {state} with no final log offset from its worker: "
+            f"the log shown ends at the last acknowledged offset {offset}; the rest is unknown")
+
+
+class ReplicaWatch:
+    """For `run --wait` on a cluster: is any control replica up to run the job?"""
+
+    def __init__(self, repo: Repository, cadence_tick_ms: int) -> None:
+        self.repo, self.tick = repo, cadence_tick_ms
+
+    def up(self) -> bool:
+        return replicas_up(self.repo.store, self.tick) > 0
+
+    def up_line(self, run_id: str) -> str:
+        return f"a control replica is up: following run {run_id}"
+
+    def down_line(self, run_id: str, state: str) -> str:
+        return (f"no control replica is up for the cluster database: run {run_id} stays {state} until "
+                "one starts (`qlactors control --config FILE`); still waiting")
+

@@ -1,0 +1,89 @@
+"""Where an intent command acts: the edge home (as always), or a cluster's PostgreSQL database,
+named by `--config control.toml` (`[database] url`) or else `$QLACTORS_DATABASE_URL`."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+from ..cluster_config import ControlConfig, DatabaseSettings, file_profile, load_config
+from ..domain.retention import RetentionPolicy
+from ..errors import BadInput, SchemaError
+
+DATABASE_URL_VARIABLE = "QLACTORS_DATABASE_URL"
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterTarget:
+    database: DatabaseSettings
+    control: ControlConfig | None  # None: the URL came from the environment (defaults elsewhere)
+    source: str  # for messages: where the URL came from
+
+    @property
+    def settings(self) -> ControlConfig:
+        """The control settings in force: the file's, or the built-in defaults."""
+        return self.control or ControlConfig(path=Path(self.source), database=self.database)
+
+    @property
+    def retention(self) -> RetentionPolicy:
+        cfg = self.settings
+        return RetentionPolicy(max_age_ms=cfg.retention_max_age_ms, max_runs=cfg.retention_max_runs)
+
+    def describe(self) -> str:
+        """The database URL as given (password hidden, without the timeouts this adds)."""
+        from sqlalchemy.engine import make_url
+
+        return make_url(self.database.url).render_as_string(hide_password=True)
+
+    def open(self):
+        """The cluster database, opened without migrating it (each replica migrates at start,
+        under an advisory lock): a schema other than this qlactors's is refused."""
+        from ..store.engine import Store
+        from ..store.migrations import current_version, latest_version
+        from ..store.repository import Repository
+
+        store = Store(self.database.url, **self.database.store_options(pool=False))
+        try:
+            found, known = current_version(store), latest_version(store.dialect_name)
+            if found is None or found < known:
+                raise BadInput(
+                    f"the cluster database {self.describe()} (from {self.source}) has "
+                    f"{'no qlactors schema' if found is None else f'schema version {found}'}, this "
+                    f"qlactors needs {known}; nothing was written: start a control replica of this "
+                    "version once (`qlactors control --config FILE`), it migrates the database")
+            if found > known:
+                raise SchemaError(f"the cluster database {self.describe()} has schema version {found}, "
+                                  f"newer than this qlactors knows ({known}): upgrade qlactors here")
+        except BaseException:
+            store.close()
+            raise
+        return Repository(store)
+
+
+def cluster_target(config_path: str | None,
+                   environ: Mapping[str, str] = os.environ) -> ClusterTarget | None:
+    """The cluster database to act on, or None for the edge home.
+
+    `--config` decides when given: a control.toml is the cluster, a worker.toml is refused (it
+    holds no database credentials), an edge or standalone file is the edge home. Without it,
+    `$QLACTORS_DATABASE_URL` names the cluster database.
+    """
+    if config_path:
+        profile = file_profile(config_path)
+        if profile == "worker":
+            raise BadInput(f"{config_path} is a worker config: a worker holds no database credentials, "
+                           "so commands cannot act through it; give a control replica's config "
+                           f"(--config control.toml) or set ${DATABASE_URL_VARIABLE}")
+        if profile != "control":
+            return None
+        cfg = load_config(config_path)
+        return ClusterTarget(cfg.database, cfg, f"--config {config_path}")
+    url = environ.get(DATABASE_URL_VARIABLE)
+    if not url:
+        return None
+    if not url.startswith("postgresql+psycopg://"):
+        raise BadInput(f"${DATABASE_URL_VARIABLE} = {url!r}: the cluster database is PostgreSQL: "
+                       "postgresql+psycopg://USER@HOST:5432/DB (unset it to use the edge home)")
+    return ClusterTarget(DatabaseSettings(url=url), None, f"${DATABASE_URL_VARIABLE}")

@@ -1,0 +1,276 @@
+"""The two cluster profiles' settings (ARCHITECTURE.md "Cluster configuration"): `control.toml`
+for a control replica, `worker.toml` for an executor host.
+
+Every setting but the database URL has a default (SEMANTICS.md §11, cluster column), listed with
+it in `configs/control.toml` and `configs/worker.toml`. Paths are relative to the config file's
+own directory. A bad file is refused with BadInput (exit 2) naming the key; nothing starts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, ClassVar, Mapping
+
+from .config import DEFAULT_LAUNCHER_SHELL, DEFAULTS, RuntimeSettings, _check_shell, _read_toml
+from .domain.labels import check_labels
+from .domain.model import MAX_STOP_GRACE_MS
+from .domain.retention import KEEP_AGE_MS_RANGE, KEEP_RUNS_RANGE
+from .errors import BadInput
+
+CLUSTER_PROFILES = ("control", "worker")
+MIB = 1024 * 1024
+HOUR_MS, DAY_MS = 3_600_000, 86_400_000
+
+
+def _knob(section: str, default: Any, low: int | None = None, high: int | None = None, *,
+          kind: str = "int", key: str | None = None) -> Any:
+    """A setting read from `[section] key` (key: the field's name unless given); ints in low..high."""
+    meta = {"section": section, "kind": kind, "range": (low, high), "key": key}
+    if isinstance(default, (list, tuple)):
+        return field(default=tuple(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True, slots=True)
+class DatabaseSettings:
+    """`[database]` of control.toml: the PostgreSQL URL, the pool, and the three server-side
+    timeouts, each shorter than the heartbeat interval (SEMANTICS.md §9 Transport)."""
+
+    url: str = _knob("database", "", kind="url")
+    pool_size: int = _knob("database", 8, 1, 256)
+    lock_timeout_ms: int = _knob("database", 2_000, 1, 3_600_000)
+    statement_timeout_ms: int = _knob("database", 5_000, 1, 3_600_000)
+    idle_in_transaction_session_timeout_ms: int = _knob("database", 5_000, 1, 3_600_000)
+
+    TIMEOUTS: ClassVar[tuple[str, ...]] = (
+        "lock_timeout_ms", "statement_timeout_ms", "idle_in_transaction_session_timeout_ms")
+
+    def store_options(self, *, pool: bool = True) -> dict[str, int]:
+        """What `Store` takes for this database: the pool size (a replica's; a command keeps the
+        default) and the three timeouts, which it sets on every connection of the pool."""
+        options = dict(lock_timeout_ms=self.lock_timeout_ms, statement_timeout_ms=self.statement_timeout_ms,
+                       idle_in_transaction_timeout_ms=self.idle_in_transaction_session_timeout_ms)
+        if pool:
+            options["pool_size"] = self.pool_size
+        return options
+
+
+@dataclass(frozen=True, slots=True)
+class ControlConfig:
+    """One control replica: its database, its ROUTER bind, its key pair, and its cadence."""
+
+    path: Path  # the config file
+    database: DatabaseSettings
+    bind: str = _knob("control", "tcp://0.0.0.0:5710", kind="endpoint")
+    key: Path = _knob("control", Path("keys/control.key_secret"), kind="path")
+    heartbeat_ms: int = _knob("control", 10_000, 1_000, 600_000)
+    session_lease_ms: int = _knob("control", 45_000, 2_000, 3_600_000)
+    run_lease_ms: int = _knob("control", 30_000, 2_000, 3_600_000)
+    recovery_grace_ms: int = _knob("control", 120_000, 2_000, 7 * DAY_MS)
+    drain_grace_ms: int = _knob("control", 900_000, 0, 7 * DAY_MS)
+    cadence_tick_ms: int = _knob("control", 1_000, 100, 3_600_000)
+    recovery_page: int = _knob("control", 16, 1, 64)
+    retry_page: int = _knob("control", 16, 1, 64)
+    cron_page: int = _knob("control", 16, 1, 256)
+    shutdown_drain_ms: int = _knob("control", 10_000, 100, 60_000)
+    store_outage_stop_ms: int = _knob("control", 60_000, 1_000, DAY_MS)
+    retention_max_age_ms: int = _knob("control", 30 * DAY_MS, *KEEP_AGE_MS_RANGE)
+    retention_max_runs: int = _knob("control", 1_000, *KEEP_RUNS_RANGE)
+    retention_page: int = _knob("control", 64, 1, 256)
+
+    profile: ClassVar[str] = "control"
+
+    @property
+    def public_key(self) -> Path:
+        """The public half beside the secret key file (`NAME.key` beside `NAME.key_secret`)."""
+        return _public_beside(self.key)
+
+    def runtime_settings(self) -> RuntimeSettings:
+        """The RuntimeSettings the shared actors take: this replica's knobs; the executor-side
+        knobs keep the standalone defaults (no executor runs in a replica)."""
+        return _runtime(self)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    """One executor host: the replicas to reach, the keys, its slots and labels, its state."""
+
+    path: Path  # the config file
+    control: tuple[str, ...] = _knob("worker", ("tcp://127.0.0.1:5710",), kind="endpoints")
+    server_key: Path = _knob("worker", Path("keys/control.key"), kind="path")
+    key: Path = _knob("worker", Path("keys/worker.key_secret"), kind="path")
+    slots: int = _knob("worker", 4, 1, 256)
+    labels: tuple[str, ...] = _knob("worker", (), kind="labels")
+    state_dir: Path = _knob("worker", Path("state"), kind="path")
+    request_timeout_ms: int = _knob("worker", 5_000, 100, 60_000)
+    log_cap_bytes: int = _knob("worker", 64 * MIB, 64 * 1024, 1 << 30)
+    stop_grace_ms: int = _knob("worker", 1_000, 0, MAX_STOP_GRACE_MS)
+    kill_grace_ms: int = _knob("worker", 1_000, 0, 30_000)
+    output_drain_ms: int = _knob("worker", 1_000, 0, 60_000)
+    publish_grace_ms: int = _knob("worker", 100, 0, 5_000)
+    shutdown_drain_ms: int = _knob("worker", 10_000, 100, 60_000)
+    receipt_cleanup_interval_ms: int = _knob("worker", 60_000, 1_000, DAY_MS)
+    receipt_cleanup_page: int = _knob("worker", 32, 1, 64)
+    quarantine_retention_ms: int = _knob("worker", HOUR_MS, 0, DAY_MS)
+    disk_reserve_bytes: int = _knob("worker", 256 * MIB, 0, 1 << 40)
+    launcher_shell: str = _knob("launcher", DEFAULT_LAUNCHER_SHELL, kind="shell", key="shell")
+
+    profile: ClassVar[str] = "worker"
+
+    @property
+    def journal_path(self) -> Path:
+        return self.state_dir / "journal.db"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.state_dir / "logs"
+
+    @property
+    def receipts_dir(self) -> Path:
+        return self.state_dir / "receipts"
+
+    def runtime_settings(self) -> RuntimeSettings:
+        """The RuntimeSettings the shared actors take: this worker's knobs; the control-side
+        knobs keep the standalone defaults (no scheduler runs on a worker)."""
+        return _runtime(self)
+
+
+def file_profile(path: str | os.PathLike) -> str:
+    """The `profile` a config file names ("edge" when it names none)."""
+    profile = _read_toml(Path(path)).get("profile", "edge")
+    return profile if isinstance(profile, str) else repr(profile)
+
+
+def load_config(path: str | os.PathLike) -> ControlConfig | WorkerConfig:
+    """Read a control.toml or worker.toml; BadInput (exit 2) naming the key for anything wrong."""
+    path = Path(path).absolute()
+    data = _read_toml(path)
+    profile = data.pop("profile", None)
+    if profile not in CLUSTER_PROFILES:
+        raise BadInput(f"{path}: profile = {profile!r}: a cluster config says profile = \"control\" "
+                       "or \"worker\" (configs/control.toml, configs/worker.toml)")
+    if profile == "worker":
+        if "database" in data:
+            raise BadInput(f"{path}: [database] has no place in a worker config: a worker holds no "
+                           "database credentials and reaches the database only through the control "
+                           "replicas; remove the section")
+        values = _read_sections(WorkerConfig, data, path, ("worker", "launcher"))
+        return _check_worker(WorkerConfig(path=path, **values))
+    database = DatabaseSettings(**_read_sections(DatabaseSettings, data, path, ("database",),
+                                                 consume=False))
+    values = _read_sections(ControlConfig, data, path, ("control",), extra=("database",))
+    return _check_control(ControlConfig(path=path, database=database, **values))
+
+
+def _read_sections(cls, data: dict[str, Any], path: Path, sections: tuple[str, ...], *,
+                   consume: bool = True, extra: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The values of `cls`'s knobs found in `sections` (absent ones keep their defaults)."""
+    unknown_sections = set(data) - set(sections) - set(extra) if consume else set()
+    if unknown_sections:
+        raise BadInput(f"{path}: unknown section(s) or key(s) {sorted(unknown_sections)}; known "
+                       f"sections: {', '.join(f'[{s}]' for s in sections + extra)}")
+    knobs = {(f.metadata["section"], f.metadata["key"] or f.name): f for f in fields(cls) if f.metadata}
+    values: dict[str, Any] = {}
+    for section in sections:
+        table = data.get(section, {})
+        if not isinstance(table, dict):
+            raise BadInput(f"{path}: [{section}] must be a table")
+        for key, value in table.items():
+            knob = knobs.get((section, key))
+            if knob is None:
+                known = sorted(k for s, k in knobs if s == section)
+                raise BadInput(f"{path}: unknown [{section}] key {key!r}; known: {', '.join(known)}")
+            values[knob.name] = _parse(knob, value, f"{path}: [{section}] {key}", path.parent)
+    for knob in knobs.values():  # a default path is relative to the file's directory too
+        if knob.metadata["kind"] == "path" and knob.name not in values:
+            values[knob.name] = path.parent / knob.default
+    return values
+
+
+def _parse(knob: dataclasses.Field, value: Any, where: str, base: Path) -> Any:
+    kind = knob.metadata["kind"]
+    if kind == "int":
+        low, high = knob.metadata["range"]
+        if type(value) is not int or not low <= value <= high:
+            raise BadInput(f"{where} = {value!r} is out of range {low}..{high}")
+        return value
+    if kind == "path":
+        if not isinstance(value, str) or not value:
+            raise BadInput(f"{where} = {value!r}: give a path (relative to the config file's directory)")
+        return base / Path(value).expanduser()
+    if kind == "endpoint":
+        return _endpoint(where, value)
+    if kind == "endpoints":
+        if not isinstance(value, list) or not value:
+            raise BadInput(f"{where} = {value!r}: give a list of one or more replica endpoints, "
+                           "e.g. [\"tcp://ctl-1:5710\", \"tcp://ctl-2:5710\"]")
+        return tuple(_endpoint(where, item) for item in value)
+    if kind == "labels":
+        if not isinstance(value, list):
+            raise BadInput(f"{where} = {value!r}: give a list of labels, e.g. [\"gpu\", \"zone=eu\"]")
+        return check_labels(where, value)
+    if kind == "url":
+        if not isinstance(value, str) or not value.startswith("postgresql+psycopg://"):
+            raise BadInput(f"{where} = {value!r}: a control replica needs PostgreSQL: "
+                           "postgresql+psycopg://USER@HOST:5432/DB")
+        return value
+    if kind == "shell":
+        return value  # checked with the rest of the worker (it must exist on this host)
+    raise AssertionError(kind)
+
+
+def _endpoint(where: str, value: Any) -> str:
+    host, sep, port = value.removeprefix("tcp://").rpartition(":") if isinstance(value, str) else ("", "", "")
+    if not (isinstance(value, str) and value.startswith("tcp://") and sep and host and port.isdigit()
+            and 0 < int(port) < 65536):
+        raise BadInput(f"{where} = {value!r}: give a tcp:// endpoint with a host and a port, "
+                       "e.g. \"tcp://ctl-1:5710\"")
+    return value
+
+
+def _check_control(cfg: ControlConfig) -> ControlConfig:
+    where = f"{cfg.path}:"
+    if not cfg.database.url:
+        raise BadInput(f"{where} [database] url is missing: a control replica needs its PostgreSQL "
+                       "URL, e.g. url = \"postgresql+psycopg://qlactors@db:5432/qlactors\"")
+    for name in DatabaseSettings.TIMEOUTS:
+        value = getattr(cfg.database, name)
+        if value >= cfg.heartbeat_ms:
+            raise BadInput(f"{where} [database] {name} = {value} must be below [control] heartbeat_ms "
+                           f"= {cfg.heartbeat_ms}, so a stuck transaction cannot hold a worker past a "
+                           "heartbeat (SEMANTICS.md §9 Transport)")
+    for name in ("session_lease_ms", "run_lease_ms"):
+        if getattr(cfg, name) < 2 * cfg.heartbeat_ms:
+            raise BadInput(f"{where} [control] {name} = {getattr(cfg, name)} must be at least twice "
+                           f"heartbeat_ms = {cfg.heartbeat_ms}, so one lost heartbeat loses no lease")
+    floor = cfg.session_lease_ms + MAX_STOP_GRACE_MS
+    if cfg.recovery_grace_ms < floor:
+        raise BadInput(f"{where} [control] recovery_grace_ms = {cfg.recovery_grace_ms} must be at least "
+                       f"session_lease_ms + the longest stop grace a task may have ({cfg.session_lease_ms}"
+                       f" + {MAX_STOP_GRACE_MS} = {floor}): a worker cut off from the replicas needs that "
+                       "long to notice and stop its jobs")
+    return cfg
+
+
+def _check_worker(cfg: WorkerConfig) -> WorkerConfig:
+    _check_shell(cfg.launcher_shell, cfg.path)
+    return cfg
+
+
+def _public_beside(secret: Path) -> Path:
+    return secret.with_name(secret.name.removesuffix("_secret")) if secret.name.endswith(".key_secret") \
+        else secret.with_suffix(".key")
+
+
+def _runtime(cfg: ControlConfig | WorkerConfig) -> RuntimeSettings:
+    base = DEFAULTS["standalone"]
+    own = {f.name: getattr(cfg, f.name) for f in fields(RuntimeSettings) if hasattr(cfg, f.name)}
+    return dataclasses.replace(base, **own)
+
+
+def defaults_of(cls) -> Mapping[str, Any]:
+    """Each knob of a cluster config class and its default, as written in a file (paths unresolved)."""
+    return {f.name: f.default for f in fields(cls) if f.metadata}

@@ -1,0 +1,249 @@
+"""Fenced executor reports about an offered attempt: Activate, Started, start failure, decline
+(SEMANTICS.md §4, §9 Fence), and the release of an offer nobody activated (§6, §10).
+
+Every report quotes its `Fence` (worker, session and generation, run, attempt, offer id, lease
+generation, lease token hash). `check_fence` takes the locks in the global order of §9 — the
+advisory locks `attempt:<id>` then `task:<id>`, then the session row, then the run, attempt and
+lease rows — reads database time once, and answers `fenced` (nothing changed) when:
+
+- the session is not the worker's current one: unknown, another worker's, another generation,
+  superseded or ended (`offline`, `ended_at_ms` set, its lease expired); a `draining` session
+  still reports (it must start and finish what it holds);
+- the lease is missing (another generation), `released` or `completed`, or its offer id,
+  session or token hash differ (the token compared in constant time);
+- the attempt is `lost` or terminal;
+- for Activate only, the lease has expired (an expired offer may be offered to someone else).
+
+The lease version is never a reason: it is kept in the Fence for information only, so a renewal
+committed while a Started is in flight never fences the Started. Answers: `applied`, `fenced`,
+`refused` (the fence holds but the state forbids it), each an `Outcome` (`ActivateResult`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..domain.states import AttemptStatus, LeaseReleaseReason, LeaseStatus, RunStatus
+from ..domain.transitions import plan_activate, plan_end_by_intent, plan_start_failed, plan_started
+from ..errors import BadInput
+from .dispatch_queries import LEASE_LOCKED, SESSION_SHARED
+from .engine import Store
+from .session_rules import session_mismatch
+from .plans import (
+    apply_plan,
+    attempt_snapshot,
+    end_lease,
+    load_attempt,
+    load_open_pair,
+    load_run,
+    pinned_revision,
+    run_snapshot,
+)
+from .records import (
+    APPLIED,
+    FENCED,
+    REFUSED,
+    ActivateResult,
+    Fence,
+    Identity,
+    Outcome,
+    check_hash,
+    check_id,
+    same_hash,
+)
+
+ACTOR = "executor"
+MAX_ERROR_SUMMARY = 512
+
+_A, _R, _L = AttemptStatus, RunStatus, LeaseStatus
+
+
+class FenceMismatch(Exception):
+    """A report whose fence does not hold; `detail` is the short machine word the answer carries."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
+@dataclass(frozen=True, slots=True)
+class HeldFence:
+    """The rows a holding fence locked, and the transaction's one database time."""
+
+    run: object
+    attempt: object
+    lease: object
+    now: int
+
+
+class FencedReports:
+    """Activate, Started, start failure, decline and the release of an unactivated offer."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def check_fence(self, conn, fence: Fence, *, for_activate: bool) -> HeldFence:
+        """Lock and check everything `fence` quotes (see the module's doc); raise FenceMismatch."""
+        self.store.advisory_lock(conn, f"attempt:{fence.attempt_id}")
+        unlocked = load_run(conn, fence.run_id, lock=False)
+        if unlocked is not None:  # the task id never changes: read before its lock
+            self.store.advisory_lock(conn, f"task:{unlocked.task_id}")
+        session = conn.execute(SESSION_SHARED, {"session_id": fence.session_id}).first()
+        run = load_run(conn, fence.run_id) if unlocked is not None else None
+        attempt = load_attempt(conn, fence.attempt_id)
+        lease = conn.execute(LEASE_LOCKED, {"attempt_id": fence.attempt_id,
+                                             "generation": fence.lease_generation}).first()
+        now = self.store.now_ms(conn)
+        detail = session_mismatch(session, fence.worker_id, fence.session_generation, now, online_only=False)
+        if detail is not None:
+            raise FenceMismatch(detail)
+        if run is None:
+            raise FenceMismatch("unknown_run")
+        if attempt is None or attempt.run_id != run.id:
+            raise FenceMismatch("wrong_attempt")
+        if lease is None or lease.run_id != run.id:
+            raise FenceMismatch("lease_generation")
+        if lease.offer_id != fence.offer_id:
+            raise FenceMismatch("offer_id")
+        if (lease.session_id != fence.session_id or lease.worker_id != fence.worker_id
+                or lease.session_generation != fence.session_generation):
+            raise FenceMismatch("lease_session")
+        if not same_hash(lease.token_hash, fence.lease_token_hash):
+            raise FenceMismatch("lease_token")
+        if _A(attempt.status).terminal:  # lost, or ended (its lease ended with it)
+            raise FenceMismatch(f"attempt_{attempt.status}")
+        if lease.status != _L.LEASED.value:
+            raise FenceMismatch(f"lease_{lease.status}")
+        if for_activate and lease.expires_at_ms is not None and lease.expires_at_ms <= now:
+            raise FenceMismatch("lease_expired")
+        return HeldFence(run, attempt, lease, now)
+
+    def activate(self, fence: Fence, callback_token_hash: str, log_artifact_id: str) -> ActivateResult:
+        """Attempt `claimed -> starting` with its token hash, log artifact and deadline; spawn only if applied.
+
+        `refused` when the attempt is no longer `claimed`, the run not `dispatching`, or a cancel
+        intent exists. The deadline (database time + the pinned timeout, NULL without one) is
+        written here once and never replaced. A repeated Activate for an attempt already
+        `starting` with the same token hash answers `applied` again, with the stored deadline.
+        """
+        check_hash("callback token hash", callback_token_hash)
+        check_id("log artifact id", log_artifact_id, 256)
+        with self.store.write() as conn:
+            try:
+                held = self.check_fence(conn, fence, for_activate=True)
+            except FenceMismatch as mismatch:
+                return ActivateResult(FENCED, detail=mismatch.detail)
+            run, attempt, lease = held.run, held.attempt, held.lease
+            status = _A(attempt.status)
+            if status is _A.STARTING:
+                if same_hash(attempt.callback_token_hash, callback_token_hash):
+                    return ActivateResult(APPLIED, attempt.deadline_at_ms, lease.version, "already_starting")
+                return ActivateResult(REFUSED, lease_version=lease.version, detail="activated_with_other_token")
+            if status is not _A.CLAIMED:
+                return ActivateResult(REFUSED, lease_version=lease.version, detail=f"attempt_{status.value}")
+            if run.status != _R.DISPATCHING.value:
+                return ActivateResult(REFUSED, lease_version=lease.version, detail=f"run_{run.status}")
+            if run.cancel_reason is not None:
+                return ActivateResult(REFUSED, lease_version=lease.version, detail="cancel_requested")
+            timeout_ms = pinned_revision(conn, run).timeout_ms
+            deadline = held.now + timeout_ms if timeout_ms is not None else None
+            apply_plan(conn, plan_activate(run_snapshot(run), attempt_snapshot(attempt)), held.now,
+                       actor_type=ACTOR, expected_callback_sequence=attempt.callback_sequence,
+                       attempt_values=dict(callback_token_hash=callback_token_hash,
+                                           log_artifact_id=log_artifact_id, deadline_at_ms=deadline))
+            return ActivateResult(APPLIED, deadline, lease.version)
+
+    def started(self, fence: Fence, boot_id: str, pid: int, pgid: int, start_ticks: int) -> Outcome:
+        """Attempt and run `running` with the process identity and `started_at_ms` (database time).
+
+        Idempotent: an attempt already `running` with the same identity answers `applied` (no
+        event); another identity is `refused`, as is an attempt not yet activated.
+        """
+        identity = Identity(boot_id, pid, pgid, start_ticks)
+        with self.store.write(durable=False) as conn:
+            try:
+                held = self.check_fence(conn, fence, for_activate=False)
+            except FenceMismatch as mismatch:
+                return Outcome(FENCED, mismatch.detail)
+            run, attempt, now = held.run, held.attempt, held.now
+            status = _A(attempt.status)
+            if status is _A.RUNNING:
+                if Identity.from_row(attempt) == identity:
+                    return Outcome(APPLIED, "already_running", run.status)
+                return Outcome(REFUSED, "identity_mismatch", run.status)
+            if status is not _A.STARTING:
+                return Outcome(REFUSED, f"attempt_{status.value}", run.status)
+            plan = plan_started(run_snapshot(run), attempt_snapshot(attempt))
+            apply_plan(conn, plan, now, actor_type=ACTOR,
+                       expected_callback_sequence=attempt.callback_sequence,
+                       run_values={"started_at_ms": now} if run.started_at_ms is None else None,
+                       attempt_values=dict(boot_id=identity.boot_id, pid=identity.pid, pgid=identity.pgid,
+                                           start_ticks=identity.start_ticks, started_at_ms=now))
+            return Outcome(APPLIED, None, plan.run_to.value)
+
+    def start_failed(self, fence: Fence, reason: str) -> Outcome:
+        """The launcher could not be spawned: attempt and run `failed` (EXECUTOR_START_FAILED).
+
+        The caller checks for a receipt first (SEMANTICS.md §4). `error_summary` is the reason cut
+        to 512 characters; the lease ends `released` (`start_failed`). A committed cancel intent
+        wins, as everywhere: the run ends as the intent says, with the reason kept as its summary.
+        """
+        if type(reason) is not str:
+            raise BadInput("a start failure reason is a string")
+        summary = reason[:MAX_ERROR_SUMMARY]
+        with self.store.write() as conn:
+            try:
+                held = self.check_fence(conn, fence, for_activate=False)
+            except FenceMismatch as mismatch:
+                return Outcome(FENCED, mismatch.detail)
+            run, attempt, now = held.run, held.attempt, held.now
+            if attempt.status != _A.STARTING.value:
+                return Outcome(REFUSED, f"attempt_{attempt.status}", run.status)
+            run_s, attempt_s = run_snapshot(run), attempt_snapshot(attempt)
+            plan = plan_end_by_intent(run_s, attempt_s) if run.cancel_reason else plan_start_failed(run_s, attempt_s)
+            apply_plan(conn, plan, now, actor_type=ACTOR, expected_callback_sequence=attempt.callback_sequence,
+                       run_values={"error_summary": summary}, attempt_values={"error_summary": summary})
+            end_lease(conn, attempt.id, now, _L.RELEASED, LeaseReleaseReason.START_FAILED)
+            return Outcome(APPLIED, None, plan.run_to.value)
+
+    def decline(self, fence: Fence, reason: LeaseReleaseReason | str = LeaseReleaseReason.DECLINED) -> Outcome:
+        """The executor gives back an offer it never activated: its lease ends `released`.
+
+        `reason` is `declined` (default) or `shutdown`; version + 1. The attempt stays `claimed`
+        and the run `dispatching` (no `dispatching -> queued` edge exists); the next pull offers
+        it again under a new lease generation. An activated attempt is `refused` (use
+        `start_failed`); an ended lease is `fenced` like every other report.
+        """
+        reason = LeaseReleaseReason(reason)
+        if reason not in (LeaseReleaseReason.DECLINED, LeaseReleaseReason.SHUTDOWN):
+            raise BadInput("an unstarted offer is released as declined or shutdown")
+        with self.store.write() as conn:
+            try:
+                held = self.check_fence(conn, fence, for_activate=False)
+            except FenceMismatch as mismatch:
+                return Outcome(FENCED, mismatch.detail)
+            if held.attempt.status != _A.CLAIMED.value:
+                return Outcome(REFUSED, f"attempt_{held.attempt.status}", held.run.status)
+            end_lease(conn, held.attempt.id, held.now, _L.RELEASED, reason)
+            return Outcome(APPLIED, None, held.run.status)
+
+    release_unstarted = decline  # the name the edge runtime's tests and drain use
+
+    def release_unactivated(self, run_id: str, attempt_id: str) -> Outcome:
+        """An attempt offered but never activated that no executor holds: its live lease ends
+        `released` (`lease_expired`) and the attempt stays `claimed`, its run `dispatching`.
+
+        It never started, so nothing can run twice: the next pull offers it again under a new
+        lease generation (SEMANTICS.md §6 step 2). `refused` unless the attempt is still
+        `claimed`; `detail` is `no_live_lease` when there was nothing to release.
+        """
+        with self.store.write() as conn:
+            self.store.advisory_lock(conn, f"attempt:{attempt_id}")
+            run, attempt, ended = load_open_pair(conn, run_id, attempt_id)
+            if ended is not None:
+                return ended
+            if attempt.status != _A.CLAIMED.value:
+                return Outcome(REFUSED, f"attempt_{attempt.status}", run.status)
+            version = end_lease(conn, attempt_id, self.store.now_ms(conn), _L.RELEASED,
+                                LeaseReleaseReason.LEASE_EXPIRED)
+            return Outcome(APPLIED, None if version is not None else "no_live_lease", run.status)

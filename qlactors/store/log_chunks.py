@@ -1,0 +1,125 @@
+"""A cluster run's log on the control side: acknowledged chunks appended at their expected offset
+(SEMANTICS.md §13).
+
+A chunk is authenticated like `Completed` — the attempt's worker id equals the authenticated
+worker id and the callback token hash matches in constant time — not by the lease, so the tail
+still lands after the worker re-registered and after the run is terminal. Each append is one
+short transaction under the attempt's advisory lock (`attempt:<id>`, the first key of the
+global order of §9). The log is contiguous by construction: a chunk lands only at the end of the
+last one (0 for the first), so `read` concatenates rows without looking for holes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from sqlalchemy import and_, bindparam, func, select
+
+from ..errors import BadInput
+from .engine import Store
+from .plans import load_attempt
+from .records import APPLIED, REFUSED, check_id, same_hash
+from .schema import log_chunks, run_attempts
+
+MAX_CHUNK_BYTES = 128 * 1024
+MAX_READ_BYTES = 4 * 1024 * 1024
+
+_END = select(func.coalesce(func.max(log_chunks.c.start_offset + log_chunks.c.length), 0)).where(
+    log_chunks.c.attempt_id == bindparam("attempt_id"))
+_AT = select(log_chunks.c.length, log_chunks.c.checksum).where(and_(
+    log_chunks.c.attempt_id == bindparam("attempt_id"), log_chunks.c.start_offset == bindparam("offset")))
+_SPAN = (select(log_chunks.c.start_offset, log_chunks.c.data).where(and_(
+    log_chunks.c.attempt_id == bindparam("attempt_id"),
+    log_chunks.c.start_offset + log_chunks.c.length > bindparam("offset"),
+    log_chunks.c.start_offset < bindparam("end")))
+    .order_by(log_chunks.c.start_offset))
+_FINAL = select(run_attempts.c.log_final_offset).where(run_attempts.c.id == bindparam("attempt_id"))
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkResult:
+    """`applied` (the chunk is stored, now or by an identical earlier send) or `refused`;
+    `acked_offset`: the end of the stored log, where the worker resumes (0 when unauthenticated);
+    `detail`: why it was refused (unknown_attempt, wrong_worker, no_token, bad_token, empty,
+    too_large, checksum, conflict, gap) or `repeated` for an identical repeat."""
+
+    result: str
+    acked_offset: int
+    detail: str | None = None
+
+
+class LogChunks:
+    """Append, acknowledge and read a cluster attempt's log chunks."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def append(self, worker_id: str, attempt_id: str, callback_token_hash: str, offset: int,
+               data: bytes, checksum: str) -> ChunkResult:
+        """Store `data` at `offset` if that is where the log ends; see the class doc for the answers."""
+        check_id("worker id", worker_id, 128)
+        check_id("attempt id", attempt_id)
+        if type(offset) is not int or offset < 0:
+            raise BadInput("a chunk offset is a non-negative integer")
+        if not isinstance(data, (bytes, bytearray, memoryview)) or not isinstance(checksum, str):
+            raise BadInput("a chunk is bytes with a hex SHA-256 checksum")
+        data = bytes(data)
+        with self.store.write() as conn:
+            self.store.advisory_lock(conn, f"attempt:{attempt_id}")
+            attempt = load_attempt(conn, attempt_id)
+            if attempt is None:
+                return ChunkResult(REFUSED, 0, "unknown_attempt")
+            if attempt.worker_id != worker_id:
+                return ChunkResult(REFUSED, 0, "wrong_worker")
+            if attempt.callback_token_hash is None:
+                return ChunkResult(REFUSED, 0, "no_token")
+            if not same_hash(attempt.callback_token_hash, callback_token_hash):
+                return ChunkResult(REFUSED, 0, "bad_token")
+            end = conn.execute(_END, {"attempt_id": attempt_id}).scalar_one()
+            problem = _invalid(data, checksum)
+            if problem is not None:
+                return ChunkResult(REFUSED, end, problem)
+            if offset > end:
+                return ChunkResult(REFUSED, end, "gap")
+            if offset < end:
+                stored = conn.execute(_AT, {"attempt_id": attempt_id, "offset": offset}).first()
+                if stored is not None and stored.length == len(data) and stored.checksum == checksum:
+                    return ChunkResult(APPLIED, end, "repeated")
+                return ChunkResult(REFUSED, end, "conflict")
+            conn.execute(log_chunks.insert().values(
+                attempt_id=attempt_id, start_offset=offset, run_id=attempt.run_id, length=len(data),
+                checksum=checksum, data=data, created_at_ms=self.store.now_ms(conn)))
+            return ChunkResult(APPLIED, end + len(data))
+
+    def acked_offset(self, attempt_id: str) -> int:
+        """The end of the stored log: how many bytes are acknowledged (0 before the first chunk)."""
+        with self.store.read() as conn:
+            return conn.execute(_END, {"attempt_id": attempt_id}).scalar_one()
+
+    def read(self, attempt_id: str, offset: int, limit: int) -> bytes:
+        """The stored bytes from `offset`, at most `limit` (bounded by MAX_READ_BYTES), exactly."""
+        if type(offset) is not int or offset < 0 or type(limit) is not int or limit < 0:
+            raise BadInput("offset and limit are non-negative integers")
+        end = offset + min(limit, MAX_READ_BYTES)
+        with self.store.read() as conn:
+            rows = conn.execute(_SPAN, {"attempt_id": attempt_id, "offset": offset, "end": end}).all()
+        out = bytearray()
+        for start, data in rows:
+            out += bytes(data)[max(offset - start, 0):end - start]
+        return bytes(out)
+
+    def final_offset(self, attempt_id: str) -> int | None:
+        """The final offset the completion recorded (None before it, or on edge)."""
+        with self.store.read() as conn:
+            return conn.execute(_FINAL, {"attempt_id": attempt_id}).scalar()
+
+
+def _invalid(data: bytes, checksum: str) -> str | None:
+    if not data:
+        return "empty"
+    if len(data) > MAX_CHUNK_BYTES:
+        return "too_large"
+    if hashlib.sha256(data).hexdigest() != checksum:
+        return "checksum"
+    return None

@@ -1,0 +1,92 @@
+"""Read model of the workers (`qlactors workers`, `task show`, `status`): each worker's current
+session, the allowed workers that never opened one, and who qualifies for a task's labels now."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+from sqlalchemy import func, select
+from sqlalchemy.engine import Connection
+
+from ..domain.labels import qualifies
+from .engine import Store
+from .schema import worker_keys, worker_sessions
+
+NEVER = "never"  # the status shown for an allowed worker that has no session yet
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerView:
+    worker_id: str
+    allowed: bool  # on the allow-list now (False: revoked, or the edge's built-in session)
+    status: str  # online | draining | offline | never
+    session_id: str | None = None
+    generation: int | None = None
+    capacity: int | None = None
+    free_slots: int | None = None
+    heartbeat_at_ms: int | None = None
+    heartbeat_age_ms: int | None = None  # database time minus the last heartbeat
+    lease_expires_at_ms: int | None = None  # None: lives as long as its process (edge)
+    lease_expired: bool = False
+    clock_skew_ms: int | None = None  # database time minus the worker's clock at its last heartbeat
+    labels: tuple[str, ...] = ()
+
+    @property
+    def serving(self) -> bool:
+        """Online with a live session lease: offers may go to it now."""
+        return self.status == "online" and not self.lease_expired
+
+    def to_json(self) -> dict[str, Any]:
+        return {"worker_id": self.worker_id, "allowed": self.allowed, "status": self.status,
+                "session_id": self.session_id, "generation": self.generation,
+                "capacity": self.capacity, "free_slots": self.free_slots,
+                "heartbeat_at_ms": self.heartbeat_at_ms, "heartbeat_age_ms": self.heartbeat_age_ms,
+                "lease_expires_at_ms": self.lease_expires_at_ms, "lease_expired": self.lease_expired,
+                "clock_skew_ms": self.clock_skew_ms, "labels": list(self.labels)}
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerList:
+    at_ms: int  # the database time the list was read at
+    workers: tuple[WorkerView, ...]  # by worker id
+
+    def qualifying(self, required: Iterable[str]) -> tuple[WorkerView, ...]:
+        """Serving workers whose labels include every label in `required`."""
+        need = tuple(required)
+        return tuple(w for w in self.workers if w.serving and qualifies(w.labels, need))
+
+
+class Workers:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def list(self) -> WorkerList:
+        """Every worker with a session (its newest generation) or a key, in one read."""
+        with self.store.read() as conn:
+            now = self.store.now_ms(conn)
+            sessions = _current_sessions(conn)
+            allowed = set(conn.execute(select(worker_keys.c.worker_id)).scalars())
+        views = {row.worker_id: _view(row, now, row.worker_id in allowed) for row in sessions}
+        for worker_id in allowed - set(views):
+            views[worker_id] = WorkerView(worker_id=worker_id, allowed=True, status=NEVER)
+        return WorkerList(now, tuple(views[k] for k in sorted(views)))
+
+
+def _current_sessions(conn: Connection) -> list:
+    newest = (select(worker_sessions.c.worker_id, func.max(worker_sessions.c.generation).label("g"))
+              .group_by(worker_sessions.c.worker_id).subquery())
+    return conn.execute(select(worker_sessions).join(newest, (newest.c.worker_id == worker_sessions.c.worker_id)
+                                                     & (newest.c.g == worker_sessions.c.generation))).all()
+
+
+def _view(row, now: int, allowed: bool) -> WorkerView:
+    expires = row.lease_expires_at_ms
+    return WorkerView(
+        worker_id=row.worker_id, allowed=allowed, status=row.status, session_id=row.session_id,
+        generation=row.generation, capacity=row.capacity, free_slots=row.free_slots,
+        heartbeat_at_ms=row.heartbeat_at_ms,
+        heartbeat_age_ms=None if row.heartbeat_at_ms is None else max(0, now - row.heartbeat_at_ms),
+        lease_expires_at_ms=expires, lease_expired=expires is not None and expires <= now,
+        clock_skew_ms=row.clock_skew_ms, labels=tuple(json.loads(row.labels_json or "[]")))

@@ -1,0 +1,207 @@
+"""The worker's replica links: the failover rule alone, then through a real bridge to real CURVE replicas."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import zmq
+
+from qlactors.errors import BadInput
+from qlactors.wire.bridge import Bridge, Inbound, Outbox
+from qlactors.wire.curve import AllowList, start_authenticator
+from qlactors.wire.links import UNREACHABLE_RETRY_S, Failover, ReplicaLinks
+from qlactors.wire.messages import Nudge
+from wire_harness import WAIT_S, Collected, KeyPair, Replica, heartbeat, tcp_endpoint, wait_until
+
+# -- the rule, without sockets ----------------------------------------------------------------
+
+
+def test_a_request_waits_for_the_current_replica_and_any_frame_from_it_answers_all():
+    plan = Failover(2, timeout_s=5.0)
+    plan.sent([b"a"], now=100.0)
+    plan.sent([b"b"], now=101.0)
+    assert plan.deadline == 105.0  # the oldest unanswered request sets the deadline
+    assert not plan.heard(1)  # another replica speaking answers nothing
+    assert plan.expired(105.0) and not plan.expired(104.9)
+    assert plan.heard(0)
+    assert plan.deadline is None and not plan.unanswered and not plan.expired(1e9)
+
+
+def test_rotate_moves_to_the_next_replica_wrapping_and_returns_what_to_send_again():
+    plan = Failover(3, timeout_s=2.0)
+    plan.sent([b"a"], now=0.0)
+    plan.sent([b"b"], now=1.0)
+    assert plan.rotate(now=2.0) == [[b"a"], [b"b"]]
+    assert (plan.current, plan.deadline) == (1, 4.0)
+    plan.rotate(now=4.0)
+    assert plan.rotate(now=6.0) == [[b"a"], [b"b"]] and plan.current == 0
+    assert not plan.heard(2) and plan.heard(0)
+    assert plan.rotate(now=7.0) == [] and plan.deadline is None  # nothing unanswered: no deadline
+
+
+def test_unanswered_requests_are_bounded_oldest_dropped_first():
+    plan = Failover(1, timeout_s=1.0, limit=2)
+    for name in (b"a", b"b", b"c"):
+        plan.sent([name], now=0.0)
+    assert list(plan.unanswered) == [[b"b"], [b"c"]] and plan.dropped == 1
+
+
+def test_when_no_replica_takes_the_requests_the_ring_is_tried_again_soon():
+    plan = Failover(2, timeout_s=30.0)
+    plan.sent([b"a"], now=10.0)
+    plan.rotate(now=10.0)
+    plan.rotate(now=10.0)
+    plan.unreachable(now=10.0)
+    assert plan.deadline == 10.0 + UNREACHABLE_RETRY_S and plan.unsent and plan.unanswered
+    plan.sent([b"b"], now=10.1)
+    plan.delivered(now=10.2)  # a replica took both: the full timeout from now
+    assert (plan.unsent, plan.deadline) == (False, 40.2)
+    quick = Failover(1, timeout_s=0.1)
+    quick.sent([b"a"], now=0.0)
+    quick.unreachable(now=0.0)
+    assert quick.deadline == 0.1  # never later than the request timeout
+
+
+def test_failover_refuses_no_replica_or_a_non_positive_timeout():
+    with pytest.raises(BadInput):
+        Failover(0, timeout_s=1.0)
+    with pytest.raises(BadInput):
+        Failover(1, timeout_s=0)
+
+
+# -- real sockets -----------------------------------------------------------------------------
+
+
+class Cluster:
+    """Two CURVE ROUTER replicas (one context, one authenticator) and a worker bridge on its own context."""
+
+    def __init__(self, *, request_timeout_s: float, replicas_up: tuple[bool, ...] = (True, True),
+                 listed: bool = True) -> None:
+        self.server, self.worker = KeyPair.new(), KeyPair.new()
+        self.server_ctx = zmq.Context()
+        self.auth = start_authenticator(self.server_ctx, AllowList({self.worker.text: "w1"} if listed else {}))
+        self.endpoints = [tcp_endpoint() for _ in replicas_up]
+        self.replicas = [Replica(self.server_ctx, ep, self.server) if up else None
+                         for ep, up in zip(self.endpoints, replicas_up)]
+        self.ctx = zmq.Context()
+        self.links = ReplicaLinks(self.ctx, self.endpoints, server_public=self.server.public,
+                                  public=self.worker.public, secret=self.worker.secret,
+                                  request_timeout_s=request_timeout_s, heartbeat_ms=1000)
+        self.got = Collected()
+        self.bridge = Bridge(self.ctx, control_links=self.links)
+        self.bridge.route_executor(["nudge", "ack"], self.got)
+        self.bridge.start()
+        self.bridge.ready()
+        self.outbox = Outbox(self.ctx, self.bridge.outbox_endpoint)
+
+    def connected(self) -> None:
+        """Wait until the worker's links finished the CURVE handshake with every running replica."""
+        up = {r.endpoint for r in self.replicas if r is not None}
+        wait_until(lambda: self.links.connected() == up, what=f"links connected to {sorted(up)}")
+
+    def close(self) -> None:
+        self.outbox.close()
+        self.bridge.close()
+        self.ctx.term()
+        for replica in self.replicas:
+            if replica is not None:
+                replica.close()
+        self.auth.stop()
+        self.server_ctx.term()
+
+
+@pytest.fixture
+def make_cluster():
+    made: list[Cluster] = []
+
+    def make(**kwargs) -> Cluster:
+        made.append(Cluster(**kwargs))
+        return made[-1]
+
+    yield make
+    for cluster in made:
+        cluster.close()
+
+
+def test_a_request_the_first_replica_never_answers_is_answered_by_the_second(make_cluster):
+    cluster = make_cluster(request_timeout_s=1.0)
+    first, second = cluster.replicas
+    cluster.connected()
+    assert cluster.links.current() == cluster.endpoints[0]
+    cluster.outbox.to_control(heartbeat("w1", free_slots=5))
+    _, request = first.receive()  # the first replica got it and stays silent
+    assert request == heartbeat("w1", free_slots=5)
+    peer, again = second.receive()  # after the timeout the same frames went to the second
+    assert again == request
+    second.answer(peer, Nudge())
+    assert cluster.got.get(WAIT_S) == Inbound(b"", Nudge())
+    assert cluster.links.current() == cluster.endpoints[1]
+    cluster.outbox.to_control(heartbeat("w1", free_slots=6))  # later requests stay on the second
+    assert second.receive()[1].free_slots == 6
+    assert not first.sock.poll(500)
+
+
+def test_a_replica_that_answers_stays_current(make_cluster):
+    cluster = make_cluster(request_timeout_s=60.0)
+    first, second = cluster.replicas
+    cluster.connected()
+    for slots in (1, 2):
+        cluster.outbox.to_control(heartbeat("w1", free_slots=slots))
+        peer, request = first.receive()
+        assert request.free_slots == slots
+        first.answer(peer, Nudge())
+        assert cluster.got.get() == Inbound(b"", Nudge())
+    assert cluster.links.current() == cluster.endpoints[0]
+    assert cluster.links.due() is None
+    assert not second.sock.poll(200)
+
+
+def test_a_replica_with_no_connection_is_skipped_at_once(make_cluster):
+    # The first endpoint has no listener: IMMEDIATE refuses the send, so the link moves on without
+    # waiting for the (long) request timeout.
+    cluster = make_cluster(request_timeout_s=600.0, replicas_up=(False, True))
+    cluster.connected()
+    cluster.outbox.to_control(heartbeat("w1", free_slots=9))
+    assert cluster.replicas[1].receive(WAIT_S)[1].free_slots == 9
+    assert cluster.links.current() == cluster.endpoints[1]
+
+
+def test_a_late_answer_from_a_replica_that_is_no_longer_current_is_still_delivered(make_cluster):
+    cluster = make_cluster(request_timeout_s=1.0)
+    first, second = cluster.replicas
+    cluster.connected()
+    cluster.outbox.to_control(heartbeat("w1"))
+    late_peer, _ = first.receive()
+    second.receive()  # failed over
+    first.answer(late_peer, Nudge())
+    assert cluster.got.get() == Inbound(b"", Nudge())
+    assert cluster.links.current() == cluster.endpoints[1]
+    assert cluster.links.due() is not None  # the second has not answered yet
+
+
+def test_a_request_sent_before_any_replica_is_reachable_goes_out_once_one_is(make_cluster):
+    cluster = make_cluster(request_timeout_s=600.0, replicas_up=(False,))
+    cluster.outbox.to_control(heartbeat("w1", free_slots=4))
+    wait_until(lambda: cluster.links.due() is not None, what="the request waiting for a replica")
+    replica = Replica(cluster.server_ctx, cluster.endpoints[0], cluster.server)  # the replica starts late
+    cluster.replicas[0] = replica
+    assert replica.receive()[1].free_slots == 4
+
+
+def test_a_replica_that_refuses_the_workers_key_is_logged_and_never_connected(make_cluster, caplog):
+    caplog.set_level(logging.ERROR, logger="qlactors.links")
+    cluster = make_cluster(request_timeout_s=600.0, replicas_up=(True,), listed=False)
+    wait_until(lambda: any("link_refused" in r.getMessage() for r in caplog.records), what="link_refused")
+    assert cluster.links.connected() == frozenset()
+    refused = next(r.getMessage() for r in caplog.records if "link_refused" in r.getMessage())
+    assert cluster.endpoints[0] in refused and "worker allow" in refused
+
+
+def test_links_refuse_no_endpoint_and_a_wildcard():
+    keys, server = KeyPair.new(), KeyPair.new()
+    with zmq.Context() as ctx:
+        for bad in ([], ["tcp://*:5710"]):
+            with pytest.raises(BadInput):
+                ReplicaLinks(ctx, bad, server_public=server.public, public=keys.public, secret=keys.secret,
+                             request_timeout_s=1.0, heartbeat_ms=1000)
