@@ -199,8 +199,12 @@ class Cluster:
 
     def _control_config(self, name: str, port: int, url: str) -> Path:
         path = self.root / f"{name}.toml"
+        db_ms = self.heartbeat_ms * 4 // 5
         path.write_text(
             f'profile = "control"\n[database]\nurl = "{url}"\npool_size = 8\n'
+            # below the heartbeat, as a replica requires (SEMANTICS.md §9 Transport)
+            f"lock_timeout_ms = {db_ms}\nstatement_timeout_ms = {db_ms}\n"
+            f"idle_in_transaction_session_timeout_ms = {db_ms}\n"
             "[control]\n"
             f'bind = "tcp://127.0.0.1:{port}"\nkey = "keys/control.key_secret"\n'
             f"heartbeat_ms = {self.heartbeat_ms}\ncadence_tick_ms = {self.cadence_tick_ms}\n"
