@@ -19,9 +19,9 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-BENCHMARKS = ("throughput", "latency", "idle", "launcher", "disk", "recovery", "cron")
+BENCHMARKS = ("throughput", "latency", "idle", "launcher", "disk", "recovery", "cron", "cluster", "control_plane")
 TIMEOUT_S = {"throughput": 900, "latency": 600, "idle": 300, "launcher": 300, "disk": 600, "recovery": 900,
-             "cron": 900}
+             "cron": 900, "cluster": 1200, "control_plane": 900}
 
 sys.path.insert(0, str(HERE))
 import _common as c  # noqa: E402

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from typing import Iterator
 
@@ -57,6 +58,9 @@ class Store:
             postgres.configure(self.engine, timeouts)
         else:
             raise QlactorsError(f"unsupported database {self.dialect_name!r}: use sqlite or postgresql+psycopg")
+        if os.environ.get("QLACTORS_COUNT_SQL"):  # benchmarks only: off unless asked for
+            from . import sql_counts
+            sql_counts.install(self.engine, os.environ["QLACTORS_COUNT_SQL"])
         # SQLite has one writer. Threads of this process queue here for it instead of in SQLite's
         # busy handler, which sleeps 1-100 ms between retries while the lock is held.
         self._writer = threading.RLock() if self._dialect is sqlite else None
