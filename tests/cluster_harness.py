@@ -17,6 +17,7 @@ from pathlib import Path
 
 import psycopg
 
+from actor_harness import wait_until
 from conftest import PG_URL, _pg_admin_conninfo, _require_postgres
 
 QLACTORS = [sys.executable, "-m", "qlactors"]
@@ -122,7 +123,7 @@ class Cluster:
     def start_replica(self, port: int) -> Proc:
         proc = self._spawn(f"control-{port}", ["control", "--config", str(self.root / f"control-{port}.toml")])
         self.replicas.append(proc)
-        wait_for(lambda: "event=control_started" in proc.log() or not proc.alive(), 60,
+        wait_until(lambda: "event=control_started" in proc.log() or not proc.alive(), 60,
                  f"replica on {port} to start")
         assert proc.alive(), proc.log()
         return proc
@@ -131,7 +132,7 @@ class Cluster:
         config = self.worker_config(name, slots=slots, labels=labels, extra=extra)
         proc = self._spawn(f"worker-{name}", ["worker", "--config", str(config)])
         self.workers[name] = proc
-        wait_for(lambda: "event=session_open" in "".join(r.log() for r in self.replicas) and
+        wait_until(lambda: "event=session_open" in "".join(r.log() for r in self.replicas) and
                  _online(self, name) or not proc.alive(), 60, f"worker {name} to register")
         assert proc.alive(), proc.log()
         return proc
@@ -212,15 +213,6 @@ def _online(cluster: Cluster, name: str) -> bool:
     except (AssertionError, ValueError):
         return False
     return any(w.get("worker_id") == name and w.get("status") == "online" for w in workers)
-
-
-def wait_for(predicate, timeout: float, what: str, interval: float = 0.1) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
 
 
 DEFAULT_TIMINGS = dict(heartbeat_ms=1_000, session_lease_ms=5_000, run_lease_ms=3_000,

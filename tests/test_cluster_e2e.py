@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from cluster_harness import make_cluster, wait_for
+from actor_harness import wait_until
+from cluster_harness import make_cluster
 
 pytestmark = pytest.mark.postgres
 
@@ -34,7 +35,7 @@ def test_a_job_runs_on_a_worker_and_its_exit_code_and_log_are_read_from_the_cont
     shown = cluster.show(run_id)
     assert [a["exit_code"] for a in shown["attempts"]] == [3]
     # The log is shipped in chunks; `logs` prints the job's bytes exactly once they are in.
-    wait_for(lambda: cluster.cli("logs", run_id).stdout == b"out\nerr\n", 30, "the shipped log")
+    wait_until(lambda: cluster.cli("logs", run_id).stdout == b"out\nerr\n", 30, "the shipped log")
 
 
 def test_an_unknown_key_cannot_register_and_runs_wait(cluster):
@@ -111,7 +112,7 @@ def test_two_replicas_two_workers_run_500_jobs_each_exactly_once(tmp_path):
         assert attempts == 500
         for r in run_ids["say"][:5] + run_ids["ok"][:5]:
             want = b"x y\n" if r in run_ids["say"] else b"fine\n"
-            wait_for(lambda: c.cli("logs", r).stdout == want, 30, f"the log of {r}")
+            wait_until(lambda: c.cli("logs", r).stdout == want, 30, f"the log of {r}")
         assert max(v for k, v in peaks.items() if k.startswith("worker:")) <= 4, peaks
         assert peaks.get("task:ok", 0) <= 3 and peaks.get("task:bad", 0) <= 2 and peaks.get("task:say", 0) <= 3
     finally:
@@ -235,7 +236,7 @@ def test_a_worker_restarted_within_its_session_lease_resumes_and_its_job_finishe
     worker = cluster.start_worker("w1", slots=1)
     cluster.cli("task", "add", "slow", "--", "sh", "-c", "echo begin; sleep 4; echo end; exit 5")
     run_id = _run(cluster, "slow")
-    wait_for(lambda: cluster.sql("SELECT status FROM runs WHERE id = %s", run_id)[0][0] == "running", 30,
+    wait_until(lambda: cluster.sql("SELECT status FROM runs WHERE id = %s", run_id)[0][0] == "running", 30,
              "the job to run")
     [(generation,)] = cluster.sql("SELECT session_generation FROM run_attempts WHERE run_id = %s", run_id)
     assert cluster.stop(worker) == 0
@@ -248,4 +249,4 @@ def test_a_worker_restarted_within_its_session_lease_resumes_and_its_job_finishe
     sessions = cluster.sql("SELECT generation FROM worker_sessions WHERE worker_id = 'w1'")
     assert sessions == [(generation,)]  # resumed: no new generation
     assert "event=rebound" in again.log()
-    wait_for(lambda: cluster.cli("logs", run_id).stdout == b"begin\nend\n", 30, "the whole log")
+    wait_until(lambda: cluster.cli("logs", run_id).stdout == b"begin\nend\n", 30, "the whole log")

@@ -12,7 +12,8 @@ from qlactors.wire.bridge import Bridge, Inbound, Outbox
 from qlactors.wire.curve import AllowList, start_authenticator
 from qlactors.wire.links import UNREACHABLE_RETRY_S, Failover, ReplicaLinks
 from qlactors.wire.messages import Nudge
-from wire_harness import WAIT_S, Collected, KeyPair, Replica, heartbeat, tcp_endpoint, wait_until
+from actor_harness import wait_until
+from wire_harness import WAIT_S, Collected, KeyPair, Replica, heartbeat, tcp_endpoint
 
 # -- the rule, without sockets ----------------------------------------------------------------
 

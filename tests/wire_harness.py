@@ -160,15 +160,3 @@ class Replica:
     def close(self) -> None:
         self.events.close()
         self.sock.close(0)
-
-
-def wait_until(predicate, timeout: float = WAIT_S, what: str = "condition"):
-    """Poll `predicate` every 10 ms until it is truthy; its value, or AssertionError at the deadline."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not hold within {timeout} s")
-        time.sleep(0.01)
