@@ -291,11 +291,11 @@ def _str_check(v: object) -> str | None:
     return None
 
 
-def _list_of(item_check: Check) -> Check:
-    """An array whose every item passes `item_check`."""
+def _list_of(item_check: Check, items: str = "strings") -> Check:
+    """An array whose every item passes `item_check` (`items` names them in a complaint)."""
     def check(v: object) -> str | None:
         if type(v) is not list:
-            return f"must be an array of strings, got {_name(v)}"
+            return f"must be an array of {items}, got {_name(v)}"
         for i, item in enumerate(v):
             complaint = item_check(item)
             if complaint is not None:
@@ -463,15 +463,7 @@ def _field_plan(tp: object) -> tuple[Check, Convert | None, Convert | None]:
         return _record_plan(tp)  # type: ignore[arg-type]
     if origin is list and len(args) == 1 and _is_record(args[0]):
         item_check, item_out, item_in = _record_plan(args[0])
-
-        def list_check(v: object) -> str | None:
-            if type(v) is not list:
-                return f"must be an array of {args[0].__name__} maps, got {_name(v)}"
-            for i, item in enumerate(v):
-                complaint = item_check(item)
-                if complaint is not None:
-                    return f"item {i} {complaint}"
-            return None
+        list_check = _list_of(item_check, f"{args[0].__name__} maps")
 
         def list_in(v: object) -> object:
             if type(v) is not list:
