@@ -41,18 +41,15 @@ def _read_counts(path: Path) -> dict:
     try:
         return json.loads(path.read_text())
     except (FileNotFoundError, ValueError):
-        return {"statements": 0, "commits": 0, "rollbacks": 0, "pings": 0, "kinds": {}}
+        return {"statements": 0, "commits": 0, "rollbacks": 0, "kinds": {}}
 
 
 def _sum_counts(paths: list[Path]) -> dict:
-    total = {"statements": 0, "transactions": 0, "pings": 0, "kinds": {}}
+    total = {"statements": 0, "transactions": 0, "kinds": {}}
     for path in paths:
         d = _read_counts(path)
-        pings = d.get("pings", 0)  # the pool's pre-ping: a statement and a transaction on the server
-        total["pings"] += pings
-        total["statements"] += d["statements"] + pings
-        total["transactions"] += d["commits"] + d["rollbacks"] + pings
-        d["kinds"]["SELECT 1 (pool pre-ping)"] = pings
+        total["statements"] += d["statements"]
+        total["transactions"] += d["commits"] + d["rollbacks"]
         for kind, n in d["kinds"].items():
             total["kinds"][kind] = total["kinds"].get(kind, 0) + n
     return total
@@ -135,7 +132,7 @@ def capacity_run(replicas: int, clients: int, slots: int, jobs: int, heartbeat_m
         "replicas": replicas, "clients": clients, "slots": slots, "runs": completed, "elapsed_s": round(elapsed, 3),
         "runs_per_s": completed / elapsed, "statements_per_run": (sql1["statements"] - sql0["statements"]) / runs,
         "transactions_per_run": (sql1["transactions"] - sql0["transactions"]) / runs,
-        "xact_commit_per_run": (xact1 - xact0) / runs, "pings_per_run": (sql1["pings"] - sql0["pings"]) / runs,
+        "xact_commit_per_run": (xact1 - xact0) / runs,
         "replica_cpu_ms_per_run": sum(cpu) * 1000 / runs, "replica_cpu_s": [round(x, 3) for x in cpu],
         "backends_cpu_ms_per_run": backends.delta() * 1000 / runs, "backends_seen": backends.count(),
         "statements_per_run_by_kind": kinds, "counts": counts,
@@ -178,8 +175,7 @@ def main(argv: list[str] | None = None) -> int:
                 m.note += f"; only {d['runs']} of {jobs} runs completed: {d['clients_tally']}"
             result.add(f"{tag}: transactions per run", d["transactions_per_run"], "transactions",
                        requirement="<= 4", passed=d["transactions_per_run"] <= 4 and not short,
-                       note=f"of which pool pre-pings {d['pings_per_run']:.2f}; the server's "
-                            f"pg_stat_database xact_commit per run: {d['xact_commit_per_run']:.2f}")
+                       note=f"the server's pg_stat_database xact_commit per run: {d['xact_commit_per_run']:.2f}")
             result.add(f"{tag}: replica CPU per run", d["replica_cpu_ms_per_run"], "ms", requirement="<= 2 ms",
                        passed=d["replica_cpu_ms_per_run"] <= 2 and not short,
                        note=f"its PostgreSQL backends: {d['backends_cpu_ms_per_run']:.2f} ms per run "

@@ -23,6 +23,18 @@ from ..wire.offers import BATCH_BUDGET_BYTES, check_offer, offers_message
 from .base import RuntimeActor
 from .signals import AttemptEnded, Redeliver, Tick, ToWorkers, WakeAt
 
+# The reports answered together: each arrival waits in `pending` until the Flush the first of
+# them told this actor is handled, so everything that arrived while a transaction ran commits
+# in the next one (a group commit, `store/report_batch.py`).
+_BATCHED = (m.Activate, m.Started, m.StartFailed, m.Decline, m.Completed, m.LogChunk)
+
+
+class _Flush:
+    """Apply the pending reports now (told by the Gateway to itself)."""
+
+
+_FLUSH = _Flush()
+
 log = logging.getLogger("qlactors.gateway")
 
 
@@ -46,22 +58,42 @@ class Gateway(RuntimeActor):
         self.sessions = ctx.sessions
         self.peers: dict[str, bytes] = {}  # worker id -> its ROUTER identity, as last heard
         self.worker_id = ""  # the sender of the message being handled (authenticated on a cluster)
+        self.pending: list[Inbound] = []  # reports waiting for the next group commit
+        self.flush_told = False
+        self.batch = None  # the store's ReportBatch, made in the actor's thread
+
+    def started(self) -> None:
+        from ..store.report_batch import ReportBatch
+
+        self.batch = ReportBatch(self.ctx.dispatch.store)
 
     def handlers(self):
         return {
             m.Register: self.on_register, m.Heartbeat: self.on_heartbeat, m.Pull: self.on_pull,
-            m.Activate: self.on_activate, m.Started: self.on_started, m.StartFailed: self.on_start_failed,
-            m.Decline: self.on_decline, m.Completed: self.on_completed, m.LogChunk: self.on_log_chunk,
+            **{kind: self.on_report for kind in _BATCHED},  # alone: after a batch failed, or redelivered
             m.Attest: self.on_attest, ToWorkers: self.on_to_workers,
         }
 
     def on_receive(self, message: Any) -> Any:
+        if message is _FLUSH:
+            self.flush_told = False
+            self._flush()
+            return None
+        if isinstance(message, Inbound) and isinstance(message.message, _BATCHED):
+            self.pending.append(message)
+            if not self.flush_told:
+                self.flush_told = True
+                self.actor_ref.tell(_FLUSH)
+            return None
+        if self.pending:  # anything else waits for the reports that came before it
+            self._flush()
+        return self._handle_one(message)
+
+    def _handle_one(self, message: Any) -> Any:
         inner = message.message if isinstance(message, Redeliver) else message
         inbound = inner if isinstance(inner, Inbound) else None
         if inbound is not None:
-            # On a cluster the bridge has refused a message naming another worker than its key's.
-            self.worker_id = (inbound.worker_id if inbound.worker_id is not None
-                              else getattr(inbound.message, "worker_id", ""))
+            self.worker_id = self._sender(inbound)
         # A well-formed frame whose values the store or domain refuses (an id too long, pid 0, a
         # negative count) is the peer's fault: answer `refused`, never let it stop the runtime.
         try:
@@ -69,10 +101,48 @@ class Gateway(RuntimeActor):
         except ValueError as err:  # BadInput, and the domain's value errors (a non-ASCII token...)
             if inbound is None:
                 raise
-            report = inbound.message
-            log.warning("event=report_refused kind=%s error=%s", report.KIND, err)
-            self._ack(inbound.peer, report.KIND, report, "refused", str(err))
+            self._refuse(inbound, err)
             return None
+
+    @staticmethod
+    def _sender(inbound: Inbound) -> str:
+        # On a cluster the bridge has refused a message naming another worker than its key's.
+        return inbound.worker_id if inbound.worker_id is not None else getattr(inbound.message, "worker_id", "")
+
+    def _flush(self) -> None:
+        """Apply the pending reports, one transaction per group (`report_batch.groups`), then
+        answer each; a group that fails is applied again report by report, each with the usual
+        retries of an unavailable database (so one bad report never holds back the others)."""
+        from ..store.report_batch import groups
+
+        pending, self.pending = self.pending, []
+        items = []
+        for inbound in pending:
+            self.worker_id = self._sender(inbound)
+            try:
+                item = self._report_of(inbound.message, inbound.peer)
+            except ValueError as err:
+                self._refuse(inbound, err)
+                continue
+            if item is not None:
+                items.append((inbound, *item))
+        for group in groups([report for _i, report, _a in items]):
+            chosen = [items[i] for i in group]
+            try:
+                results = self.batch.apply([report for _i, report, _a in chosen])
+            except Exception as err:  # noqa: BLE001 - each report alone decides what it means
+                log.warning("event=report_batch_failed reports=%d error=%r", len(chosen), err)
+                for inbound, _r, _a in chosen:
+                    self._handle_one(inbound)
+                continue
+            for (inbound, _r, answer), result in zip(chosen, results):
+                self.worker_id = self._sender(inbound)
+                answer(result)
+
+    def _refuse(self, inbound: Inbound, err: ValueError) -> None:
+        report = inbound.message
+        log.warning("event=report_refused kind=%s error=%s", report.KIND, err)
+        self._ack(inbound.peer, report.KIND, report, "refused", str(err))
 
     def _ack(self, peer: bytes, of: str, msg: Any, result: str, detail: str = "") -> None:
         self.out.to_peer(peer, m.Ack(of=of, run_id=getattr(msg, "run_id", ""),
@@ -127,9 +197,51 @@ class Gateway(RuntimeActor):
             return
         self.out.to_peer(peer, offers_message(_SessionName(self.worker_id, msg), msg.pull_id, views))
 
-    def on_activate(self, msg: m.Activate, peer: bytes) -> None:
-        result = self.ctx.dispatch.activate(fence_of(msg, self.worker_id), msg.callback_token_hash,
-                                            msg.log_artifact_id)
+    # -- reports: applied in batches (`_flush`), or alone (`on_report`) --------------------------
+
+    def on_report(self, msg: Any, peer: bytes) -> None:
+        item = self._report_of(msg, peer)
+        if item is not None:
+            report, answer = item
+            answer(self.batch.apply([report])[0])
+
+    def _report_of(self, msg: Any, peer: bytes):
+        """The store Report for a report message and what answers its result; None when it was
+        answered already (a receipt that does not decode; a log chunk on edge)."""
+        from ..store.report_batch import Report
+        from ..store.report_locks import LockRequest
+
+        d, worker = self.ctx.dispatch, self.worker_id
+        if isinstance(msg, m.LogChunk):
+            chunks = self.sessions.log_chunks
+            if chunks is None:
+                self.out.to_peer(peer, self.sessions.log_chunk(msg, worker))
+                return None
+            return (Report(LockRequest(msg.attempt_id),
+                           lambda conn, rows: chunks.append_in(conn, rows, worker, msg.attempt_id,
+                                                               msg.callback_token_hash, msg.offset,
+                                                               msg.data, msg.checksum),
+                           changes_rows=False),
+                    lambda result: self.out.to_peer(peer, self.sessions.log_ack(msg, result)))
+        if isinstance(msg, m.Completed):
+            return self._completion_of(msg, peer)
+        fence = fence_of(msg, worker)
+        locks = LockRequest(msg.attempt_id, msg.run_id, fence)
+        if isinstance(msg, m.Activate):
+            return (Report(locks, lambda conn, rows: d.activate_in(conn, rows, fence, msg.callback_token_hash,
+                                                                    msg.log_artifact_id)),
+                    lambda result: self._answer_activate(msg, peer, result))
+        if isinstance(msg, m.Started):
+            return (Report(locks, lambda conn, rows: d.started_in(conn, rows, fence, msg.boot_id, msg.pid,
+                                                                   msg.pgid, msg.start_ticks), durable=False),
+                    lambda outcome: self._ack(peer, "started", msg, outcome.result, outcome.detail))
+        if isinstance(msg, m.StartFailed):
+            return (Report(locks, lambda conn, rows: d.start_failed_in(conn, rows, fence, msg.reason)),
+                    lambda outcome: self._ack(peer, "start_failed", msg, outcome.result, outcome.detail))
+        return (Report(locks, lambda conn, rows: d.decline_in(conn, rows, fence)),
+                lambda outcome: self._answer_decline(msg, peer, outcome))
+
+    def _answer_activate(self, msg: m.Activate, peer: bytes, result: Any) -> None:
         if result.result == "applied":
             self.out.to_peer(peer, m.Activated(run_id=msg.run_id, attempt_id=msg.attempt_id,
                                                offer_id=msg.offer_id, lease_version=result.lease_version,
@@ -139,26 +251,17 @@ class Gateway(RuntimeActor):
         else:
             self._ack(peer, "activate", msg, result.result, result.detail)
 
-    def on_started(self, msg: m.Started, peer: bytes) -> None:
-        outcome = self.ctx.dispatch.started(fence_of(msg, self.worker_id), msg.boot_id, msg.pid, msg.pgid,
-                                            msg.start_ticks)
-        self._ack(peer, "started", msg, outcome.result, outcome.detail)
-
-    def on_start_failed(self, msg: m.StartFailed, peer: bytes) -> None:
-        outcome = self.ctx.dispatch.start_failed(fence_of(msg, self.worker_id), msg.reason)
-        self._ack(peer, "start_failed", msg, outcome.result, outcome.detail)
-
-    def on_decline(self, msg: m.Decline, peer: bytes) -> None:
-        outcome = self.ctx.dispatch.decline(fence_of(msg, self.worker_id))
+    def _answer_decline(self, msg: m.Decline, peer: bytes, outcome: Any) -> None:
         self._ack(peer, "decline", msg, outcome.result, outcome.detail)
         if outcome.result == "applied":
             log.info("event=offer_declined run=%s attempt=%s reason=%s", msg.run_id, msg.attempt_id,
                      msg.reason[:80])
             self.ctx.directory.tell("scheduler", Tick("decline"))  # offered again at once
 
-    # -- completions, logs, attestations ----------------------------------------------------------
+    def _completion_of(self, msg: m.Completed, peer: bytes):
+        from ..store.report_batch import Report
+        from ..store.report_locks import LockRequest
 
-    def on_completed(self, msg: m.Completed, peer: bytes) -> None:
         try:
             receipt = Receipt(schema_version=msg.schema_version, run_id=msg.run_id, attempt_id=msg.attempt_id,
                               callback_sequence=msg.callback_sequence, token=msg.token,
@@ -166,17 +269,23 @@ class Gateway(RuntimeActor):
                               exit_code=msg.exit_code, output_open=msg.output_open)
         except ReceiptError as err:
             self._ack(peer, "completed", msg, "refused", f"invalid receipt: {err.reason}")
-            return
-        crash_point("before_completion_commit")
-        outcome = self.ctx.completion.complete(
-            msg.run_id, msg.attempt_id, receipt, msg.log_dropped_bytes, msg.stopped_by,
-            **self.sessions.completion_facts(self.worker_id, msg))
+            return None
+        facts = self.sessions.completion_facts(self.worker_id, msg)
+
+        def apply(conn, rows):
+            crash_point("before_completion_commit")
+            return self.ctx.completion.complete_in(conn, rows, msg.run_id, msg.attempt_id, receipt,
+                                                   msg.log_dropped_bytes, msg.stopped_by, **facts)
+
+        return (Report(LockRequest(msg.attempt_id, msg.run_id), apply),
+                lambda outcome: self._answer_completed(msg, peer, outcome))
+
+    def _answer_completed(self, msg: m.Completed, peer: bytes, outcome: Any) -> None:
         self._ack(peer, "completed", msg, outcome.result, outcome.reason or "")
         if outcome.result in ("applied", "already_terminal") and self.ctx.admitting.is_set():
             self.out.to_peer(peer, m.Nudge())  # its slot is free in the database now: pull again
 
-    def on_log_chunk(self, msg: m.LogChunk, peer: bytes) -> None:
-        self.out.to_peer(peer, self.sessions.log_chunk(msg, self.worker_id))
+    # -- attestations -------------------------------------------------------------------------
 
     def on_attest(self, msg: m.Attest, peer: bytes) -> None:
         answer = self.sessions.attest(msg, self.worker_id)

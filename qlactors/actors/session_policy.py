@@ -32,6 +32,7 @@ class LocalSessions:
     as the process (nothing to renew), logs stay in local files, recovery reads the process."""
 
     run_lease_ms: int | None = None
+    log_chunks = None  # logs stay in local files: a LogChunk is answered by `log_chunk`
 
     def __init__(self, session: Any, heartbeat_ms: int, disk_reserve: Any = None) -> None:
         self.session = session
@@ -158,9 +159,8 @@ class ClusterSessions:
         return dict(worker_id=worker_id, final_log_offset=msg.final_log_offset,
                     finished_in_time=msg.finished_in_time)
 
-    def log_chunk(self, msg: m.LogChunk, worker_id: str) -> m.LogAck:
-        result = self.log_chunks.append(worker_id, msg.attempt_id, msg.callback_token_hash, msg.offset,
-                                        msg.data, msg.checksum)
+    def log_ack(self, msg: m.LogChunk, result: Any) -> m.LogAck:
+        """The answer to a chunk the Gateway stored through `log_chunks` (a ChunkResult)."""
         if result.result != "applied":
             log.warning("event=log_chunk_%s attempt=%s offset=%d detail=%s", result.result, msg.attempt_id,
                         msg.offset, result.detail)

@@ -17,12 +17,11 @@ from ..domain.states import AttemptStatus, LeaseStatus, RunStatus
 from ..domain.transitions import plan_completion, stop_signal
 from ..errors import BadInput
 from .engine import Store
+from .report_locks import HeldRows, LockRequest, hold
 from .plans import (
     apply_plan,
     attempt_snapshot,
     end_lease,
-    load_attempt,
-    load_run,
     run_snapshot,
 )
 
@@ -86,6 +85,17 @@ class CompletionService:
         receipt with `output_open` appends `attempt.output_left_open` and records no dropped
         byte count (the log-cap reader could not give one before the receipt).
         """
+        with self.store.write() as conn:
+            rows = hold(self.store, conn, [LockRequest(attempt_id, run_id if isinstance(run_id, str) else None)])
+            return self.complete_in(conn, rows, run_id, attempt_id, receipt, log_dropped_bytes, stopped_by,
+                                    worker_id=worker_id, final_log_offset=final_log_offset,
+                                    finished_in_time=finished_in_time)
+
+    def complete_in(self, conn, rows: HeldRows, run_id: str, attempt_id: str, receipt: Receipt,
+                 log_dropped_bytes: int | None = None, stopped_by: str = "exit", *,
+                 worker_id: str | None = None, final_log_offset: int | None = None,
+                 finished_in_time: bool | None = None) -> CompletionOutcome:
+        """`complete` in a transaction holding `rows` (`report_locks.hold`, one report or a batch)."""
         if log_dropped_bytes is not None and (type(log_dropped_bytes) is not int or log_dropped_bytes < 0):
             raise BadInput("log_dropped_bytes must be a non-negative integer or None (unknown)")
         if stopped_by not in _SENT:
@@ -96,56 +106,54 @@ class CompletionService:
             raise BadInput("final_log_offset must be a non-negative integer or None")
         if finished_in_time not in (None, True, False):
             raise BadInput("finished_in_time must be a boolean or None")
-        with self.store.write() as conn:
-            self.store.advisory_lock(conn, f"attempt:{attempt_id}")
-            run = load_run(conn, run_id) if isinstance(run_id, str) else None
-            if run is None:
-                return CompletionOutcome(REFUSED, "unknown_run")
-            attempt = load_attempt(conn, attempt_id)
-            if attempt is None:
-                return CompletionOutcome(REFUSED, "unknown_attempt", run.status)
-            if attempt.run_id != run.id:
-                return CompletionOutcome(REFUSED, "wrong_run", run.status)
-            if attempt.executor_type != EXECUTOR_TYPE:
-                return CompletionOutcome(REFUSED, "wrong_executor", run.status)
-            if worker_id is not None and attempt.worker_id != worker_id:
-                return CompletionOutcome(REFUSED, "wrong_worker", run.status)
-            if receipt.run_id != run_id or receipt.attempt_id != attempt_id:
-                return CompletionOutcome(REFUSED, "receipt_mismatch", run.status)
-            if attempt.callback_token_hash is None:
-                return CompletionOutcome(REFUSED, "no_token", run.status)
-            if not token_matches(receipt.token, attempt.callback_token_hash):
-                return CompletionOutcome(REFUSED, "bad_token", run.status)
-            a_status, r_status = AttemptStatus(attempt.status), RunStatus(run.status)
-            if ((a_status.terminal and attempt.callback_sequence == receipt.callback_sequence)
-                    or r_status.terminal or a_status is AttemptStatus.LOST):
-                return CompletionOutcome(ALREADY_TERMINAL, None, run.status)
-            if receipt.callback_sequence != attempt.callback_sequence + 1:
-                return CompletionOutcome(REFUSED, "wrong_sequence", run.status)
-            if a_status not in (AttemptStatus.STARTING, AttemptStatus.RUNNING):
-                return CompletionOutcome(REFUSED, f"attempt_{a_status.value}", run.status)
-            now = self.store.now_ms(conn)
-            started = attempt.started_at_ms if attempt.started_at_ms is not None else min(
-                max(receipt.started_at_ms, attempt.created_at_ms), now)
-            finished = max(started, min(receipt.finished_at_ms, now))
-            plan = plan_completion(run_snapshot(run), attempt_snapshot(attempt),
-                                   exit_code=receipt.exit_code, finished_at_ms=receipt.finished_at_ms,
-                                   deadline_at_ms=attempt.deadline_at_ms,
-                                   cancel_requested_at_ms=run.cancel_requested_at_ms,
-                                   output_open=bool(receipt.output_open),
-                                   signalled=stopped_by != "exit", finished_in_time=finished_in_time)
-            from_stop = plan.run_to in (RunStatus.CANCELLED, RunStatus.TIMED_OUT)
-            run_values = {"finished_at_ms": finished}
-            if run.started_at_ms is None:
-                run_values["started_at_ms"] = started
-            apply_plan(conn, plan, now, actor_type=ACTOR,
-                       expected_callback_sequence=attempt.callback_sequence, run_values=run_values,
-                       attempt_values=dict(exit_code=receipt.exit_code,
-                                           callback_sequence=receipt.callback_sequence,
-                                           started_at_ms=started, finished_at_ms=finished,
-                                           signal=stop_signal(_SENT[stopped_by], receipt.exit_code, from_stop),
-                                           log_dropped_bytes=None if receipt.output_open else log_dropped_bytes,
-                                           **({} if final_log_offset is None
-                                              else {"log_final_offset": final_log_offset})))
-            end_lease(conn, attempt.id, now, LeaseStatus.COMPLETED)
-            return CompletionOutcome(APPLIED, None, plan.run_to.value)
+        run = rows.runs.get(run_id) if isinstance(run_id, str) else None
+        if run is None:
+            return CompletionOutcome(REFUSED, "unknown_run")
+        attempt = rows.attempts.get(attempt_id)
+        if attempt is None:
+            return CompletionOutcome(REFUSED, "unknown_attempt", run.status)
+        if attempt.run_id != run.id:
+            return CompletionOutcome(REFUSED, "wrong_run", run.status)
+        if attempt.executor_type != EXECUTOR_TYPE:
+            return CompletionOutcome(REFUSED, "wrong_executor", run.status)
+        if worker_id is not None and attempt.worker_id != worker_id:
+            return CompletionOutcome(REFUSED, "wrong_worker", run.status)
+        if receipt.run_id != run_id or receipt.attempt_id != attempt_id:
+            return CompletionOutcome(REFUSED, "receipt_mismatch", run.status)
+        if attempt.callback_token_hash is None:
+            return CompletionOutcome(REFUSED, "no_token", run.status)
+        if not token_matches(receipt.token, attempt.callback_token_hash):
+            return CompletionOutcome(REFUSED, "bad_token", run.status)
+        a_status, r_status = AttemptStatus(attempt.status), RunStatus(run.status)
+        if ((a_status.terminal and attempt.callback_sequence == receipt.callback_sequence)
+                or r_status.terminal or a_status is AttemptStatus.LOST):
+            return CompletionOutcome(ALREADY_TERMINAL, None, run.status)
+        if receipt.callback_sequence != attempt.callback_sequence + 1:
+            return CompletionOutcome(REFUSED, "wrong_sequence", run.status)
+        if a_status not in (AttemptStatus.STARTING, AttemptStatus.RUNNING):
+            return CompletionOutcome(REFUSED, f"attempt_{a_status.value}", run.status)
+        now = rows.now
+        started = attempt.started_at_ms if attempt.started_at_ms is not None else min(
+            max(receipt.started_at_ms, attempt.created_at_ms), now)
+        finished = max(started, min(receipt.finished_at_ms, now))
+        plan = plan_completion(run_snapshot(run), attempt_snapshot(attempt),
+                               exit_code=receipt.exit_code, finished_at_ms=receipt.finished_at_ms,
+                               deadline_at_ms=attempt.deadline_at_ms,
+                               cancel_requested_at_ms=run.cancel_requested_at_ms,
+                               output_open=bool(receipt.output_open),
+                               signalled=stopped_by != "exit", finished_in_time=finished_in_time)
+        from_stop = plan.run_to in (RunStatus.CANCELLED, RunStatus.TIMED_OUT)
+        run_values = {"finished_at_ms": finished}
+        if run.started_at_ms is None:
+            run_values["started_at_ms"] = started
+        apply_plan(conn, plan, now, actor_type=ACTOR,
+                   expected_callback_sequence=attempt.callback_sequence, run_values=run_values,
+                   attempt_values=dict(exit_code=receipt.exit_code,
+                                       callback_sequence=receipt.callback_sequence,
+                                       started_at_ms=started, finished_at_ms=finished,
+                                       signal=stop_signal(_SENT[stopped_by], receipt.exit_code, from_stop),
+                                       log_dropped_bytes=None if receipt.output_open else log_dropped_bytes,
+                                       **({} if final_log_offset is None
+                                          else {"log_final_offset": final_log_offset})))
+        end_lease(conn, attempt.id, now, LeaseStatus.COMPLETED)
+        return CompletionOutcome(APPLIED, None, plan.run_to.value)

@@ -54,7 +54,7 @@ class Store:
             self._dialect = postgres
             size = pool_size if pool_size is not None else postgres.DEFAULT_POOL_SIZE
             self.engine = create_engine(parsed, echo=echo, isolation_level="READ COMMITTED",
-                                        pool_pre_ping=True, pool_size=size, max_overflow=size)
+                                        pool_size=size, max_overflow=size)
             postgres.configure(self.engine, timeouts)
         else:
             raise QlactorsError(f"unsupported database {self.dialect_name!r}: use sqlite or postgresql+psycopg")
@@ -95,6 +95,16 @@ class Store:
         """Serialise on a key for the rest of the transaction (PostgreSQL); SQLite already has one writer."""
         if self._dialect is postgres:
             postgres.advisory_lock(conn, key)
+
+    def advisory_locks(self, conn: Connection, keys: list[str]) -> None:
+        """`advisory_lock` on each key in the order given, in one statement."""
+        if keys:
+            self._dialect.advisory_locks(conn, keys)
+
+    def lock_tasks_of_runs(self, conn: Connection, run_ids: list[str]) -> None:
+        """The `task:<id>` advisory locks of these runs' tasks, in task-id order (PostgreSQL)."""
+        if run_ids:
+            self._dialect.lock_tasks_of_runs(conn, run_ids)
 
     @contextlib.contextmanager
     def write(self, *, durable: bool = True) -> Iterator[Connection]:

@@ -2,9 +2,11 @@
 (SEMANTICS.md §4, §9 Fence), and the release of an offer nobody activated (§6, §10).
 
 Every report quotes its `Fence` (worker, session and generation, run, attempt, offer id, lease
-generation, lease token hash). `check_fence` takes the locks in the global order of §9 — the
-advisory locks `attempt:<id>` then `task:<id>`, then the session row, then the run, attempt and
-lease rows — reads database time once, and answers `fenced` (nothing changed) when:
+generation, lease token hash). Its transaction first takes the locks in the global order of §9
+and reads its rows (`report_locks.hold`: the advisory locks `attempt:<id>` then `task:<id>`,
+then the session row, then the run, attempt and lease rows, database time read once; for one
+report or for a batch of them, `report_batch.py`); `check_fence` then answers `fenced` (nothing
+changed) when:
 
 - the session is not the worker's current one: unknown, another worker's, another generation,
   superseded or ended (`offline`, `ended_at_ms` set, its lease expired); a `draining` session
@@ -26,16 +28,14 @@ from dataclasses import dataclass
 from ..domain.states import AttemptStatus, LeaseReleaseReason, LeaseStatus, RunStatus
 from ..domain.transitions import plan_activate, plan_end_by_intent, plan_start_failed, plan_started
 from ..errors import BadInput
-from .dispatch_queries import LEASE_LOCKED, SESSION_SHARED
 from .engine import Store
+from .report_locks import HeldRows, LockRequest, hold
 from .session_rules import session_mismatch
 from .plans import (
     apply_plan,
     attempt_snapshot,
     end_lease,
-    load_attempt,
     load_open_pair,
-    load_run,
     pinned_revision,
     run_snapshot,
 )
@@ -82,18 +82,14 @@ class FencedReports:
     def __init__(self, store: Store) -> None:
         self.store = store
 
-    def check_fence(self, conn, fence: Fence, *, for_activate: bool) -> HeldFence:
-        """Lock and check everything `fence` quotes (see the module's doc); raise FenceMismatch."""
-        self.store.advisory_lock(conn, f"attempt:{fence.attempt_id}")
-        unlocked = load_run(conn, fence.run_id, lock=False)
-        if unlocked is not None:  # the task id never changes: read before its lock
-            self.store.advisory_lock(conn, f"task:{unlocked.task_id}")
-        session = conn.execute(SESSION_SHARED, {"session_id": fence.session_id}).first()
-        run = load_run(conn, fence.run_id) if unlocked is not None else None
-        attempt = load_attempt(conn, fence.attempt_id)
-        lease = conn.execute(LEASE_LOCKED, {"attempt_id": fence.attempt_id,
-                                             "generation": fence.lease_generation}).first()
-        now = self.store.now_ms(conn)
+    def check_fence(self, held: HeldRows, fence: Fence, *, for_activate: bool) -> HeldFence:
+        """Check everything `fence` quotes against the rows `held` locked (see the module's doc);
+        raise FenceMismatch."""
+        session = held.sessions.get(fence.session_id)
+        run = held.runs.get(fence.run_id)
+        attempt = held.attempts.get(fence.attempt_id)
+        lease = held.leases.get((fence.attempt_id, fence.lease_generation))
+        now = held.now
         detail = session_mismatch(session, fence.worker_id, fence.session_generation, now, online_only=False)
         if detail is not None:
             raise FenceMismatch(detail)
@@ -118,6 +114,11 @@ class FencedReports:
             raise FenceMismatch("lease_expired")
         return HeldFence(run, attempt, lease, now)
 
+    def alone(self, fence: Fence, apply, *, durable: bool = True):
+        """One report in its own transaction: its locks and rows, then `apply(conn, rows)`."""
+        with self.store.write(durable=durable) as conn:
+            return apply(conn, hold(self.store, conn, [LockRequest(fence.attempt_id, fence.run_id, fence)]))
+
     def activate(self, fence: Fence, callback_token_hash: str, log_artifact_id: str) -> ActivateResult:
         """Attempt `claimed -> starting` with its token hash, log artifact and deadline; spawn only if applied.
 
@@ -126,32 +127,37 @@ class FencedReports:
         written here once and never replaced. A repeated Activate for an attempt already
         `starting` with the same token hash answers `applied` again, with the stored deadline.
         """
+        return self.alone(fence, lambda conn, rows: self.activate_in(conn, rows, fence, callback_token_hash,
+                                                                     log_artifact_id))
+
+    def activate_in(self, conn, rows: HeldRows, fence: Fence, callback_token_hash: str,
+                    log_artifact_id: str) -> ActivateResult:
+        """`activate` in a transaction holding `rows` (`report_locks.hold`, one report or a batch)."""
         check_hash("callback token hash", callback_token_hash)
         check_id("log artifact id", log_artifact_id, 256)
-        with self.store.write() as conn:
-            try:
-                held = self.check_fence(conn, fence, for_activate=True)
-            except FenceMismatch as mismatch:
-                return ActivateResult(FENCED, detail=mismatch.detail)
-            run, attempt, lease = held.run, held.attempt, held.lease
-            status = _A(attempt.status)
-            if status is _A.STARTING:
-                if same_hash(attempt.callback_token_hash, callback_token_hash):
-                    return ActivateResult(APPLIED, attempt.deadline_at_ms, lease.version, "already_starting")
-                return ActivateResult(REFUSED, lease_version=lease.version, detail="activated_with_other_token")
-            if status is not _A.CLAIMED:
-                return ActivateResult(REFUSED, lease_version=lease.version, detail=f"attempt_{status.value}")
-            if run.status != _R.DISPATCHING.value:
-                return ActivateResult(REFUSED, lease_version=lease.version, detail=f"run_{run.status}")
-            if run.cancel_reason is not None:
-                return ActivateResult(REFUSED, lease_version=lease.version, detail="cancel_requested")
-            timeout_ms = pinned_revision(conn, run).timeout_ms
-            deadline = held.now + timeout_ms if timeout_ms is not None else None
-            apply_plan(conn, plan_activate(run_snapshot(run), attempt_snapshot(attempt)), held.now,
-                       actor_type=ACTOR, expected_callback_sequence=attempt.callback_sequence,
-                       attempt_values=dict(callback_token_hash=callback_token_hash,
-                                           log_artifact_id=log_artifact_id, deadline_at_ms=deadline))
-            return ActivateResult(APPLIED, deadline, lease.version)
+        try:
+            held = self.check_fence(rows, fence, for_activate=True)
+        except FenceMismatch as mismatch:
+            return ActivateResult(FENCED, detail=mismatch.detail)
+        run, attempt, lease = held.run, held.attempt, held.lease
+        status = _A(attempt.status)
+        if status is _A.STARTING:
+            if same_hash(attempt.callback_token_hash, callback_token_hash):
+                return ActivateResult(APPLIED, attempt.deadline_at_ms, lease.version, "already_starting")
+            return ActivateResult(REFUSED, lease_version=lease.version, detail="activated_with_other_token")
+        if status is not _A.CLAIMED:
+            return ActivateResult(REFUSED, lease_version=lease.version, detail=f"attempt_{status.value}")
+        if run.status != _R.DISPATCHING.value:
+            return ActivateResult(REFUSED, lease_version=lease.version, detail=f"run_{run.status}")
+        if run.cancel_reason is not None:
+            return ActivateResult(REFUSED, lease_version=lease.version, detail="cancel_requested")
+        timeout_ms = pinned_revision(conn, run).timeout_ms
+        deadline = held.now + timeout_ms if timeout_ms is not None else None
+        apply_plan(conn, plan_activate(run_snapshot(run), attempt_snapshot(attempt)), held.now,
+                   actor_type=ACTOR, expected_callback_sequence=attempt.callback_sequence,
+                   attempt_values=dict(callback_token_hash=callback_token_hash,
+                                       log_artifact_id=log_artifact_id, deadline_at_ms=deadline))
+        return ActivateResult(APPLIED, deadline, lease.version)
 
     def started(self, fence: Fence, boot_id: str, pid: int, pgid: int, start_ticks: int) -> Outcome:
         """Attempt and run `running` with the process identity and `started_at_ms` (database time).
@@ -159,27 +165,32 @@ class FencedReports:
         Idempotent: an attempt already `running` with the same identity answers `applied` (no
         event); another identity is `refused`, as is an attempt not yet activated.
         """
+        return self.alone(fence, lambda conn, rows: self.started_in(conn, rows, fence, boot_id, pid, pgid,
+                                                                    start_ticks), durable=False)
+
+    def started_in(self, conn, rows: HeldRows, fence: Fence, boot_id: str, pid: int, pgid: int,
+                   start_ticks: int) -> Outcome:
+        """`started` in a transaction holding `rows` (`report_locks.hold`, one report or a batch)."""
         identity = Identity(boot_id, pid, pgid, start_ticks)
-        with self.store.write(durable=False) as conn:
-            try:
-                held = self.check_fence(conn, fence, for_activate=False)
-            except FenceMismatch as mismatch:
-                return Outcome(FENCED, mismatch.detail)
-            run, attempt, now = held.run, held.attempt, held.now
-            status = _A(attempt.status)
-            if status is _A.RUNNING:
-                if Identity.from_row(attempt) == identity:
-                    return Outcome(APPLIED, "already_running", run.status)
-                return Outcome(REFUSED, "identity_mismatch", run.status)
-            if status is not _A.STARTING:
-                return Outcome(REFUSED, f"attempt_{status.value}", run.status)
-            plan = plan_started(run_snapshot(run), attempt_snapshot(attempt))
-            apply_plan(conn, plan, now, actor_type=ACTOR,
-                       expected_callback_sequence=attempt.callback_sequence,
-                       run_values={"started_at_ms": now} if run.started_at_ms is None else None,
-                       attempt_values=dict(boot_id=identity.boot_id, pid=identity.pid, pgid=identity.pgid,
-                                           start_ticks=identity.start_ticks, started_at_ms=now))
-            return Outcome(APPLIED, None, plan.run_to.value)
+        try:
+            held = self.check_fence(rows, fence, for_activate=False)
+        except FenceMismatch as mismatch:
+            return Outcome(FENCED, mismatch.detail)
+        run, attempt, now = held.run, held.attempt, held.now
+        status = _A(attempt.status)
+        if status is _A.RUNNING:
+            if Identity.from_row(attempt) == identity:
+                return Outcome(APPLIED, "already_running", run.status)
+            return Outcome(REFUSED, "identity_mismatch", run.status)
+        if status is not _A.STARTING:
+            return Outcome(REFUSED, f"attempt_{status.value}", run.status)
+        plan = plan_started(run_snapshot(run), attempt_snapshot(attempt))
+        apply_plan(conn, plan, now, actor_type=ACTOR,
+                   expected_callback_sequence=attempt.callback_sequence,
+                   run_values={"started_at_ms": now} if run.started_at_ms is None else None,
+                   attempt_values=dict(boot_id=identity.boot_id, pid=identity.pid, pgid=identity.pgid,
+                                       start_ticks=identity.start_ticks, started_at_ms=now))
+        return Outcome(APPLIED, None, plan.run_to.value)
 
     def start_failed(self, fence: Fence, reason: str) -> Outcome:
         """The launcher could not be spawned: attempt and run `failed` (EXECUTOR_START_FAILED).
@@ -188,23 +199,26 @@ class FencedReports:
         to 512 characters; the lease ends `released` (`start_failed`). A committed cancel intent
         wins, as everywhere: the run ends as the intent says, with the reason kept as its summary.
         """
+        return self.alone(fence, lambda conn, rows: self.start_failed_in(conn, rows, fence, reason))
+
+    def start_failed_in(self, conn, rows: HeldRows, fence: Fence, reason: str) -> Outcome:
+        """`start_failed` in a transaction holding `rows` (`report_locks.hold`, one report or a batch)."""
         if type(reason) is not str:
             raise BadInput("a start failure reason is a string")
         summary = reason[:MAX_ERROR_SUMMARY]
-        with self.store.write() as conn:
-            try:
-                held = self.check_fence(conn, fence, for_activate=False)
-            except FenceMismatch as mismatch:
-                return Outcome(FENCED, mismatch.detail)
-            run, attempt, now = held.run, held.attempt, held.now
-            if attempt.status != _A.STARTING.value:
-                return Outcome(REFUSED, f"attempt_{attempt.status}", run.status)
-            run_s, attempt_s = run_snapshot(run), attempt_snapshot(attempt)
-            plan = plan_end_by_intent(run_s, attempt_s) if run.cancel_reason else plan_start_failed(run_s, attempt_s)
-            apply_plan(conn, plan, now, actor_type=ACTOR, expected_callback_sequence=attempt.callback_sequence,
-                       run_values={"error_summary": summary}, attempt_values={"error_summary": summary})
-            end_lease(conn, attempt.id, now, _L.RELEASED, LeaseReleaseReason.START_FAILED)
-            return Outcome(APPLIED, None, plan.run_to.value)
+        try:
+            held = self.check_fence(rows, fence, for_activate=False)
+        except FenceMismatch as mismatch:
+            return Outcome(FENCED, mismatch.detail)
+        run, attempt, now = held.run, held.attempt, held.now
+        if attempt.status != _A.STARTING.value:
+            return Outcome(REFUSED, f"attempt_{attempt.status}", run.status)
+        run_s, attempt_s = run_snapshot(run), attempt_snapshot(attempt)
+        plan = plan_end_by_intent(run_s, attempt_s) if run.cancel_reason else plan_start_failed(run_s, attempt_s)
+        apply_plan(conn, plan, now, actor_type=ACTOR, expected_callback_sequence=attempt.callback_sequence,
+                   run_values={"error_summary": summary}, attempt_values={"error_summary": summary})
+        end_lease(conn, attempt.id, now, _L.RELEASED, LeaseReleaseReason.START_FAILED)
+        return Outcome(APPLIED, None, plan.run_to.value)
 
     def decline(self, fence: Fence, reason: LeaseReleaseReason | str = LeaseReleaseReason.DECLINED) -> Outcome:
         """The executor gives back an offer it never activated: its lease ends `released`.
@@ -214,18 +228,22 @@ class FencedReports:
         it again under a new lease generation. An activated attempt is `refused` (use
         `start_failed`); an ended lease is `fenced` like every other report.
         """
+        return self.alone(fence, lambda conn, rows: self.decline_in(conn, rows, fence, reason))
+
+    def decline_in(self, conn, rows: HeldRows, fence: Fence,
+                   reason: LeaseReleaseReason | str = LeaseReleaseReason.DECLINED) -> Outcome:
+        """`decline` in a transaction holding `rows` (`report_locks.hold`, one report or a batch)."""
         reason = LeaseReleaseReason(reason)
         if reason not in (LeaseReleaseReason.DECLINED, LeaseReleaseReason.SHUTDOWN):
             raise BadInput("an unstarted offer is released as declined or shutdown")
-        with self.store.write() as conn:
-            try:
-                held = self.check_fence(conn, fence, for_activate=False)
-            except FenceMismatch as mismatch:
-                return Outcome(FENCED, mismatch.detail)
-            if held.attempt.status != _A.CLAIMED.value:
-                return Outcome(REFUSED, f"attempt_{held.attempt.status}", held.run.status)
-            end_lease(conn, held.attempt.id, held.now, _L.RELEASED, reason)
-            return Outcome(APPLIED, None, held.run.status)
+        try:
+            held = self.check_fence(rows, fence, for_activate=False)
+        except FenceMismatch as mismatch:
+            return Outcome(FENCED, mismatch.detail)
+        if held.attempt.status != _A.CLAIMED.value:
+            return Outcome(REFUSED, f"attempt_{held.attempt.status}", held.run.status)
+        end_lease(conn, held.attempt.id, held.now, _L.RELEASED, reason)
+        return Outcome(APPLIED, None, held.run.status)
 
     release_unstarted = decline  # the name the edge runtime's tests and drain use
 

@@ -4,7 +4,7 @@
 A chunk is authenticated like `Completed` — the attempt's worker id equals the authenticated
 worker id and the callback token hash matches in constant time — not by the lease, so the tail
 still lands after the worker re-registered and after the run is terminal. Each append is one
-short transaction under the attempt's advisory lock (`attempt:<id>`, the first key of the
+short transaction (or part of a batch of reports, `report_batch.py`) under the attempt's advisory lock (`attempt:<id>`, the first key of the
 global order of §9). The log is contiguous by construction: a chunk lands only at the end of the
 last one (0 for the first), so `read` concatenates rows without looking for holes.
 """
@@ -18,7 +18,7 @@ from sqlalchemy import and_, bindparam, func, select
 
 from ..errors import BadInput
 from .engine import Store
-from .plans import load_attempt
+from .report_locks import HeldRows, LockRequest, hold
 from .records import APPLIED, REFUSED, check_id, same_hash
 from .schema import log_chunks, run_attempts
 
@@ -34,6 +34,7 @@ _SPAN = (select(log_chunks.c.start_offset, log_chunks.c.data).where(and_(
     log_chunks.c.start_offset + log_chunks.c.length > bindparam("offset"),
     log_chunks.c.start_offset < bindparam("end")))
     .order_by(log_chunks.c.start_offset))
+_INSERT = log_chunks.insert()
 _FINAL = select(run_attempts.c.log_final_offset).where(run_attempts.c.id == bindparam("attempt_id"))
 
 
@@ -58,6 +59,13 @@ class LogChunks:
     def append(self, worker_id: str, attempt_id: str, callback_token_hash: str, offset: int,
                data: bytes, checksum: str) -> ChunkResult:
         """Store `data` at `offset` if that is where the log ends; see the class doc for the answers."""
+        with self.store.write() as conn:
+            rows = hold(self.store, conn, [LockRequest(attempt_id)])
+            return self.append_in(conn, rows, worker_id, attempt_id, callback_token_hash, offset, data, checksum)
+
+    def append_in(self, conn, rows: HeldRows, worker_id: str, attempt_id: str, callback_token_hash: str,
+                  offset: int, data: bytes, checksum: str) -> ChunkResult:
+        """`append` in a transaction holding `rows` (`report_locks.hold`, one report or a batch)."""
         check_id("worker id", worker_id, 128)
         check_id("attempt id", attempt_id)
         if type(offset) is not int or offset < 0:
@@ -65,32 +73,29 @@ class LogChunks:
         if not isinstance(data, (bytes, bytearray, memoryview)) or not isinstance(checksum, str):
             raise BadInput("a chunk is bytes with a hex SHA-256 checksum")
         data = bytes(data)
-        with self.store.write() as conn:
-            self.store.advisory_lock(conn, f"attempt:{attempt_id}")
-            attempt = load_attempt(conn, attempt_id)
-            if attempt is None:
-                return ChunkResult(REFUSED, 0, "unknown_attempt")
-            if attempt.worker_id != worker_id:
-                return ChunkResult(REFUSED, 0, "wrong_worker")
-            if attempt.callback_token_hash is None:
-                return ChunkResult(REFUSED, 0, "no_token")
-            if not same_hash(attempt.callback_token_hash, callback_token_hash):
-                return ChunkResult(REFUSED, 0, "bad_token")
-            end = conn.execute(_END, {"attempt_id": attempt_id}).scalar_one()
-            problem = _invalid(data, checksum)
-            if problem is not None:
-                return ChunkResult(REFUSED, end, problem)
-            if offset > end:
-                return ChunkResult(REFUSED, end, "gap")
-            if offset < end:
-                stored = conn.execute(_AT, {"attempt_id": attempt_id, "offset": offset}).first()
-                if stored is not None and stored.length == len(data) and stored.checksum == checksum:
-                    return ChunkResult(APPLIED, end, "repeated")
-                return ChunkResult(REFUSED, end, "conflict")
-            conn.execute(log_chunks.insert().values(
-                attempt_id=attempt_id, start_offset=offset, run_id=attempt.run_id, length=len(data),
-                checksum=checksum, data=data, created_at_ms=self.store.now_ms(conn)))
-            return ChunkResult(APPLIED, end + len(data))
+        attempt = rows.attempts.get(attempt_id)
+        if attempt is None:
+            return ChunkResult(REFUSED, 0, "unknown_attempt")
+        if attempt.worker_id != worker_id:
+            return ChunkResult(REFUSED, 0, "wrong_worker")
+        if attempt.callback_token_hash is None:
+            return ChunkResult(REFUSED, 0, "no_token")
+        if not same_hash(attempt.callback_token_hash, callback_token_hash):
+            return ChunkResult(REFUSED, 0, "bad_token")
+        end = conn.execute(_END, {"attempt_id": attempt_id}).scalar_one()
+        problem = _invalid(data, checksum)
+        if problem is not None:
+            return ChunkResult(REFUSED, end, problem)
+        if offset > end:
+            return ChunkResult(REFUSED, end, "gap")
+        if offset < end:
+            stored = conn.execute(_AT, {"attempt_id": attempt_id, "offset": offset}).first()
+            if stored is not None and stored.length == len(data) and stored.checksum == checksum:
+                return ChunkResult(APPLIED, end, "repeated")
+            return ChunkResult(REFUSED, end, "conflict")
+        conn.execute(_INSERT, dict(attempt_id=attempt_id, start_offset=offset, run_id=attempt.run_id,
+                                   length=len(data), checksum=checksum, data=data, created_at_ms=rows.now))
+        return ChunkResult(APPLIED, end + len(data))
 
     def acked_offset(self, attempt_id: str) -> int:
         """The end of the stored log: how many bytes are acknowledged (0 before the first chunk)."""

@@ -32,14 +32,12 @@ _ATTEMPT_CAS = run_attempts.update().where(and_(run_attempts.c.id == bindparam("
                                                 run_attempts.c.status == bindparam("w_status")))
 _ATTEMPT_CAS_SEQ = _ATTEMPT_CAS.where(run_attempts.c.callback_sequence == bindparam("w_sequence"))
 _EVENTS_INSERT = run_events.insert()
-_LIVE_LEASE_LOCKED = select(run_dispatch_leases).where(and_(
-    run_dispatch_leases.c.attempt_id == bindparam("attempt_id"),
-    run_dispatch_leases.c.status == LeaseStatus.LEASED.value)).with_for_update()
-_LEASE_CAS = run_dispatch_leases.update().where(and_(
-    run_dispatch_leases.c.attempt_id == bindparam("w_attempt_id"),
-    run_dispatch_leases.c.lease_generation == bindparam("w_generation"),
-    run_dispatch_leases.c.status == LeaseStatus.LEASED.value,
-    run_dispatch_leases.c.version == bindparam("w_version")))
+# Ends the attempt's one live lease (a partial unique index keeps it one) and says which it was.
+_LEASE_END = (run_dispatch_leases.update()
+              .where(and_(run_dispatch_leases.c.attempt_id == bindparam("w_attempt_id"),
+                          run_dispatch_leases.c.status == LeaseStatus.LEASED.value))
+              .values(version=run_dispatch_leases.c.version + 1)
+              .returning(run_dispatch_leases.c.version, run_dispatch_leases.c.lease_generation))
 _LEASE_PROJECTION = run_attempts.update().where(and_(
     run_attempts.c.id == bindparam("w_attempt_id"),
     run_attempts.c.lease_generation == bindparam("w_generation")))
@@ -181,16 +179,12 @@ def end_lease(
     status = LeaseStatus(status)
     if status is LeaseStatus.LEASED or (status is LeaseStatus.RELEASED) != (reason is not None):
         raise ValueError("a lease ends released (with a reason) or completed (without one)")
-    lease = conn.execute(_LIVE_LEASE_LOCKED, {"attempt_id": attempt_id}).first()
-    if lease is None:
-        return None
-    version = lease.version + 1
-    changed = conn.execute(_LEASE_CAS, dict(
+    ended = conn.execute(_LEASE_END, dict(
         status=status.value, release_reason=LeaseReleaseReason(reason).value if reason else None,
-        version=version, updated_at_ms=now_ms, w_attempt_id=attempt_id,
-        w_generation=lease.lease_generation, w_version=lease.version)).rowcount
-    if changed != 1:
-        raise Conflict(f"lease {lease.lease_generation} of attempt {attempt_id} changed meanwhile")
+        updated_at_ms=now_ms, w_attempt_id=attempt_id)).first()
+    if ended is None:
+        return None
+    version = ended.version
     conn.execute(_LEASE_PROJECTION, dict(lease_version=version, w_attempt_id=attempt_id,
-                                         w_generation=lease.lease_generation))
+                                         w_generation=ended.lease_generation))
     return version

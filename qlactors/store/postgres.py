@@ -9,8 +9,21 @@ from sqlalchemy.engine import Connection, Engine
 
 from ..errors import BadInput
 
-_NOW = text("SELECT (extract(epoch FROM statement_timestamp()) * 1000)::bigint")
-_ADVISORY = text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))")
+_NOW_SQL = "(extract(epoch FROM statement_timestamp()) * 1000)::bigint"
+_NOW = text(f"SELECT {_NOW_SQL}")
+# A lock statement also reads the database time, so a transaction that starts with a lock needs
+# no statement of its own for it (see `now_ms`).
+_ADVISORY = text(f"SELECT pg_advisory_xact_lock(hashtextextended(:key, 0)), {_NOW_SQL}")
+# Many keys in the order given (a function scan keeps the array's order), and the time.
+_ADVISORY_MANY = text(f"SELECT count(pg_advisory_xact_lock(hashtextextended(k, 0))), {_NOW_SQL} "
+                      "FROM unnest(CAST(:keys AS text[])) AS k")
+# The `task:<id>` locks of some runs' tasks, in task-id order (as the offers take them); a task
+# id never changes, so it is read before its lock.
+_TASKS_OF_RUNS = text(
+    "SELECT count(pg_advisory_xact_lock(hashtextextended('task:' || t.task_id, 0))), "
+    f"{_NOW_SQL} FROM (SELECT task_id FROM runs WHERE id = ANY(CAST(:ids AS text[])) "
+    'GROUP BY task_id ORDER BY task_id COLLATE "C") AS t')
+_TIME_KEY = "qlactors_transaction_time"
 
 
 DEFAULT_POOL_SIZE = 4
@@ -69,13 +82,39 @@ def transient(driver_error) -> bool:
 
 
 def now_ms(conn: Connection) -> int:
-    """Cluster time is the database's, never a worker's clock."""
-    return int(conn.execute(_NOW).scalar_one())
+    """Cluster time is the database's, never a worker's clock: the first time this transaction
+    read (`statement_timestamp()` of its first lock statement, or of this call), so a
+    transaction decides by one time and reads it with no statement of its own after a lock."""
+    held = conn.info.get(_TIME_KEY)
+    transaction = conn.get_transaction()
+    if held is not None and held[0] is transaction:
+        return held[1]
+    return _keep_time(conn, conn.execute(_NOW).scalar_one())
+
+
+def _keep_time(conn: Connection, value) -> int:
+    held = conn.info.get(_TIME_KEY)
+    transaction = conn.get_transaction()
+    if held is not None and held[0] is transaction:
+        return held[1]
+    conn.info[_TIME_KEY] = (transaction, int(value))
+    return int(value)
 
 
 def advisory_lock(conn: Connection, key: str) -> None:
     """Serialise on `key` until the transaction ends (attempt authority, SEMANTICS.md §9)."""
-    conn.execute(_ADVISORY, {"key": key})
+    row = conn.execute(_ADVISORY, {"key": key}).one()
+    _keep_time(conn, row[1])
+
+
+def advisory_locks(conn: Connection, keys: list[str]) -> None:
+    """`advisory_lock` for each of `keys`, in their order, in one statement."""
+    _keep_time(conn, conn.execute(_ADVISORY_MANY, {"keys": keys}).one()[1])
+
+
+def lock_tasks_of_runs(conn: Connection, run_ids: list[str]) -> None:
+    """The `task:<id>` advisory locks of the runs' tasks, in task-id order, in one statement."""
+    _keep_time(conn, conn.execute(_TASKS_OF_RUNS, {"ids": run_ids}).one()[1])
 
 
 insert = _insert

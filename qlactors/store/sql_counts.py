@@ -2,9 +2,8 @@
 count its statements (per kind: verb and main table) and its transactions (commits, rollbacks)
 and write the totals to PATH as JSON, at most every `DUMP_EVERY_S` while it runs and at exit.
 
-A pool with `pre_ping` runs `SELECT 1` in autocommit at every checkout, outside SQLAlchemy's
-statement events: each checkout is counted as `pings` (the server sees a statement and a
-transaction). Off by default: without the variable nothing is installed and nothing is
+The pool does not pre-ping (a dropped connection is a transient error its actor retries), so
+these events see every statement and transaction the server runs for the store. Off by default: without the variable nothing is installed and nothing is
 imported. The per-connection timeout settings (once per new connection) are not counted.
 """
 
@@ -49,7 +48,6 @@ class SqlCounts:
         self.statements = 0
         self.commits = 0
         self.rollbacks = 0
-        self.pings = 0
         self._kind_cache: dict[str, str] = {}
         self._dumped_at = 0.0
 
@@ -70,14 +68,10 @@ class SqlCounts:
                 self.rollbacks += 1
         self._maybe_dump()
 
-    def ping(self) -> None:
-        with self.lock:
-            self.pings += 1
-
     def snapshot(self) -> dict:
         with self.lock:
             return {"pid": os.getpid(), "statements": self.statements, "commits": self.commits,
-                    "rollbacks": self.rollbacks, "pings": self.pings, "kinds": dict(self.kinds),
+                    "rollbacks": self.rollbacks, "kinds": dict(self.kinds),
                     "written_at": time.time()}
 
     def _maybe_dump(self) -> None:
@@ -112,11 +106,6 @@ def install(engine, path: str) -> SqlCounts:
     @event.listens_for(engine, "before_cursor_execute")
     def _on_execute(_conn, _cursor, statement, _params, _context, _many):
         counts.statement(statement)
-
-    if getattr(engine.pool, "_pre_ping", False):
-        @event.listens_for(engine.pool, "checkout")
-        def _on_checkout(_dbapi_conn, _record, _proxy):
-            counts.ping()
 
     @event.listens_for(engine, "commit")
     def _on_commit(_conn):

@@ -33,7 +33,6 @@ WAL = "PRAGMA journal_mode=WAL"
 
 READ_ONLY_OPTION = "qlactors_read_only"
 
-
 def configure(engine: Engine) -> None:
     """Install the connect and begin listeners that make pysqlite behave (STYLE.md traps)."""
 
@@ -61,6 +60,11 @@ def now_ms(_conn) -> int:
     return time.time_ns() // 1_000_000
 
 
+def advisory_locks(_conn, _keys) -> None:
+    """SQLite has one writer: a write transaction already excludes every other."""
+
+
+lock_tasks_of_runs = advisory_locks
 insert = _insert
 
 

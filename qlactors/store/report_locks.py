@@ -1,0 +1,80 @@
+"""The locks and rows of one transaction of executor reports — one report or a batch of them — taken
+in the global order of SEMANTICS.md §9, with a fixed number of statements whatever the batch size.
+
+The order: the advisory locks `attempt:<id>` of every report (in key order), then `task:<id>`
+of the fenced reports' runs (in task-id order), then their session rows (shared, in id order),
+then the run rows (for update, in id order), the attempt rows and the quoted lease rows (for
+update, in attempt-id order). Database time is read once, by the first lock statement.
+
+A report then decides from `HeldRows` alone. Rows are read once per transaction, so a batch
+holds at most one report that changes the rows of an attempt (see `ReportBatch` in
+`report_batch.py`); log chunks change none of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import bindparam, select, tuple_
+from sqlalchemy.engine import Connection
+
+from .engine import Store
+from .records import Fence
+from .schema import run_attempts, run_dispatch_leases, runs, worker_sessions
+
+_SESSIONS = (select(worker_sessions).where(worker_sessions.c.session_id.in_(bindparam("ids", expanding=True)))
+             .order_by(worker_sessions.c.session_id).with_for_update(read=True))
+_RUNS = (select(runs).where(runs.c.id.in_(bindparam("ids", expanding=True)))
+         .order_by(runs.c.id).with_for_update())
+_ATTEMPTS = select(run_attempts).where(run_attempts.c.id.in_(bindparam("ids", expanding=True)))
+_LEASES = (select(run_dispatch_leases)
+           .where(tuple_(run_dispatch_leases.c.attempt_id, run_dispatch_leases.c.lease_generation)
+                  .in_(bindparam("pairs", expanding=True)))
+           .order_by(run_dispatch_leases.c.attempt_id, run_dispatch_leases.c.lease_generation)
+           .with_for_update())
+
+
+@dataclass(frozen=True, slots=True)
+class LockRequest:
+    """What one report needs held: its attempt; its run (all but a log chunk); its fence (a
+    fenced report: the task lock, the session row and the quoted lease row too)."""
+
+    attempt_id: str
+    run_id: str | None = None
+    fence: Fence | None = None
+
+
+@dataclass(slots=True)
+class HeldRows:
+    """The rows one transaction locked or read for its reports, by id, and its database time."""
+
+    now: int
+    runs: dict[str, Any] = field(default_factory=dict)
+    attempts: dict[str, Any] = field(default_factory=dict)
+    sessions: dict[str, Any] = field(default_factory=dict)
+    leases: dict[tuple[str, int], Any] = field(default_factory=dict)
+
+
+def hold(store: Store, conn: Connection, requests: list[LockRequest]) -> HeldRows:
+    """Take every lock `requests` need in the global order and read their rows (see the module doc)."""
+    fences = [r.fence for r in requests if r.fence is not None]
+    store.advisory_locks(conn, sorted({f"attempt:{r.attempt_id}" for r in requests}))
+    if fences:
+        store.lock_tasks_of_runs(conn, sorted({f.run_id for f in fences}))
+    held = HeldRows(now=store.now_ms(conn))
+    if fences:
+        held.sessions = _by(conn, _SESSIONS, "session_id", ids=sorted({f.session_id for f in fences}))
+    run_ids = sorted({r.run_id for r in requests if r.run_id is not None})
+    if run_ids:
+        held.runs = _by(conn, _RUNS, "id", ids=run_ids)
+    held.attempts = _by(conn, _ATTEMPTS, "id", ids=sorted({r.attempt_id for r in requests}))
+    if fences:
+        pairs = sorted({(f.attempt_id, f.lease_generation) for f in fences})
+        held.leases = {(row.attempt_id, row.lease_generation): row
+                       for row in conn.execute(_LEASES, {"pairs": pairs})}
+    return held
+
+
+def _by(conn: Connection, query, key: str, **params) -> dict[str, Any]:
+    return {getattr(row, key): row for row in conn.execute(query, params)}
