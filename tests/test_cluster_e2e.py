@@ -142,6 +142,29 @@ def test_a_pull_whose_answer_was_dropped_is_repeated_and_gets_the_same_offer(tmp
         c.close()
 
 
+def test_a_lost_heartbeat_answer_does_not_stop_the_job(tmp_path, monkeypatch):
+    """The replica commits a heartbeat that renewed the running job's lease and drops its answer;
+    the worker's next reports (log chunks, heartbeats, Completed) all land: the job is never
+    stopped and the run ends with its own exit code and whole log."""
+    monkeypatch.setenv("QLACTORS_FAULT", "gateway_drop_heartbeat_ack")
+    c = make_cluster(tmp_path, replicas=1)
+    monkeypatch.delenv("QLACTORS_FAULT")
+    try:
+        c.new_key("w1")
+        c.allow("w1")
+        worker = c.start_worker("w1", slots=1)
+        c.cli("task", "add", "steady", "--", "sh", "-c", "echo begin; sleep 4; echo end; exit 7")
+        run_id = _run(c, "steady")
+        assert c.wait_terminal([run_id], timeout=60)[run_id]["state"] == "failed"
+        assert "event=fault_heartbeat_ack_dropped" in c.replicas[0].log()
+        assert c.sql("SELECT exit_code, signal FROM run_attempts WHERE run_id = %s", run_id) == [(7, None)]
+        assert [lease[1] for lease in _leases(c, run_id)] == ["completed"]
+        assert "event=stop_term" not in worker.log() and "event=lease_fenced" not in worker.log()
+        wait_until(lambda: c.cli("logs", run_id).stdout == b"begin\nend\n", 30, "the whole log")
+    finally:
+        c.close()
+
+
 def test_a_task_requiring_a_label_runs_only_on_the_worker_that_has_it(tmp_path):
     c = make_cluster(tmp_path, replicas=1)
     try:
