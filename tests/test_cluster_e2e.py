@@ -3,6 +3,7 @@ real CURVE keys, jobs as real processes; the CLI reads results from the control 
 
 from __future__ import annotations
 
+import signal
 import time
 
 import pytest
@@ -138,6 +139,35 @@ def test_a_pull_whose_answer_was_dropped_is_repeated_and_gets_the_same_offer(tmp
         assert "event=fault_offers_dropped" in c.replicas[0].log()
         leases = _leases(c, run_id)
         assert len(leases) == 1 and leases[0][1] == "completed", leases  # the same offer: one lease
+    finally:
+        c.close()
+
+
+def test_a_worker_restarted_after_its_offers_were_lost_declines_them_and_the_run_goes_on(tmp_path, monkeypatch):
+    """The replica drops the Offers answer; the worker is killed before it repeats its Pull (a
+    long heartbeat interval and request timeout). Restarted within its session lease, it resumes, Welcome lists the
+    lease it never received, and it declines it (not waiting for the lease to expire): the run
+    is offered again and succeeds."""
+    monkeypatch.setenv("QLACTORS_FAULT", "gateway_drop_offers")
+    slow = dict(heartbeat_ms=10_000, request_timeout_ms=20_000,  # no repeat of the Pull before the kill
+                session_lease_ms=30_000, run_lease_ms=60_000, recovery_grace_ms=90_000)
+    c = make_cluster(tmp_path, replicas=1, timings=slow)
+    monkeypatch.delenv("QLACTORS_FAULT")
+    try:
+        c.new_key("w1")
+        c.allow("w1")
+        c.cli("task", "add", "once", "--", "true")
+        run_id = _run(c, "once")
+        worker = c.start_worker("w1", slots=1)
+        wait_until(lambda: "event=fault_offers_dropped" in c.replicas[0].log(), 30, "the dropped Offers")
+        assert c.stop(worker, signal.SIGKILL) == -signal.SIGKILL
+        again = c.start_worker("w1", slots=1)
+        assert c.wait_terminal([run_id], timeout=30)[run_id]["state"] == "succeeded"
+        assert "event=unactivated_lease_declined" in again.log()
+        assert "resumed=True" in c.replicas[0].log()
+        leases = c.sql("SELECT lease_generation, status, release_reason FROM run_dispatch_leases "
+                       "WHERE run_id = %s ORDER BY lease_generation", run_id)
+        assert leases == [(1, "released", "declined"), (2, "completed", None)]
     finally:
         c.close()
 
