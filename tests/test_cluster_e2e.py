@@ -125,13 +125,24 @@ def _leases(cluster, run_id: str) -> list[tuple]:
                        "WHERE run_id = %s ORDER BY lease_generation", run_id)
 
 
-def test_a_pull_whose_answer_was_dropped_is_repeated_and_gets_the_same_offer(tmp_path, monkeypatch):
-    monkeypatch.setenv("QLACTORS_FAULT", "gateway_drop_offers")  # the replica drops its first Offers
-    c = make_cluster(tmp_path, replicas=1)
+def _with_fault(tmp_path, monkeypatch, fault: str, timings: dict | None = None):
+    """A one-replica cluster whose replica runs with the fault point `fault` (its workers do not),
+    and worker w1's key allowed."""
+    monkeypatch.setenv("QLACTORS_FAULT", fault)
+    c = make_cluster(tmp_path, replicas=1, timings=timings)
     monkeypatch.delenv("QLACTORS_FAULT")
     try:
         c.new_key("w1")
         c.allow("w1")
+    except BaseException:
+        c.close()
+        raise
+    return c
+
+
+def test_a_pull_whose_answer_was_dropped_is_repeated_and_gets_the_same_offer(tmp_path, monkeypatch):
+    c = _with_fault(tmp_path, monkeypatch, "gateway_drop_offers")  # the replica drops its first Offers
+    try:
         c.cli("task", "add", "once", "--", "true")
         run_id = _run(c, "once")
         c.start_worker("w1", slots=1)
@@ -145,17 +156,13 @@ def test_a_pull_whose_answer_was_dropped_is_repeated_and_gets_the_same_offer(tmp
 
 def test_a_worker_restarted_after_its_offers_were_lost_declines_them_and_the_run_goes_on(tmp_path, monkeypatch):
     """The replica drops the Offers answer; the worker is killed before it repeats its Pull (a
-    long heartbeat interval and request timeout). Restarted within its session lease, it resumes, Welcome lists the
-    lease it never received, and it declines it (not waiting for the lease to expire): the run
-    is offered again and succeeds."""
-    monkeypatch.setenv("QLACTORS_FAULT", "gateway_drop_offers")
+    long heartbeat interval and request timeout). Restarted within its session lease, it
+    resumes, Welcome lists the lease it never received, and it declines it (not waiting for the
+    lease to expire): the run is offered again and succeeds."""
     slow = dict(heartbeat_ms=10_000, request_timeout_ms=20_000,  # no repeat of the Pull before the kill
                 session_lease_ms=30_000, run_lease_ms=60_000, recovery_grace_ms=90_000)
-    c = make_cluster(tmp_path, replicas=1, timings=slow)
-    monkeypatch.delenv("QLACTORS_FAULT")
+    c = _with_fault(tmp_path, monkeypatch, "gateway_drop_offers", slow)
     try:
-        c.new_key("w1")
-        c.allow("w1")
         c.cli("task", "add", "once", "--", "true")
         run_id = _run(c, "once")
         worker = c.start_worker("w1", slots=1)
@@ -176,12 +183,8 @@ def test_a_lost_heartbeat_answer_does_not_stop_the_job(tmp_path, monkeypatch):
     """The replica commits a heartbeat that renewed the running job's lease and drops its answer;
     the worker's next reports (log chunks, heartbeats, Completed) all land: the job is never
     stopped and the run ends with its own exit code and whole log."""
-    monkeypatch.setenv("QLACTORS_FAULT", "gateway_drop_heartbeat_ack")
-    c = make_cluster(tmp_path, replicas=1)
-    monkeypatch.delenv("QLACTORS_FAULT")
+    c = _with_fault(tmp_path, monkeypatch, "gateway_drop_heartbeat_ack")
     try:
-        c.new_key("w1")
-        c.allow("w1")
         worker = c.start_worker("w1", slots=1)
         c.cli("task", "add", "steady", "--", "sh", "-c", "echo begin; sleep 4; echo end; exit 7")
         run_id = _run(c, "steady")
