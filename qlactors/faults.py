@@ -16,6 +16,7 @@ POINTS = frozenset({
     "bridge_loop_on_nudge",  # raise_point: the bridge loop dies on the next nudge (it must stop the runtime)
     "executor_after_accept",  # raise_point: the Executor dies with an offer journaled, not activated
     "gateway_drop_offers",  # drop_point: the first Offers answer is committed but never sent
+    "gateway_drop_heartbeat_ack",  # drop_point: the first HeartbeatAck that renewed a lease is never sent
 })
 _ACTIVE = os.environ.get("QLACTORS_FAULT")
 

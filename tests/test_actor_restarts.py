@@ -362,6 +362,57 @@ def test_a_restarted_executor_gives_back_the_offer_the_dead_instance_accepted(ma
     assert h.directory.get("executor").is_alive()
 
 
+def test_a_restarted_worker_declines_the_unactivated_offers_it_does_not_know_and_keeps_the_one_it_does(make_rig):
+    """Welcome after a resume lists the session's leases never activated (SEMANTICS.md §9 Offers).
+    The dead instance accepted one offer (journalled: kept, `_adopt` gives it back) and never got
+    the answer carrying another (its Pull's pair is journalled): that one is declined with the
+    pair's token, so it is offered again at once. A lease whose pair the journal never held
+    cannot be quoted: left to expire."""
+    rig = make_rig("executor", slots=2)
+    h = rig.h
+    h.stub("receipts")
+    h.start("executor", Executor)
+    exe = ExecutorRig(h, h.directory.get("executor"), rig.peer, rig.peer.expect(m.Register))
+    s = h.ctx.session
+    cluster = dict(session_lease_ms=60_000, run_lease_ms=60_000, heartbeat_ms=600_000,
+                   resume_secret=new_token())  # a cluster session: its Pulls are journalled
+    rig.peer.send(welcome_message(s, **cluster))
+    pull = rig.peer.expect(m.Pull)
+    for name in ("known", "lost", "stranger"):
+        h.repo.tasks.add(spec(name))
+        h.repo.runs.request(name)
+    known = exe.offer_for(pull, 0)
+    exe.send_offers(pull, known)
+    assert rig.peer.expect(m.Activate).attempt_id == known.attempt_id
+    rig.peer.send(m.Nudge())
+    second = rig.peer.expect(m.Pull)  # for the other slot, journalled before it was sent
+    assert [p.pull_id for p in h.ctx.journal.open_pulls()] == [second.pull_id]
+    lost = exe.offer_for(second, 0)  # leased in the database; its Offers answer never arrives
+    stranger = h.ctx.dispatch.offer(s.worker_id, s.session_id, s.generation, "no-such-pair", token_hash(new_token()),
+                                    log_cap_bytes=0)
+    rig.fail("executor")
+    register = rig.peer.expect(m.Register)
+    assert register.resume_session_id == s.session_id
+    unactivated = [m.Unactivated(run_id=u.run_id, attempt_id=u.attempt_id, offer_id=u.offer_id,
+                                 lease_generation=u.lease_generation)
+                   for u in h.ctx.dispatch.unactivated_leases(s.session_id)]
+    assert {u.attempt_id for u in unactivated} == {known.attempt_id, lost.attempt_id, stranger.attempt_id}
+    rig.peer.send(welcome_message(s, resumed=True, unactivated=unactivated, **cluster))
+    decline = rig.peer.expect(m.Decline, strict=False)
+    assert (decline.attempt_id, decline.offer_id, decline.reason) == (lost.attempt_id, lost.offer_id,
+                                                                      "unknown_after_restart")
+    assert decline.lease_token == second.offers[0].lease_token
+    assert h.ctx.dispatch.decline(fence_of(decline, decline.worker_id)).result == "applied"
+    assert [(l["status"], l["release_reason"]) for l in leases(h.repo, lost.run_id)] == [("released", "declined")]
+    attest = rig.peer.expect(m.Attest, strict=False)  # the known offer: given back, not declined
+    assert (attest.attempt_id, attest.fact) == (known.attempt_id, "never_launched")
+    rig.peer.expect(m.Pull, strict=False)
+    rig.peer.quiet()
+    assert not any(isinstance(msg, m.Decline) for msg in rig.peer.pending)
+    assert [l["status"] for l in leases(h.repo, stranger.run_id)] == ["leased"]  # to expire
+    assert second.pull_id not in {p.pull_id for p in h.ctx.journal.open_pulls()}  # stale: forgotten
+
+
 def test_a_receipt_consumer_restarted_before_its_answer_still_removes_the_receipt(make_rig):
     """The Completed went out, the consumer died, the completion committed: the new instance takes
     the late `applied` answer and removes the receipt and journal row, as the old one would have."""

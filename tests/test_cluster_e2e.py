@@ -3,6 +3,7 @@ real CURVE keys, jobs as real processes; the CLI reads results from the control 
 
 from __future__ import annotations
 
+import signal
 import time
 
 import pytest
@@ -124,13 +125,24 @@ def _leases(cluster, run_id: str) -> list[tuple]:
                        "WHERE run_id = %s ORDER BY lease_generation", run_id)
 
 
-def test_a_pull_whose_answer_was_dropped_is_repeated_and_gets_the_same_offer(tmp_path, monkeypatch):
-    monkeypatch.setenv("QLACTORS_FAULT", "gateway_drop_offers")  # the replica drops its first Offers
-    c = make_cluster(tmp_path, replicas=1)
+def _with_fault(tmp_path, monkeypatch, fault: str, timings: dict | None = None):
+    """A one-replica cluster whose replica runs with the fault point `fault` (its workers do not),
+    and worker w1's key allowed."""
+    monkeypatch.setenv("QLACTORS_FAULT", fault)
+    c = make_cluster(tmp_path, replicas=1, timings=timings)
     monkeypatch.delenv("QLACTORS_FAULT")
     try:
         c.new_key("w1")
         c.allow("w1")
+    except BaseException:
+        c.close()
+        raise
+    return c
+
+
+def test_a_pull_whose_answer_was_dropped_is_repeated_and_gets_the_same_offer(tmp_path, monkeypatch):
+    c = _with_fault(tmp_path, monkeypatch, "gateway_drop_offers")  # the replica drops its first Offers
+    try:
         c.cli("task", "add", "once", "--", "true")
         run_id = _run(c, "once")
         c.start_worker("w1", slots=1)
@@ -138,6 +150,50 @@ def test_a_pull_whose_answer_was_dropped_is_repeated_and_gets_the_same_offer(tmp
         assert "event=fault_offers_dropped" in c.replicas[0].log()
         leases = _leases(c, run_id)
         assert len(leases) == 1 and leases[0][1] == "completed", leases  # the same offer: one lease
+    finally:
+        c.close()
+
+
+def test_a_worker_restarted_after_its_offers_were_lost_declines_them_and_the_run_goes_on(tmp_path, monkeypatch):
+    """The replica drops the Offers answer; the worker is killed before it repeats its Pull (a
+    long heartbeat interval and request timeout). Restarted within its session lease, it
+    resumes, Welcome lists the lease it never received, and it declines it (not waiting for the
+    lease to expire): the run is offered again and succeeds."""
+    slow = dict(heartbeat_ms=10_000, request_timeout_ms=20_000,  # no repeat of the Pull before the kill
+                session_lease_ms=30_000, run_lease_ms=60_000, recovery_grace_ms=90_000)
+    c = _with_fault(tmp_path, monkeypatch, "gateway_drop_offers", slow)
+    try:
+        c.cli("task", "add", "once", "--", "true")
+        run_id = _run(c, "once")
+        worker = c.start_worker("w1", slots=1)
+        wait_until(lambda: "event=fault_offers_dropped" in c.replicas[0].log(), 30, "the dropped Offers")
+        assert c.stop(worker, signal.SIGKILL) == -signal.SIGKILL
+        again = c.start_worker("w1", slots=1)
+        assert c.wait_terminal([run_id], timeout=30)[run_id]["state"] == "succeeded"
+        assert "event=unactivated_lease_declined" in again.log()
+        assert "resumed=True" in c.replicas[0].log()
+        leases = c.sql("SELECT lease_generation, status, release_reason FROM run_dispatch_leases "
+                       "WHERE run_id = %s ORDER BY lease_generation", run_id)
+        assert leases == [(1, "released", "declined"), (2, "completed", None)]
+    finally:
+        c.close()
+
+
+def test_a_lost_heartbeat_answer_does_not_stop_the_job(tmp_path, monkeypatch):
+    """The replica commits a heartbeat that renewed the running job's lease and drops its answer;
+    the worker's next reports (log chunks, heartbeats, Completed) all land: the job is never
+    stopped and the run ends with its own exit code and whole log."""
+    c = _with_fault(tmp_path, monkeypatch, "gateway_drop_heartbeat_ack")
+    try:
+        worker = c.start_worker("w1", slots=1)
+        c.cli("task", "add", "steady", "--", "sh", "-c", "echo begin; sleep 4; echo end; exit 7")
+        run_id = _run(c, "steady")
+        assert c.wait_terminal([run_id], timeout=60)[run_id]["state"] == "failed"
+        assert "event=fault_heartbeat_ack_dropped" in c.replicas[0].log()
+        assert c.sql("SELECT exit_code, signal FROM run_attempts WHERE run_id = %s", run_id) == [(7, None)]
+        assert [lease[1] for lease in _leases(c, run_id)] == ["completed"]
+        assert "event=stop_term" not in worker.log() and "event=lease_fenced" not in worker.log()
+        wait_until(lambda: c.cli("logs", run_id).stdout == b"begin\nend\n", 30, "the whole log")
     finally:
         c.close()
 

@@ -115,12 +115,7 @@ class Executor(SessionReports, RuntimeActor):
                                           msg.resume_secret, self.ctx.boot_id())
             self._schedule_heartbeat()
         self.ctx.directory.tell("receipts", SessionOpen(msg.worker_id, msg.session_id, msg.session_generation))
-        for lease in msg.unactivated:
-            if lease.attempt_id not in self.live:
-                # Not known here (offered to an instance that died before journalling it): its
-                # lease expires unactivated and recovery offers the attempt again.
-                log.warning("event=unactivated_lease_unknown attempt=%s offer=%s", lease.attempt_id,
-                            lease.offer_id)
+        self._decline_unknown(msg)
         self._adopt()
         self._pull()
 

@@ -47,6 +47,45 @@ class SessionReports:
         self._repeat_pull()
         self._schedule_heartbeat()
 
+    def _decline_unknown(self, welcome: m.Welcome) -> None:
+        """Decline each lease Welcome lists as never activated that this instance does not hold
+        (SEMANTICS.md §9 Offers): its Pull was journalled, but its Offers answer reached an
+        instance that died before journalling the offer, or never arrived. Declined, it is
+        released and offered again at once, instead of holding a slot until the lease expires.
+
+        Offers this executor knows (held, or journalled as accepted) are kept for `_adopt`. The
+        lease token comes from the journalled Pull; a lease with no journalled pair cannot be
+        quoted (its token is unknown here) and is left to expire. Every journalled Pull is stale
+        once a session opens without one pending (its answer can no longer be taken): forgotten.
+        """
+        if not self._cluster() or self.pending_pull is not None:
+            return
+        tokens: dict[str, str] = {}
+        while True:
+            stale = self.ctx.journal.open_pulls()
+            if not stale:
+                break
+            for pulled in stale:
+                tokens.update(pulled.pairs)
+                self.ctx.journal.clear_pull(pulled.pull_id)
+        for lease in welcome.unactivated:
+            if lease.attempt_id in self.live:
+                continue  # held here: it goes on
+            entry = self.ctx.journal.get(lease.attempt_id)
+            if entry is not None and entry.lease is not None and entry.lease.offer_id == lease.offer_id:
+                continue  # journalled as accepted: `_adopt` takes it from there
+            token = tokens.get(lease.offer_id)
+            if token is None:
+                log.warning("event=unactivated_lease_unknown attempt=%s offer=%s action=expire",
+                            lease.attempt_id, lease.offer_id)
+                continue
+            log.warning("event=unactivated_lease_declined attempt=%s offer=%s", lease.attempt_id, lease.offer_id)
+            self.out.to_control(m.Decline(
+                worker_id=self.worker_id, session_id=welcome.session_id,
+                session_generation=welcome.session_generation, run_id=lease.run_id,
+                attempt_id=lease.attempt_id, offer_id=lease.offer_id, lease_generation=lease.lease_generation,
+                lease_token=token, lease_version=1, reason="unknown_after_restart"))
+
     def _repeat_pull(self) -> None:
         """A Pull unanswered for a heartbeat interval went astray (an answer lost on the way, a
         replica gone): send it again, the same pairs, which get the same offers and no second

@@ -167,7 +167,10 @@ class Gateway(RuntimeActor):
         answer, stops = self.sessions.heartbeat(msg, self.worker_id)
         if not answer.session_ended:
             self.peers[self.worker_id] = peer
-        self.out.to_peer(peer, answer)
+        if answer.renewed and drop_point("gateway_drop_heartbeat_ack"):
+            log.warning("event=fault_heartbeat_ack_dropped seq=%d renewed=%d", msg.seq, len(answer.renewed))
+        else:
+            self.out.to_peer(peer, answer)
         for order in stops:  # a stop committed by another replica reaches the worker here too
             self._send_stop(peer, order)
 

@@ -5,7 +5,8 @@ reads no worker's files: every decision is the database's, from what workers att
 Start: open the database and migrate it under an advisory lock (a newer schema is refused),
 load the allow-list, start the CURVE authenticator on the server socket's context before the
 bridge binds, register this replica for `status`, start the actors; admission opens once the
-first recovery page is done. Every cycle refreshes the allow-list cache and the replica's row.
+first recovery page is done. Every cycle checks the authenticator is running (else the replica
+stops, exit 1), then refreshes the allow-list cache and the replica's row.
 """
 
 from __future__ import annotations
@@ -89,6 +90,15 @@ class ControlRuntime(Runner):
         control = Control(store)
         self.replica_id = replicas.register(socket.gethostname(), os.getpid(), cfg.bind)
 
+        def authenticator_running() -> None:
+            # Its frames are checked as they come; an idle replica would go on looking healthy
+            # (its row in `status`, its cron admission) while no worker can connect: stop it, so
+            # its service manager restarts it with a new one (SEMANTICS.md §9 Identity).
+            if not authenticator.is_alive():
+                log.error("event=curve_authenticator_down action=stop_replica")
+                fatal.trip("the CurveZMQ authenticator is not running, so no worker can be "
+                           "authenticated; the replica stops (a restart starts a new one)")
+
         def refresh_allow_list() -> None:
             allow.replace(keys.all())
 
@@ -102,7 +112,8 @@ class ControlRuntime(Runner):
             cron=CronAdmission(store), journal=None, receipts=None, logs=None, local_receipts=None,
             sessions=ClusterSessions(dispatch, LogChunks(store), control, heartbeat_ms=cfg.heartbeat_ms,
                                      session_lease_ms=cfg.session_lease_ms, run_lease_ms=cfg.run_lease_ms),
-            each_cycle=(refresh_allow_list, replica_heartbeat), authenticator=authenticator)
+            each_cycle=(authenticator_running, refresh_allow_list, replica_heartbeat),
+            authenticator=authenticator)
         self.ctx = ctx
         watch_store(ctx)
         bridge.route_control(directory.named("gateway"))

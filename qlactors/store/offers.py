@@ -153,20 +153,22 @@ class _Batch:
     def run(self) -> list[OfferView]:
         conn, store = self.conn, self.store
         now = store.now_ms(conn)
-        existing = {r.offer_id: r for r in conn.execute(
-            _LEASES_BY_OFFER, {"offer_ids": [o for o, _ in self.pairs]})}
-        fresh = [(o, h) for o, h in self.pairs if o not in existing]
         tasks: list[str] | None = None  # None: no task filter (SQLite has one writer: no locks)
-        if fresh and store.is_postgres:
+        if store.is_postgres:
             early = conn.execute(SESSION, {"session_id": self.session_id}).first()  # for its labels
             self._fenced(early, now)
             tasks = candidate_tasks(conn, store.dialect_name, labels_param(early.labels_json), now,
-                                    _TASK_LOOKAHEAD * len(fresh) + 8)
+                                    _TASK_LOOKAHEAD * len(self.pairs) + 8)
             for task_id in tasks:  # in task-id order, before any row lock
                 store.advisory_lock(conn, f"task:{task_id}")
         session = conn.execute(SESSION_LOCKED, {"session_id": self.session_id}).first()
         now = store.now_ms(conn)
         self._fenced(session, now)
+        # Read under the session row lock, which serialises this session's pulls: the same Pull
+        # sent to two replicas at once (a failover repeat) then finds the leases the first wrote.
+        existing = {r.offer_id: r for r in conn.execute(
+            _LEASES_BY_OFFER, {"offer_ids": [o for o, _ in self.pairs]})}
+        fresh = [(o, h) for o, h in self.pairs if o not in existing]
         for offer_id, token_hash in self.pairs:
             if offer_id in existing:
                 view = self._replay(existing[offer_id], token_hash)
