@@ -7,10 +7,11 @@ Who reads what (`ctx.<field>` in qlactors/actors):
   `fatal`, `health`; the Supervisor runs on every profile and reads that part and `admitting`,
   and `each_cycle` after a cycle (only where a Scheduler runs: the control side).
 - control side: the Gateway (`dispatch`, `completion`, `sessions`), the Scheduler (`cron`,
-  `control`, `repo`, `retention`), Retry (`lost_retry`), ClusterRecovery (`repo`).
+  `control`, `retention`), Retry (`lost_retry`), ClusterRecovery (`repo`).
 - worker side: the Executor (`journal`, `receipts`, `logs`, `local_receipts`, `boot_id`,
-  `launcher_shell`, `labels`, `session`), the ReceiptConsumer (the same, `completion_facts`,
-  `log_retention`), the LogSender (`journal`).
+  `launcher_shell`, `labels`, `session`), the ReceiptConsumer (`journal`, `receipts`,
+  `local_receipts`, `boot_id`, `session`, `completion_facts`, `log_retention`), the LogSender
+  (`journal`).
 - edge's Recovery judges from the database and from this process's journal and files, so it
   reads both sides: it only runs in an `EdgeContext`.
 
@@ -57,9 +58,9 @@ class SharedContext:
     `admitting` is the one piece of state the two sides share on edge (on a cluster each process
     has its own). Written by the Runner (set once startup recovery is done, or at once where no
     Recovery runs), the Supervisor (cleared on Drain) and the profile's shutdown (cleared); read
-    by the Gateway, the Scheduler and Recovery (control side: no offers, cron or requeue before
-    recovery and while draining) and by the Executor and the ReceiptConsumer (worker side: no
-    pulls while draining; whether a start is a restart).
+    by the Gateway and the Scheduler (control side: no offers, nudges or cron admission before
+    startup recovery is done and while draining), by the Executor (worker side: no pulls then),
+    and by Recovery and the ReceiptConsumer (whether their start is a restart).
     """
 
     config: Config
