@@ -1,8 +1,8 @@
 """A harness for actor-level integration tests: one real actor, the real store, a test peer on ZeroMQ.
 
-`ActorHarness` builds the same `RuntimeContext` as `EdgeRuntime._build_and_start` (SQLite file in a temp
+`ActorHarness` builds the same `EdgeContext` as `EdgeRuntime._build_and_start` (SQLite file in a temp
 home, the local session, a Bridge, Directory, Fatal, ReceiptStore, LogStore, Journal,
-LocalReceipts, CompletionService, Control) but starts only the actor under test. Every other
+LocalReceipts, CompletionService, Control, Retention) but starts only the actor under test. Every other
 name in the Directory is a `Stub` that records what it receives (and may answer). The test
 peer is a plain ZeroMQ socket on the same context, speaking the real wire codec:
 
@@ -37,7 +37,7 @@ from qlactors.actors.outage import watch_store
 from qlactors.actors.session_policy import LocalSessions
 from qlactors.worker.receipts import LocalReceipts
 from qlactors.config import DEFAULTS, Config, ensure_home
-from qlactors.profiles.context import EXECUTOR_KINDS, LOCAL_WORKER, RuntimeContext
+from qlactors.profiles.context import EXECUTOR_KINDS, LOCAL_WORKER, EdgeContext
 from qlactors.process.identity import ProcessIdentity, read_boot_id, read_identity
 from qlactors.process.logs import LogStore
 from qlactors.process.receipts import ReceiptStore
@@ -48,6 +48,7 @@ from qlactors.store.lost_retry import LostRetry
 from qlactors.store.dispatch import Dispatch
 from qlactors.worker.journal import Journal
 from qlactors.store.repository import Repository
+from qlactors.store.retention import Retention
 from qlactors.store.schema import run_attempts
 from qlactors.wire import codec
 from qlactors.wire import messages as m
@@ -174,7 +175,7 @@ class Peer:
 
 
 class ActorHarness:
-    """A real RuntimeContext with a temp home; start one actor, stub the others, talk over a peer."""
+    """A real EdgeContext with a temp home; start one actor, stub the others, talk over a peer."""
 
     def __init__(self, tmp_path: Path, *, control_bind: str | None = None,
                  control_connect: str | None = None, session_capacity: int = 64,
@@ -201,17 +202,17 @@ class ActorHarness:
             journal = Journal(store)
             dispatch = Dispatch(store)
             bridge = Bridge(self.zmq, control_bind=control_bind, control_connect=control_connect)
-            self.ctx = RuntimeContext(
+            session = dispatch.register_session(LOCAL_WORKER, session_capacity)
+            self.ctx = EdgeContext(
                 config=self.config, zmq=self.zmq, bridge=bridge, directory=Directory(), fatal=Fatal(),
                 admitting=threading.Event(),
-                session=dispatch.register_session(LOCAL_WORKER, session_capacity),
                 repo=self.repo, dispatch=dispatch, completion=CompletionService(store),
-                control=Control(store), lost_retry=LostRetry(store), cron=CronAdmission(store), journal=journal,
-                receipts=receipts, logs=logs,
+                control=Control(store), lost_retry=LostRetry(store), cron=CronAdmission(store),
+                retention=Retention(store, logs, receipts),
+                sessions=LocalSessions(session, self.config.runtime.cadence_tick_ms, DiskReserve(self.config, None)),
+                journal=journal, receipts=receipts, logs=logs,
                 local_receipts=LocalReceipts(receipts, journal, self.config.runtime.quarantine_retention_ms),
-                boot_id=read_boot_id, launcher_shell="/bin/sh")
-            self.ctx.sessions = LocalSessions(self.ctx.session, self.config.runtime.cadence_tick_ms,
-                                              DiskReserve(self.config, None))
+                session=session, boot_id=read_boot_id, launcher_shell="/bin/sh")
             watch_store(self.ctx)  # as profiles/edge.py does: outages reach `status`, a persistent one is fatal
         except BaseException:
             self.zmq.term()

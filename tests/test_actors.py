@@ -2,7 +2,7 @@
 real ZeroMQ endpoint by a test peer sending wire messages (ARCHITECTURE.md "The wire",
 docs/protocol.md, SEMANTICS.md §4-§6, §10).
 
-The harness (tests/actor_harness.py) builds the edge RuntimeContext on a SQLite file in a temp
+The harness (tests/actor_harness.py) builds the EdgeContext on a SQLite file in a temp
 home and starts one actor; the other names in the Directory are recording stubs.
 """
 

@@ -13,7 +13,6 @@ import logging
 import time
 from typing import Any
 
-from ..store.retention import Retention
 from .base import RuntimeActor, now_ms
 from .signals import ActorFailed, CycleDone, StepDone, StepRequest, StepTimeout, Tick
 
@@ -32,7 +31,7 @@ class Scheduler(RuntimeActor):
         self.step: int | None = None  # index into STEPS while a cycle runs
         self.pending = False
         self.busy = False  # a step of the current cycle reported work
-        self.retention = Retention(ctx.repo.store, ctx.logs, ctx.receipts)
+        self.retention = ctx.retention
 
     def handlers(self):
         return {Tick: self.on_tick, StepDone: self.on_step_done, StepTimeout: self.on_step_timeout}

@@ -1,4 +1,23 @@
-"""What the actors of one runtime process share: the RuntimeContext, and the names that wire them."""
+"""What the actors of one runtime process share: a control-side and a worker-side context, the part
+both sides need, and the names that wire them.
+
+Who reads what (`ctx.<field>` in qlactors/actors):
+
+- every actor (actors/base.py) and `watch_store`: `config`, `zmq`, `bridge`, `directory`,
+  `fatal`, `health`; the Supervisor runs on every profile and reads that part and `admitting`,
+  and `each_cycle` after a cycle (only where a Scheduler runs: the control side).
+- control side: the Gateway (`dispatch`, `completion`, `sessions`), the Scheduler (`cron`,
+  `control`, `retention`), Retry (`lost_retry`), ClusterRecovery (`repo`).
+- worker side: the Executor (`journal`, `receipts`, `logs`, `local_receipts`, `boot_id`,
+  `launcher_shell`, `labels`, `session`), the ReceiptConsumer (`journal`, `receipts`,
+  `local_receipts`, `boot_id`, `session`, `completion_facts`, `log_retention`), the LogSender
+  (`journal`).
+- edge's Recovery judges from the database and from this process's journal and files, so it
+  reads both sides: it only runs in an `EdgeContext`.
+
+A control replica builds a `ControlContext`, a worker a `WorkerContext`, and edge (both sides in one
+process) an `EdgeContext`, which is both at once.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +28,6 @@ from typing import Any, Callable
 import zmq
 
 from ..actors.base import Directory, Fatal
-from ..worker.receipts import LocalReceipts
 from ..config import Config
 from ..process.identity import read_boot_id
 from ..process.logs import LogStore
@@ -18,10 +36,12 @@ from ..store.completion import CompletionService
 from ..store.control import Control
 from ..store.cron_admission import CronAdmission
 from ..store.dispatch import Dispatch
-from ..worker.journal import Journal
 from ..store.lost_retry import LostRetry
 from ..store.repository import Repository
+from ..store.retention import Retention
 from ..wire.bridge import Bridge
+from ..worker.journal import Journal
+from ..worker.receipts import LocalReceipts
 
 # The executor side's worker id on edge (its one built-in local session).
 LOCAL_WORKER = "local"
@@ -30,9 +50,18 @@ EXECUTOR_KINDS = ["welcome", "offers", "activated", "stop_requested", "nudge", "
                   "heartbeat_ack"]
 
 
-@dataclass
-class RuntimeContext:
-    """Everything an actor may use; shared read-only (the repositories are thread-safe)."""
+@dataclass(kw_only=True)
+class SharedContext:
+    """The part every actor of a process uses: its config, ZeroMQ context, bridge, directory of
+    actors, fatal switch, and whether work may be admitted.
+
+    `admitting` is the one piece of state the two sides share on edge (on a cluster each process
+    has its own). Written by the Runner (set once startup recovery is done, or at once where no
+    Recovery runs), the Supervisor (cleared on Drain) and the profile's shutdown (cleared); read
+    by the Gateway and the Scheduler (control side: no offers, nudges or cron admission before
+    startup recovery is done and while draining), by the Executor (worker side: no pulls then),
+    and by Recovery and the ReceiptConsumer (whether their start is a restart).
+    """
 
     config: Config
     zmq: zmq.Context
@@ -40,30 +69,64 @@ class RuntimeContext:
     directory: Directory
     fatal: Fatal
     admitting: threading.Event
-    session: Any
+
+    @property
+    def health(self) -> Any:
+        """The health of this process's database (the store, or a worker's journal)."""
+        raise NotImplementedError
+
+
+@dataclass(kw_only=True)
+class ControlContext(SharedContext):
+    """The control side: the database and the store services the cadence and the Gateway use.
+    Shared read-only (the services are thread-safe)."""
+
     repo: Repository
     dispatch: Dispatch
     completion: CompletionService
     control: Control
     lost_retry: LostRetry
     cron: CronAdmission
+    retention: Retention
+    """The Scheduler's retention: on edge it deletes this process's log files with their runs; a
+    replica holds no files (each worker's own retention deletes its copies)."""
+    sessions: Any
+    """The Gateway's policy: LocalSessions (edge) or ClusterSessions (a replica)."""
+    each_cycle: tuple[Callable[[], None], ...] = ()
+    """Run by the Supervisor after every cycle (a replica: its allow-list and its row in `status`)."""
+
+    @property
+    def health(self) -> Any:
+        return self.repo.store.health
+
+
+@dataclass(kw_only=True)
+class WorkerContext(SharedContext):
+    """The worker side: the executor's journal, its files and its identity on this host."""
+
     journal: Journal
     receipts: ReceiptStore
     logs: LogStore
     local_receipts: LocalReceipts
+    session: Any = None
+    """Edge: the built-in local session, registered once at start. A worker: None (the Executor
+    learns its session in Welcome)."""
     boot_id: Callable[[], str] = read_boot_id
     launcher_shell: str = "/bin/sh"
-    free_bytes: Callable[[], int] | None = None  # free space of the logs file system; None: no disk check
-    sessions: Any = None  # the Gateway's policy: LocalSessions (edge) or ClusterSessions
-    labels: tuple[str, ...] = ()  # the executor's labels (a cluster worker's, from its config)
-    each_cycle: tuple[Callable[[], None], ...] = ()  # run by the Supervisor after every cycle
-    authenticator: Any = None  # a replica's CURVE authenticator, kept referenced while it serves
-    log_retention: Any = None  # a worker's LocalLogRetention (its acknowledged local logs)
-
-    # What a Completed adds on a cluster worker: (final log offset, finished in time); edge: none.
+    labels: tuple[str, ...] = ()
+    """The executor's labels (a cluster worker's, from its config)."""
+    log_retention: Any = None
+    """A worker's LocalLogRetention (its acknowledged local logs); None on edge, whose Scheduler
+    deletes log files with their runs."""
     completion_facts: Callable[[str, Any], tuple[int | None, bool | None]] = lambda _a, _r: (None, None)
+    """What a Completed adds on a cluster worker: (final log offset, finished in time); edge: none."""
 
     @property
     def health(self) -> Any:
-        """The health of this process's database: the store (edge, control) or a worker's journal."""
-        return (self.repo.store if self.repo is not None else self.journal.store).health
+        return self.journal.store.health
+
+
+@dataclass(kw_only=True)
+class EdgeContext(ControlContext, WorkerContext):
+    """Both sides in one process (edge): one SQLite file holds the runs and the journal, so
+    `health` is the store's either way."""

@@ -17,6 +17,8 @@ import os
 import socket
 import threading
 import time
+from typing import Any
+
 import zmq
 
 from ..actors.base import Directory, Fatal
@@ -38,11 +40,12 @@ from ..store.log_chunks import LogChunks
 from ..store.lost_retry import LostRetry
 from ..store.replicas import Replicas
 from ..store.repository import Repository
+from ..store.retention import Retention
 from ..store.worker_keys import WorkerKeys
 from ..wire.bridge import Bridge
 from ..wire.curve import AllowList, CurveServer, start_authenticator
 from ..wire.curve_keys import load_key_pair
-from .context import RuntimeContext
+from .context import ControlContext
 from .runner import Runner
 
 log = logging.getLogger("qlactors.control")
@@ -67,11 +70,12 @@ class ControlRuntime(Runner):
         super().__init__(control_settings(cfg))
         self.cfg = cfg
         self.replica_id: str | None = None
+        self.authenticator: Any = None  # the CURVE authenticator, kept referenced while the replica serves
 
     def _acquire(self):
         return lambda: None  # replicas share nothing on a host: each binds its own port
 
-    def _build_and_start(self) -> RuntimeContext:
+    def _build_and_start(self) -> ControlContext:
         cfg = self.cfg
         public, secret = load_key_pair(cfg.key)
         repo = Repository.open(cfg.database.url, **cfg.database.store_options())
@@ -80,8 +84,8 @@ class ControlRuntime(Runner):
         allow = AllowList(keys.all())
         replicas = Replicas(store)
         zctx = zmq.Context()
-        # Before the bridge binds, kept referenced: without it the replica refuses to serve.
-        authenticator = start_authenticator(zctx, allow)
+        # Before the bridge binds, kept referenced while it serves: without it the replica refuses to serve.
+        self.authenticator = authenticator = start_authenticator(zctx, allow)
         bridge = Bridge(zctx, control_bind=cfg.bind, curve=CurveServer(secret, allow, authenticator),
                         heartbeat_ms=cfg.heartbeat_ms)
         directory = Directory()
@@ -105,15 +109,14 @@ class ControlRuntime(Runner):
         def replica_heartbeat() -> None:
             replicas.heartbeat(self.replica_id)
 
-        ctx = RuntimeContext(
+        ctx = ControlContext(
             config=self.config, zmq=zctx, bridge=bridge, directory=directory, fatal=fatal,
-            admitting=threading.Event(), session=None, repo=repo, dispatch=dispatch,
+            admitting=threading.Event(), repo=repo, dispatch=dispatch,
             completion=CompletionService(store), control=control, lost_retry=LostRetry(store),
-            cron=CronAdmission(store), journal=None, receipts=None, logs=None, local_receipts=None,
+            cron=CronAdmission(store), retention=Retention(store, None, None),
             sessions=ClusterSessions(dispatch, LogChunks(store), control, heartbeat_ms=cfg.heartbeat_ms,
                                      session_lease_ms=cfg.session_lease_ms, run_lease_ms=cfg.run_lease_ms),
-            each_cycle=(authenticator_running, refresh_allow_list, replica_heartbeat),
-            authenticator=authenticator)
+            each_cycle=(authenticator_running, refresh_allow_list, replica_heartbeat))
         self.ctx = ctx
         watch_store(ctx)
         bridge.route_control(directory.named("gateway"))
@@ -124,14 +127,14 @@ class ControlRuntime(Runner):
         return (f"event=control_started replica={self.replica_id} bind={self.cfg.bind} "
                 f"database={self.ctx.repo.store.describe()}")
 
-    def _shutdown(self, ctx: RuntimeContext) -> None:
+    def _shutdown(self, ctx: ControlContext) -> None:
         deadline = time.monotonic() + ctx.config.runtime.shutdown_drain_ms / 1000
         ctx.admitting.clear()
         ctx.directory.tell("supervisor", Drain())
         self._stop_actors(ctx, [n for n, _ in reversed(ORDER)] + ["supervisor"], deadline)
         ctx.bridge.close()
-        if ctx.authenticator is not None:
-            ctx.authenticator.stop()
+        if self.authenticator is not None:
+            self.authenticator.stop()
         if self.replica_id is not None:
             try:
                 Replicas(ctx.repo.store).stopped(self.replica_id)

@@ -45,8 +45,9 @@ from ..store.dispatch import Dispatch
 from ..worker.journal import Journal
 from ..store.lost_retry import LostRetry
 from ..store.repository import Repository
+from ..store.retention import Retention
 from ..wire.bridge import Bridge
-from .context import EXECUTOR_KINDS, LOCAL_WORKER, RuntimeContext
+from .context import EXECUTOR_KINDS, LOCAL_WORKER, EdgeContext
 from .runner import Runner
 
 log = logging.getLogger("qlactors.edge")
@@ -75,7 +76,7 @@ class EdgeRuntime(Runner):
 
     # -- start --------------------------------------------------------------------------------
 
-    def _build_and_start(self) -> RuntimeContext:
+    def _build_and_start(self) -> EdgeContext:
         limit_arenas(EDGE_MALLOC_ARENAS)  # before any actor or bridge thread exists
         ensure_home(self.config)
         repo = Repository.open(self.config.database_url)
@@ -93,16 +94,15 @@ class EdgeRuntime(Runner):
         admitting = threading.Event()
         dispatch = Dispatch(store)
         session = dispatch.register_session(LOCAL_WORKER, self.config.runtime.slots)
-        ctx = RuntimeContext(
-            config=self.config, zmq=zctx, bridge=bridge, directory=directory, fatal=fatal,
-            admitting=admitting, session=session,
+        local_receipts = LocalReceipts(receipts, journal, self.config.runtime.quarantine_retention_ms)
+        ctx = EdgeContext(
+            config=self.config, zmq=zctx, bridge=bridge, directory=directory, fatal=fatal, admitting=admitting,
             repo=repo, dispatch=dispatch, completion=CompletionService(store), control=Control(store),
-            lost_retry=LostRetry(store),
-            cron=CronAdmission(store), journal=journal, receipts=receipts, logs=logs,
-            local_receipts=LocalReceipts(receipts, journal, self.config.runtime.quarantine_retention_ms),
-            boot_id=self.boot_id, launcher_shell=self.launcher_shell, free_bytes=self.free_bytes,
+            lost_retry=LostRetry(store), cron=CronAdmission(store), retention=Retention(store, logs, receipts),
             sessions=LocalSessions(session, self.config.runtime.cadence_tick_ms,
-                                   DiskReserve(self.config, self.free_bytes)))
+                                   DiskReserve(self.config, self.free_bytes)),
+            journal=journal, receipts=receipts, logs=logs, local_receipts=local_receipts, session=session,
+            boot_id=self.boot_id, launcher_shell=self.launcher_shell)
         self.ctx = ctx
         watch_store(ctx)
         bridge.route_control(directory.named("gateway"))
@@ -117,7 +117,7 @@ class EdgeRuntime(Runner):
 
     # -- shutdown -----------------------------------------------------------------------------
 
-    def _shutdown(self, ctx: RuntimeContext) -> None:
+    def _shutdown(self, ctx: EdgeContext) -> None:
         budget_s = ctx.config.runtime.shutdown_drain_ms / 1000
         deadline = time.monotonic() + budget_s
         ctx.admitting.clear()
@@ -137,7 +137,7 @@ class EdgeRuntime(Runner):
         ctx.repo.close()
         log.info("event=edge_stopped")
 
-    def _cancel_running(self, ctx: RuntimeContext, deadline: float) -> None:
+    def _cancel_running(self, ctx: EdgeContext, deadline: float) -> None:
         """`edge --cancel-running`: commit a `shutdown` intent (never over another reason), stop, wait."""
         active = ctx.control.active_run_ids()
         for run_id in active:

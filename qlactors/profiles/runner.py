@@ -17,7 +17,7 @@ import time
 
 from ..config import Config, ensure_home
 from ..home import RuntimeLock
-from .context import RuntimeContext
+from .context import SharedContext
 
 class Runner:
     """Runs in the foreground until SIGTERM/SIGINT (or `stop()`); `run()` returns an exit status.
@@ -32,12 +32,12 @@ class Runner:
 
     def __init__(self, config: Config) -> None:
         self.config = config
-        self.ctx: RuntimeContext | None = None
+        self.ctx: SharedContext | None = None
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._signals = 0
         self.started = threading.Event()
 
-    def _start(self) -> RuntimeContext:
+    def _start(self) -> SharedContext:
         """Build the context and start the actors; on any failure stop what already started."""
         try:
             return self._build_and_start()
@@ -46,10 +46,10 @@ class Runner:
                 self._shutdown(self.ctx)
             raise
 
-    def _build_and_start(self) -> RuntimeContext:
+    def _build_and_start(self) -> SharedContext:
         raise NotImplementedError
 
-    def _start_actors(self, ctx: RuntimeContext, order: tuple, supervisor: type) -> None:
+    def _start_actors(self, ctx: SharedContext, order: tuple, supervisor: type) -> None:
         """Start the bridge, the Supervisor (with a factory per actor, to restart it), then the
         actors in `order`. When one of them is `recovery`, its startup pass runs before the next
         starts, and admission opens after it (SEMANTICS.md §6); without one, at once."""
@@ -72,7 +72,7 @@ class Runner:
                 ctx.admitting.set()  # recovery is done: admission may open
         ctx.directory.tell("supervisor", Tick("startup"))
 
-    def _stop_actors(self, ctx: RuntimeContext, names: list[str], deadline: float) -> None:
+    def _stop_actors(self, ctx: SharedContext, names: list[str], deadline: float) -> None:
         """Stop these actors, in this order, within the drain budget that ends at `deadline`."""
         for name in names:
             ref = ctx.directory.get(name)
@@ -83,7 +83,7 @@ class Runner:
             except Exception as err:  # a stuck actor must not keep the process alive
                 self.log.error("event=actor_stop_failed actor=%s error=%r", name, err)
 
-    def _shutdown(self, ctx: RuntimeContext) -> None:
+    def _shutdown(self, ctx: SharedContext) -> None:
         raise NotImplementedError
 
     def _started_line(self) -> str:

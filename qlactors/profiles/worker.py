@@ -28,7 +28,6 @@ from ..actors.signals import Drain
 from ..actors.supervisor import Supervisor
 from ..cluster_config import WorkerConfig
 from ..config import Config
-from ..process.diskspace import free_space_source
 from ..process.identity import boot_id_source
 from ..process.logs import LogStore
 from ..process.receipts import ReceiptStore
@@ -39,7 +38,7 @@ from ..worker.journal import Journal
 from ..worker.receipts import LocalReceipts
 from ..worker.retention import LocalLogRetention
 from ..worker.state_dir import StateDir
-from .context import EXECUTOR_KINDS, RuntimeContext
+from .context import EXECUTOR_KINDS, WorkerContext
 from .runner import Runner
 
 log = logging.getLogger("qlactors.worker")
@@ -92,7 +91,7 @@ class WorkerRuntime(Runner):
             self.state.close()
         return release
 
-    def _build_and_start(self) -> RuntimeContext:
+    def _build_and_start(self) -> WorkerContext:
         cfg, state = self.cfg, self.state
         public, secret = load_key_pair(cfg.key)
         server_public = load_public_key(cfg.server_key)
@@ -109,15 +108,13 @@ class WorkerRuntime(Runner):
         directory = Directory()
         fatal = Fatal(on_trip=self._poke)
         admitting = threading.Event()
-        ctx = RuntimeContext(
+        local_receipts = LocalReceipts(receipts, journal, self.config.runtime.quarantine_retention_ms)
+        ctx = WorkerContext(
             config=self.config, zmq=zctx, bridge=bridge, directory=directory, fatal=fatal,
-            admitting=admitting, session=None, repo=None, dispatch=None, completion=None, control=None,
-            lost_retry=None, cron=None, journal=journal, receipts=receipts, logs=logs,
-            local_receipts=LocalReceipts(receipts, journal, self.config.runtime.quarantine_retention_ms),
-            boot_id=self.boot_id, launcher_shell=self.config.launcher_shell,
-            free_bytes=free_space_source(state.logs), labels=tuple(cfg.labels),
+            admitting=admitting, journal=journal, receipts=receipts, logs=logs, local_receipts=local_receipts,
+            boot_id=self.boot_id, launcher_shell=self.config.launcher_shell, labels=tuple(cfg.labels),
+            log_retention=LocalLogRetention(journal, logs, local_receipts),
             completion_facts=WorkerFacts(journal, logs))
-        ctx.log_retention = LocalLogRetention(journal, logs, ctx.local_receipts)
         self.ctx = ctx
         watch_store(ctx)
         bridge.route_executor(EXECUTOR_KINDS, directory.named("executor"))
@@ -131,7 +128,7 @@ class WorkerRuntime(Runner):
         return (f"event=worker_started state_dir={self.cfg.state_dir} slots={self.cfg.slots} "
                 f"labels={','.join(self.cfg.labels) or '-'} control={','.join(self.cfg.control)}")
 
-    def _shutdown(self, ctx: RuntimeContext) -> None:
+    def _shutdown(self, ctx: WorkerContext) -> None:
         deadline = time.monotonic() + ctx.config.runtime.shutdown_drain_ms / 1000
         ctx.admitting.clear()  # no more pulls; running jobs keep running
         ctx.directory.tell("supervisor", Drain())

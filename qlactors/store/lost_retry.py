@@ -17,7 +17,7 @@ from ..domain.states import AttemptStatus, RunStatus
 from ..domain.transitions import plan_end_by_intent, plan_lost_failed, plan_requeue, plan_retry_wait
 from ..errors import Conflict
 from ..ids import new_id
-from .control import DEFAULT_PAGE, page_size
+from .control_rows import DEFAULT_PAGE, page_size
 from .engine import Store
 from .plans import apply_plan, attempt_snapshot, current_attempt, load_run, run_snapshot
 from .records import ALREADY_TERMINAL, APPLIED, REFUSED, Outcome
