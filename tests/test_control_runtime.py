@@ -31,7 +31,7 @@ def test_a_replica_whose_authenticator_dies_stops_with_the_reason_and_exit_1(tmp
             wait_until(lambda: cluster.sql("SELECT count(*) FROM control_replicas WHERE stopped_at_ms IS NULL")
                        == [(1,)], 30, "the replica's row")
             assert not runtime.ctx.fatal.event.is_set()
-            runtime.ctx.authenticator.stop()  # as if its thread had died
+            runtime.authenticator.stop()  # as if its thread had died
             thread.join(60)
         finally:
             if thread.is_alive():
