@@ -229,7 +229,7 @@ class Gateway(RuntimeActor):
         if isinstance(msg, m.Completed):
             return self._completion_of(msg, peer)
         fence = fence_of(msg, worker)
-        locks = LockRequest(msg.attempt_id, msg.run_id, fence)
+        locks = LockRequest(msg.attempt_id, msg.run_id, fence, revision=isinstance(msg, m.Activate))
         if isinstance(msg, m.Activate):
             return (Report(locks, lambda conn, rows: d.activate_in(conn, rows, fence, msg.callback_token_hash,
                                                                     msg.log_artifact_id)),
@@ -280,7 +280,7 @@ class Gateway(RuntimeActor):
             return self.ctx.completion.complete_in(conn, rows, msg.run_id, msg.attempt_id, receipt,
                                                    msg.log_dropped_bytes, msg.stopped_by, **facts)
 
-        return (Report(LockRequest(msg.attempt_id, msg.run_id), apply),
+        return (Report(LockRequest(msg.attempt_id, msg.run_id, live_lease=True), apply),
                 lambda outcome: self._answer_completed(msg, peer, outcome))
 
     def _answer_completed(self, msg: m.Completed, peer: bytes, outcome: Any) -> None:

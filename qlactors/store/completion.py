@@ -21,7 +21,7 @@ from .report_locks import HeldRows, LockRequest, hold
 from .plans import (
     apply_plan,
     attempt_snapshot,
-    end_lease,
+    end_held_lease,
     run_snapshot,
 )
 
@@ -86,7 +86,8 @@ class CompletionService:
         byte count (the log-cap reader could not give one before the receipt).
         """
         with self.store.write() as conn:
-            rows = hold(self.store, conn, [LockRequest(attempt_id, run_id if isinstance(run_id, str) else None)])
+            rows = hold(self.store, conn, [LockRequest(attempt_id, run_id if isinstance(run_id, str) else None,
+                                                       live_lease=True)])
             return self.complete_in(conn, rows, run_id, attempt_id, receipt, log_dropped_bytes, stopped_by,
                                     worker_id=worker_id, final_log_offset=final_log_offset,
                                     finished_in_time=finished_in_time)
@@ -146,6 +147,12 @@ class CompletionService:
         run_values = {"finished_at_ms": finished}
         if run.started_at_ms is None:
             run_values["started_at_ms"] = started
+        lease = rows.live_leases.get(attempt.id)
+        projection = {}
+        if lease is not None:  # the lease becomes `completed`; the attempt's own update projects it
+            version = end_held_lease(conn, lease, now, LeaseStatus.COMPLETED)
+            if attempt.lease_generation == lease.lease_generation:
+                projection["lease_version"] = version
         apply_plan(conn, plan, now, actor_type=ACTOR,
                    expected_callback_sequence=attempt.callback_sequence, run_values=run_values,
                    attempt_values=dict(exit_code=receipt.exit_code,
@@ -154,6 +161,5 @@ class CompletionService:
                                        signal=stop_signal(_SENT[stopped_by], receipt.exit_code, from_stop),
                                        log_dropped_bytes=None if receipt.output_open else log_dropped_bytes,
                                        **({} if final_log_offset is None
-                                          else {"log_final_offset": final_log_offset})))
-        end_lease(conn, attempt.id, now, LeaseStatus.COMPLETED)
+                                          else {"log_final_offset": final_log_offset}), **projection))
         return CompletionOutcome(APPLIED, None, plan.run_to.value)

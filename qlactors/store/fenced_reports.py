@@ -114,10 +114,11 @@ class FencedReports:
             raise FenceMismatch("lease_expired")
         return HeldFence(run, attempt, lease, now)
 
-    def alone(self, fence: Fence, apply, *, durable: bool = True):
+    def alone(self, fence: Fence, apply, *, durable: bool = True, revision: bool = False):
         """One report in its own transaction: its locks and rows, then `apply(conn, rows)`."""
+        request = LockRequest(fence.attempt_id, fence.run_id, fence, revision=revision)
         with self.store.write(durable=durable) as conn:
-            return apply(conn, hold(self.store, conn, [LockRequest(fence.attempt_id, fence.run_id, fence)]))
+            return apply(conn, hold(self.store, conn, [request]))
 
     def activate(self, fence: Fence, callback_token_hash: str, log_artifact_id: str) -> ActivateResult:
         """Attempt `claimed -> starting` with its token hash, log artifact and deadline; spawn only if applied.
@@ -128,7 +129,7 @@ class FencedReports:
         `starting` with the same token hash answers `applied` again, with the stored deadline.
         """
         return self.alone(fence, lambda conn, rows: self.activate_in(conn, rows, fence, callback_token_hash,
-                                                                     log_artifact_id))
+                                                                     log_artifact_id), revision=True)
 
     def activate_in(self, conn, rows: HeldRows, fence: Fence, callback_token_hash: str,
                     log_artifact_id: str) -> ActivateResult:
@@ -151,7 +152,8 @@ class FencedReports:
             return ActivateResult(REFUSED, lease_version=lease.version, detail=f"run_{run.status}")
         if run.cancel_reason is not None:
             return ActivateResult(REFUSED, lease_version=lease.version, detail="cancel_requested")
-        timeout_ms = pinned_revision(conn, run).timeout_ms
+        revision = rows.revisions.get((run.task_id, run.task_revision)) or pinned_revision(conn, run)
+        timeout_ms = revision.timeout_ms
         deadline = held.now + timeout_ms if timeout_ms is not None else None
         apply_plan(conn, plan_activate(run_snapshot(run), attempt_snapshot(attempt)), held.now,
                    actor_type=ACTOR, expected_callback_sequence=attempt.callback_sequence,

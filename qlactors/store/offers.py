@@ -143,6 +143,10 @@ class _Batch:
         self.check, self.budget, self.size = check, budget_bytes, size
         self.used = 0
         self.offers: dict[str, OfferView] = {}
+        # Read once per batch: a task's dispatched runs (only this batch adds to them while it
+        # holds the task's lock) and the revisions its offers are built from.
+        self.dispatched: dict[str, int] = {}
+        self.revisions: dict[tuple[str, int], object] = {}
 
     def _fenced(self, session, now: int) -> None:
         detail = session_mismatch(session, self.worker_id, self.generation, now, online_only=True)
@@ -159,8 +163,7 @@ class _Batch:
             self._fenced(early, now)
             tasks = candidate_tasks(conn, store.dialect_name, labels_param(early.labels_json), now,
                                     _TASK_LOOKAHEAD * len(self.pairs) + 8)
-            for task_id in tasks:  # in task-id order, before any row lock
-                store.advisory_lock(conn, f"task:{task_id}")
+            store.advisory_locks(conn, [f"task:{t}" for t in tasks])  # in task-id order, before any row lock
         session = conn.execute(SESSION_LOCKED, {"session_id": self.session_id}).first()
         now = store.now_ms(conn)
         self._fenced(session, now)
@@ -200,7 +203,7 @@ class _Batch:
                     attempt = load_attempt(self.conn, pick.attempt_id)
                     if not dispatchable(self.conn, pick, attempt):
                         continue  # changed between the query's snapshot and its lock
-                    if busy(self.conn, pick.task_id, pick.id) >= pick.max_concurrent:
+                    if self._busy(pick) >= pick.max_concurrent:
                         full_tasks.append(pick.task_id)  # filled up (within this batch, or just now)
                         continue
                     outcome = self._claim(pick, attempt, session, left[0], now)
@@ -215,10 +218,18 @@ class _Batch:
                     if outcome is None:  # over the budget: the batch is complete
                         return
                     self.offers[left[0][0]] = outcome
+                    if pick.status == _R.QUEUED.value:
+                        self.dispatched[pick.task_id] += 1  # `queued -> dispatching`
                     left.pop(0)
                     progressed = True
             if not progressed:
                 return
+
+    def _busy(self, pick) -> int:
+        """The task's other dispatched runs (`dispatching|running`, the pick excluded)."""
+        if pick.task_id not in self.dispatched:
+            self.dispatched[pick.task_id] = busy(self.conn, pick.task_id, "")
+        return self.dispatched[pick.task_id] - (pick.status == _R.DISPATCHING.value)
 
     def _claim(self, run, attempt, session, pair, now) -> OfferView | object | None:
         conn = self.conn
@@ -229,7 +240,7 @@ class _Batch:
                           lease_expires_at_ms=expires, worker_id=session.worker_id,
                           session_id=session.session_id, session_generation=session.generation)
         try:  # exactly the offer the lease below would grant
-            view = build_view(conn, run, attempt, projection, self.log_cap_bytes)
+            view = build_view(conn, run, attempt, projection, self.log_cap_bytes, self.revisions)
             if self.check is not None:
                 self.check(view)
         except ValueError as err:
@@ -290,9 +301,16 @@ class _Batch:
                           self.log_cap_bytes)
 
 
-def build_view(conn: Connection, run, attempt, projection: dict, log_cap_bytes: int) -> OfferView:
-    """The offer of `attempt` under the lease `projection`; ValueError when the revision cannot be read."""
-    rev = conn.execute(OFFER_REVISION, {"task_id": run.task_id, "revision": run.task_revision}).one()
+def build_view(conn: Connection, run, attempt, projection: dict, log_cap_bytes: int,
+               revisions: dict | None = None) -> OfferView:
+    """The offer of `attempt` under the lease `projection`; ValueError when the revision cannot
+    be read. `revisions` keeps the revisions read (a batch's), by task id and revision."""
+    key = (run.task_id, run.task_revision)
+    rev = revisions.get(key) if revisions is not None else None
+    if rev is None:
+        rev = conn.execute(OFFER_REVISION, {"task_id": run.task_id, "revision": run.task_revision}).one()
+        if revisions is not None:
+            revisions[key] = rev
     return OfferView(
         run_id=run.id, attempt_id=attempt.id, attempt_number=attempt.number,
         **{name: projection[name] for name in _PROJECTION},

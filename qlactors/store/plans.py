@@ -38,6 +38,11 @@ _LEASE_END = (run_dispatch_leases.update()
                           run_dispatch_leases.c.status == LeaseStatus.LEASED.value))
               .values(version=run_dispatch_leases.c.version + 1)
               .returning(run_dispatch_leases.c.version, run_dispatch_leases.c.lease_generation))
+_LEASE_CAS = run_dispatch_leases.update().where(and_(
+    run_dispatch_leases.c.attempt_id == bindparam("w_attempt_id"),
+    run_dispatch_leases.c.lease_generation == bindparam("w_generation"),
+    run_dispatch_leases.c.status == LeaseStatus.LEASED.value,
+    run_dispatch_leases.c.version == bindparam("w_version")))
 _LEASE_PROJECTION = run_attempts.update().where(and_(
     run_attempts.c.id == bindparam("w_attempt_id"),
     run_attempts.c.lease_generation == bindparam("w_generation")))
@@ -176,15 +181,31 @@ def end_lease(
     The attempt's read-only lease projection follows. Returns the lease's new version, or None when
     the attempt holds no live lease: no lease authority, no invented release (SEMANTICS.md §10).
     """
+    ended = conn.execute(_LEASE_END, dict(_lease_end(status, reason), updated_at_ms=now_ms,
+                                          w_attempt_id=attempt_id)).first()
+    if ended is None:
+        return None
+    conn.execute(_LEASE_PROJECTION, dict(lease_version=ended.version, w_attempt_id=attempt_id,
+                                         w_generation=ended.lease_generation))
+    return ended.version
+
+
+def end_held_lease(conn: Connection, lease, now_ms: int, status: LeaseStatus,
+                   reason: LeaseReleaseReason | None = None) -> int:
+    """`end_lease` for a live lease row the transaction holds locked (`report_locks.hold`): one
+    compare-and-set; the new version is returned and the caller's own attempt update writes the
+    projection (`lease_version`, when the attempt projects this lease generation)."""
+    version = lease.version + 1
+    changed = conn.execute(_LEASE_CAS, dict(
+        _lease_end(status, reason), version=version, updated_at_ms=now_ms, w_attempt_id=lease.attempt_id,
+        w_generation=lease.lease_generation, w_version=lease.version)).rowcount
+    if changed != 1:
+        raise Conflict(f"lease {lease.lease_generation} of attempt {lease.attempt_id} changed meanwhile")
+    return version
+
+
+def _lease_end(status: LeaseStatus, reason: LeaseReleaseReason | None) -> dict[str, Any]:
     status = LeaseStatus(status)
     if status is LeaseStatus.LEASED or (status is LeaseStatus.RELEASED) != (reason is not None):
         raise ValueError("a lease ends released (with a reason) or completed (without one)")
-    ended = conn.execute(_LEASE_END, dict(
-        status=status.value, release_reason=LeaseReleaseReason(reason).value if reason else None,
-        updated_at_ms=now_ms, w_attempt_id=attempt_id)).first()
-    if ended is None:
-        return None
-    version = ended.version
-    conn.execute(_LEASE_PROJECTION, dict(lease_version=version, w_attempt_id=attempt_id,
-                                         w_generation=ended.lease_generation))
-    return version
+    return {"status": status.value, "release_reason": LeaseReleaseReason(reason).value if reason else None}

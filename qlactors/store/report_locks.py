@@ -16,33 +16,43 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import bindparam, select, tuple_
+from sqlalchemy import and_, bindparam, or_, select, tuple_
 from sqlalchemy.engine import Connection
 
 from .engine import Store
 from .records import Fence
-from .schema import run_attempts, run_dispatch_leases, runs, worker_sessions
+from ..domain.states import LeaseStatus
+from .schema import run_attempts, run_dispatch_leases, runs, task_revisions, worker_sessions
 
 _SESSIONS = (select(worker_sessions).where(worker_sessions.c.session_id.in_(bindparam("ids", expanding=True)))
              .order_by(worker_sessions.c.session_id).with_for_update(read=True))
 _RUNS = (select(runs).where(runs.c.id.in_(bindparam("ids", expanding=True)))
          .order_by(runs.c.id).with_for_update())
 _ATTEMPTS = select(run_attempts).where(run_attempts.c.id.in_(bindparam("ids", expanding=True)))
+_L = run_dispatch_leases.c
+# The quoted leases of fenced reports and the live leases of completions, in one statement.
 _LEASES = (select(run_dispatch_leases)
-           .where(tuple_(run_dispatch_leases.c.attempt_id, run_dispatch_leases.c.lease_generation)
-                  .in_(bindparam("pairs", expanding=True)))
-           .order_by(run_dispatch_leases.c.attempt_id, run_dispatch_leases.c.lease_generation)
+           .where(or_(tuple_(_L.attempt_id, _L.lease_generation).in_(bindparam("pairs", expanding=True)),
+                      and_(_L.attempt_id.in_(bindparam("live", expanding=True)),
+                           _L.status == LeaseStatus.LEASED.value)))
+           .order_by(_L.attempt_id, _L.lease_generation)
            .with_for_update())
+_REVISIONS = select(task_revisions).where(
+    tuple_(task_revisions.c.task_id, task_revisions.c.revision).in_(bindparam("pairs", expanding=True)))
 
 
 @dataclass(frozen=True, slots=True)
 class LockRequest:
     """What one report needs held: its attempt; its run (all but a log chunk); its fence (a
-    fenced report: the task lock, the session row and the quoted lease row too)."""
+    fenced report: the task lock, the session row and the quoted lease row too); the run's
+    pinned revision (`revision`: an Activate); the attempt's live lease (`live_lease`: a
+    completion ends it)."""
 
     attempt_id: str
     run_id: str | None = None
     fence: Fence | None = None
+    revision: bool = False
+    live_lease: bool = False
 
 
 @dataclass(slots=True)
@@ -54,6 +64,8 @@ class HeldRows:
     attempts: dict[str, Any] = field(default_factory=dict)
     sessions: dict[str, Any] = field(default_factory=dict)
     leases: dict[tuple[str, int], Any] = field(default_factory=dict)
+    live_leases: dict[str, Any] = field(default_factory=dict)  # by attempt id
+    revisions: dict[tuple[str, int], Any] = field(default_factory=dict)  # by task id and revision
 
 
 def hold(store: Store, conn: Connection, requests: list[LockRequest]) -> HeldRows:
@@ -69,10 +81,17 @@ def hold(store: Store, conn: Connection, requests: list[LockRequest]) -> HeldRow
     if run_ids:
         held.runs = _by(conn, _RUNS, "id", ids=run_ids)
     held.attempts = _by(conn, _ATTEMPTS, "id", ids=sorted({r.attempt_id for r in requests}))
-    if fences:
+    live = sorted({r.attempt_id for r in requests if r.live_lease})
+    if fences or live:
         pairs = sorted({(f.attempt_id, f.lease_generation) for f in fences})
-        held.leases = {(row.attempt_id, row.lease_generation): row
-                       for row in conn.execute(_LEASES, {"pairs": pairs})}
+        for row in conn.execute(_LEASES, {"pairs": pairs, "live": live}):
+            held.leases[(row.attempt_id, row.lease_generation)] = row
+            if row.status == LeaseStatus.LEASED.value:
+                held.live_leases[row.attempt_id] = row
+    wanted = sorted({(run.task_id, run.task_revision) for r in requests if r.revision
+                     and (run := held.runs.get(r.run_id)) is not None})
+    if wanted:
+        held.revisions = {(row.task_id, row.revision): row for row in conn.execute(_REVISIONS, {"pairs": wanted})}
     return held
 
 
