@@ -1,9 +1,10 @@
 """Numbered heartbeats and the lease renewals they carry (SEMANTICS.md §9 Sessions, Renewal).
 
 One transaction per heartbeat and no advisory locks: the session row first (`FOR UPDATE`), then
-for each quoted lease in attempt-id order its run row, its attempt and its lease row — the order
-every report and completion takes after its advisory lock, so none of them waits on a heartbeat
-in a cycle. The answer is stored with the heartbeat's number in the same transaction: a repeat of
+the quoted leases' run rows, attempts and lease rows, each in id order (`report_locks.lock_rows`,
+one statement per table) — the order every report and completion takes after its advisory
+locks, so none of them waits on a heartbeat in a cycle. The renewals are one update of the
+leases and one of their attempts' projections, whatever their number. The answer is stored with the heartbeat's number in the same transaction: a repeat of
 that number gets the stored answer and changes nothing.
 """
 
@@ -11,13 +12,13 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from sqlalchemy import and_, bindparam
+from sqlalchemy import and_, bindparam, select, tuple_
 
 from ..domain.states import LeaseStatus
 from ..errors import BadInput, Conflict
-from .dispatch_queries import LEASE_LOCKED, SESSION_LOCKED
-from .plans import load_attempt, load_run
+from .dispatch_queries import SESSION_LOCKED
 from .records import HeartbeatAnswer, LeaseQuote, check_id
+from .report_locks import HeldRows, lock_rows
 from .schema import run_attempts, run_dispatch_leases
 from .session_rows import update_session
 from .session_rules import (
@@ -31,12 +32,18 @@ from .session_rules import (
 )
 
 _L = run_dispatch_leases
-_RENEW = _L.update().where(and_(
-    _L.c.attempt_id == bindparam("w_attempt_id"), _L.c.lease_generation == bindparam("w_generation"),
-    _L.c.status == LeaseStatus.LEASED.value, _L.c.version == bindparam("w_version")))
-_PROJECTION = run_attempts.update().where(and_(
-    run_attempts.c.id == bindparam("w_attempt_id"),
-    run_attempts.c.lease_generation == bindparam("w_generation")))
+_A = run_attempts
+# The locked, checked leases renewed together (version + 1 each) and their attempts' projections.
+_RENEW = (_L.update()
+          .where(and_(tuple_(_L.c.attempt_id, _L.c.lease_generation).in_(bindparam("pairs", expanding=True)),
+                      _L.c.status == LeaseStatus.LEASED.value))
+          .values(version=_L.c.version + 1, expires_at_ms=bindparam("expires"), updated_at_ms=bindparam("now"))
+          .returning(_L.c.attempt_id, _L.c.lease_generation, _L.c.version))
+_PROJECTION = (_A.update()
+               .where(tuple_(_A.c.id, _A.c.lease_generation).in_(bindparam("pairs", expanding=True)))
+               .values(lease_version=select(_L.c.version).where(and_(
+                   _L.c.attempt_id == _A.c.id, _L.c.lease_generation == _A.c.lease_generation))
+                   .scalar_subquery(), lease_expires_at_ms=bindparam("expires")))
 
 
 class Heartbeats:
@@ -80,28 +87,37 @@ class Heartbeats:
             if seq < session.heartbeat_seq:
                 return HeartbeatAnswer(seq, session.lease_expires_at_ms, stale=True, reason="stale_seq")
             expires = now + run_lease_ms
-            renewed, fenced = [], []
+            rows = HeldRows(now)
+            lock_rows(conn, rows, run_ids=sorted({q.run_id for q in quotes}),
+                      attempt_ids=sorted({q.attempt_id for q in quotes}),
+                      pairs=sorted({(q.attempt_id, q.lease_generation) for q in quotes}))
+            fenced, renewable = [], []
             for quote in quotes:
-                load_run(conn, quote.run_id)  # the run row first, as every report locks it
-                attempt = load_attempt(conn, quote.attempt_id)
-                lease = conn.execute(LEASE_LOCKED, {"attempt_id": quote.attempt_id,
-                                                     "generation": quote.lease_generation}).first()
-                reason = renewal_fence(quote, lease, attempt, worker_id, session_id, generation)
+                pair = (quote.attempt_id, quote.lease_generation)
+                reason = renewal_fence(quote, rows.leases.get(pair), rows.attempts.get(quote.attempt_id),
+                                       worker_id, session_id, generation)
                 if reason is not None:
-                    fenced.append((quote.attempt_id, quote.lease_generation, reason))
-                    continue
-                version = lease.version + 1
-                if conn.execute(_RENEW, dict(version=version, expires_at_ms=expires, updated_at_ms=now,
-                                             w_attempt_id=lease.attempt_id, w_generation=lease.lease_generation,
-                                             w_version=lease.version)).rowcount != 1:
-                    raise Conflict(f"lease {lease.lease_generation} of attempt {lease.attempt_id} changed meanwhile")
-                conn.execute(_PROJECTION, dict(lease_version=version, lease_expires_at_ms=expires,
-                                               w_attempt_id=lease.attempt_id, w_generation=lease.lease_generation))
-                renewed.append((quote.attempt_id, quote.lease_generation, version, expires))
+                    fenced.append((*pair, reason))
+                elif pair not in renewable:
+                    renewable.append(pair)
+            renewed = self._renew(conn, renewable, expires, now)
             session_expires = now + session_lease_ms if session_lease_ms is not None else None
-            answer = HeartbeatAnswer(seq, session_expires, tuple(renewed), tuple(fenced))
+            answer = HeartbeatAnswer(seq, session_expires, renewed, tuple(fenced))
             update_session(conn, session, now, lease_expires_at_ms=session_expires, heartbeat_at_ms=now,
                            free_slots=max(0, min(free_slots, session.capacity)),
                            clock_skew_ms=now - worker_clock_ms, heartbeat_seq=seq,
                            heartbeat_answer=answer_json(answer))
             return answer
+
+    @staticmethod
+    def _renew(conn, pairs: list[tuple[str, int]], expires: int, now: int) -> tuple:
+        """Renew the checked, locked leases `pairs` to `expires`; (attempt, generation, version,
+        expires) for each, in their order."""
+        if not pairs:
+            return ()
+        versions = {(r.attempt_id, r.lease_generation): r.version
+                    for r in conn.execute(_RENEW, {"pairs": pairs, "expires": expires, "now": now})}
+        if len(versions) != len(pairs):
+            raise Conflict(f"{len(pairs) - len(versions)} of {len(pairs)} renewed leases changed meanwhile")
+        conn.execute(_PROJECTION, {"pairs": pairs, "expires": expires})
+        return tuple((a, g, versions[(a, g)], expires) for a, g in pairs)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from enum import Enum
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from sqlalchemy import and_, bindparam, literal_column, select
 from sqlalchemy.engine import Connection
@@ -32,6 +33,7 @@ _ATTEMPT_CAS = run_attempts.update().where(and_(run_attempts.c.id == bindparam("
                                                 run_attempts.c.status == bindparam("w_status")))
 _ATTEMPT_CAS_SEQ = _ATTEMPT_CAS.where(run_attempts.c.callback_sequence == bindparam("w_sequence"))
 _EVENTS_INSERT = run_events.insert()
+_KEPT_EVENTS = "qlactors_kept_events"
 # Ends the attempt's one live lease (a partial unique index keeps it one) and says which it was.
 _LEASE_END = (run_dispatch_leases.update()
               .where(and_(run_dispatch_leases.c.attempt_id == bindparam("w_attempt_id"),
@@ -109,12 +111,30 @@ def encode_payload(payload: Mapping[str, Any]) -> str:
 def append_events(conn: Connection, plan: Plan, now_ms: int, actor_type: str) -> None:
     if not plan.events:
         return
-    conn.execute(_EVENTS_INSERT, [
-        {"id": new_id(), "run_id": plan.run_id, "sequence": e.sequence, "type": e.type,
-         "actor_type": actor_type, "attempt_id": e.attempt_id,
-         "payload_json": encode_payload(e.payload), "created_at_ms": now_ms}
-        for e in plan.events
-    ])
+    rows = [{"id": new_id(), "run_id": plan.run_id, "sequence": e.sequence, "type": e.type,
+             "actor_type": actor_type, "attempt_id": e.attempt_id,
+             "payload_json": encode_payload(e.payload), "created_at_ms": now_ms}
+            for e in plan.events]
+    kept = conn.info.get(_KEPT_EVENTS)
+    if kept is not None and kept[0] is conn.get_transaction():
+        kept[1].extend(rows)
+    else:
+        conn.execute(_EVENTS_INSERT, rows)
+
+
+@contextlib.contextmanager
+def events_together(conn: Connection) -> Iterator[None]:
+    """Within: the events of every plan applied are kept, and written by one multi-row INSERT
+    when the block ends without an error (a batch of reports, `report_batch.py`). Nothing in
+    such a block reads the events it appends."""
+    kept: list[dict] = []
+    conn.info[_KEPT_EVENTS] = (conn.get_transaction(), kept)
+    try:
+        yield
+        if kept:
+            conn.execute(_EVENTS_INSERT.values(kept))
+    finally:
+        conn.info.pop(_KEPT_EVENTS, None)
 
 
 def apply_plan(

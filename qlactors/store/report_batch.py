@@ -4,8 +4,8 @@
 Each `Report` names what it locks (`report_locks.LockRequest`) and how it applies inside the
 batch's transaction (the store's `*_in` methods: the same code a single report runs). The batch
 takes all the locks first, in the global order of SEMANTICS.md §9, with a fixed number of
-statements (`report_locks.hold`), then applies the reports in their arrival order and commits
-once: a group commit, whose answers go out after it. Rows are read once per transaction, so
+statements (`report_locks.hold`), then applies the reports in their arrival order, writes their
+events with one INSERT and commits once: a group commit, whose answers go out after it. Rows are read once per transaction, so
 `groups` splits the arrivals so that no attempt or run has two row-changing reports in one
 transaction, keeping each attempt's reports in their order.
 """
@@ -18,6 +18,7 @@ from typing import Any, Callable, Sequence
 from sqlalchemy.engine import Connection
 
 from .engine import Store
+from .plans import events_together
 from .report_locks import HeldRows, LockRequest, hold
 
 # Most reports of one transaction (a bound on its locks and on the answers it holds back).
@@ -50,7 +51,7 @@ class ReportBatch:
 
         An exception from any of them rolls the whole group back (nothing of it committed).
         """
-        with self.store.write(durable=any(r.durable for r in reports)) as conn:
+        with self.store.write(durable=any(r.durable for r in reports)) as conn, events_together(conn):
             rows = hold(self.store, conn, [r.locks for r in reports])
             return [r.apply(conn, rows) for r in reports]
 

@@ -77,22 +77,30 @@ def hold(store: Store, conn: Connection, requests: list[LockRequest]) -> HeldRow
     held = HeldRows(now=store.now_ms(conn))
     if fences:
         held.sessions = _by(conn, _SESSIONS, "session_id", ids=sorted({f.session_id for f in fences}))
-    run_ids = sorted({r.run_id for r in requests if r.run_id is not None})
-    if run_ids:
-        held.runs = _by(conn, _RUNS, "id", ids=run_ids)
-    held.attempts = _by(conn, _ATTEMPTS, "id", ids=sorted({r.attempt_id for r in requests}))
-    live = sorted({r.attempt_id for r in requests if r.live_lease})
-    if fences or live:
-        pairs = sorted({(f.attempt_id, f.lease_generation) for f in fences})
-        for row in conn.execute(_LEASES, {"pairs": pairs, "live": live}):
-            held.leases[(row.attempt_id, row.lease_generation)] = row
-            if row.status == LeaseStatus.LEASED.value:
-                held.live_leases[row.attempt_id] = row
+    lock_rows(conn, held, run_ids=sorted({r.run_id for r in requests if r.run_id is not None}),
+              attempt_ids=sorted({r.attempt_id for r in requests}),
+              pairs=sorted({(f.attempt_id, f.lease_generation) for f in fences}),
+              live=sorted({r.attempt_id for r in requests if r.live_lease}))
     wanted = sorted({(run.task_id, run.task_revision) for r in requests if r.revision
                      and (run := held.runs.get(r.run_id)) is not None})
     if wanted:
         held.revisions = {(row.task_id, row.revision): row for row in conn.execute(_REVISIONS, {"pairs": wanted})}
     return held
+
+
+def lock_rows(conn: Connection, held: HeldRows, *, run_ids: list[str], attempt_ids: list[str],
+              pairs: list[tuple[str, int]] = (), live: list[str] = ()) -> None:
+    """Into `held`: the run rows (for update), the attempt rows, then the lease rows `pairs`
+    quote and the live leases of `live` (for update), each in id order, one statement per table
+    (the row tier of the global order; a heartbeat takes it right after its session row)."""
+    if run_ids:
+        held.runs = _by(conn, _RUNS, "id", ids=run_ids)
+    held.attempts = _by(conn, _ATTEMPTS, "id", ids=attempt_ids)
+    if pairs or live:
+        for row in conn.execute(_LEASES, {"pairs": list(pairs), "live": list(live)}):
+            held.leases[(row.attempt_id, row.lease_generation)] = row
+            if row.status == LeaseStatus.LEASED.value:
+                held.live_leases[row.attempt_id] = row
 
 
 def _by(conn: Connection, query, key: str, **params) -> dict[str, Any]:
