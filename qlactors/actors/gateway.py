@@ -220,7 +220,7 @@ class Gateway(RuntimeActor):
             if chunks is None:
                 self.out.to_peer(peer, self.sessions.log_chunk(msg, worker))
                 return None
-            return (Report(LockRequest(msg.attempt_id),
+            return (Report(LockRequest(msg.attempt_id, log_end=True),
                            lambda conn, rows: chunks.append_in(conn, rows, worker, msg.attempt_id,
                                                                msg.callback_token_hash, msg.offset,
                                                                msg.data, msg.checksum),

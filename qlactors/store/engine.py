@@ -101,10 +101,13 @@ class Store:
         if keys:
             self._dialect.advisory_locks(conn, keys)
 
-    def lock_tasks_of_runs(self, conn: Connection, run_ids: list[str]) -> None:
-        """The `task:<id>` advisory locks of these runs' tasks, in task-id order (PostgreSQL)."""
-        if run_ids:
-            self._dialect.lock_tasks_of_runs(conn, run_ids)
+    def advisory_locks_then_tasks(self, conn: Connection, keys: list[str], run_ids: list[str]) -> None:
+        """`advisory_locks(keys)`, then the `task:<id>` locks of these runs' tasks in task-id
+        order (PostgreSQL), in one statement."""
+        if not run_ids:
+            self.advisory_locks(conn, keys)
+        else:
+            self._dialect.advisory_locks_then_tasks(conn, keys, run_ids)
 
     @contextlib.contextmanager
     def write(self, *, durable: bool = True) -> Iterator[Connection]:

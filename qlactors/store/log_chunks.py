@@ -60,7 +60,7 @@ class LogChunks:
                data: bytes, checksum: str) -> ChunkResult:
         """Store `data` at `offset` if that is where the log ends; see the class doc for the answers."""
         with self.store.write() as conn:
-            rows = hold(self.store, conn, [LockRequest(attempt_id)])
+            rows = hold(self.store, conn, [LockRequest(attempt_id, log_end=True)])
             return self.append_in(conn, rows, worker_id, attempt_id, callback_token_hash, offset, data, checksum)
 
     def append_in(self, conn, rows: HeldRows, worker_id: str, attempt_id: str, callback_token_hash: str,
@@ -82,7 +82,7 @@ class LogChunks:
             return ChunkResult(REFUSED, 0, "no_token")
         if not same_hash(attempt.callback_token_hash, callback_token_hash):
             return ChunkResult(REFUSED, 0, "bad_token")
-        end = conn.execute(_END, {"attempt_id": attempt_id}).scalar_one()
+        end = rows.log_ends[attempt_id]  # held with `log_end`
         problem = _invalid(data, checksum)
         if problem is not None:
             return ChunkResult(REFUSED, end, problem)
@@ -95,6 +95,7 @@ class LogChunks:
             return ChunkResult(REFUSED, end, "conflict")
         conn.execute(_INSERT, dict(attempt_id=attempt_id, start_offset=offset, run_id=attempt.run_id,
                                    length=len(data), checksum=checksum, data=data, created_at_ms=rows.now))
+        rows.log_ends[attempt_id] = end + len(data)  # the next chunk of this batch follows it
         return ChunkResult(APPLIED, end + len(data))
 
     def acked_offset(self, attempt_id: str) -> int:

@@ -12,7 +12,7 @@ import json
 from functools import lru_cache
 from typing import Sequence
 
-from sqlalchemy import and_, bindparam, exists, func, or_, select, text
+from sqlalchemy import and_, bindparam, exists, func, or_, select, text, union_all
 from sqlalchemy.engine import Connection
 
 from ..domain.states import AttemptStatus, LeaseStatus, RunStatus
@@ -88,11 +88,16 @@ def candidates(dialect: str, kind: str, *, labelled: bool, locked: bool, skippin
 def candidate_tasks(conn: Connection, dialect: str, labels: str, now: int, limit: int) -> list[str]:
     """The tasks of the oldest `limit` candidates of each kind, read without a lock, in task-id order:
     the tasks whose advisory locks a batch takes before any row lock (the global order of §9)."""
-    found: set[str] = set()
-    for kind in KINDS:
-        query = candidates(dialect, kind, labelled=labels != NO_LABELS, locked=False, skipping=False)
-        found.update(r.task_id for r in conn.execute(query, {"now": now, "limit": limit, "labels": labels}))
-    return sorted(found)
+    query = _candidate_tasks(dialect, labels != NO_LABELS)
+    return sorted({r.task_id for r in conn.execute(query, {"now": now, "limit": limit, "labels": labels})})
+
+
+@lru_cache(maxsize=8)
+def _candidate_tasks(dialect: str, labelled: bool):
+    """The unlocked candidates' task ids of every kind, in one statement."""
+    kinds = [candidates(dialect, kind, labelled=labelled, locked=False, skipping=False).subquery()
+             for kind in KINDS]
+    return union_all(*(select(kind.c.task_id) for kind in kinds))
 
 
 def claim_candidates(conn: Connection, dialect: str, kind: str, *, labels: str, now: int, limit: int,

@@ -17,7 +17,7 @@ import json
 import logging
 from typing import Callable, Sequence
 
-from sqlalchemy import bindparam, select
+from sqlalchemy import bindparam, literal_column, select
 from sqlalchemy.engine import Connection
 
 from ..domain.model import Command, env_from_json
@@ -35,6 +35,7 @@ from .dispatch_queries import (
     dispatchable,
 )
 from .engine import Store
+from .postgres import NOW_SQL, keep_time
 from .session_rules import session_mismatch
 from .offer_queries import KINDS, candidate_tasks, claim_candidates, labels_param
 from .plans import apply_plan, attempt_snapshot, load_attempt, load_run, run_snapshot
@@ -59,6 +60,7 @@ _TAKEN = object()  # the pair's offer id was used meanwhile by a concurrent pull
 # The attempt's lease projection, as an offer quotes it.
 _PROJECTION = ("offer_id", "lease_generation", "lease_version", "worker_id", "session_id",
                "session_generation")
+_SESSION_TIMED = SESSION.add_columns(literal_column(NOW_SQL).label("db_now_ms"))
 _LEASES_BY_OFFER = select(run_dispatch_leases).where(
     run_dispatch_leases.c.offer_id.in_(bindparam("offer_ids", expanding=True)))
 
@@ -156,10 +158,11 @@ class _Batch:
 
     def run(self) -> list[OfferView]:
         conn, store = self.conn, self.store
-        now = store.now_ms(conn)
         tasks: list[str] | None = None  # None: no task filter (SQLite has one writer: no locks)
         if store.is_postgres:
-            early = conn.execute(SESSION, {"session_id": self.session_id}).first()  # for its labels
+            # For its labels, and the transaction's time in the same statement.
+            early = conn.execute(_SESSION_TIMED, {"session_id": self.session_id}).first()
+            now = keep_time(conn, early.db_now_ms) if early is not None else store.now_ms(conn)
             self._fenced(early, now)
             tasks = candidate_tasks(conn, store.dialect_name, labels_param(early.labels_json), now,
                                     _TASK_LOOKAHEAD * len(self.pairs) + 8)

@@ -9,20 +9,23 @@ from sqlalchemy.engine import Connection, Engine
 
 from ..errors import BadInput
 
-_NOW_SQL = "(extract(epoch FROM statement_timestamp()) * 1000)::bigint"
-_NOW = text(f"SELECT {_NOW_SQL}")
+NOW_SQL = "(extract(epoch FROM statement_timestamp()) * 1000)::bigint"
+_NOW = text(f"SELECT {NOW_SQL}")
 # A lock statement also reads the database time, so a transaction that starts with a lock needs
 # no statement of its own for it (see `now_ms`).
-_ADVISORY = text(f"SELECT pg_advisory_xact_lock(hashtextextended(:key, 0)), {_NOW_SQL}")
+_ADVISORY = text(f"SELECT pg_advisory_xact_lock(hashtextextended(:key, 0)), {NOW_SQL}")
 # Many keys in the order given (a function scan keeps the array's order), and the time.
-_ADVISORY_MANY = text(f"SELECT count(pg_advisory_xact_lock(hashtextextended(k, 0))), {_NOW_SQL} "
+_ADVISORY_MANY = text(f"SELECT count(pg_advisory_xact_lock(hashtextextended(k, 0))), {NOW_SQL} "
                       "FROM unnest(CAST(:keys AS text[])) AS k")
-# The `task:<id>` locks of some runs' tasks, in task-id order (as the offers take them); a task
-# id never changes, so it is read before its lock.
-_TASKS_OF_RUNS = text(
-    "SELECT count(pg_advisory_xact_lock(hashtextextended('task:' || t.task_id, 0))), "
-    f"{_NOW_SQL} FROM (SELECT task_id FROM runs WHERE id = ANY(CAST(:ids AS text[])) "
-    'GROUP BY task_id ORDER BY task_id COLLATE "C") AS t')
+# Those keys, then the `task:<id>` locks of some runs' tasks in task-id order (as the offers take
+# them): the CTE's aggregate ends before the select list's subquery starts. A task id never
+# changes, so it is read before its lock.
+_THEN_TASKS_OF_RUNS = text(
+    "WITH a AS (SELECT count(pg_advisory_xact_lock(hashtextextended(k, 0))) AS n "
+    "FROM unnest(CAST(:keys AS text[])) AS k) "
+    "SELECT a.n + (SELECT count(pg_advisory_xact_lock(hashtextextended('task:' || t.task_id, 0))) "
+    "FROM (SELECT task_id FROM runs WHERE id = ANY(CAST(:ids AS text[])) "
+    f'GROUP BY task_id ORDER BY task_id COLLATE "C") AS t), {NOW_SQL} FROM a')
 _TIME_KEY = "qlactors_transaction_time"
 
 
@@ -92,6 +95,12 @@ def now_ms(conn: Connection) -> int:
     return _keep_time(conn, conn.execute(_NOW).scalar_one())
 
 
+def keep_time(conn: Connection, value) -> int:
+    """Keep `value` (a NOW_SQL column another statement read) as the transaction's time, unless
+    it has one already; the transaction's time."""
+    return _keep_time(conn, value)
+
+
 def _keep_time(conn: Connection, value) -> int:
     held = conn.info.get(_TIME_KEY)
     transaction = conn.get_transaction()
@@ -112,9 +121,10 @@ def advisory_locks(conn: Connection, keys: list[str]) -> None:
     _keep_time(conn, conn.execute(_ADVISORY_MANY, {"keys": keys}).one()[1])
 
 
-def lock_tasks_of_runs(conn: Connection, run_ids: list[str]) -> None:
-    """The `task:<id>` advisory locks of the runs' tasks, in task-id order, in one statement."""
-    _keep_time(conn, conn.execute(_TASKS_OF_RUNS, {"ids": run_ids}).one()[1])
+def advisory_locks_then_tasks(conn: Connection, keys: list[str], run_ids: list[str]) -> None:
+    """`advisory_locks(keys)`, then the `task:<id>` locks of the runs' tasks in task-id order,
+    in one statement."""
+    _keep_time(conn, conn.execute(_THEN_TASKS_OF_RUNS, {"keys": keys, "ids": run_ids}).one()[1])
 
 
 insert = _insert

@@ -16,13 +16,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import and_, bindparam, or_, select, tuple_
+from sqlalchemy import and_, bindparam, func, or_, select, tuple_
 from sqlalchemy.engine import Connection
 
 from .engine import Store
 from .records import Fence
 from ..domain.states import LeaseStatus
-from .schema import run_attempts, run_dispatch_leases, runs, task_revisions, worker_sessions
+from .schema import log_chunks, run_attempts, run_dispatch_leases, runs, task_revisions, worker_sessions
 
 _SESSIONS = (select(worker_sessions).where(worker_sessions.c.session_id.in_(bindparam("ids", expanding=True)))
              .order_by(worker_sessions.c.session_id).with_for_update(read=True))
@@ -37,6 +37,9 @@ _LEASES = (select(run_dispatch_leases)
                            _L.status == LeaseStatus.LEASED.value)))
            .order_by(_L.attempt_id, _L.lease_generation)
            .with_for_update())
+_LOG_ENDS = (select(log_chunks.c.attempt_id, func.max(log_chunks.c.start_offset + log_chunks.c.length))
+             .where(log_chunks.c.attempt_id.in_(bindparam("ids", expanding=True)))
+             .group_by(log_chunks.c.attempt_id))
 _REVISIONS = select(task_revisions).where(
     tuple_(task_revisions.c.task_id, task_revisions.c.revision).in_(bindparam("pairs", expanding=True)))
 
@@ -46,13 +49,14 @@ class LockRequest:
     """What one report needs held: its attempt; its run (all but a log chunk); its fence (a
     fenced report: the task lock, the session row and the quoted lease row too); the run's
     pinned revision (`revision`: an Activate); the attempt's live lease (`live_lease`: a
-    completion ends it)."""
+    completion ends it); where its stored log ends (`log_end`: a log chunk)."""
 
     attempt_id: str
     run_id: str | None = None
     fence: Fence | None = None
     revision: bool = False
     live_lease: bool = False
+    log_end: bool = False
 
 
 @dataclass(slots=True)
@@ -66,14 +70,14 @@ class HeldRows:
     leases: dict[tuple[str, int], Any] = field(default_factory=dict)
     live_leases: dict[str, Any] = field(default_factory=dict)  # by attempt id
     revisions: dict[tuple[str, int], Any] = field(default_factory=dict)  # by task id and revision
+    log_ends: dict[str, int] = field(default_factory=dict)  # by attempt id; the appends move them
 
 
 def hold(store: Store, conn: Connection, requests: list[LockRequest]) -> HeldRows:
     """Take every lock `requests` need in the global order and read their rows (see the module doc)."""
     fences = [r.fence for r in requests if r.fence is not None]
-    store.advisory_locks(conn, sorted({f"attempt:{r.attempt_id}" for r in requests}))
-    if fences:
-        store.lock_tasks_of_runs(conn, sorted({f.run_id for f in fences}))
+    store.advisory_locks_then_tasks(conn, sorted({f"attempt:{r.attempt_id}" for r in requests}),
+                                    sorted({f.run_id for f in fences}))
     held = HeldRows(now=store.now_ms(conn))
     if fences:
         held.sessions = _by(conn, _SESSIONS, "session_id", ids=sorted({f.session_id for f in fences}))
@@ -81,6 +85,9 @@ def hold(store: Store, conn: Connection, requests: list[LockRequest]) -> HeldRow
               attempt_ids=sorted({r.attempt_id for r in requests}),
               pairs=sorted({(f.attempt_id, f.lease_generation) for f in fences}),
               live=sorted({r.attempt_id for r in requests if r.live_lease}))
+    logs = sorted({r.attempt_id for r in requests if r.log_end})
+    if logs:
+        held.log_ends = dict.fromkeys(logs, 0) | {a: end for a, end in conn.execute(_LOG_ENDS, {"ids": logs})}
     wanted = sorted({(run.task_id, run.task_revision) for r in requests if r.revision
                      and (run := held.runs.get(r.run_id)) is not None})
     if wanted:

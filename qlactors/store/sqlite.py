@@ -64,7 +64,8 @@ def advisory_locks(_conn, _keys) -> None:
     """SQLite has one writer: a write transaction already excludes every other."""
 
 
-lock_tasks_of_runs = advisory_locks
+def advisory_locks_then_tasks(_conn, _keys, _run_ids) -> None:
+    """SQLite has one writer: nothing to lock."""
 insert = _insert
 
 
