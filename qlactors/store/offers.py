@@ -38,7 +38,7 @@ from .engine import Store
 from .postgres import NOW_SQL, keep_time
 from .session_rules import session_mismatch
 from .offer_queries import KINDS, candidate_tasks, claim_candidates, labels_param
-from .plans import apply_plan, attempt_snapshot, load_attempt, load_run, run_snapshot
+from .plans import apply_plan, attempt_snapshot, events_together, load_attempt, load_run, run_snapshot
 from .records import Fenced, OfferView, check_hash, check_id, same_hash
 from .schema import run_dispatch_leases
 from .views import cwd_from_column
@@ -129,7 +129,7 @@ class Offers:
             raise BadInput("lease_ttl_ms must be a positive integer or None")
         if budget_bytes is not None and (size is None or type(budget_bytes) is not int):
             raise BadInput("budget_bytes is an integer and needs size()")
-        with self.store.write(durable=False) as conn:
+        with self.store.write(durable=False) as conn, events_together(conn):
             return _Batch(self.store, conn, worker_id, session_id, session_generation, pairs,
                           log_cap_bytes, lease_ttl_ms, check, budget_bytes, size).run()
 
@@ -237,7 +237,10 @@ class _Batch:
     def _claim(self, run, attempt, session, pair, now) -> OfferView | object | None:
         conn = self.conn
         offer_id, token_hash = pair
-        generation = conn.execute(MAX_GENERATION, {"attempt_id": attempt.id}).scalar_one() + 1
+        if attempt.lease_generation is None and run.status == _R.QUEUED.value:
+            generation = 1  # never offered (`queued` has no way back from `dispatching`): no lease yet
+        else:
+            generation = conn.execute(MAX_GENERATION, {"attempt_id": attempt.id}).scalar_one() + 1
         expires = now + self.lease_ttl_ms if self.lease_ttl_ms is not None else None
         projection = dict(offer_id=offer_id, lease_generation=generation, lease_version=1,
                           lease_expires_at_ms=expires, worker_id=session.worker_id,
