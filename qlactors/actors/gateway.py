@@ -59,6 +59,7 @@ class Gateway(RuntimeActor):
         self.peers: dict[str, bytes] = {}  # worker id -> its ROUTER identity, as last heard
         self.worker_id = ""  # the sender of the message being handled (authenticated on a cluster)
         self.pending: list[Inbound] = []  # reports waiting for the next group commit
+        self.nudges: set[bytes] | None = None  # during a flush: the peers a completion freed a slot of
         self.flush_told = False
         self.batch = None  # the store's ReportBatch, made in the actor's thread
 
@@ -112,10 +113,20 @@ class Gateway(RuntimeActor):
     def _flush(self) -> None:
         """Apply the pending reports, one transaction per group (`report_batch.groups`), then
         answer each; a group that fails is applied again report by report, each with the usual
-        retries of an unavailable database (so one bad report never holds back the others)."""
+        retries of an unavailable database (so one bad report never holds back the others).
+        The Nudges its completions call for go out last, one per worker."""
+        pending, self.pending = self.pending, []
+        self.nudges = set()
+        try:
+            self._apply_pending(pending)
+        finally:
+            nudges, self.nudges = self.nudges, None
+        for peer in nudges:  # after every answer: one Pull then asks for all the slots freed
+            self.out.to_peer(peer, m.Nudge())
+
+    def _apply_pending(self, pending: list[Inbound]) -> None:
         from ..store.report_batch import groups
 
-        pending, self.pending = self.pending, []
         items = []
         for inbound in pending:
             self.worker_id = self._sender(inbound)
@@ -286,7 +297,11 @@ class Gateway(RuntimeActor):
     def _answer_completed(self, msg: m.Completed, peer: bytes, outcome: Any) -> None:
         self._ack(peer, "completed", msg, outcome.result, outcome.reason or "")
         if outcome.result in ("applied", "already_terminal") and self.ctx.admitting.is_set():
-            self.out.to_peer(peer, m.Nudge())  # its slot is free in the database now: pull again
+            # Its slot is free in the database now: pull again (after the flush's other answers).
+            if self.nudges is not None:
+                self.nudges.add(peer)
+            else:
+                self.out.to_peer(peer, m.Nudge())
 
     # -- attestations -------------------------------------------------------------------------
 
