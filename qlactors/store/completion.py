@@ -17,7 +17,8 @@ from ..domain.states import AttemptStatus, LeaseStatus, RunStatus
 from ..domain.transitions import plan_completion, stop_signal
 from ..errors import BadInput
 from .engine import Store
-from .report_locks import HeldRows, LockRequest, hold
+from .report_batch import alone
+from .report_locks import HeldRows, LockRequest
 from .plans import (
     apply_plan,
     attempt_snapshot,
@@ -85,12 +86,10 @@ class CompletionService:
         receipt with `output_open` appends `attempt.output_left_open` and records no dropped
         byte count (the log-cap reader could not give one before the receipt).
         """
-        with self.store.write() as conn:
-            rows = hold(self.store, conn, [LockRequest(attempt_id, run_id if isinstance(run_id, str) else None,
-                                                       live_lease=True)])
-            return self.complete_in(conn, rows, run_id, attempt_id, receipt, log_dropped_bytes, stopped_by,
-                                    worker_id=worker_id, final_log_offset=final_log_offset,
-                                    finished_in_time=finished_in_time)
+        locks = LockRequest(attempt_id, run_id if isinstance(run_id, str) else None, live_lease=True)
+        return alone(self.store, locks, lambda conn, rows: self.complete_in(
+            conn, rows, run_id, attempt_id, receipt, log_dropped_bytes, stopped_by, worker_id=worker_id,
+            final_log_offset=final_log_offset, finished_in_time=finished_in_time))
 
     def complete_in(self, conn, rows: HeldRows, run_id: str, attempt_id: str, receipt: Receipt,
                  log_dropped_bytes: int | None = None, stopped_by: str = "exit", *,

@@ -29,7 +29,8 @@ from ..domain.states import AttemptStatus, LeaseReleaseReason, LeaseStatus, RunS
 from ..domain.transitions import plan_activate, plan_end_by_intent, plan_start_failed, plan_started
 from ..errors import BadInput
 from .engine import Store
-from .report_locks import HeldRows, LockRequest, hold
+from .report_batch import alone
+from .report_locks import HeldRows, LockRequest
 from .session_rules import session_mismatch
 from .plans import (
     apply_plan,
@@ -116,9 +117,8 @@ class FencedReports:
 
     def alone(self, fence: Fence, apply, *, durable: bool = True, revision: bool = False):
         """One report in its own transaction: its locks and rows, then `apply(conn, rows)`."""
-        request = LockRequest(fence.attempt_id, fence.run_id, fence, revision=revision)
-        with self.store.write(durable=durable) as conn:
-            return apply(conn, hold(self.store, conn, [request]))
+        return alone(self.store, LockRequest(fence.attempt_id, fence.run_id, fence, revision=revision), apply,
+                     durable=durable)
 
     def activate(self, fence: Fence, callback_token_hash: str, log_artifact_id: str) -> ActivateResult:
         """Attempt `claimed -> starting` with its token hash, log artifact and deadline; spawn only if applied.

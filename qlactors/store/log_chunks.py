@@ -18,7 +18,8 @@ from sqlalchemy import and_, bindparam, func, select
 
 from ..errors import BadInput
 from .engine import Store
-from .report_locks import HeldRows, LockRequest, hold
+from .report_batch import alone
+from .report_locks import HeldRows, LockRequest
 from .records import APPLIED, REFUSED, check_id, same_hash
 from .schema import log_chunks, run_attempts
 
@@ -59,9 +60,8 @@ class LogChunks:
     def append(self, worker_id: str, attempt_id: str, callback_token_hash: str, offset: int,
                data: bytes, checksum: str) -> ChunkResult:
         """Store `data` at `offset` if that is where the log ends; see the class doc for the answers."""
-        with self.store.write() as conn:
-            rows = hold(self.store, conn, [LockRequest(attempt_id, log_end=True)])
-            return self.append_in(conn, rows, worker_id, attempt_id, callback_token_hash, offset, data, checksum)
+        return alone(self.store, LockRequest(attempt_id, log_end=True), lambda conn, rows: self.append_in(
+            conn, rows, worker_id, attempt_id, callback_token_hash, offset, data, checksum))
 
     def append_in(self, conn, rows: HeldRows, worker_id: str, attempt_id: str, callback_token_hash: str,
                   offset: int, data: bytes, checksum: str) -> ChunkResult:

@@ -56,6 +56,12 @@ class ReportBatch:
             return [r.apply(conn, rows) for r in reports]
 
 
+def alone(store: Store, locks: LockRequest, apply: Callable[[Connection, HeldRows], Any], *,
+          durable: bool = True) -> Any:
+    """One report in a transaction of its own (the store's single-report methods)."""
+    return ReportBatch(store).apply([Report(locks, apply, durable=durable)])[0]
+
+
 def groups(reports: Sequence[Report], limit: int = MAX_BATCH) -> list[list[int]]:
     """Split reports (indexes, in arrival order) into transactions of at most `limit`.
 
