@@ -38,7 +38,15 @@ from .engine import Store
 from .postgres import NOW_SQL, keep_time
 from .session_rules import session_mismatch
 from .offer_queries import KINDS, candidate_tasks, claim_candidates, labels_param
-from .plans import apply_plan, attempt_snapshot, events_together, load_attempt, load_run, run_snapshot
+from .plans import (
+    apply_plan,
+    attempt_snapshot,
+    events_together,
+    load_attempt,
+    load_attempts,
+    load_run,
+    run_snapshot,
+)
 from .records import Fenced, OfferView, check_hash, check_id, same_hash
 from .schema import run_dispatch_leases
 from .views import cwd_from_column
@@ -197,13 +205,14 @@ class _Batch:
                 picks = claim_candidates(self.conn, self.store.dialect_name, kind, labels=labels, now=now,
                                          limit=len(left), tasks=tasks, skip_runs=skip_runs,
                                          skip_tasks=full_tasks)
+                attempts = load_attempts(self.conn, [pick.attempt_id for pick in picks])
                 for pick in picks:
                     if not left:
                         return
                     skip_runs.append(pick.id)
                     if pick.task_id in full_tasks:
                         continue
-                    attempt = load_attempt(self.conn, pick.attempt_id)
+                    attempt = attempts.get(pick.attempt_id)
                     if not dispatchable(self.conn, pick, attempt):
                         continue  # changed between the query's snapshot and its lock
                     if self._busy(pick) >= pick.max_concurrent:

@@ -25,6 +25,7 @@ MAX_EVENT_PAYLOAD_BYTES = 16 * 1024
 _RUN = select(runs).where(runs.c.id == bindparam("run_id"))
 _RUN_LOCKED = _RUN.with_for_update()
 _ATTEMPT = select(run_attempts).where(run_attempts.c.id == bindparam("attempt_id"))
+_ATTEMPTS = select(run_attempts).where(run_attempts.c.id.in_(bindparam("ids", expanding=True)))
 _REVISION = select(task_revisions).where(and_(task_revisions.c.task_id == bindparam("task_id"),
                                               task_revisions.c.revision == bindparam("revision")))
 _RUN_CAS = runs.update().where(and_(runs.c.id == bindparam("w_id"), runs.c.version == bindparam("w_version"),
@@ -64,6 +65,13 @@ def load_run(conn: Connection, run_id: str, *, lock: bool = True):
 def load_attempt(conn: Connection, attempt_id: str):
     """The attempt row, or None."""
     return conn.execute(_ATTEMPT, {"attempt_id": attempt_id}).first()
+
+
+def load_attempts(conn: Connection, attempt_ids: list[str]) -> dict[str, Any]:
+    """The attempt rows of `attempt_ids` that exist, by id (one statement)."""
+    if not attempt_ids:
+        return {}
+    return {row.id: row for row in conn.execute(_ATTEMPTS, {"ids": attempt_ids})}
 
 
 def load_open_pair(conn: Connection, run_id: str, attempt_id: str) -> tuple[Any, Any, Outcome | None]:

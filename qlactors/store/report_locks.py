@@ -20,15 +20,15 @@ from sqlalchemy import and_, bindparam, func, or_, select, tuple_
 from sqlalchemy.engine import Connection
 
 from .engine import Store
+from .plans import load_attempts
 from .records import Fence
 from ..domain.states import LeaseStatus
-from .schema import log_chunks, run_attempts, run_dispatch_leases, runs, task_revisions, worker_sessions
+from .schema import log_chunks, run_dispatch_leases, runs, task_revisions, worker_sessions
 
 _SESSIONS = (select(worker_sessions).where(worker_sessions.c.session_id.in_(bindparam("ids", expanding=True)))
              .order_by(worker_sessions.c.session_id).with_for_update(read=True))
 _RUNS = (select(runs).where(runs.c.id.in_(bindparam("ids", expanding=True)))
          .order_by(runs.c.id).with_for_update())
-_ATTEMPTS = select(run_attempts).where(run_attempts.c.id.in_(bindparam("ids", expanding=True)))
 _L = run_dispatch_leases.c
 # The quoted leases of fenced reports and the live leases of completions, in one statement.
 _LEASES = (select(run_dispatch_leases)
@@ -102,7 +102,7 @@ def lock_rows(conn: Connection, held: HeldRows, *, run_ids: list[str], attempt_i
     (the row tier of the global order; a heartbeat takes it right after its session row)."""
     if run_ids:
         held.runs = _by(conn, _RUNS, "id", ids=run_ids)
-    held.attempts = _by(conn, _ATTEMPTS, "id", ids=attempt_ids)
+    held.attempts = load_attempts(conn, attempt_ids)
     if pairs or live:
         for row in conn.execute(_LEASES, {"pairs": list(pairs), "live": list(live)}):
             held.leases[(row.attempt_id, row.lease_generation)] = row
