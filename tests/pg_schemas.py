@@ -80,7 +80,7 @@ class SchemaPool:
         self._base = base_url
         self._migrate = migrate  # opens the URL as the product does, which migrates it
         self._idle: list[str] = []
-        self._fresh: dict[str, tuple] = {}  # schema -> (catalog digest, version rows) when migrated
+        self._fresh: dict[str, tuple] = {}  # schema -> its `_state` when freshly migrated
 
     def take(self) -> str:
         if self._idle:
@@ -99,7 +99,7 @@ class SchemaPool:
         schema = url.rsplit("application_name=", 1)[1]
         try:
             reusable = self._empty(schema)
-        except psycopg.Error:
+        except (psycopg.Error, KeyError):
             reusable = False
         if reusable:
             self._idle.append(schema)
@@ -114,9 +114,11 @@ class SchemaPool:
     # -- one schema -------------------------------------------------------------------------------
 
     def _state(self, conn: psycopg.Connection, schema: str) -> tuple:
+        """(catalog digest, qlactors_schema rows, the other tables)."""
         digest = conn.execute(_CATALOG, {"ns": schema}).fetchone()[0]
         rows = conn.execute(sql.SQL(_VERSION_ROW).format(sql.Identifier(schema))).fetchall()
-        return digest, tuple(rows)
+        tables = conn.execute(_TABLES, (schema,)).fetchall()
+        return digest, tuple(rows), tuple(sorted(t for (t,) in tables))
 
     def _empty(self, schema: str) -> bool:
         """Empty the tables of a used schema; True when it now equals its freshly migrated self."""
@@ -127,11 +129,13 @@ class SchemaPool:
                 if time.monotonic() >= deadline:
                     return False  # the test left a connection open: it could still write
                 time.sleep(0.02)
-            conn.execute("SET LOCAL lock_timeout = '5s'")
-            conn.execute("SET LOCAL session_replication_role = replica")  # no reference checks
-            for (table,) in conn.execute(_TABLES, (schema,)).fetchall():
-                conn.execute(sql.SQL("DELETE FROM {}.{}").format(sql.Identifier(schema), sql.Identifier(table)))
-            if self._state(conn, schema) != self._fresh.get(schema):
+            # One round trip; no reference checks (every table is emptied); the tables are those
+            # of the fresh schema (another table would change the catalog digest below).
+            conn.execute(sql.SQL("; ").join([
+                sql.SQL("SET LOCAL lock_timeout = '5s'"), sql.SQL("SET LOCAL session_replication_role = replica"),
+                *(sql.SQL("DELETE FROM {}.{}").format(sql.Identifier(schema), sql.Identifier(table))
+                  for table in self._fresh[schema][2])]))
+            if self._state(conn, schema) != self._fresh[schema]:
                 conn.rollback()
                 return False
             conn.commit()

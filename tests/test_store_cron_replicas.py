@@ -22,8 +22,8 @@ STEPS = [1, 2, 3, 10, 11, 12, 30, 31]
 
 
 @pytest.fixture
-def replicas(pg_migrated_url):
-    repos = [Repository.open(pg_migrated_url) for _ in range(3)]  # the test's own, and two replicas
+def replicas(pg_schema_url):
+    repos = [Repository.open(pg_schema_url) for _ in range(3)]  # the test's own, and two replicas
     yield repos
     for r in repos:
         r.close()
