@@ -116,6 +116,23 @@ def test_register_increments_the_generation_and_ends_the_older_session(repo, dis
     assert session_row(repo, second.session_id).ended_at_ms == 1
 
 
+def test_a_worker_off_the_allow_list_cannot_register_and_nothing_changes(repo, dispatch):
+    from qlactors.store.worker_keys import WorkerKeys
+
+    old = register(dispatch, "w1")
+    keys = WorkerKeys(repo.store)
+    keys.allow("w1", "k" * 40)
+    keys.revoke("w1")  # a replica whose allow-list cache still has the key lets its Register in
+    with pytest.raises(Fenced, match="not on the allow-list"):
+        dispatch.register_session("w1", 2, session_lease_ms=LEASE_MS, require_key=True)
+    with repo.store.read() as conn:
+        rows = conn.execute(select(worker_sessions.c.generation, worker_sessions.c.status)
+                            .where(worker_sessions.c.worker_id == "w1")).all()
+    assert [tuple(r) for r in rows] == [(old.generation, "offline")]  # ended by `revoke`; no new one
+    keys.allow("w1", "k" * 40)
+    assert dispatch.register_session("w1", 2, session_lease_ms=LEASE_MS, require_key=True).generation == 2
+
+
 def test_register_checks_its_arguments(dispatch):
     with pytest.raises(BadInput):
         dispatch.register_session("w1", 1, labels="gpu")

@@ -118,9 +118,12 @@ class ClusterSessions:
             else:
                 return self._welcome(session, secret, resumed=True,
                                      unactivated=self.dispatch.unactivated_leases(session.session_id))
-        session = self.dispatch.register_session(
-            worker_id, msg.capacity, boot_id=msg.boot_id, labels=labels,
-            session_lease_ms=self.session_lease_ms, resume_secret_hash=token_hash(secret))
+        try:
+            session = self.dispatch.register_session(
+                worker_id, msg.capacity, boot_id=msg.boot_id, labels=labels,
+                session_lease_ms=self.session_lease_ms, resume_secret_hash=token_hash(secret), require_key=True)
+        except Fenced as err:  # revoked after this replica's allow-list cache was read
+            return str(err)
         return self._welcome(session, secret, resumed=False, unactivated=[])
 
     def _welcome(self, session: Any, secret: str, *, resumed: bool, unactivated: list) -> m.Welcome:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-from sqlalchemy import and_, select
+from sqlalchemy import and_, bindparam, select
 
 from ..domain.states import AttemptStatus, LeaseStatus
 from ..errors import BadInput, Conflict
@@ -23,7 +23,7 @@ from .dispatch_queries import SESSION_LOCKED
 from .engine import Store
 from .heartbeats import Heartbeats
 from .records import APPLIED, FENCED, REFUSED, Fenced, Outcome, Session, check_hash, check_id
-from .schema import run_attempts, run_dispatch_leases, worker_sessions
+from .schema import run_attempts, run_dispatch_leases, worker_keys, worker_sessions
 from .session_rows import LATEST_GENERATION, update_session
 from .session_rules import (
     check_capacity,
@@ -49,6 +49,9 @@ class Unactivated:
     lease_generation: int
 
 
+_KEY_OF = select(worker_keys.c.worker_id).where(worker_keys.c.worker_id == bindparam("worker_id"))
+
+
 class Sessions(Heartbeats, Attestations):
     """Register, resume and end worker sessions; heartbeat and attest (the base classes)."""
 
@@ -57,9 +60,13 @@ class Sessions(Heartbeats, Attestations):
 
     def register_session(self, worker_id: str, capacity: int, *, boot_id: str | None = None,
                          labels: Iterable[str] = (), session_lease_ms: int | None = None,
-                         resume_secret_hash: str | None = None) -> Session:
+                         resume_secret_hash: str | None = None, require_key: bool = False) -> Session:
         """A new `online` session, generation = previous + 1; older sessions of the worker go `offline`
         (`ended_at_ms` set, unless they had already ended).
+
+        `require_key` (a cluster worker): `Fenced` unless the worker is still on the allow-list,
+        checked under the worker's lock that `worker revoke` takes too, so a Register that a
+        replica's not yet refreshed allow-list cache let through cannot outlive the revocation.
 
         The new generation invalidates every fence of the old sessions at once. `session_lease_ms`
         None (edge): the session lives as long as the process; otherwise it expires at database
@@ -76,6 +83,8 @@ class Sessions(Heartbeats, Attestations):
         with self.store.write() as conn:
             # Two registrations of one worker would both compute the same next generation.
             self.store.advisory_lock(conn, f"worker:{worker_id}")
+            if require_key and conn.execute(_KEY_OF, {"worker_id": worker_id}).first() is None:
+                raise Fenced(f"worker {worker_id!r} is not on the allow-list (revoked)")
             previous = conn.execute(select(_WS).where(_WS.c.worker_id == worker_id).with_for_update()).all()
             now = self.store.now_ms(conn)
             generation = max((s.generation for s in previous), default=0) + 1
