@@ -810,8 +810,10 @@ class ExecutorRig:
                           attempt_id=completed.attempt_id, callback_sequence=completed.callback_sequence,
                           token=completed.token, started_at_ms=completed.started_at_ms,
                           finished_at_ms=completed.finished_at_ms, exit_code=completed.exit_code)
+        # As the Gateway does: what the executor sent the group decides a stop's outcome (a job its
+        # TERM killed within the cancel's clock tick is still `cancelled`).
         outcome = self.ctx.completion.complete(completed.run_id, completed.attempt_id, receipt,
-                                               completed.log_dropped_bytes)
+                                               completed.log_dropped_bytes, completed.stopped_by)
         self.peer.send(ack_message("completed", completed.run_id, completed.attempt_id, outcome.result,
                                    outcome.reason or ""))
         return outcome.result

@@ -127,6 +127,9 @@ class Gateway(RuntimeActor):
     def _apply_pending(self, pending: list[Inbound]) -> None:
         from ..store.report_batch import groups
 
+        if len(pending) == 1:  # alone, as it came (a quiet runtime's every report)
+            self._handle_one(pending[0])
+            return
         items = []
         for inbound in pending:
             self.worker_id = self._sender(inbound)
