@@ -1,9 +1,9 @@
-"""Shared fixtures: a store on a real SQLite file and on the real PostgreSQL (a schema of its own
-per test: brand-new, or migrated and emptied after its last test, tests/pg_schemas.py)."""
+"""Shared fixtures: a store on a real SQLite file and on the real PostgreSQL (a fresh schema per test)."""
 
 from __future__ import annotations
 
 import os
+import uuid
 
 import pytest
 
@@ -31,65 +31,20 @@ def _require_postgres() -> None:
 def pg_schema_url():
     """A URL whose search_path is a brand-new schema, dropped after the test."""
     _require_postgres()
-    from pg_schemas import create_schema, drop_schema, schema_url
+    import psycopg
 
-    schema = create_schema(_pg_admin_conninfo())
-    yield schema_url(PG_URL, schema)
-    drop_schema(_pg_admin_conninfo(), schema)
-
-
-@pytest.fixture(scope="session")
-def pg_schema_pool():
-    """Migrated schemas, emptied between the tests that use them (tests/pg_schemas.py)."""
-    from pg_schemas import SchemaPool
-
-    from qlactors.store.repository import Repository
-
-    pool = SchemaPool(_pg_admin_conninfo(), PG_URL, lambda url: Repository.open(url).close())
-    yield pool
-    pool.close()
+    schema = f"qlt_{uuid.uuid4().hex[:16]}"
+    with psycopg.connect(_pg_admin_conninfo(), autocommit=True) as conn:
+        conn.execute(f'CREATE SCHEMA "{schema}"')
+    sep = "&" if "?" in PG_URL else "?"
+    yield f"{PG_URL}{sep}options=-csearch_path%3D{schema}"
+    with psycopg.connect(_pg_admin_conninfo(), autocommit=True) as conn:
+        conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
 
 
-@pytest.fixture
-def pg_migrated_url(pg_schema_pool):
-    """A URL whose search_path is a schema at the newest version with nothing in its tables."""
-    _require_postgres()
-    url = pg_schema_pool.take()
-    yield url
-    pg_schema_pool.give_back(url)
-
-
-DIALECTS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
-
-
-@pytest.fixture(scope="session")
-def sqlite_migrated(tmp_path_factory) -> bytes:
-    """The bytes of a SQLite file at the newest schema, made once: a copy of it is what migrating
-    a new file makes (~1 ms to write instead of ~0.1 s of DDL and fsyncs)."""
-    from qlactors.store.repository import Repository
-
-    path = tmp_path_factory.mktemp("migrated") / "qlactors.db"
-    Repository.open(f"sqlite:///{path}").close()
-    assert sorted(p.name for p in path.parent.iterdir()) == ["qlactors.db"]  # WAL checkpointed
-    return path.read_bytes()
-
-
-@pytest.fixture(params=DIALECTS)
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 def store_url(request, tmp_path):
-    """Each contract test runs once on a SQLite file and once on PostgreSQL, both already at the
-    newest schema (opening one finds nothing to migrate; an empty one: `empty_store_url`)."""
-    if request.param == "sqlite":
-        path = tmp_path / "qlactors.db"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as out:
-            out.write(request.getfixturevalue("sqlite_migrated"))
-        return f"sqlite:///{path}"
-    return request.getfixturevalue("pg_migrated_url")
-
-
-@pytest.fixture(params=DIALECTS)
-def empty_store_url(request, tmp_path):
-    """A database with nothing in it yet, on each dialect: for the tests of migrating one."""
+    """Each contract test runs once on a SQLite file and once on PostgreSQL."""
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'qlactors.db'}"
     return request.getfixturevalue("pg_schema_url")

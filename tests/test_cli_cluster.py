@@ -72,8 +72,8 @@ class Cluster:
 
 
 @pytest.fixture
-def cluster(pg_migrated_url, tmp_path):
-    c = Cluster(pg_migrated_url, tmp_path)
+def cluster(pg_schema_url, tmp_path):
+    c = Cluster(pg_schema_url, tmp_path)
     yield c
     c.close()
 

@@ -25,19 +25,6 @@ def _run(cluster, task: str) -> str:
     return cluster.cli("run", task).stdout.decode().strip()
 
 
-def _request(cluster, task: str, count: int) -> list[str]:
-    """`count` runs requested in-process, as `run` does (a CLI process costs ~1 s of imports)."""
-    from qlactors.store.engine import Store
-    from qlactors.store.repository import Repository
-
-    store = Store(cluster.database_url)
-    try:
-        repo = Repository(store)
-        return [repo.runs.request(task).run.id for _ in range(count)]
-    finally:
-        store.close()
-
-
 def test_a_job_runs_on_a_worker_and_its_exit_code_and_log_are_read_from_the_control_side(cluster):
     cluster.new_key("w1")
     cluster.allow("w1")
@@ -219,7 +206,7 @@ def test_a_task_requiring_a_label_runs_only_on_the_worker_that_has_it(tmp_path):
             c.allow(name)
             c.start_worker(name, slots=2, labels=labels)
         c.cli("task", "add", "train", "--require-label", "gpu", "--max-concurrent", "4", "--", "true")
-        run_ids = _request(c, "train", 8)
+        run_ids = [_run(c, "train") for _ in range(8)]
         c.wait_terminal(run_ids, timeout=120)
         workers = c.sql("SELECT DISTINCT worker_id FROM run_attempts WHERE run_id = ANY(%s)", run_ids)
         assert workers == [("gpu",)]

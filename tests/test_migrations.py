@@ -15,8 +15,8 @@ from qlactors.store.schema import metadata
 
 
 @pytest.fixture
-def store(empty_store_url):
-    s = Store(empty_store_url)
+def store(store_url):
+    s = Store(store_url)
     yield s
     s.close()
 

@@ -136,7 +136,7 @@ def test_a_planted_unencodable_run_among_good_ones_never_blocks_them(home):
 
 # --- schema 5 ------------------------------------------------------------------------------------
 
-def test_a_schema_4_database_migrates_to_5_with_its_attempts_and_references_kept(empty_store_url, monkeypatch):
+def test_a_schema_4_database_migrates_to_5_with_its_attempts_and_references_kept(store_url, monkeypatch):
     """SQLite rebuilds run_attempts for the new CHECK: events and leases still point at it.
 
     The rows are written as schema 4 had them (Core inserts of its columns only: today's code
@@ -149,7 +149,7 @@ def test_a_schema_4_database_migrates_to_5_with_its_attempts_and_references_kept
     from qlactors.store.repository import Repository
     from qlactors.store.schema import run_attempts, run_events, runs, worker_sessions
 
-    store = Store(empty_store_url)
+    store = Store(store_url)
     try:
         shipped = available(store.dialect_name)
         monkeypatch.setattr(migrations, "available", lambda dialect: shipped[:4])

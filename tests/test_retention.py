@@ -474,8 +474,8 @@ def test_a_run_can_be_retried_again_and_each_retry_points_at_its_own_origin(repo
 
 # -- schema ---------------------------------------------------------------------------------------------
 
-def test_a_schema_2_database_migrates_to_3_with_its_rows_kept(empty_store_url):
-    store = Store(empty_store_url)
+def test_a_schema_2_database_migrates_to_3_with_its_rows_kept(store_url):
+    store = Store(store_url)
     try:
         with store.engine.begin() as conn:
             for migration in available(store.dialect_name)[:2]:

@@ -30,7 +30,7 @@ def journal(request, tmp_path):
     from qlactors.store.repository import Repository
 
     url = (f"sqlite:///{tmp_path / 'qlactors.db'}" if request.param == "edge_sqlite"
-           else request.getfixturevalue("pg_migrated_url"))
+           else request.getfixturevalue("pg_schema_url"))
     repository = Repository.open(url)
     yield Journal(repository.store)
     repository.close()
