@@ -93,6 +93,17 @@ def test_list_is_bounded_and_keyset_paged(journal):
         journal.list(["nope"])
 
 
+def test_each_pages_through_every_row_while_the_caller_clears_them(journal):
+    ids = sorted(accept(journal) for _ in range(7))
+    journal.set_state(ids[3], "started", identity=IDENTITY)
+    seen = []
+    for entry in journal.each(["accepted"], page=2):
+        seen.append(entry.attempt_id)
+        journal.clear(entry.attempt_id)  # as the Executor does with a dead instance's offers
+    assert seen == ids[:3] + ids[4:]
+    assert [e.attempt_id for e in journal.list(limit=10)] == [ids[3]]
+
+
 def test_clear_removes_the_row(journal):
     attempt_id = accept(journal)
     assert journal.clear(attempt_id) is True

@@ -399,38 +399,32 @@ class Executor(SessionReports, RuntimeActor):
         and given back, so its lease stops holding a slot.
         """
         boot_id = self.ctx.boot_id()
-        after = None
-        while True:
-            entries = self.ctx.journal.list(("accepted", "launching", "started"), 64, after)
-            for entry in entries:
-                if entry.attempt_id in self.live:
-                    continue
-                if entry.state == "accepted":
-                    self.ctx.journal.clear(entry.attempt_id)
-                    self._give_back(entry.run_id, entry.attempt_id, entry.lease)
-                    continue
-                identity = self.ctx.local_receipts.launcher_identity(entry)
-                if identity is None or probe(identity, current_boot_id=boot_id) is not Liveness.RUNNING:
-                    # Ended since recovery looked (or never started): its receipt, or the lack of
-                    # one, decides, exactly as for a launcher whose exit we saw ourselves.
-                    self.on_consume(Consume(entry.run_id, entry.attempt_id), b"")
-                    continue
-                try:
-                    pidfd = os.pidfd_open(identity.pid)
-                except ProcessLookupError:
-                    continue
-                if probe(identity, current_boot_id=boot_id) is not Liveness.RUNNING:
-                    os.close(pidfd)  # the pid was recycled between the probe and the open
-                    continue
-                local = Local(run_id=entry.run_id, attempt_id=entry.attempt_id, identity=identity, pidfd=pidfd)
-                self.live[entry.attempt_id] = local
-                self.ctx.bridge.watch(pidfd, entry.attempt_id, self.me)
-                log.info("event=adopted run=%s attempt=%s pid=%d", entry.run_id, entry.attempt_id, identity.pid)
-                if self._cluster():  # re-attest it: its lease is re-bound to this session
-                    slot = (new_id(), secrets.token_urlsafe(32))
-                    self.rebinding[entry.attempt_id] = slot
-                    self._attest(entry.run_id, entry.attempt_id, "running", lease=entry.lease, slot=slot,
-                                 identity=identity)
-            if len(entries) < 64:
-                break
-            after = entries[-1].attempt_id
+        for entry in self.ctx.journal.each(("accepted", "launching", "started")):
+            if entry.attempt_id in self.live:
+                continue
+            if entry.state == "accepted":
+                self.ctx.journal.clear(entry.attempt_id)
+                self._give_back(entry.run_id, entry.attempt_id, entry.lease)
+                continue
+            identity = self.ctx.local_receipts.launcher_identity(entry)
+            if identity is None or probe(identity, current_boot_id=boot_id) is not Liveness.RUNNING:
+                # Ended since recovery looked (or never started): its receipt, or the lack of
+                # one, decides, exactly as for a launcher whose exit we saw ourselves.
+                self.on_consume(Consume(entry.run_id, entry.attempt_id), b"")
+                continue
+            try:
+                pidfd = os.pidfd_open(identity.pid)
+            except ProcessLookupError:
+                continue
+            if probe(identity, current_boot_id=boot_id) is not Liveness.RUNNING:
+                os.close(pidfd)  # the pid was recycled between the probe and the open
+                continue
+            local = Local(run_id=entry.run_id, attempt_id=entry.attempt_id, identity=identity, pidfd=pidfd)
+            self.live[entry.attempt_id] = local
+            self.ctx.bridge.watch(pidfd, entry.attempt_id, self.me)
+            log.info("event=adopted run=%s attempt=%s pid=%d", entry.run_id, entry.attempt_id, identity.pid)
+            if self._cluster():  # re-attest it: its lease is re-bound to this session
+                slot = (new_id(), secrets.token_urlsafe(32))
+                self.rebinding[entry.attempt_id] = slot
+                self._attest(entry.run_id, entry.attempt_id, "running", lease=entry.lease, slot=slot,
+                             identity=identity)

@@ -54,21 +54,15 @@ class LogSender(RuntimeActor):
     def on_resume(self, _msg: Resume, _peer: bytes) -> None:
         """Ship on from the journal: every log not yet acknowledged to its final offset, from the
         acknowledged offset (the journal's `shipped_offset`)."""
-        after = None
-        while True:
-            entries = self.ctx.journal.list(("launching", "started", "completed"), 64, after)
-            for e in entries:
-                if e.attempt_id in self.shipping:
-                    continue
-                if e.final_offset is not None and e.shipped_offset >= e.final_offset:
-                    continue
-                self.shipping[e.attempt_id] = _Shipping(
-                    e.run_id, e.attempt_id, e.callback_token_hash, e.log_path,
-                    LogShipper(acked_offset=e.shipped_offset), final_offset=e.final_offset)
-                self._send(self.shipping[e.attempt_id])
-            if len(entries) < 64:
-                break
-            after = entries[-1].attempt_id
+        for e in self.ctx.journal.each(("launching", "started", "completed")):
+            if e.attempt_id in self.shipping:
+                continue
+            if e.final_offset is not None and e.shipped_offset >= e.final_offset:
+                continue
+            self.shipping[e.attempt_id] = _Shipping(
+                e.run_id, e.attempt_id, e.callback_token_hash, e.log_path,
+                LogShipper(acked_offset=e.shipped_offset), final_offset=e.final_offset)
+            self._send(self.shipping[e.attempt_id])
         if self.shipping:
             self._schedule()
 

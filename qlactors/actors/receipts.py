@@ -58,19 +58,14 @@ class ReceiptConsumer(RuntimeActor):
         is left to the Executor, which watches it; a Consume that also comes from there is
         harmless (the second completion is `already_terminal`)."""
         boot_id = self.ctx.boot_id()
-        files, after = self.ctx.local_receipts, None
-        while True:
-            entries = self.ctx.journal.list(("launching", "started"), RESUME_PAGE, after)
-            for entry in entries:
-                identity = files.launcher_identity(entry)
-                if identity is None:  # still being launched (the Executor holds it)
-                    continue
-                if probe(identity, current_boot_id=boot_id) is not Liveness.RUNNING:
-                    log.info("event=receipt_looked_again run=%s attempt=%s", entry.run_id, entry.attempt_id)
-                    self.actor_ref.tell(Consume(entry.run_id, entry.attempt_id))
-            if len(entries) < RESUME_PAGE:
-                break
-            after = entries[-1].attempt_id
+        files = self.ctx.local_receipts
+        for entry in self.ctx.journal.each(("launching", "started"), RESUME_PAGE):
+            identity = files.launcher_identity(entry)
+            if identity is None:  # still being launched (the Executor holds it)
+                continue
+            if probe(identity, current_boot_id=boot_id) is not Liveness.RUNNING:
+                log.info("event=receipt_looked_again run=%s attempt=%s", entry.run_id, entry.attempt_id)
+                self.actor_ref.tell(Consume(entry.run_id, entry.attempt_id))
 
     def _schedule_cleanup(self) -> None:
         interval = self.ctx.config.runtime.receipt_cleanup_interval_ms / 1000

@@ -191,6 +191,17 @@ class Journal:
         with self.store.read() as conn:
             return [JournalEntry.from_row(r) for r in conn.execute(query)]
 
+    def each(self, states: Iterable[str], page: int = 64) -> Iterator[JournalEntry]:
+        """Every row in `states`, ascending attempt id, read a page at a time (each page after the
+        caller handled the one before, so it may clear rows as it goes)."""
+        after = None
+        while True:
+            entries = self.list(states, page, after)
+            yield from entries
+            if len(entries) < page:
+                return
+            after = entries[-1].attempt_id
+
     def due_purge(self, now_ms: int, limit: int = 32) -> builtins.list[JournalEntry]:
         """Quarantined rows whose retention ended by `now_ms`, oldest first."""
         if type(now_ms) is not int:
