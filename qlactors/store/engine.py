@@ -93,8 +93,7 @@ class Store:
 
     def advisory_lock(self, conn: Connection, key: str) -> None:
         """Serialise on a key for the rest of the transaction (PostgreSQL); SQLite already has one writer."""
-        if self._dialect is postgres:
-            postgres.advisory_lock(conn, key)
+        self.advisory_locks(conn, [key])
 
     def advisory_locks(self, conn: Connection, keys: list[str]) -> None:
         """`advisory_lock` on each key in the order given, in one statement."""

@@ -4,8 +4,9 @@ One transaction per heartbeat and no advisory locks: the session row first (`FOR
 the quoted leases' run rows, attempts and lease rows, each in id order (`report_locks.lock_rows`,
 one statement per table) — the order every report and completion takes after its advisory
 locks, so none of them waits on a heartbeat in a cycle. The renewals are one update of the
-leases and one of their attempts' projections, whatever their number. The answer is stored with the heartbeat's number in the same transaction: a repeat of
-that number gets the stored answer and changes nothing.
+leases and one of their attempts' projections, whatever their number. The answer is stored
+with the heartbeat's number in the same transaction: a repeat of that number gets the stored
+answer and changes nothing.
 """
 
 from __future__ import annotations

@@ -4,8 +4,8 @@
 A chunk is authenticated like `Completed` — the attempt's worker id equals the authenticated
 worker id and the callback token hash matches in constant time — not by the lease, so the tail
 still lands after the worker re-registered and after the run is terminal. Each append is one
-short transaction (or part of a batch of reports, `report_batch.py`) under the attempt's advisory lock (`attempt:<id>`, the first key of the
-global order of §9). The log is contiguous by construction: a chunk lands only at the end of the
+short transaction (or part of a batch of reports, `report_batch.py`) under the attempt's
+advisory lock (`attempt:<id>`, the first key of the global order of §9). The log is contiguous by construction: a chunk lands only at the end of the
 last one (0 for the first), so `read` concatenates rows without looking for holes.
 """
 

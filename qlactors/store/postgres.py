@@ -11,10 +11,9 @@ from ..errors import BadInput
 
 NOW_SQL = "(extract(epoch FROM statement_timestamp()) * 1000)::bigint"
 _NOW = text(f"SELECT {NOW_SQL}")
-# A lock statement also reads the database time, so a transaction that starts with a lock needs
-# no statement of its own for it (see `now_ms`).
-_ADVISORY = text(f"SELECT pg_advisory_xact_lock(hashtextextended(:key, 0)), {NOW_SQL}")
-# Many keys in the order given (a function scan keeps the array's order), and the time.
+# Advisory locks on keys in the order given (a function scan keeps the array's order). A lock
+# statement also reads the database time, so a transaction that starts with a lock needs no
+# statement of its own for it (see `now_ms`).
 _ADVISORY_MANY = text(f"SELECT count(pg_advisory_xact_lock(hashtextextended(k, 0))), {NOW_SQL} "
                       "FROM unnest(CAST(:keys AS text[])) AS k")
 # Those keys, then the `task:<id>` locks of some runs' tasks in task-id order (as the offers take
@@ -88,43 +87,35 @@ def now_ms(conn: Connection) -> int:
     """Cluster time is the database's, never a worker's clock: the first time this transaction
     read (`statement_timestamp()` of its first lock statement, or of this call), so a
     transaction decides by one time and reads it with no statement of its own after a lock."""
-    held = conn.info.get(_TIME_KEY)
-    transaction = conn.get_transaction()
-    if held is not None and held[0] is transaction:
-        return held[1]
-    return _keep_time(conn, conn.execute(_NOW).scalar_one())
+    held = _held_time(conn)
+    return held if held is not None else keep_time(conn, conn.execute(_NOW).scalar_one())
 
 
 def keep_time(conn: Connection, value) -> int:
-    """Keep `value` (a NOW_SQL column another statement read) as the transaction's time, unless
-    it has one already; the transaction's time."""
-    return _keep_time(conn, value)
-
-
-def _keep_time(conn: Connection, value) -> int:
-    held = conn.info.get(_TIME_KEY)
-    transaction = conn.get_transaction()
-    if held is not None and held[0] is transaction:
-        return held[1]
-    conn.info[_TIME_KEY] = (transaction, int(value))
+    """Keep `value` (a NOW_SQL column a statement read) as the transaction's time, unless it has
+    one already; the transaction's time."""
+    held = _held_time(conn)
+    if held is not None:
+        return held
+    conn.info[_TIME_KEY] = (conn.get_transaction(), int(value))
     return int(value)
 
 
-def advisory_lock(conn: Connection, key: str) -> None:
-    """Serialise on `key` until the transaction ends (attempt authority, SEMANTICS.md §9)."""
-    row = conn.execute(_ADVISORY, {"key": key}).one()
-    _keep_time(conn, row[1])
+def _held_time(conn: Connection) -> int | None:
+    held = conn.info.get(_TIME_KEY)  # per driver connection: valid for the transaction it names
+    return held[1] if held is not None and held[0] is conn.get_transaction() else None
 
 
 def advisory_locks(conn: Connection, keys: list[str]) -> None:
-    """`advisory_lock` for each of `keys`, in their order, in one statement."""
-    _keep_time(conn, conn.execute(_ADVISORY_MANY, {"keys": keys}).one()[1])
+    """Serialise on each of `keys`, in their order, until the transaction ends (attempt, task
+    and worker authority, SEMANTICS.md §9), in one statement."""
+    keep_time(conn, conn.execute(_ADVISORY_MANY, {"keys": keys}).one()[1])
 
 
 def advisory_locks_then_tasks(conn: Connection, keys: list[str], run_ids: list[str]) -> None:
     """`advisory_locks(keys)`, then the `task:<id>` locks of the runs' tasks in task-id order,
     in one statement."""
-    _keep_time(conn, conn.execute(_THEN_TASKS_OF_RUNS, {"keys": keys, "ids": run_ids}).one()[1])
+    keep_time(conn, conn.execute(_THEN_TASKS_OF_RUNS, {"keys": keys, "ids": run_ids}).one()[1])
 
 
 insert = _insert

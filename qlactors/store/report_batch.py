@@ -5,9 +5,9 @@ Each `Report` names what it locks (`report_locks.LockRequest`) and how it applie
 batch's transaction (the store's `*_in` methods: the same code a single report runs). The batch
 takes all the locks first, in the global order of SEMANTICS.md §9, with a fixed number of
 statements (`report_locks.hold`), then applies the reports in their arrival order, writes their
-events with one INSERT and commits once: a group commit, whose answers go out after it. Rows are read once per transaction, so
-`groups` splits the arrivals so that no attempt or run has two row-changing reports in one
-transaction, keeping each attempt's reports in their order.
+events with one INSERT and commits once: a group commit, whose answers go out after it. Rows
+are read once per transaction, so `groups` splits the arrivals so that no attempt or run has
+two row-changing reports in one transaction, keeping each attempt's reports in their order.
 """
 
 from __future__ import annotations

@@ -19,10 +19,10 @@ from typing import Any
 from sqlalchemy import and_, bindparam, func, or_, select, tuple_
 from sqlalchemy.engine import Connection
 
+from ..domain.states import LeaseStatus
 from .engine import Store
 from .plans import load_attempts
 from .records import Fence
-from ..domain.states import LeaseStatus
 from .schema import log_chunks, run_dispatch_leases, runs, task_revisions, worker_sessions
 
 _SESSIONS = (select(worker_sessions).where(worker_sessions.c.session_id.in_(bindparam("ids", expanding=True)))

@@ -3,8 +3,8 @@ count its statements (per kind: verb and main table) and its transactions (commi
 and write the totals to PATH as JSON, at most every `DUMP_EVERY_S` while it runs and at exit.
 
 The pool does not pre-ping (a dropped connection is a transient error its actor retries), so
-these events see every statement and transaction the server runs for the store. Off by default: without the variable nothing is installed and nothing is
-imported. The per-connection timeout settings (once per new connection) are not counted.
+these events see every statement and transaction the server runs for the store. Off by
+default: without the variable nothing is installed and nothing is imported. The per-connection timeout settings (once per new connection) are not counted.
 """
 
 from __future__ import annotations
