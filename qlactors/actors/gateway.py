@@ -17,6 +17,8 @@ from typing import Any
 
 from ..domain.receipt import Receipt, ReceiptError, token_hash
 from ..faults import crash_point, drop_point
+from ..store.report_batch import Report, ReportBatch, groups
+from ..store.report_locks import LockRequest
 from ..wire import messages as m
 from ..wire.bridge import Inbound
 from ..wire.offers import BATCH_BUDGET_BYTES, check_offer, offers_message
@@ -61,12 +63,7 @@ class Gateway(RuntimeActor):
         self.pending: list[Inbound] = []  # reports waiting for the next group commit
         self.nudges: set[bytes] | None = None  # during a flush: the peers a completion freed a slot of
         self.flush_told = False
-        self.batch = None  # the store's ReportBatch, made in the actor's thread
-
-    def started(self) -> None:
-        from ..store.report_batch import ReportBatch
-
-        self.batch = ReportBatch(self.ctx.dispatch.store)
+        self.batch = ReportBatch(ctx.dispatch.store)
 
     def handlers(self):
         return {
@@ -125,8 +122,6 @@ class Gateway(RuntimeActor):
             self.out.to_peer(peer, m.Nudge())
 
     def _apply_pending(self, pending: list[Inbound]) -> None:
-        from ..store.report_batch import groups
-
         if len(pending) == 1:  # alone, as it came (a quiet runtime's every report)
             self._handle_one(pending[0])
             return
@@ -225,9 +220,6 @@ class Gateway(RuntimeActor):
     def _report_of(self, msg: Any, peer: bytes):
         """The store Report for a report message and what answers its result; None when it was
         answered already (a receipt that does not decode; a log chunk on edge)."""
-        from ..store.report_batch import Report
-        from ..store.report_locks import LockRequest
-
         d, worker = self.ctx.dispatch, self.worker_id
         if isinstance(msg, m.LogChunk):
             chunks = self.sessions.log_chunks
@@ -276,9 +268,6 @@ class Gateway(RuntimeActor):
             self.ctx.directory.tell("scheduler", Tick("decline"))  # offered again at once
 
     def _completion_of(self, msg: m.Completed, peer: bytes):
-        from ..store.report_batch import Report
-        from ..store.report_locks import LockRequest
-
         try:
             receipt = Receipt(schema_version=msg.schema_version, run_id=msg.run_id, attempt_id=msg.attempt_id,
                               callback_sequence=msg.callback_sequence, token=msg.token,
