@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 from enum import Enum
 from typing import Any, Iterator, Mapping
 
-from sqlalchemy import and_, bindparam, literal_column, select
+from sqlalchemy import and_, bindparam, literal_column, select, text
 from sqlalchemy.engine import Connection
 
 from ..domain.states import AttemptStatus, CancelReason, LeaseReleaseReason, LeaseStatus, RunStatus
@@ -140,9 +141,22 @@ def events_together(conn: Connection) -> Iterator[None]:
     try:
         yield
         if kept:
-            conn.execute(_EVENTS_INSERT.values(kept))
+            conn.execute(_events_insert_of(len(kept)),
+                         {f"{key}_{i}": value for i, row in enumerate(kept) for key, value in row.items()})
     finally:
         conn.info.pop(_KEPT_EVENTS, None)
+
+
+_EVENT_COLUMNS = ("id", "run_id", "sequence", "type", "actor_type", "attempt_id", "payload_json", "created_at_ms")
+
+
+@functools.lru_cache(maxsize=64)
+def _events_insert_of(count: int):
+    """One multi-row INSERT of `count` events, as text built once per count: SQLAlchemy caches
+    no multi-VALUES insert (each one built with `.values(rows)` is compiled again, ~0.4 ms), and
+    a text statement is cached by its string."""
+    rows = ", ".join("(" + ", ".join(f":{key}_{i}" for key in _EVENT_COLUMNS) + ")" for i in range(count))
+    return text(f"INSERT INTO {run_events.name} ({', '.join(_EVENT_COLUMNS)}) VALUES {rows}")
 
 
 def apply_plan(

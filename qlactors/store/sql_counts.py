@@ -48,16 +48,19 @@ class SqlCounts:
         self.statements = 0
         self.commits = 0
         self.rollbacks = 0
+        self.compiled: dict[str, int] = {}
         self._kind_cache: dict[str, str] = {}
         self._dumped_at = 0.0
 
-    def statement(self, text: str) -> None:
+    def statement(self, text: str, compiled: bool = False) -> None:
         kind = self._kind_cache.get(text)
         if kind is None:
             kind = self._kind_cache[text] = kind_of(text)
         with self.lock:
             self.statements += 1
             self.kinds[kind] = self.kinds.get(kind, 0) + 1
+            if compiled:
+                self.compiled[kind] = self.compiled.get(kind, 0) + 1
         self._maybe_dump()
 
     def transaction(self, committed: bool) -> None:
@@ -72,6 +75,7 @@ class SqlCounts:
         with self.lock:
             return {"pid": os.getpid(), "statements": self.statements, "commits": self.commits,
                     "rollbacks": self.rollbacks, "kinds": dict(self.kinds),
+                    "compiled": dict(self.compiled),
                     "written_at": time.time()}
 
     def _maybe_dump(self) -> None:
@@ -96,6 +100,7 @@ _COUNTS: SqlCounts | None = None
 def install(engine, path: str) -> SqlCounts:
     """Count `engine`'s statements and transactions into the process's `SqlCounts` for `path`."""
     from sqlalchemy import event
+    from sqlalchemy.engine.default import CacheStats
 
     global _COUNTS
     if _COUNTS is None:
@@ -105,7 +110,8 @@ def install(engine, path: str) -> SqlCounts:
 
     @event.listens_for(engine, "before_cursor_execute")
     def _on_execute(_conn, _cursor, statement, _params, _context, _many):
-        counts.statement(statement)
+        compiled = _context is not None and _context.cache_hit is not CacheStats.CACHE_HIT
+        counts.statement(statement, compiled)
 
     @event.listens_for(engine, "commit")
     def _on_commit(_conn):
