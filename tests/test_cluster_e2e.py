@@ -306,3 +306,43 @@ def test_a_worker_restarted_within_its_session_lease_resumes_and_its_job_finishe
     assert sessions == [(generation,)]  # resumed: no new generation
     assert "event=rebound" in again.log()
     wait_until(lambda: cluster.cli("logs", run_id).stdout == b"begin\nend\n", 30, "the whole log")
+
+
+def test_a_replica_whose_connections_are_reset_retries_and_status_shows_the_errors(cluster):
+    """Every backend of the replica terminated under it (a connection reset, as a server restart
+    or a proxy would do it): the replica neither stops nor crashes, a job still runs, and the
+    cluster `status` shows the transient errors it retried (§9 Transport)."""
+    import psycopg
+
+    from conftest import _pg_admin_conninfo
+
+    cluster.new_key("w1")
+    cluster.allow("w1")
+    cluster.start_worker("w1", slots=1)
+    cluster.cli("task", "add", "t", "--", "true")
+    first = _run(cluster, "t")
+    assert cluster.wait_terminal([first], timeout=60)[first]["state"] == "succeeded"
+    assert [r["db_errors"] for r in cluster.cli_json("status")["replicas"]] == [0]
+
+    def reset() -> int:
+        with psycopg.connect(_pg_admin_conninfo(), autocommit=True) as admin:
+            return len(admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s "
+                "AND pid <> pg_backend_pid() AND backend_type = 'client backend'",
+                (cluster.admin_db,)).fetchall())
+
+    def errors_shown() -> bool:
+        reset()  # until one of the replica's transactions meets it (an idle pooled connection does)
+        time.sleep(0.5)
+        replica = cluster.cli_json("status")["replicas"][0]
+        return replica["db_errors"] >= 1
+
+    wait_until(errors_shown, 30, "a retried connection reset in the replica's status row")
+    replica = cluster.cli_json("status")["replicas"][0]
+    assert replica["up"] is True and replica["last_db_error"] and replica["last_db_error_at_ms"] > 0
+    assert cluster.replicas[0].alive()
+    text = cluster.cli("status").stdout.decode()
+    assert "DB ERRORS" in text and "transient database error(s) retried" in text
+    second = _run(cluster, "t")
+    assert cluster.wait_terminal([second], timeout=60)[second]["state"] == "succeeded"
+    assert cluster.replicas[0].alive() and "Traceback" not in cluster.replicas[0].log()

@@ -22,7 +22,7 @@ from qlactors.domain.receipt import token_hash
 from qlactors.home import RuntimeLock, read_store_outage
 from qlactors.store import sqlite as sqlite_store
 from qlactors.store.engine import StoreUnavailable
-from qlactors.store.health import StoreHealth
+from qlactors.store.health import ErrorTally, StoreHealth
 from qlactors.store.repository import Repository
 from qlactors.wire import messages as m
 
@@ -167,6 +167,9 @@ def test_store_health_tracks_one_outage_and_calls_persistent_once():
     health.succeeded()
     assert health.outage() is None and changes[-1] is None
     assert [c.failures for c in changes[:-1]] == [1, 2, 3, 4] and changes[0].error == "database is locked (more)"
+    # The tally (a replica's row in a cluster `status`) counts every failure, across outages.
+    assert health.tally() == ErrorTally(5, "disk I/O error", 5_000)
+    assert StoreHealth().tally() == ErrorTally(0, None, None)
 
 
 @pytest.mark.postgres

@@ -126,9 +126,13 @@ def status(repo: Repository, args: argparse.Namespace) -> int:
     print(f"cluster: {cluster.replicas_up} of {len(cluster.replicas)} replica(s) up  "
           f"database: {args.cluster.describe()}")
     render.table([(r.replica_id, "up" if r.up else "stopped" if r.stopped_at_ms else "silent", r.host,
-                   str(r.pid), r.bind, render.age_of(cluster.at_ms, r.heartbeat_at_ms))
-                  for r in cluster.replicas], ("REPLICA", "STATE", "HOST", "PID", "BIND", "HEARTBEAT"),
-                 indent="  ")
+                   str(r.pid), r.bind, render.age_of(cluster.at_ms, r.heartbeat_at_ms), str(r.db_errors))
+                  for r in cluster.replicas],
+                 ("REPLICA", "STATE", "HOST", "PID", "BIND", "HEARTBEAT", "DB ERRORS"), indent="  ")
+    for r in cluster.replicas:
+        if r.up and r.last_db_error is not None:
+            print(f"  replica {r.replica_id}: {r.db_errors} transient database error(s) retried, the last "
+                  f"at {render.when(r.last_db_error_at_ms)} (the replica's clock): {r.last_db_error}")
     serving = sum(1 for w in listed.workers if w.serving)
     print(f"workers: {serving} serving of {len(listed.workers)}")
     render.table(render.worker_rows(listed.workers), render.WORKER_HEADER, indent="  ")

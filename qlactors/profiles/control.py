@@ -107,7 +107,7 @@ class ControlRuntime(Runner):
             allow.replace(keys.all())
 
         def replica_heartbeat() -> None:
-            replicas.heartbeat(self.replica_id)
+            replicas.heartbeat(self.replica_id, store.health.tally())
 
         ctx = ControlContext(
             config=self.config, zmq=zctx, bridge=bridge, directory=directory, fatal=fatal,

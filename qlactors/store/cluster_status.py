@@ -26,11 +26,16 @@ class ReplicaView:
     heartbeat_at_ms: int
     stopped_at_ms: int | None
     up: bool
+    db_errors: int
+    """Transient database errors the replica met (and retried) since it started."""
+    last_db_error: str | None
+    last_db_error_at_ms: int | None
 
     def to_json(self) -> dict[str, Any]:
         return {"replica_id": self.replica_id, "host": self.host, "pid": self.pid, "bind": self.bind,
                 "started_at_ms": self.started_at_ms, "heartbeat_at_ms": self.heartbeat_at_ms,
-                "stopped_at_ms": self.stopped_at_ms, "up": self.up}
+                "stopped_at_ms": self.stopped_at_ms, "up": self.up, "db_errors": self.db_errors,
+                "last_db_error": self.last_db_error, "last_db_error_at_ms": self.last_db_error_at_ms}
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +101,7 @@ def read_cluster_status(store: Store, cadence_tick_ms: int) -> ClusterStatus:
             .limit(EXPIRED_LEASES_SHOWN)).all()
     window = _up_window_ms(cadence_tick_ms)
     replicas = tuple(ReplicaView(r.replica_id, r.host, r.pid, r.bind, r.started_at_ms, r.heartbeat_at_ms,
-                                 r.stopped_at_ms, r.stopped_at_ms is None and r.heartbeat_at_ms >= now - window)
+                                 r.stopped_at_ms, r.stopped_at_ms is None and r.heartbeat_at_ms >= now - window,
+                                 r.db_errors, r.last_db_error, r.last_db_error_at_ms)
                      for r in rows)
     return ClusterStatus(now, replicas, tuple(ExpiredLease(*row) for row in expired))

@@ -29,6 +29,16 @@ class Outage:
     """The last failure, one line."""
 
 
+@dataclass(frozen=True, slots=True)
+class ErrorTally:
+    """Every transient failure since the process started (outages that ended included): what a
+    control replica writes into its `control_replicas` row for a cluster `status`."""
+
+    failures: int
+    last_error: str | None
+    last_error_at_ms: int | None
+
+
 class StoreHealth:
     """Thread-safe; `failed`/`succeeded` are called by the store, `watch` by the runtime."""
 
@@ -40,6 +50,7 @@ class StoreHealth:
         self._since_ms = 0
         self._failures = 0
         self._error = ""
+        self._tally = ErrorTally(0, None, None)
         self._write_failed = False
         self._tripped = False
         self._limit_s: float | None = None
@@ -62,6 +73,7 @@ class StoreHealth:
             self._failures += 1
             self._write_failed = self._write_failed or write
             self._error = " ".join(error.split())[:500]
+            self._tally = ErrorTally(self._tally.failures + 1, self._error, self._wall_ms())
             outage = self._outage(now)
             persistent = (self._limit_s is not None and not self._tripped and outage.seconds >= self._limit_s)
             self._tripped = self._tripped or persistent
@@ -81,6 +93,9 @@ class StoreHealth:
             on_change = self._on_change
         if on_change is not None:
             on_change(None)
+
+    def tally(self) -> ErrorTally:
+        return self._tally  # replaced whole under the lock: one read sees one consistent tally
 
     def outage(self) -> Outage | None:
         with self._lock:

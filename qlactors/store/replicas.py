@@ -1,10 +1,11 @@
 """Control replicas write their row for `status` (store/cluster_status.py reads it): at start,
-every cycle, and at stop."""
+every cycle (with the tally of their transient database errors), and at stop."""
 
 from __future__ import annotations
 
 from ..ids import new_id
 from .engine import Store
+from .health import ErrorTally
 from .schema import control_replicas
 
 
@@ -18,13 +19,16 @@ class Replicas:
             now = self.store.now_ms(conn)
             conn.execute(control_replicas.insert().values(
                 replica_id=replica_id, host=host[:255], pid=pid, bind=bind, started_at_ms=now,
-                heartbeat_at_ms=now, stopped_at_ms=None))
+                heartbeat_at_ms=now, stopped_at_ms=None, db_errors=0))
         return replica_id
 
-    def heartbeat(self, replica_id: str) -> None:
+    def heartbeat(self, replica_id: str, errors: ErrorTally) -> None:
+        """Alive now, and the replica's transient database errors so far: the failures of an
+        outage reach the row with the first heartbeat after it (none gets through during it)."""
         with self.store.write() as conn:
             conn.execute(control_replicas.update().where(control_replicas.c.replica_id == replica_id)
-                         .values(heartbeat_at_ms=self.store.now_ms(conn)))
+                         .values(heartbeat_at_ms=self.store.now_ms(conn), db_errors=errors.failures,
+                                 last_db_error=errors.last_error, last_db_error_at_ms=errors.last_error_at_ms))
 
     def stopped(self, replica_id: str) -> None:
         with self.store.write() as conn:

@@ -529,7 +529,12 @@ control_replicas = Table(
     Column("started_at_ms", MS, nullable=False),
     Column("heartbeat_at_ms", MS, nullable=False),
     Column("stopped_at_ms", MS),
-    *_ms("started_at_ms", "heartbeat_at_ms", "stopped_at_ms"),
+    # The replica's transient database errors since it started (its StoreHealth's tally), written
+    # with each heartbeat: a cluster `status` shows them (SEMANTICS.md §9 Transport).
+    Column("db_errors", Integer, nullable=False),
+    Column("last_db_error", Text),
+    Column("last_db_error_at_ms", MS),
+    *_ms("started_at_ms", "heartbeat_at_ms", "stopped_at_ms", "last_db_error_at_ms"),
 )
 
 # Executor-local (like executor_journal): the (offer id, lease token) pairs of a Pull, journalled
