@@ -145,6 +145,26 @@ def test_allow_binds_one_key_to_one_worker_and_revoke_ends_its_sessions(cluster)
     assert "worker w2 allowed" in cluster.ok("worker", "allow", "w2", k2).stdout
 
 
+def test_retire_needs_confirm_stopped_then_ends_the_sessions_and_keeps_the_key(cluster):
+    key, _ = new_key_pair(cluster.tmp / "keys", "w1")
+    cluster.ok("worker", "allow", "w1", key)
+    session = cluster.session("w1")
+    unconfirmed = cluster.ql("worker", "retire", "w1")
+    assert unconfirmed.returncode == 2 and "--confirm-stopped" in unconfirmed.stderr
+    assert "nothing was changed" in unconfirmed.stderr
+    with cluster.repo.store.read() as conn:
+        assert conn.execute(select(worker_sessions.c.status).where(
+            worker_sessions.c.session_id == session.session_id)).scalar_one() == "online"
+    done = cluster.ok("worker", "retire", "w1", "--confirm-stopped").stdout
+    assert "worker w1 retired: 1 session(s) ended" in done and "0 attempt(s)" in done
+    with cluster.repo.store.read() as conn:
+        assert conn.execute(select(worker_sessions.c.status).where(
+            worker_sessions.c.session_id == session.session_id)).scalar_one() == "offline"
+    assert WorkerKeys(cluster.repo.store).all() == {load_public_key(key).decode(): "w1"}
+    unknown = cluster.ql("worker", "retire", "ghost", "--confirm-stopped")
+    assert unknown.returncode == 2 and "no worker ghost" in unknown.stderr
+
+
 def test_a_database_url_variable_that_is_not_postgresql_is_refused(tmp_path):
     env = {**os.environ, "QLACTORS_DATABASE_URL": f"sqlite:///{tmp_path / 'x.db'}"}
     done = subprocess.run([*QLACTORS, "--home", str(tmp_path / "h"), "runs"], capture_output=True,
@@ -158,7 +178,11 @@ def test_the_allow_list_needs_a_cluster_database(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "QLACTORS_DATABASE_URL"}
     done = subprocess.run([*QLACTORS, "--home", str(tmp_path / "h"), "worker", "allow", "w1", str(key)],
                           capture_output=True, text=True, env=env, timeout=60)
-    assert done.returncode == 2 and "lives in a cluster database" in done.stderr
+    assert done.returncode == 2 and "live in a cluster database" in done.stderr
+    retire = subprocess.run([*QLACTORS, "--home", str(tmp_path / "h"), "worker", "retire", "w1", "--confirm-stopped"],
+                            capture_output=True, text=True, env=env, timeout=60)
+    assert retire.returncode == 2 and "live in a cluster database" in retire.stderr
+    assert not (tmp_path / "h").exists()  # nothing written on the edge home
 
 
 def test_workers_lists_current_sessions_and_allowed_workers_that_never_came(cluster):

@@ -31,7 +31,8 @@ def _handler(args) -> Callable:
     if args.command == "audit":
         return runtime_commands.audit_receipts
     if args.command == "worker":
-        return {"allow": cluster_commands.worker_allow, "revoke": cluster_commands.worker_revoke}[
+        return {"allow": cluster_commands.worker_allow, "revoke": cluster_commands.worker_revoke,
+                "retire": cluster_commands.worker_retire}[
             args.worker_command]
     if args.command != "task":
         return {"run": runtime_commands.run, "runs": commands.runs, "show": commands.show,
@@ -104,8 +105,8 @@ def _on_store(args) -> int:
         finally:
             repo.close()
     if args.command == "worker":
-        raise BadInput(f"`worker {args.worker_command}`: the allow-list lives in a cluster database: give "
-                       "--config control.toml or set $QLACTORS_DATABASE_URL")
+        raise BadInput(f"`worker {args.worker_command}`: workers and their allow-list live in a cluster "
+                       "database: give --config control.toml or set $QLACTORS_DATABASE_URL")
     return _on_home(args)
 
 

@@ -49,6 +49,23 @@ def worker_revoke(repo: Repository, args: argparse.Namespace) -> int:
     return 0
 
 
+def worker_retire(repo: Repository, args: argparse.Namespace) -> int:
+    from ..store.worker_retirement import WorkerRetirement
+
+    if not args.confirm_stopped:
+        raise BadInput(f"`worker retire {args.name}` is your word that nothing of worker {args.name} runs any "
+                       "more: its runs are then recovered and may run again elsewhere. Make sure of it (its "
+                       "host is down, or its job processes are gone), then add --confirm-stopped; "
+                       "nothing was changed")
+    done = WorkerRetirement(repo.store).retire(args.name)
+    print(f"worker {done.worker_id} retired: {done.sessions_ended} session(s) ended (its reports are fenced; "
+          f"its key stays allowed); {len(done.attempts)} attempt(s) marked stopped by the operator: "
+          "recovery ends them `lost` once their lease has expired, then their retry policy applies")
+    for attempt_id in done.attempts:
+        print(f"  {attempt_id}")
+    return 0
+
+
 def workers(repo: Repository, args: argparse.Namespace) -> int:
     listed = Workers(repo.store).list()
     if args.json:

@@ -117,7 +117,7 @@ def _cluster_commands(sub) -> None:
     _profile_options(control, "replica's control.toml")
 
     worker = sub.add_parser("worker", help="run an executor worker (worker --config FILE), or manage "
-                                           "the allow-list (worker allow|revoke)")
+                                           "the allow-list (worker allow|revoke), or retire a worker")
     _profile_options(worker, "worker's worker.toml")
     wsub = worker.add_subparsers(dest="worker_command", metavar="ACTION", parser_class=Parser)
     allow = wsub.add_parser("allow", help="let the key in KEYFILE speak for worker NAME")
@@ -125,6 +125,13 @@ def _cluster_commands(sub) -> None:
     allow.add_argument("keyfile", metavar="KEYFILE", help="the worker's NAME.key (public) file")
     revoke = wsub.add_parser("revoke", help="remove worker NAME's key and end its sessions (fences them)")
     revoke.add_argument("name", type=utf8)
+    retire = wsub.add_parser("retire", help="the operator's word that nothing of WORKER runs any more: "
+                                            "its sessions end and its waiting runs are recovered "
+                                            "(lost, then their retry policy)")
+    retire.add_argument("name", type=utf8, metavar="WORKER")
+    retire.add_argument("--confirm-stopped", action="store_true",
+                        help="required: you have made sure none of its jobs runs (its host is down, "
+                             "or its processes are gone)")
 
     workers = sub.add_parser("workers", help="each worker's current session: generation, status, "
                                              "free slots, last heartbeat, clock skew, labels")

@@ -8,11 +8,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from sqlalchemy import and_, delete, or_, select
+from sqlalchemy import delete, or_, select
 
 from ..errors import BadInput, NotFound
 from .engine import Store
-from .schema import worker_keys, worker_sessions
+from .schema import worker_keys
+from .session_rows import end_live_sessions
 
 _WORKER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _Z85 = re.compile(r"^[0-9A-Za-z.\-:+=^!/*?&<>()\[\]{}@%$#]{40}$")
@@ -68,26 +69,17 @@ class WorkerKeys:
                        "try again")
 
     def revoke(self, worker_id: str) -> Revocation:
-        """Remove the worker's key and end its sessions (status `offline`, `ended_at_ms` = now,
-        version + 1), in one transaction: every report from them is fenced from then on."""
+        """Remove the worker's key and end its sessions (`session_rows.end_live_sessions`), in
+        one transaction: every report from them is fenced from then on."""
         check_worker_id(worker_id)
         with self.store.write() as conn:
-            # The same serialisation as a registration of this worker (store/dispatch.py), then
-            # its session rows in session-id order (SEMANTICS.md §9 lock order).
+            # The same serialisation as a registration of this worker (store/sessions.py).
             self.store.advisory_lock(conn, f"worker:{worker_id}")
-            live = conn.execute(select(worker_sessions.c.session_id, worker_sessions.c.version)
-                                .where(and_(worker_sessions.c.worker_id == worker_id,
-                                            worker_sessions.c.status != "offline"))
-                                .order_by(worker_sessions.c.session_id).with_for_update()).all()
-            now = self.store.now_ms(conn)
-            for row in live:
-                conn.execute(worker_sessions.update().where(
-                    worker_sessions.c.session_id == row.session_id).values(
-                        status="offline", ended_at_ms=now, version=row.version + 1, updated_at_ms=now))
+            ended = end_live_sessions(conn, worker_id, self.store.now_ms(conn))
             removed = conn.execute(delete(worker_keys).where(worker_keys.c.worker_id == worker_id)).rowcount
-            if not removed and not live:
+            if not removed and not ended:
                 raise NotFound(f"worker {worker_id} is not on the allow-list; nothing to revoke")
-        return Revocation(worker_id, len(live))
+        return Revocation(worker_id, ended)
 
     def all(self) -> dict[str, str]:
         """public key (Z85 text) -> worker id, for a replica's cache."""
