@@ -666,6 +666,19 @@ def test_gateway_pull_with_no_free_slot_is_answered_with_no_offers(sup):
     assert leases(sup.repo, run_id) == []
 
 
+def test_gateway_offers_nothing_while_the_last_cycle_failed(sup):
+    sup.register()
+    sup.h.ctx.authority.clear()  # as the Scheduler leaves it after a failed recovery or retry step
+    sup.repo.tasks.add(spec())
+    run_id = sup.repo.runs.request("job").run.id
+    sup.peer.send(pull := sup.pull_message())
+    assert sup.peer.recv() == sup.no_offers(pull.pull_id)
+    assert leases(sup.repo, run_id) == []
+    sup.h.ctx.authority.set()  # a cycle got through
+    answer, _, _ = sup.pull()
+    assert [o.run_id for o in answer.offers] == [run_id]
+
+
 def test_gateway_offers_nothing_before_admission_opens(sup):
     sup.register()
     sup.h.ctx.admitting.clear()
@@ -1435,6 +1448,27 @@ def test_scheduler_a_failing_step_stops_the_cycle_before_retry(sched):
     time.sleep(QUIET_S)
     assert sched.inbox.items("retry") == []
     assert sched.inbox.items("supervisor", ActorFailed) == []  # it answered: no restart needed
+
+
+def test_scheduler_a_failed_cycle_withholds_authority_until_a_cycle_gets_through(sched):
+    answers = {"ok": False}
+
+    def recovery(message: Any) -> None:
+        if isinstance(message, StepRequest):
+            sched.directory.tell("scheduler", StepDone(message.cycle, "recovery", answers["ok"], detail="db down"))
+
+    sched.stub("recovery", recovery)
+    step_stub(sched, "retry")
+    sched.stub("supervisor")
+    assert sched.ctx.authority.is_set()  # nothing has failed yet
+    ref = sched.start("scheduler", Scheduler)
+    ref.tell(Tick("test"))
+    [done] = sched.inbox.wait("supervisor", CycleDone)
+    assert not done.ok and not sched.ctx.authority.is_set()
+    answers["ok"] = True
+    ref.tell(Tick("test"))
+    done = sched.inbox.wait("supervisor", CycleDone, count=2)
+    assert done[-1].ok and sched.ctx.authority.is_set()
 
 
 def test_scheduler_a_step_actor_that_is_not_running_fails_the_cycle(sched):

@@ -189,9 +189,11 @@ class Gateway(RuntimeActor):
         from ..store.records import Fenced
 
         views = []
-        # Nothing is offered before startup recovery is done, during shutdown, beyond the pairs
-        # the executor sent, or (edge) while the logs' file system is below the reserve.
-        if self.ctx.admitting.is_set() and msg.offers and self.sessions.may_offer():
+        # Nothing is offered before startup recovery is done, during shutdown, while the last
+        # cycle failed (authority unknown, SEMANTICS.md §10), beyond the pairs the executor
+        # sent, or (edge) while the logs' file system is below the reserve.
+        if (self.ctx.admitting.is_set() and self.ctx.authority.is_set() and msg.offers
+                and self.sessions.may_offer()):
             try:
                 views = self.ctx.dispatch.offer_batch(
                     self.worker_id, msg.session_id, msg.session_generation,

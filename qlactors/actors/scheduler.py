@@ -134,7 +134,10 @@ class Scheduler(RuntimeActor):
                 ok, detail = False, f"stops/admission: {err}"
         if ok:
             idle = not self._retire() and idle
-        if not ok:
+        if ok:
+            self.ctx.authority.set()
+        else:
+            self.ctx.authority.clear()  # the Gateway offers nothing until a cycle gets through
             log.warning("event=cycle_failed cycle=%d detail=%s", self.cycle, detail)
         self.step = None
         self.ctx.directory.tell("supervisor", CycleDone(ok=ok, next_due_ms=next_due, stops=stops,

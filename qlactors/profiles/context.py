@@ -22,7 +22,7 @@ process) an `EdgeContext`, which is both at once.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import zmq
@@ -48,6 +48,11 @@ LOCAL_WORKER = "local"
 # The wire kinds the bridge routes to the Executor (`ack:completed` goes to the ReceiptConsumer).
 EXECUTOR_KINDS = ["welcome", "offers", "activated", "stop_requested", "nudge", "ack", "attested",
                   "heartbeat_ack"]
+
+
+def _set(event: threading.Event) -> threading.Event:
+    event.set()
+    return event
 
 
 @dataclass(kw_only=True)
@@ -94,6 +99,11 @@ class ControlContext(SharedContext):
     """The Gateway's policy: LocalSessions (edge) or ClusterSessions (a replica)."""
     each_cycle: tuple[Callable[[], None], ...] = ()
     """Run by the Supervisor after every cycle (a replica: its allow-list and its row in `status`)."""
+    authority: threading.Event = field(default_factory=lambda: _set(threading.Event()))
+    """Set while the last cadence cycle got through all its steps (or none has failed yet);
+    cleared by the Scheduler when a step failed or stayed silent, and set again by the next cycle
+    that gets through. The Gateway offers nothing while it is clear: no new work is dispatched
+    while recovery's or retry's authority is unknown (SEMANTICS.md §10)."""
 
     @property
     def health(self) -> Any:
