@@ -8,6 +8,10 @@ Ack; its whole log in one LogChunk -> LogAck; Completed with the real callback t
 final log offset -> Ack. Every `heartbeat_ms` a numbered Heartbeat renews every lease it holds.
 An empty Offers waits for a Nudge (or re-pulls after a second). It stops when told to, or when
 the shared count of completed runs reaches the target.
+
+With `hold`, a started job is never finished: once every slot holds a started job the client
+says so (`("holding", name)` on `results`) and from then on only heartbeats, renewing them all
+(`bench_renewals.py`).
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ class Tally:
     refused: int = 0
     heartbeats: int = 0
     renewals: int = 0
+    running: int = 0  # started and held (hold mode)
     pulls: int = 0
     empty_pulls: int = 0
     first_pull_at: float = 0.0
@@ -52,7 +57,7 @@ class Tally:
 
 
 def run_client(name: str, endpoint: str, key_dir: str, slots: int, heartbeat_ms: int,
-               go, stop, done_counter, target: int, results) -> None:
+               go, stop, done_counter, target: int, results, hold: bool = False) -> None:
     """The client process's body (multiprocessing target); puts its Tally (as a dict) on `results`."""
     import zmq
     import zmq.auth
@@ -160,6 +165,10 @@ def run_client(name: str, endpoint: str, key_dir: str, slots: int, heartbeat_ms:
                     if h is not None and msg.of in ("activate", "started", "completed"):
                         live.pop(msg.attempt_id, None)
                         pull()
+                elif msg.of == "started" and h is not None and hold:
+                    tally.running += 1
+                    if tally.running == slots:
+                        results.put(("holding", name))
                 elif msg.of == "started" and h is not None:
                     send(m.LogChunk(worker_id=session["worker_id"], run_id=h.offer.run_id,
                                     attempt_id=h.offer.attempt_id, callback_token_hash=_sha256(h.token.encode()),
