@@ -68,7 +68,8 @@ _KIND = case(
      literal(SESSION_ENDED)),
     else_=null())
 _BASE = (
-    select(_A.c.run_id, _A.c.id.label("attempt_id"), _A.c.worker_id, _A.c.session_id, _A.c.evidence,
+    select(_A.c.run_id, _A.c.id.label("attempt_id"), _A.c.status, _A.c.worker_id, _A.c.session_id,
+           _A.c.session_generation, _A.c.evidence,
            _L.c.lease_generation, _L.c.expires_at_ms.label("lease_expires_at_ms"), _P.c.safety,
            _SESSION_END.label("session_end_ms"), _KIND.label("kind"))
     .select_from(_A.join(runs, runs.c.id == _A.c.run_id)
@@ -105,14 +106,20 @@ class WaitingAttempt:
 
     run_id: str
     attempt_id: str
+    attempt_status: str
     worker_id: str | None
+    session_generation: int | None
     lease_expires_at_ms: int | None
+    """None: the attempt holds no live lease."""
     evidence: str | None
+    """The recorded fact, if any (an untrusted one)."""
     reason: str
     eligible_at_ms: int | None
+    """When recovery marks it lost (idempotent runs whose session has ended), else None."""
 
     def to_json(self) -> dict:
-        return {"attempt_id": self.attempt_id, "run_id": self.run_id, "worker_id": self.worker_id,
+        return {"attempt_id": self.attempt_id, "run_id": self.run_id, "attempt_status": self.attempt_status,
+                "worker_id": self.worker_id, "session_generation": self.session_generation,
                 "expires_at_ms": self.lease_expires_at_ms, "evidence": self.evidence,
                 "eligible_at_ms": self.eligible_at_ms, "why": self.reason}
 
@@ -160,8 +167,8 @@ class ClusterRecoveryCases:
         ended = row.session_end_ms if row.session_end_ms is not None and row.session_end_ms <= now else None
         why: Waiting = waiting(WaitingFacts(row.worker_id, row.lease_expires_at_ms, row.evidence, row.safety,
                                             ended), now, self.recovery_grace_ms)
-        return WaitingAttempt(row.run_id, row.attempt_id, row.worker_id, row.lease_expires_at_ms, row.evidence,
-                              why.reason, why.eligible_at_ms)
+        return WaitingAttempt(row.run_id, row.attempt_id, row.status, row.worker_id, row.session_generation,
+                              row.lease_expires_at_ms, row.evidence, why.reason, why.eligible_at_ms)
 
     def resolve(self, candidate: EvidenceCandidate) -> Outcome:
         """Mark the candidate lost (or end it by its cancel intent) if, under its locks, its lease is
