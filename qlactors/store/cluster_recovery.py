@@ -12,8 +12,8 @@ by the page, by `waiting` and by the re-check under the locks:
 - `session_ended`: the run's safety is `idempotent|deduplicated` and the session named by the
   attempt's lease ended longer ago than the recovery grace (database time). A session ends when
   its lease expires, when a later generation supersedes it or `worker revoke` ends it
-  (`ended_at_ms`); a `draining` session counts as ended only a drain grace after its lease
-  expired.
+  (`ended_at_ms`); a drained session (`drained_at_ms`: a planned stop) counts as ended only a
+  drain grace after it ended (went offline, or its lease expired), even once superseded.
 
 `resolve` is one short transaction in the §9 lock order: the attempt's advisory lock, the
 session row (shared), the run, then the live lease row; under them it re-reads the candidate,
@@ -59,8 +59,9 @@ _NOW = bindparam("now", type_=BigInteger)
 # When the lease's session ended, as the idempotent rule counts it (NULL: it has not, or lives as
 # long as its process: edge).
 _SESSION_END = case(
+    (_S.c.drained_at_ms.is_not(None), func.coalesce(_S.c.ended_at_ms, _S.c.lease_expires_at_ms)
+     + bindparam("drain_grace_ms", type_=BigInteger)),
     (_S.c.status == "offline", _S.c.ended_at_ms),
-    (_S.c.status == "draining", _S.c.lease_expires_at_ms + bindparam("drain_grace_ms", type_=BigInteger)),
     else_=_S.c.lease_expires_at_ms)
 _KIND = case(
     (_A.c.evidence.in_(TRUSTED_FACTS), _A.c.evidence),
@@ -71,6 +72,7 @@ _BASE = (
     select(_A.c.run_id, _A.c.id.label("attempt_id"), _A.c.status, _A.c.worker_id, _A.c.session_id,
            _A.c.session_generation, _A.c.evidence,
            _L.c.lease_generation, _L.c.expires_at_ms.label("lease_expires_at_ms"), _P.c.safety,
+           _S.c.status.label("session_status"), _S.c.lease_expires_at_ms.label("session_expires_at_ms"),
            _SESSION_END.label("session_end_ms"), _KIND.label("kind"))
     .select_from(_A.join(runs, runs.c.id == _A.c.run_id)
                  .outerjoin(_L, and_(_L.c.attempt_id == _A.c.id, _L.c.status == LeaseStatus.LEASED.value))
@@ -164,7 +166,9 @@ class ClusterRecoveryCases:
         return None if row is None or row.kind is not None else self._waiting(row, now)
 
     def _waiting(self, row, now: int) -> WaitingAttempt:
-        ended = row.session_end_ms if row.session_end_ms is not None and row.session_end_ms <= now else None
+        over = row.session_status == "offline" or (row.session_expires_at_ms is not None
+                                                     and row.session_expires_at_ms <= now)
+        ended = row.session_end_ms if over else None  # as the rule counts it: maybe plus the drain grace
         why: Waiting = waiting(WaitingFacts(row.worker_id, row.lease_expires_at_ms, row.evidence, row.safety,
                                             ended), now, self.recovery_grace_ms)
         return WaitingAttempt(row.run_id, row.attempt_id, row.status, row.worker_id, row.session_generation,

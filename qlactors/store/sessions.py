@@ -121,7 +121,8 @@ class Sessions(Heartbeats, Attestations):
                     version=1, capacity=capacity, free_slots=capacity, heartbeat_at_ms=now,
                     lease_expires_at_ms=expires, created_at_ms=now, updated_at_ms=now, boot_id=boot_id,
                     resume_secret_hash=resume_secret_hash, heartbeat_seq=0, heartbeat_answer=None,
-                    labels_json=labels_json(labels), clock_skew_ms=None, ended_at_ms=None)):
+                    labels_json=labels_json(labels), clock_skew_ms=None, ended_at_ms=None,
+                    drained_at_ms=None)):
                 raise Conflict(f"worker {worker_id!r} registered generation {generation} meanwhile")
             return Session(session_id, worker_id, generation, capacity, lease_expires_at_ms=expires,
                            labels=labels, boot_id=boot_id)
@@ -179,9 +180,10 @@ class Sessions(Heartbeats, Attestations):
         """End a session: `draining` (stop offering to it; its reports still count) or `offline`.
 
         `fenced` (nothing changed) when the session is not this worker's of that generation;
-        `draining` is also refused for a session that has ended or expired. Going `offline`
-        records `ended_at_ms` (the drain grace counts from it); repeating it answers `applied`
-        with detail `already_offline`.
+        `draining` is also refused for a session that has ended or expired. Either records
+        `drained_at_ms` (a planned stop: recovery adds the drain grace to its end); going
+        `offline` records `ended_at_ms` (the drain grace counts from it); repeating it answers
+        `applied` with detail `already_offline`.
         """
         if status not in _END_STATUSES:
             raise BadInput(f"a session ends {' or '.join(_END_STATUSES)}")
@@ -198,7 +200,8 @@ class Sessions(Heartbeats, Attestations):
             if status == "draining":
                 if detail is not None:
                     return Outcome(REFUSED, detail)
-                update_session(conn, session, now, status="draining")
+                update_session(conn, session, now, status="draining", drained_at_ms=now)
             else:
-                update_session(conn, session, now, status="offline", ended_at_ms=ended_at(session, now))
+                update_session(conn, session, now, status="offline", ended_at_ms=ended_at(session, now),
+                               drained_at_ms=session.drained_at_ms or now)
             return Outcome(APPLIED)
