@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import BigInteger, and_, bindparam, case, func, literal, null, or_, select
+from sqlalchemy import BigInteger, and_, bindparam, case, func, literal_column, null, or_, select
 
 from ..domain.recovery_evidence import (
     GRACE_SAFETIES,
@@ -42,7 +42,7 @@ from ..errors import BadInput
 from .control_rows import page_size
 from .dispatch_queries import SESSION_SHARED
 from .engine import Store
-from .plans import load_open_pair
+from .plans import load_open_pair, sql_states
 from .records import REFUSED, Outcome
 from .recovery_cases import lost_in
 from .schema import run_attempts, run_dispatch_leases, run_retry_policies, runs, worker_sessions
@@ -52,8 +52,14 @@ ACTOR = "recovery"
 WAITING_SHOWN = 20
 
 _A, _L, _S, _P = run_attempts, run_dispatch_leases, worker_sessions, run_retry_policies
-_LIVE = (AttemptStatus.STARTING.value, AttemptStatus.RUNNING.value)
-_RUNS = (RunStatus.DISPATCHING.value, RunStatus.RUNNING.value, RunStatus.LOST.value)
+_LIVE = sql_states(AttemptStatus.STARTING, AttemptStatus.RUNNING)
+_RUNS = sql_states(RunStatus.DISPATCHING, RunStatus.RUNNING, RunStatus.LOST)
+
+
+def _words(*words: str) -> list:
+    """Constant words written into the SQL (as `sql_states`: the statements are built once)."""
+    return [literal_column(repr(w)) for w in words]
+
 
 _NOW = bindparam("now", type_=BigInteger)
 # When the lease's session ended, as the idempotent rule counts it (NULL: it has not, or lives as
@@ -64,9 +70,9 @@ _SESSION_END = case(
     (_S.c.status == "offline", _S.c.ended_at_ms),
     else_=_S.c.lease_expires_at_ms)
 _KIND = case(
-    (_A.c.evidence.in_(TRUSTED_FACTS), _A.c.evidence),
-    (and_(_P.c.safety.in_(GRACE_SAFETIES), _SESSION_END <= _NOW - bindparam("grace_ms", type_=BigInteger)),
-     literal(SESSION_ENDED)),
+    (_A.c.evidence.in_(_words(*TRUSTED_FACTS)), _A.c.evidence),
+    (and_(_P.c.safety.in_(_words(*GRACE_SAFETIES)), _SESSION_END <= _NOW - bindparam("grace_ms", type_=BigInteger)),
+     literal_column(repr(SESSION_ENDED))),
     else_=null())
 _BASE = (
     select(_A.c.run_id, _A.c.id.label("attempt_id"), _A.c.status, _A.c.worker_id, _A.c.session_id,

@@ -23,6 +23,7 @@ from .attestations import Attestations
 from .dispatch_queries import SESSION_LOCKED
 from .engine import Store
 from .heartbeats import Heartbeats
+from .plans import sql_states
 from .records import APPLIED, FENCED, REFUSED, Fenced, Outcome, Session, check_hash, check_id
 from .schema import run_attempts, run_dispatch_leases, worker_keys, worker_sessions
 from .session_rows import LATEST_GENERATION, update_session
@@ -53,7 +54,7 @@ class Unactivated:
 _OLD_BOOT = select(_WS.c.boot_id).where(_WS.c.session_id == run_attempts.c.session_id).scalar_subquery()
 _REBOOTED = run_attempts.update().where(and_(
     run_attempts.c.worker_id == bindparam("w_worker_id"),
-    run_attempts.c.status.in_((AttemptStatus.STARTING.value, AttemptStatus.RUNNING.value)),
+    run_attempts.c.status.in_(sql_states(AttemptStatus.STARTING, AttemptStatus.RUNNING)),
     or_(run_attempts.c.evidence.is_(None), run_attempts.c.evidence == LAUNCH_UNKNOWN),
     or_(run_attempts.c.boot_id != bindparam("w_boot_id"),
         and_(run_attempts.c.boot_id.is_(None), _OLD_BOOT != bindparam("w_boot_id")))))
