@@ -1,5 +1,6 @@
 """Two control replicas racing on every pair of operations that share rows (SEMANTICS.md §9): two
-Pulls, a Pull and a renewal, a renewal and a Completed, a Completed and a cancel.
+Pulls, a Pull and a renewal, a renewal and a Completed, a Completed and a cancel, two recoveries
+of one attempt and two retries of one lost run (§10).
 
 "Two replicas" are two `Repository` objects on one fresh PostgreSQL schema, each with its own
 connection pool and the server timeouts a replica sets (`DatabaseSettings.store_options()`),
@@ -16,12 +17,16 @@ import threading
 import time
 
 import pytest
-from sqlalchemy import func, select, text
+from sqlalchemy import func, select, text, update
 
 from qlactors.cluster_config import DatabaseSettings
 from qlactors.domain.receipt import Receipt
+from qlactors.domain.retry import RetryPolicy
+from qlactors.store.cluster_recovery import ClusterRecoveryCases
 from qlactors.store.completion import CompletionService
+from qlactors.store.control import Control
 from qlactors.store.dispatch import Dispatch
+from qlactors.store.lost_retry import LostRetry
 from qlactors.store.repository import Repository
 from qlactors.store.schema import run_dispatch_leases, run_events
 from store_helpers import db_state, new_hash, spec
@@ -216,3 +221,59 @@ def test_a_completed_racing_a_cancel_ends_in_exactly_one_allowed_outcome(replica
         assert sum(t in TERMINAL_EVENTS for t in types) == 1
         orders.add(cancel.outcome)
     assert orders <= {"already_terminal", "requested"}
+
+
+# -- recovery and retry (SEMANTICS.md §10): the same page on both replicas, one winner ----------
+
+def recovery_cases(replica):
+    return ClusterRecoveryCases(replica.repo.store, recovery_grace_ms=120_000, drain_grace_ms=900_000)
+
+
+def test_two_replicas_recovering_the_same_attempt_mark_it_lost_once_and_release_the_lease_once(replicas):
+    """Per round: a started attempt whose worker attested `stopped` and whose lease expired; both
+    replicas read the same page, then resolve it at once."""
+    a, b = replicas
+    cases_a, cases_b = recovery_cases(a), recovery_cases(b)
+    for r in range(ROUNDS):
+        session = register(a.dispatch, f"w{r}")
+        flight = launch(a.repo, a.dispatch, session)
+        quote = flight.quote
+        assert a.dispatch.attest(session.worker_id, session.session_id, session.generation, quote,
+                                 session.session_id, session.generation, "stopped",
+                                 run_lease_ms=30_000).result == "applied"
+        with a.repo.store.write() as conn:
+            conn.execute(update(run_dispatch_leases).where(run_dispatch_leases.c.attempt_id == quote.attempt_id)
+                         .values(expires_at_ms=1))
+        [seen_a], _ = cases_a.page(16)
+        [seen_b], _ = cases_b.page(16)
+        assert seen_a == seen_b
+        outcomes = race(lambda: cases_a.resolve(seen_a), lambda: cases_b.resolve(seen_b))
+        assert sorted(o.result for o in outcomes) == ["already_terminal", "applied"]
+        assert event_types(a.repo, quote.run_id).count("attempt.lost") == 1
+        [lease] = db_state(a.repo, quote.run_id)[2]
+        assert (lease["status"], lease["release_reason"], lease["version"]) == ("released", "lease_expired", 2)
+
+
+def test_two_replicas_retrying_the_same_lost_run_make_exactly_one_new_attempt(replicas):
+    """Per round: a lost run whose idempotent policy allows a retry with no backoff; both replicas
+    resolve it at once, then both requeue it at once."""
+    a, b = replicas
+    policy = RetryPolicy(max_attempts=3, retry_on_lost=True, safety="idempotent", backoff_base_ms=0,
+                         backoff_max_ms=0)
+    retry_a, retry_b = LostRetry(a.repo.store), LostRetry(b.repo.store)
+    for r in range(ROUNDS):
+        session = register(a.dispatch, f"w{r}")
+        flight = launch(a.repo, a.dispatch, session, retry=policy)
+        run_id = flight.quote.run_id
+        assert Control(a.repo.store).mark_lost(run_id, flight.quote.attempt_id,
+                                               "RECOVERY_PROCESS_STOPPED").result == "applied"
+        resolved = race(lambda: retry_a.resolve_lost(run_id), lambda: retry_b.resolve_lost(run_id))
+        assert "applied" in [o.result for o in resolved]
+        assert event_types(a.repo, run_id).count("run.retry_scheduled") == 1
+        requeued = race(lambda: retry_a.requeue(run_id), lambda: retry_b.requeue(run_id))
+        assert [o.result for o in requeued].count("applied") == 1
+        run, attempts, _leases, _ = db_state(a.repo, run_id)
+        assert run["status"] == "queued"
+        assert [(x["number"], x["status"]) for x in attempts] == [(1, "lost"), (2, "claimed")]
+        assert event_types(a.repo, run_id).count("run.queued") == 2  # admission, then the retry
+        assert a.repo.runs.cancel(run_id).outcome == "cancelled"  # not offered in the next round

@@ -43,10 +43,11 @@ def register(dispatch, worker_id, secret_hash=None, boot_id=BOOT, capacity=4) ->
                                      session_lease_ms=LEASE_MS, resume_secret_hash=secret_hash or new_hash())
 
 
-def launch(repo, dispatch, session, *, activated=True, started=True) -> Flight:
-    """Admit a run of a fresh task and offer it to `session` (activated and started by default)."""
+def launch(repo, dispatch, session, *, activated=True, started=True, **spec_kw) -> Flight:
+    """Admit a run of a fresh task (`spec_kw` for its spec) and offer it to `session` (activated
+    and started by default)."""
     name = f"t{secrets.token_hex(4)}"
-    repo.tasks.add(spec(name))
+    repo.tasks.add(spec(name, **spec_kw))
     run_id = repo.runs.request(name).run.id
     lease_hash = new_hash()
     offer = dispatch.offer(session.worker_id, session.session_id, session.generation,

@@ -30,4 +30,6 @@ class Retry(RuntimeActor):
             log.warning("event=retry_page_failed error=%r", err)
             self.ctx.directory.tell("scheduler", StepDone(msg.cycle, self.name, False, repr(err)))
             return
-        self.ctx.directory.tell("scheduler", StepDone(msg.cycle, self.name, True, pending=bool(lost or due)))
+        full = len(lost) >= page or len(due) >= page  # more may wait: another cycle at once
+        self.ctx.directory.tell("scheduler", StepDone(msg.cycle, self.name, True, pending=bool(lost or due),
+                                                      more=full))

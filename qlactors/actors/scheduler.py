@@ -4,7 +4,8 @@ Order (SEMANTICS.md §10): 1. recovery page, 2. retry page, 3. cron admission (o
 schedules, run by the Scheduler itself), 4. workflow frontier (later), 5. timeouts and stop
 orders, then admission (executors are nudged when queued work waits). A step that fails or stays
 silent past its deadline ends the cycle: nothing is dispatched while authority is unknown. A tick
-during a cycle is coalesced; a full cron page asks for one more cycle at once.
+during a cycle is coalesced; a full cron page, or a step that says its page was full, asks
+for one more cycle at once.
 """
 
 from __future__ import annotations
@@ -100,6 +101,8 @@ class Scheduler(RuntimeActor):
             return  # a late answer to a cycle that already ended
         self.ctx.bridge.cancel_timer("scheduler-step")
         self.busy = self.busy or msg.pending
+        if msg.more:
+            self.pending = True  # more candidates than a page: another cycle at once, as for cron
         if not msg.ok:
             self._finish(ok=False, detail=f"{msg.step}: {msg.detail}")
             return

@@ -28,6 +28,7 @@ class StepDone:
     ok: bool
     detail: str = ""
     pending: bool = False  # the actor still has (or just did) work: the runtime is not idle
+    more: bool = False  # its page was full: the Scheduler runs another cycle right after this one
 
 
 @dataclass(frozen=True, slots=True)

@@ -128,7 +128,9 @@ def status(repo: Repository, args: argparse.Namespace) -> int:
     from ..store.control import Control
     from .runtime_commands import EXIT_DOWN
 
-    cluster = read_cluster_status(repo.store, args.cluster.settings.cadence_tick_ms)
+    settings = args.cluster.settings
+    cluster = read_cluster_status(repo.store, settings.cadence_tick_ms, recovery_grace_ms=settings.recovery_grace_ms,
+                                  drain_grace_ms=settings.drain_grace_ms)
     listed = Workers(repo.store).list()
     counts = {k: v for k, v in Control(repo.store).status_counts().runs.items() if v}
     active = {k: v for k, v in sorted(counts.items()) if not RunStatus(k).terminal}
@@ -136,7 +138,7 @@ def status(repo: Repository, args: argparse.Namespace) -> int:
     report = {"up": up, "profile": "cluster", "database": args.cluster.describe(),
               "replicas": [r.to_json() for r in cluster.replicas],
               "workers": [w.to_json() for w in listed.workers], "runs": counts, "active_runs": active,
-              "unresolved_recoveries": [e.to_json() for e in cluster.expired_leases]}
+              "unresolved_recoveries": [w.to_json() for w in cluster.waiting]}
     if args.json:
         render.dump_json(report)
         return 0 if up else EXIT_DOWN
@@ -154,10 +156,9 @@ def status(repo: Repository, args: argparse.Namespace) -> int:
     print(f"workers: {serving} serving of {len(listed.workers)}")
     render.table(render.worker_rows(listed.workers), render.WORKER_HEADER, indent="  ")
     print("active runs: " + (", ".join(f"{k} {v}" for k, v in active.items()) or "none"))
-    print(f"unresolved recoveries: {len(cluster.expired_leases)}")
-    for e in cluster.expired_leases:
-        print(f"  attempt {e.attempt_id} ({e.attempt_status}): lease of worker {e.worker_id} "
-              f"(generation {e.session_generation}) expired {render.when(e.expires_at_ms)}")
+    print(f"unresolved recoveries: {len(cluster.waiting)}")
+    for w in cluster.waiting:
+        print(f"  run {w.run_id} attempt {w.attempt_id} ({w.attempt_status}): {w.reason}")
     return 0 if up else EXIT_DOWN
 
 

@@ -236,11 +236,31 @@ def runs(repo: Repository, args: argparse.Namespace) -> int:
 
 def show(repo: Repository, args: argparse.Namespace) -> int:
     view = repo.runs.get(args.run_id)
+    waiting = _recovery_waiting(repo, args, view)
     if args.json:
-        render.dump_json(view.to_json())
+        data = view.to_json()
+        if waiting is not None:
+            for attempt in data["attempts"]:
+                if attempt["id"] == waiting.attempt_id:
+                    attempt["recovery"] = {"waiting": waiting.reason, "eligible_at_ms": waiting.eligible_at_ms}
+        render.dump_json(data)
     else:
         render.run_detail(view)
+        if waiting is not None:
+            print(f"\nrecovery: attempt {view.attempts[-1].number} waits: {waiting.reason}")
     return 0
+
+
+def _recovery_waiting(repo: Repository, args: argparse.Namespace, view) -> Any:
+    """On a cluster, why recovery has not judged the run's live attempt whose lease is missing or
+    expired yet (SEMANTICS.md §10 step 1); None otherwise, and always on edge."""
+    if args.cluster is None or not view.attempts or view.attempts[-1].state not in ("starting", "running"):
+        return None
+    from ..store.cluster_recovery import ClusterRecoveryCases
+
+    settings = args.cluster.settings
+    return ClusterRecoveryCases(repo.store, recovery_grace_ms=settings.recovery_grace_ms,
+                                drain_grace_ms=settings.drain_grace_ms).waiting_for(view.attempts[-1].id)
 
 
 _CANCEL_TEXT = {

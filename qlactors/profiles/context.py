@@ -7,7 +7,8 @@ Who reads what (`ctx.<field>` in qlactors/actors):
   `fatal`, `health`; the Supervisor runs on every profile and reads that part and `admitting`,
   and `each_cycle` after a cycle (only where a Scheduler runs: the control side).
 - control side: the Gateway (`dispatch`, `completion`, `sessions`), the Scheduler (`cron`,
-  `control`, `retention`), Retry (`lost_retry`), ClusterRecovery (`repo`).
+  `control`, `retention`), Retry (`lost_retry`), ClusterRecovery (`repo`, `recovery_grace_ms`,
+  `drain_grace_ms`).
 - worker side: the Executor (`journal`, `receipts`, `logs`, `local_receipts`, `boot_id`,
   `launcher_shell`, `labels`, `session`), the ReceiptConsumer (`journal`, `receipts`,
   `local_receipts`, `boot_id`, `session`, `completion_facts`, `log_retention`), the LogSender
@@ -104,6 +105,11 @@ class ControlContext(SharedContext):
     cleared by the Scheduler when a step failed or stayed silent, and set again by the next cycle
     that gets through. The Gateway offers nothing while it is clear: no new work is dispatched
     while recovery's or retry's authority is unknown (SEMANTICS.md §10)."""
+    recovery_grace_ms: int | None = None
+    drain_grace_ms: int | None = None
+    """A replica's windows for ClusterRecovery's idempotent rule (SEMANTICS.md §10 step 1): how long
+    after its session ended an idempotent attempt is lost, and how much longer a drained session
+    counts as alive. None on edge, whose Recovery judges from its own process's facts."""
 
     @property
     def health(self) -> Any:

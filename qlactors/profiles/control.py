@@ -116,7 +116,8 @@ class ControlRuntime(Runner):
             cron=CronAdmission(store), retention=Retention(store, None, None),
             sessions=ClusterSessions(dispatch, LogChunks(store), control, heartbeat_ms=cfg.heartbeat_ms,
                                      session_lease_ms=cfg.session_lease_ms, run_lease_ms=cfg.run_lease_ms),
-            each_cycle=(authenticator_running, refresh_allow_list, replica_heartbeat))
+            each_cycle=(authenticator_running, refresh_allow_list, replica_heartbeat),
+            recovery_grace_ms=cfg.recovery_grace_ms, drain_grace_ms=cfg.drain_grace_ms)
         self.ctx = ctx
         watch_store(ctx)
         bridge.route_control(directory.named("gateway"))

@@ -145,9 +145,11 @@ class Attestations:
                 token_hash=token_hash, offer_id=offer_id, expires_at_ms=expires, release_reason=None,
                 created_at_ms=now, updated_at_ms=now)):
             raise Conflict(f"lease {new_generation} of attempt {attempt.id} was written meanwhile")
+        # The process runs: whatever not-running fact an earlier attestation recorded is void.
         projection = dict(offer_id=offer_id, lease_generation=new_generation, lease_version=1,
                           lease_expires_at_ms=expires, worker_id=session.worker_id,
-                          session_id=session.session_id, session_generation=session.generation)
+                          session_id=session.session_id, session_generation=session.generation,
+                          evidence=None, evidence_at_ms=None)
         if stored is None:
             apply_plan(conn, plan_started(run_snapshot(run), attempt_snapshot(attempt)), now,
                        actor_type=ACTOR, expected_callback_sequence=attempt.callback_sequence,

@@ -1,5 +1,6 @@
 """What `qlactors status` reads on a cluster besides runs and workers: the control replicas
-(`control_replicas`) and the live attempts whose lease has expired (recovery's open cases)."""
+(`control_replicas`) and recovery's open cases, the live attempts whose lease is missing or
+expired and that wait for evidence, with the reason (SEMANTICS.md §10 step 1)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,11 @@ from typing import Any
 
 from sqlalchemy import and_, func, select
 
-from ..domain.states import AttemptStatus, LeaseStatus
+from .cluster_recovery import ClusterRecoveryCases, WaitingAttempt
 from .engine import Store
-from .schema import control_replicas, run_attempts, run_dispatch_leases
+from .schema import control_replicas
 
 REPLICA_SLACK_MS = 5_000  # a replica is up when it wrote its heartbeat within 3 ticks + this
-EXPIRED_LEASES_SHOWN = 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,29 +39,12 @@ class ReplicaView:
 
 
 @dataclass(frozen=True, slots=True)
-class ExpiredLease:
-    """A starting or running attempt whose lease is still `leased` but past its expiry: recovery
-    decides it once the worker's session has been gone for the recovery grace (SEMANTICS.md §10)."""
-
-    attempt_id: str
-    run_id: str
-    attempt_status: str
-    worker_id: str
-    session_generation: int
-    expires_at_ms: int
-
-    def to_json(self) -> dict[str, Any]:
-        return {"attempt_id": self.attempt_id, "run_id": self.run_id, "attempt_status": self.attempt_status,
-                "worker_id": self.worker_id, "session_generation": self.session_generation,
-                "expires_at_ms": self.expires_at_ms,
-                "why": f"lease of worker {self.worker_id} (generation {self.session_generation}) expired"}
-
-
-@dataclass(frozen=True, slots=True)
 class ClusterStatus:
     at_ms: int  # database time of the read
     replicas: tuple[ReplicaView, ...]  # newest start first
-    expired_leases: tuple[ExpiredLease, ...]  # oldest expiry first, at most EXPIRED_LEASES_SHOWN
+    waiting: tuple[WaitingAttempt, ...]
+    """Attempts whose lease is missing or expired, waiting for evidence, with the reason; oldest
+    expiry first, at most WAITING_SHOWN (store/cluster_recovery.py)."""
 
     @property
     def replicas_up(self) -> int:
@@ -81,27 +64,19 @@ def replicas_up(store: Store, cadence_tick_ms: int) -> int:
             control_replicas.c.heartbeat_at_ms >= now - _up_window_ms(cadence_tick_ms)))).scalar_one()
 
 
-def read_cluster_status(store: Store, cadence_tick_ms: int) -> ClusterStatus:
-    """One read: replicas (up: not stopped, heartbeat within 3 ticks + 5 s) and expired leases."""
+def read_cluster_status(store: Store, cadence_tick_ms: int, *, recovery_grace_ms: int,
+                        drain_grace_ms: int) -> ClusterStatus:
+    """Replicas (up: not stopped, heartbeat within 3 ticks + 5 s), then, in a second read, the
+    attempts waiting for evidence, judged with the replicas' graces."""
     with store.read() as conn:
         now = store.now_ms(conn)
         rows = conn.execute(select(control_replicas).order_by(
             control_replicas.c.started_at_ms.desc(), control_replicas.c.replica_id)).all()
-        expired = conn.execute(
-            select(run_dispatch_leases.c.attempt_id, run_dispatch_leases.c.run_id,
-                   run_attempts.c.status, run_dispatch_leases.c.worker_id,
-                   run_dispatch_leases.c.session_generation, run_dispatch_leases.c.expires_at_ms)
-            .join(run_attempts, run_attempts.c.id == run_dispatch_leases.c.attempt_id)
-            .where(and_(run_dispatch_leases.c.status == LeaseStatus.LEASED.value,
-                        run_dispatch_leases.c.expires_at_ms.is_not(None),
-                        run_dispatch_leases.c.expires_at_ms <= now,
-                        run_attempts.c.status.in_((AttemptStatus.STARTING.value,
-                                                   AttemptStatus.RUNNING.value))))
-            .order_by(run_dispatch_leases.c.expires_at_ms, run_dispatch_leases.c.attempt_id)
-            .limit(EXPIRED_LEASES_SHOWN)).all()
     window = _up_window_ms(cadence_tick_ms)
     replicas = tuple(ReplicaView(r.replica_id, r.host, r.pid, r.bind, r.started_at_ms, r.heartbeat_at_ms,
                                  r.stopped_at_ms, r.stopped_at_ms is None and r.heartbeat_at_ms >= now - window,
                                  r.db_errors, r.last_db_error, r.last_db_error_at_ms)
                      for r in rows)
-    return ClusterStatus(now, replicas, tuple(ExpiredLease(*row) for row in expired))
+    cases = ClusterRecoveryCases(store, recovery_grace_ms=recovery_grace_ms, drain_grace_ms=drain_grace_ms)
+    _at, waiting = cases.waiting()
+    return ClusterStatus(now, replicas, tuple(waiting))

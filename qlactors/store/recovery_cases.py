@@ -76,19 +76,7 @@ class RecoveryCases:
             run, attempt, ended = load_open_pair(conn, run_id, attempt_id)
             if ended is not None:
                 return ended
-            if run.cancel_reason is not None:
-                return Outcome(REFUSED, "cancel_intent", run.status)
-            if run.status not in DISPATCHED:
-                return Outcome(REFUSED, f"run_{run.status}", run.status)
-            current = current_attempt(conn, run_id)
-            if current.id != attempt.id:
-                return Outcome(REFUSED, "not_current_attempt", run.status)
-            now = self.store.now_ms(conn)
-            plan = plan_lost(run_snapshot(run), attempt_snapshot(attempt), error_code)
-            apply_plan(conn, plan, now, actor_type=actor_type,
-                       expected_callback_sequence=attempt.callback_sequence)
-            end_lease(conn, attempt.id, now, _L.RELEASED, LeaseReleaseReason.LEASE_EXPIRED)
-            return Outcome(APPLIED, None, plan.run_to.value)
+            return lost_in(conn, run, attempt, error_code, self.store.now_ms(conn), actor_type=actor_type)
 
     def recovery_candidates(self, limit: int = DEFAULT_PAGE, after_attempt_id: str | None = None, *,
                             worker_id: str | None = None) -> tuple[list[Candidate], bool]:
@@ -200,6 +188,23 @@ class RecoveryCases:
             fence = Fence(session.worker_id, session.session_id, session.generation, run_id, attempt_id,
                           offer_id, generation, lease_token_hash, 1)
             return RebindResult(APPLIED, None, _R.RUNNING.value, fence)
+
+
+def lost_in(conn, run, attempt, error_code: str, now: int, *, actor_type: str) -> Outcome:
+    """`mark_lost`'s body, shared with cluster recovery: in the caller's transaction, which holds
+    the attempt's advisory lock and the run row (`load_open_pair`, both open), the attempt and run
+    `lost` and the live lease `released` (`lease_expired`, version + 1; none live: none invented)."""
+    if run.cancel_reason is not None:
+        return Outcome(REFUSED, "cancel_intent", run.status)
+    if run.status not in DISPATCHED:
+        return Outcome(REFUSED, f"run_{run.status}", run.status)
+    current = current_attempt(conn, run.id)
+    if current.id != attempt.id:
+        return Outcome(REFUSED, "not_current_attempt", run.status)
+    plan = plan_lost(run_snapshot(run), attempt_snapshot(attempt), error_code)
+    apply_plan(conn, plan, now, actor_type=actor_type, expected_callback_sequence=attempt.callback_sequence)
+    end_lease(conn, attempt.id, now, _L.RELEASED, LeaseReleaseReason.LEASE_EXPIRED)
+    return Outcome(APPLIED, None, plan.run_to.value)
 
 
 def _fence(session: Session, run_id: str, lease) -> Fence:

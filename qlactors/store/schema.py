@@ -427,12 +427,16 @@ worker_sessions = Table(
     Column("labels_json", Text, nullable=False, server_default=text("'[]'")),
     Column("clock_skew_ms", BigInteger),
     Column("ended_at_ms", MS),
+    # Schema 8: when the session was drained (`end_session`: a planned stop); recovery counts a
+    # drained session as ended only `drain_grace_ms` after it ended (SEMANTICS.md §9 Drain).
+    Column("drained_at_ms", MS),
     UniqueConstraint("worker_id", "generation"),
     CheckConstraint(_one_of("status", ("online", "draining", "offline")), name="status"),
     CheckConstraint("generation >= 1 AND version >= 0", name="counters"),
     CheckConstraint("capacity >= 0 AND free_slots >= 0 AND free_slots <= capacity", name="slots"),
     CheckConstraint("heartbeat_seq >= 0", name="heartbeat_seq_nonneg"),
-    *_ms("heartbeat_at_ms", "lease_expires_at_ms", "created_at_ms", "updated_at_ms", "ended_at_ms"),
+    *_ms("heartbeat_at_ms", "lease_expires_at_ms", "created_at_ms", "updated_at_ms", "ended_at_ms",
+         "drained_at_ms"),
 )
 
 run_dispatch_leases = Table(

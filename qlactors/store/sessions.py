@@ -13,8 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-from sqlalchemy import and_, bindparam, select
+from sqlalchemy import and_, bindparam, or_, select
 
+from ..domain.recovery_evidence import LAUNCH_UNKNOWN, REBOOTED
 from ..domain.states import AttemptStatus, LeaseStatus
 from ..errors import BadInput, Conflict
 from ..ids import new_id
@@ -22,6 +23,7 @@ from .attestations import Attestations
 from .dispatch_queries import SESSION_LOCKED
 from .engine import Store
 from .heartbeats import Heartbeats
+from .plans import sql_states
 from .records import APPLIED, FENCED, REFUSED, Fenced, Outcome, Session, check_hash, check_id
 from .schema import run_attempts, run_dispatch_leases, worker_keys, worker_sessions
 from .session_rows import LATEST_GENERATION, update_session
@@ -49,6 +51,24 @@ class Unactivated:
     lease_generation: int
 
 
+_OLD_BOOT = select(_WS.c.boot_id).where(_WS.c.session_id == run_attempts.c.session_id).scalar_subquery()
+_REBOOTED = run_attempts.update().where(and_(
+    run_attempts.c.worker_id == bindparam("w_worker_id"),
+    run_attempts.c.status.in_(sql_states(AttemptStatus.STARTING, AttemptStatus.RUNNING)),
+    or_(run_attempts.c.evidence.is_(None), run_attempts.c.evidence == LAUNCH_UNKNOWN),
+    or_(run_attempts.c.boot_id != bindparam("w_boot_id"),
+        and_(run_attempts.c.boot_id.is_(None), _OLD_BOOT != bindparam("w_boot_id")))))
+
+
+def _record_reboot(conn, worker_id: str, boot_id: str, now: int) -> None:
+    """The host rebooted since these attempts started (SEMANTICS.md §10): the worker registers on
+    another boot than the one in the attempt's identity or, with no identity recorded yet, than
+    its lease session's. Recorded as the attempts' evidence (`rebooted`), under the worker's lock,
+    so the candidate query stays a plain column test; at most the worker's capacity of rows."""
+    conn.execute(_REBOOTED, dict(evidence=REBOOTED, evidence_at_ms=now, updated_at_ms=now,
+                                 w_worker_id=worker_id, w_boot_id=boot_id))
+
+
 _KEY_OF = select(worker_keys.c.worker_id).where(worker_keys.c.worker_id == bindparam("worker_id"))
 
 
@@ -71,6 +91,8 @@ class Sessions(Heartbeats, Attestations):
         The new generation invalidates every fence of the old sessions at once. `session_lease_ms`
         None (edge): the session lives as long as the process; otherwise it expires at database
         time + the lease unless heartbeats renew it. Only the resume secret's hash is stored.
+        With a `boot_id`, the worker's `starting|running` attempts of another boot get the evidence
+        `rebooted` (unless a trusted fact is recorded already) for recovery (SEMANTICS.md §10).
         """
         check_id("worker id", worker_id, 128)
         check_capacity(capacity)
@@ -91,6 +113,8 @@ class Sessions(Heartbeats, Attestations):
             for old in previous:
                 if old.status != "offline":
                     update_session(conn, old, now, status="offline", ended_at_ms=ended_at(old, now))
+            if boot_id is not None:
+                _record_reboot(conn, worker_id, boot_id, now)
             expires = now + session_lease_ms if session_lease_ms is not None else None
             session_id = new_id()
             if not self.store.insert_new(conn, _WS, dict(
@@ -98,7 +122,8 @@ class Sessions(Heartbeats, Attestations):
                     version=1, capacity=capacity, free_slots=capacity, heartbeat_at_ms=now,
                     lease_expires_at_ms=expires, created_at_ms=now, updated_at_ms=now, boot_id=boot_id,
                     resume_secret_hash=resume_secret_hash, heartbeat_seq=0, heartbeat_answer=None,
-                    labels_json=labels_json(labels), clock_skew_ms=None, ended_at_ms=None)):
+                    labels_json=labels_json(labels), clock_skew_ms=None, ended_at_ms=None,
+                    drained_at_ms=None)):
                 raise Conflict(f"worker {worker_id!r} registered generation {generation} meanwhile")
             return Session(session_id, worker_id, generation, capacity, lease_expires_at_ms=expires,
                            labels=labels, boot_id=boot_id)
@@ -156,9 +181,10 @@ class Sessions(Heartbeats, Attestations):
         """End a session: `draining` (stop offering to it; its reports still count) or `offline`.
 
         `fenced` (nothing changed) when the session is not this worker's of that generation;
-        `draining` is also refused for a session that has ended or expired. Going `offline`
-        records `ended_at_ms` (the drain grace counts from it); repeating it answers `applied`
-        with detail `already_offline`.
+        `draining` is also refused for a session that has ended or expired. Either records
+        `drained_at_ms` (a planned stop: recovery adds the drain grace to its end); going
+        `offline` records `ended_at_ms` (the drain grace counts from it); repeating it answers
+        `applied` with detail `already_offline`.
         """
         if status not in _END_STATUSES:
             raise BadInput(f"a session ends {' or '.join(_END_STATUSES)}")
@@ -175,7 +201,8 @@ class Sessions(Heartbeats, Attestations):
             if status == "draining":
                 if detail is not None:
                     return Outcome(REFUSED, detail)
-                update_session(conn, session, now, status="draining")
+                update_session(conn, session, now, status="draining", drained_at_ms=now)
             else:
-                update_session(conn, session, now, status="offline", ended_at_ms=ended_at(session, now))
+                update_session(conn, session, now, status="offline", ended_at_ms=ended_at(session, now),
+                               drained_at_ms=session.drained_at_ms or now)
             return Outcome(APPLIED)

@@ -132,16 +132,20 @@ class Stops:
             attempt = current_attempt(conn, run_id)
             if attempt is None or attempt.id != attempt_id:
                 return Outcome(REFUSED, "not_current_attempt", run.status)
-            if run.cancel_reason is None:
-                return Outcome(REFUSED, "no_intent", run.status)
-            try:
-                plan = plan_end_by_intent(run_snapshot(run), attempt_snapshot(attempt))
-            except InvalidTransition:
-                return Outcome(REFUSED, f"run_{run.status}", run.status)
-            now = self.store.now_ms(conn)
-            apply_plan(conn, plan, now, actor_type=actor_type,
-                       expected_callback_sequence=attempt.callback_sequence)
-            reason = (LeaseReleaseReason.SHUTDOWN if run.cancel_reason == CancelReason.SHUTDOWN.value
-                      else LeaseReleaseReason.DECLINED)
-            end_lease(conn, attempt.id, now, _L.RELEASED, reason)
-            return Outcome(APPLIED, None, plan.run_to.value)
+            return end_by_intent_in(conn, run, attempt, self.store.now_ms(conn), actor_type=actor_type)
+
+
+def end_by_intent_in(conn, run, attempt, now: int, *, actor_type: str) -> Outcome:
+    """`end_by_intent`'s body, shared with cluster recovery: in the caller's transaction, which
+    holds the attempt's advisory lock and the run row, `attempt` being the run's current one."""
+    if run.cancel_reason is None:
+        return Outcome(REFUSED, "no_intent", run.status)
+    try:
+        plan = plan_end_by_intent(run_snapshot(run), attempt_snapshot(attempt))
+    except InvalidTransition:
+        return Outcome(REFUSED, f"run_{run.status}", run.status)
+    apply_plan(conn, plan, now, actor_type=actor_type, expected_callback_sequence=attempt.callback_sequence)
+    reason = (LeaseReleaseReason.SHUTDOWN if run.cancel_reason == CancelReason.SHUTDOWN.value
+              else LeaseReleaseReason.DECLINED)
+    end_lease(conn, attempt.id, now, _L.RELEASED, reason)
+    return Outcome(APPLIED, None, plan.run_to.value)

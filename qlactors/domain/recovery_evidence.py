@@ -1,0 +1,111 @@
+"""Cluster recovery's evidence (SEMANTICS.md §10 step 1): which facts prove that a `starting|running`
+attempt whose lease is missing or expired no longer runs, the error code each kind of proof gives
+the lost attempt, and the reason `status` and `show` give for an attempt still waiting.
+
+Pure: the store's candidate query computes the evidence kind from the rows (the same names), and
+passes database time in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from .states import RetrySafety
+from .transitions import ErrorCode
+
+# The facts recorded in `run_attempts.evidence` that are trusted not-running evidence: what the
+# worker attested (it stopped the process; the process ended, with or without a receipt; it was
+# never launched), what Register derived (the host rebooted since the attempt's identity or its
+# session's boot) and what `worker retire --confirm-stopped` wrote. `launch_unknown` is recorded
+# but never trusted: the launch may have happened.
+ATTESTED_TRUSTED = ("stopped", "ended", "ended_with_receipt", "never_launched")
+REBOOTED, RETIRED, LAUNCH_UNKNOWN = "rebooted", "retired", "launch_unknown"
+TRUSTED_FACTS = (*ATTESTED_TRUSTED, REBOOTED, RETIRED)
+# Not a recorded fact: the lease's session ended longer ago than the recovery grace, and the task
+# declared a duplicate harmless.
+SESSION_ENDED = "session_ended"
+EVIDENCE_KINDS = (*TRUSTED_FACTS, SESSION_ENDED)
+# The safeties for which the session's end past the grace is evidence enough.
+GRACE_SAFETIES = (RetrySafety.IDEMPOTENT.value, RetrySafety.DEDUPLICATED.value)
+
+_CODES = {
+    "stopped": ErrorCode.RECOVERY_PROCESS_STOPPED,
+    "ended": ErrorCode.RECOVERY_PROCESS_EXITED_WITHOUT_RECEIPT,
+    "ended_with_receipt": ErrorCode.RECOVERY_PROCESS_ENDED_WITH_RECEIPT,
+    "never_launched": ErrorCode.RECOVERY_NEVER_LAUNCHED,
+    REBOOTED: ErrorCode.RECOVERY_HOST_REBOOTED,
+    RETIRED: ErrorCode.RECOVERY_WORKER_RETIRED,
+    SESSION_ENDED: ErrorCode.RECOVERY_SESSION_ENDED,
+}
+
+
+def error_code(kind: str) -> str:
+    """The error code a lost attempt records for its evidence kind (ValueError for any other)."""
+    try:
+        return _CODES[kind]
+    except KeyError:
+        raise ValueError(f"{kind!r} is not trusted not-running evidence") from None
+
+
+@dataclass(frozen=True, slots=True)
+class WaitingFacts:
+    """What is known about an attempt whose lease is missing or expired but that has no evidence."""
+
+    worker_id: str | None
+    lease_expires_at_ms: int | None
+    """The live lease's expiry; None when the attempt holds no live lease."""
+    evidence: str | None
+    """The recorded fact, if any (an untrusted one: `launch_unknown`)."""
+    safety: str | None
+    """The run's retry safety; None without a retry policy (unknown)."""
+    session_ended_at_ms: int | None
+    """When the lease's session ended for the idempotent rule (drain grace included); None while
+    it has not."""
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    reason: str
+    eligible_at_ms: int | None
+    """Idempotent runs: when recovery will mark the attempt lost; None when only the worker or
+    an operator can settle it."""
+
+
+def waiting(facts: WaitingFacts, now_ms: int, recovery_grace_ms: int) -> Waiting:
+    """Why recovery does not mark the attempt lost yet, in words for `status` and `show`."""
+    worker = facts.worker_id or "?"
+    if facts.lease_expires_at_ms is None:
+        head = f"no live lease (worker {worker})"
+    else:
+        head = f"lease of worker {worker} expired {_ago(now_ms - facts.lease_expires_at_ms)} ago"
+    parts = [head]
+    if facts.evidence == LAUNCH_UNKNOWN:
+        parts.append("waiting for evidence: launch outcome unknown")
+    else:
+        parts.append("waiting for evidence")
+    eligible = None
+    if facts.safety in GRACE_SAFETIES:
+        if facts.session_ended_at_ms is None:
+            parts.append(f"{facts.safety}: lost once the session of worker {worker} has ended and "
+                         f"the recovery grace ({_ago(recovery_grace_ms)}) has passed")
+        else:
+            eligible = facts.session_ended_at_ms + recovery_grace_ms
+            parts.append(f"{facts.safety}: lost at {_when(eligible)} once the grace has passed")
+    else:
+        parts.append(f"unknown safety: waits for the worker or "
+                     f"`qlactors worker retire {worker} --confirm-stopped`")
+    return Waiting("; ".join(parts), eligible)
+
+
+def _ago(ms: int) -> str:
+    seconds = max(0, ms) // 1000
+    if seconds < 120:
+        return f"{seconds} s"
+    if seconds < 7200:
+        return f"{seconds // 60} min"
+    return f"{seconds // 3600} h"
+
+
+def _when(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")

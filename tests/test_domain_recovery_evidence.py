@@ -1,0 +1,65 @@
+"""Cluster recovery's evidence vocabulary (SEMANTICS.md §10 step 1): the code of each kind of proof
+and the reason an attempt waits. Pure."""
+
+from __future__ import annotations
+
+import pytest
+
+from qlactors.domain.recovery_evidence import (
+    EVIDENCE_KINDS,
+    TRUSTED_FACTS,
+    WaitingFacts,
+    error_code,
+    waiting,
+)
+from qlactors.domain.transitions import ErrorCode
+
+NOW = 1_800_000_000_000
+GRACE = 120_000
+
+
+def test_every_kind_has_its_own_code():
+    codes = {kind: error_code(kind) for kind in EVIDENCE_KINDS}
+    assert codes == {
+        "stopped": ErrorCode.RECOVERY_PROCESS_STOPPED,
+        "ended": ErrorCode.RECOVERY_PROCESS_EXITED_WITHOUT_RECEIPT,
+        "ended_with_receipt": ErrorCode.RECOVERY_PROCESS_ENDED_WITH_RECEIPT,
+        "never_launched": ErrorCode.RECOVERY_NEVER_LAUNCHED,
+        "rebooted": ErrorCode.RECOVERY_HOST_REBOOTED,
+        "retired": ErrorCode.RECOVERY_WORKER_RETIRED,
+        "session_ended": ErrorCode.RECOVERY_SESSION_ENDED,
+    }
+    assert len(set(codes.values())) == len(codes)
+
+
+@pytest.mark.parametrize("kind", ["launch_unknown", "running", "", "unreadable"])
+def test_anything_else_is_not_evidence(kind):
+    assert kind not in TRUSTED_FACTS
+    with pytest.raises(ValueError):
+        error_code(kind)
+
+
+def facts(**kw):
+    base = dict(worker_id="w1", lease_expires_at_ms=NOW - 12_000, evidence=None, safety="unknown",
+                session_ended_at_ms=None)
+    base.update(kw)
+    return WaitingFacts(**base)
+
+
+def test_unknown_safety_waits_for_the_worker_or_retire():
+    why = waiting(facts(evidence="launch_unknown", session_ended_at_ms=NOW - 600_000), NOW, GRACE)
+    assert why.reason == ("lease of worker w1 expired 12 s ago; waiting for evidence: launch outcome unknown; "
+                          "unknown safety: waits for the worker or `qlactors worker retire w1 --confirm-stopped`")
+    assert why.eligible_at_ms is None
+
+
+def test_idempotent_says_when_it_will_be_lost():
+    why = waiting(facts(safety="idempotent", session_ended_at_ms=NOW - 20_000), NOW, GRACE)
+    assert why.eligible_at_ms == NOW - 20_000 + GRACE
+    assert why.reason.endswith("idempotent: lost at 2027-01-15 08:01:40Z once the grace has passed")
+
+
+def test_idempotent_with_a_live_session_waits_for_its_end():
+    why = waiting(facts(safety="deduplicated", lease_expires_at_ms=None), NOW, GRACE)
+    assert why.reason.startswith("no live lease (worker w1); waiting for evidence; deduplicated: lost once ")
+    assert "recovery grace (2 min)" in why.reason and why.eligible_at_ms is None
