@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from ..faults import crash_point
-from ..process.identity import Liveness, probe
+from ..worker.evidence import ENDED, ENDED_WITH_RECEIPT, REBOOTED, probe_journal
 from ..wire import messages as m
 from .base import RuntimeActor, now_ms
 from .signals import Cleanup, Consume, LogFinal, NoReceipt, Resume, SessionOpen
@@ -16,6 +16,7 @@ from .signals import Cleanup, Consume, LogFinal, NoReceipt, Resume, SessionOpen
 log = logging.getLogger("qlactors.receipts")
 
 RESUME_PAGE = 64
+ENDED_FACTS = (ENDED_WITH_RECEIPT, ENDED, REBOOTED)  # probed facts whose receipt (or none) decides
 # A cluster worker keeps a finished attempt's local log this long once it is acknowledged to
 # its final offset (the control side's copy is the one `qlactors logs` reads).
 LOCAL_LOG_KEEP_MS = 3_600_000
@@ -53,19 +54,20 @@ class ReceiptConsumer(RuntimeActor):
 
     def on_resume(self, _msg: Resume, _peer: bytes) -> None:
         """pykka dropped the Consumes queued for the dead instance, and the Executor has already
-        forgotten those attempts: consume again every journaled launcher that is not running
-        (a missing receipt goes the usual way, NoReceipt, then recovery judges). A running one
-        is left to the Executor, which watches it; a Consume that also comes from there is
-        harmless (the second completion is `already_terminal`)."""
-        boot_id = self.ctx.boot_id()
-        files = self.ctx.local_receipts
-        for entry in self.ctx.journal.each(("launching", "started"), RESUME_PAGE):
-            identity = files.launcher_identity(entry)
-            if identity is None:  # still being launched (the Executor holds it)
-                continue
-            if probe(identity, current_boot_id=boot_id) is not Liveness.RUNNING:
-                log.info("event=receipt_looked_again run=%s attempt=%s", entry.run_id, entry.attempt_id)
-                self.actor_ref.tell(Consume(entry.run_id, entry.attempt_id))
+        forgotten those attempts: consume again every journaled launcher the evidence says has
+        ended (`worker/evidence.py`: gone or another boot after the publish grace, or a receipt
+        is there; a missing receipt goes the usual way, NoReceipt, then recovery judges). A
+        running one is left to the Executor, which watches it; one being launched, or whose /proc
+        is unreadable (not evidence), is the Executor's to probe. A Consume that also comes from
+        there is harmless (the second completion is `already_terminal`)."""
+        grace_s = self.ctx.config.runtime.publish_grace_ms / 1000
+        for found in probe_journal(self.ctx.journal, receipts=self.ctx.local_receipts,
+                                   current_boot_id=self.ctx.boot_id(), grace_s=grace_s, page=RESUME_PAGE):
+            if found.fact in ENDED_FACTS:
+                entry = found.entry
+                log.info("event=receipt_looked_again run=%s attempt=%s fact=%s", entry.run_id,
+                         entry.attempt_id, found.fact)
+                self.actor_ref.tell(Consume(entry.run_id, entry.attempt_id, recheck=True))
 
     def _schedule_cleanup(self) -> None:
         interval = self.ctx.config.runtime.receipt_cleanup_interval_ms / 1000
