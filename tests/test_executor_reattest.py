@@ -48,8 +48,8 @@ class ClusterRig(ExecutorRig):
                                                   session_lease_ms=LEASES["session_lease_ms"],
                                                   resume_secret_hash=token_hash(new_token()))
 
-    def welcome_to(self, session) -> None:
-        self.peer.send(welcome_message(session, resume_secret=new_token(), **LEASES))
+    def welcome_to(self, session, **timings: int) -> None:
+        self.peer.send(welcome_message(session, resume_secret=new_token(), **{**LEASES, **timings}))
 
     def heartbeat(self) -> m.Heartbeat:
         self.ref.tell(HeartbeatDue())

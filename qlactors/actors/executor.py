@@ -50,6 +50,7 @@ class Local:
     session_id: str = ""  # the session the lease was granted to (from Offers)
     session_generation: int = 0
     lease: LeaseFacts | None = None  # the lease held now (renewed by heartbeats, re-bound by Attest)
+    deadline_ms: int | None = None  # a cluster worker's own deadline (its clock): activation + timeout
 
 
 class Executor(SessionReports, Adoption, RuntimeActor):
@@ -72,6 +73,7 @@ class Executor(SessionReports, Adoption, RuntimeActor):
         self.rebinding: dict[str, Any] = {}
         self.unprobed: set[str] = set()  # journal rows whose /proc was unreadable: probed again
         self.pull_sent_at = 0.0  # monotonic
+        self.answered_at = time.monotonic()  # the last Welcome or heartbeat answer: a replica reached
 
     def handlers(self):
         return {
@@ -108,6 +110,7 @@ class Executor(SessionReports, Adoption, RuntimeActor):
     def on_welcome(self, msg: m.Welcome, _peer: bytes) -> None:
         self.session = msg
         self.worker_id = msg.worker_id
+        self.answered_at = time.monotonic()
         if msg.session_lease_ms is not None:  # a cluster session: kept for a resume, heartbeats on
             self.ctx.journal.save_session(msg.worker_id, msg.session_id, msg.session_generation,
                                           msg.resume_secret, self.ctx.boot_id())
@@ -217,8 +220,8 @@ class Executor(SessionReports, Adoption, RuntimeActor):
         offer = local.offer
         if self._cluster():  # "finished in time" is judged on this worker's own clock (§5)
             started = wall_ms()
-            self.ctx.journal.activated(offer.attempt_id, started,
-                                       None if offer.timeout_ms is None else started + offer.timeout_ms)
+            local.deadline_ms = None if offer.timeout_ms is None else started + offer.timeout_ms
+            self.ctx.journal.activated(offer.attempt_id, started, local.deadline_ms)
         # The offer names the cap; this executor's own setting bounds it (a worker's config).
         log_cap = min(offer.log_cap_bytes, self.ctx.config.runtime.log_cap_bytes)
         self.ctx.journal.set_state(offer.attempt_id, "launching")

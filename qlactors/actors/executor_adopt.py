@@ -110,7 +110,8 @@ class Adoption:
             os.close(pidfd)  # ended, or the pid was recycled, between the probe and the open
             self.on_consume(Consume(entry.run_id, entry.attempt_id), b"")
             return
-        local = Local(run_id=entry.run_id, attempt_id=entry.attempt_id, identity=identity, pidfd=pidfd)
+        local = Local(run_id=entry.run_id, attempt_id=entry.attempt_id, identity=identity, pidfd=pidfd,
+                      deadline_ms=entry.local_deadline_ms)
         self.live[entry.attempt_id] = local
         self.ctx.bridge.watch(pidfd, entry.attempt_id, self.me)
         log.info("event=adopted run=%s attempt=%s pid=%d", entry.run_id, entry.attempt_id, identity.pid)

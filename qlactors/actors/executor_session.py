@@ -19,6 +19,8 @@ from .signals import HeartbeatDue
 
 log = logging.getLogger("qlactors.executor")
 
+CUT_OFF_BEATS = 2  # heartbeat intervals without an answer: no replica is reachable (§7)
+
 
 def wall_ms() -> int:
     return time.time_ns() // 1_000_000
@@ -49,7 +51,30 @@ class SessionReports:
             renewals=renewals))
         self._repeat_pull()
         self._reprobe()
+        self._enforce_deadlines()
         self._schedule_heartbeat()
+
+    def _enforce_deadlines(self) -> None:
+        """Cut off from every replica (no heartbeat answered for `CUT_OFF_BEATS` intervals), the
+        worker enforces its jobs' deadlines itself (SEMANTICS.md §7): past its own deadline
+        (activation on this clock + timeout) a job gets a local timeout intent in the journal,
+        then the stop by exact identity. The report is its Completed, once a replica is reached
+        again: finished after this worker's deadline (`finished_in_time` False), and the control
+        side, which committed its own timeout intent at the database deadline whatever the
+        worker's reach, ends the run `timed_out`. While a replica answers, its StopRequested
+        stops the job."""
+        if time.monotonic() - self.answered_at < CUT_OFF_BEATS * self.session.heartbeat_ms / 1000:
+            return
+        now = wall_ms()
+        for local in self.live.values():
+            if local.deadline_ms is None or now < local.deadline_ms:
+                continue
+            if local.identity is None or local.stop_phase is not None:
+                continue
+            self.ctx.journal.timeout_intent(local.attempt_id, now)
+            log.warning("event=local_timeout run=%s attempt=%s deadline_ms=%d cut_off_s=%.1f", local.run_id,
+                        local.attempt_id, local.deadline_ms, time.monotonic() - self.answered_at)
+            self._begin_stop(local, "timeout")
 
     def _decline_unknown(self, welcome: m.Welcome) -> None:
         """Decline each lease Welcome lists as never activated that this instance does not hold
@@ -132,6 +157,7 @@ class SessionReports:
     def on_heartbeat_ack(self, msg: m.HeartbeatAck, _peer: bytes) -> None:
         """Renewed leases go on; a fenced one's process is stopped by its exact identity (and attested
         when it has ended); an ended session means registering anew. Edge sends no heartbeat."""
+        self.answered_at = time.monotonic()  # a replica was reached, whatever it answers
         if self.session is None or msg.seq != self.heartbeat_seq:
             return  # the answer to an earlier heartbeat, or to a session already left
         if msg.session_ended:
