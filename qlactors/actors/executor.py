@@ -22,16 +22,17 @@ from ..process.launch import job_environment, signal_job, spawn, uptime_ms
 from ..store.engine import StoreUnavailable
 from ..wire import codec
 from ..wire import messages as m
-from ..wire.bridge import ProcessExited
+from ..wire.bridge import Inbound, ProcessExited
 from ..worker.journal_records import LeaseFacts
 from .base import RuntimeActor
-from .executor_adopt import Adoption
+from .executor_adopt import Adoption, Rebinding
 from .executor_session import SessionReports, wall_ms
 from .signals import Consume, HeartbeatDue, NoReceipt, SessionOpen, ShipLog, StopCheck
 
 log = logging.getLogger("qlactors.executor")
 
 CONSUME_RETRY_S = 0.1  # a ReceiptConsumer restart takes milliseconds
+
 
 @dataclass
 class Local:
@@ -70,10 +71,10 @@ class Executor(SessionReports, Adoption, RuntimeActor):
         self.pending_pull: tuple[str, dict[str, str]] | None = None
         self.pull_message: m.Pull | None = None  # the waiting Pull as sent, to repeat it unchanged
         # Survivors attested `running`, their answers pending (executor_adopt.Rebinding).
-        self.rebinding: dict[str, Any] = {}
+        self.rebinding: dict[str, Rebinding] = {}
         self.unprobed: set[str] = set()  # journal rows whose /proc was unreadable: probed again
         self.pull_sent_at = 0.0  # monotonic
-        self.answered_at = time.monotonic()  # the last Welcome or heartbeat answer: a replica reached
+        self.answered_at = time.monotonic()  # the last message from the control side (any replica)
 
     def handlers(self):
         return {
@@ -83,6 +84,11 @@ class Executor(SessionReports, Adoption, RuntimeActor):
             ProcessExited: self.on_exited, StopCheck: self.on_stop_check, NoReceipt: self.on_no_receipt,
             Consume: self.on_consume, HeartbeatDue: self.on_heartbeat_due,
         }
+
+    def on_receive(self, message: Any) -> Any:
+        if isinstance(message, Inbound):  # any message from the control side: a replica is reachable
+            self.answered_at = time.monotonic()
+        return super().on_receive(message)
 
     def started(self) -> None:
         self._register(resume=True)
@@ -110,7 +116,6 @@ class Executor(SessionReports, Adoption, RuntimeActor):
     def on_welcome(self, msg: m.Welcome, _peer: bytes) -> None:
         self.session = msg
         self.worker_id = msg.worker_id
-        self.answered_at = time.monotonic()
         if msg.session_lease_ms is not None:  # a cluster session: kept for a resume, heartbeats on
             self.ctx.journal.save_session(msg.worker_id, msg.session_id, msg.session_generation,
                                           msg.resume_secret, self.ctx.boot_id())

@@ -55,14 +55,14 @@ class SessionReports:
         self._schedule_heartbeat()
 
     def _enforce_deadlines(self) -> None:
-        """Cut off from every replica (no heartbeat answered for `CUT_OFF_BEATS` intervals), the
-        worker enforces its jobs' deadlines itself (SEMANTICS.md §7): past its own deadline
-        (activation on this clock + timeout) a job gets a local timeout intent in the journal,
-        then the stop by exact identity. The report is its Completed, once a replica is reached
-        again: finished after this worker's deadline (`finished_in_time` False), and the control
-        side, which committed its own timeout intent at the database deadline whatever the
-        worker's reach, ends the run `timed_out`. While a replica answers, its StopRequested
-        stops the job."""
+        """Cut off from every replica (nothing heard from any for `CUT_OFF_BEATS` heartbeat
+        intervals, though each heartbeat is answered), the worker enforces its jobs' deadlines
+        itself (SEMANTICS.md §7): past its own deadline (activation on this clock + timeout) a
+        job gets a local timeout intent in the journal, then the stop by exact identity. The
+        report is its Completed, once a replica is reached again: finished after this worker's
+        deadline (`finished_in_time` False), and the control side, which committed its own
+        timeout intent at the database deadline whatever the worker's reach, ends the run
+        `timed_out`. While a replica answers, its StopRequested stops the job."""
         if time.monotonic() - self.answered_at < CUT_OFF_BEATS * self.session.heartbeat_ms / 1000:
             return
         now = wall_ms()
@@ -157,7 +157,6 @@ class SessionReports:
     def on_heartbeat_ack(self, msg: m.HeartbeatAck, _peer: bytes) -> None:
         """Renewed leases go on; a fenced one's process is stopped by its exact identity (and attested
         when it has ended); an ended session means registering anew. Edge sends no heartbeat."""
-        self.answered_at = time.monotonic()  # a replica was reached, whatever it answers
         if self.session is None or msg.seq != self.heartbeat_seq:
             return  # the answer to an earlier heartbeat, or to a session already left
         if msg.session_ended:
