@@ -308,6 +308,33 @@ def test_a_worker_restarted_within_its_session_lease_resumes_and_its_job_finishe
     wait_until(lambda: cluster.cli("logs", run_id).stdout == b"begin\nend\n", 30, "the whole log")
 
 
+def test_a_worker_whose_session_ends_while_its_job_runs_re_attests_it_and_the_job_finishes(cluster):
+    """The session expires under a running job (as after a freeze or an outage longer than the
+    session lease): the next heartbeat answer says so, the worker registers a new generation and
+    re-attests the job `running` from it; the job is never stopped, its lease is re-bound and the
+    run ends with its own exit code and whole log."""
+    cluster.new_key("w1")
+    cluster.allow("w1")
+    worker = cluster.start_worker("w1", slots=1)
+    cluster.cli("task", "add", "slow", "--", "sh", "-c", "echo begin; sleep 5; echo end; exit 6")
+    run_id = _run(cluster, "slow")
+    wait_until(lambda: cluster.sql("SELECT status FROM runs WHERE id = %s", run_id)[0][0] == "running", 30,
+               "the job to run")
+    [(generation,)] = cluster.sql("SELECT generation FROM worker_sessions WHERE worker_id = 'w1'")
+    cluster.sql("UPDATE worker_sessions SET lease_expires_at_ms = 1 WHERE worker_id = 'w1' RETURNING 1")
+    final = cluster.wait_terminal([run_id], timeout=60)[run_id]
+    assert final["state"] == "failed"
+    assert cluster.sql("SELECT exit_code, signal FROM run_attempts WHERE run_id = %s", run_id) == [(6, None)]
+    assert sorted(cluster.sql("SELECT generation FROM worker_sessions WHERE worker_id = 'w1'")) == [
+        (generation,), (generation + 1,)]
+    leases = _leases(cluster, run_id)
+    assert [(g, status) for g, status, _ in leases] == [(1, "released"), (2, "completed")]
+    log = worker.log()
+    assert "event=session_ended" in log and "event=reattest_running" in log and "event=rebound" in log
+    assert "event=stop_term" not in log and "event=lease_fenced" not in log
+    wait_until(lambda: cluster.cli("logs", run_id).stdout == b"begin\nend\n", 30, "the whole log")
+
+
 def test_a_replica_whose_connections_are_reset_retries_and_status_shows_the_errors(cluster):
     """Every backend of the replica terminated under it (a connection reset, as a server restart
     or a proxy would do it): the replica neither stops nor crashes, a job still runs, and the

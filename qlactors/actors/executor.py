@@ -17,22 +17,21 @@ from typing import Any
 from ..domain.receipt import token_hash
 from ..faults import crash_point, raise_point
 from ..ids import new_id
-from ..process.identity import Liveness, probe, read_identity
+from ..process.identity import Liveness, read_identity
 from ..process.launch import job_environment, signal_job, spawn, uptime_ms
 from ..store.engine import StoreUnavailable
 from ..wire import codec
 from ..wire import messages as m
-from ..wire.bridge import ProcessExited
+from ..wire.bridge import Inbound, ProcessExited
 from ..worker.journal_records import LeaseFacts
 from .base import RuntimeActor
+from .executor_adopt import Adoption, Rebinding
 from .executor_session import SessionReports, wall_ms
 from .signals import Consume, HeartbeatDue, NoReceipt, SessionOpen, ShipLog, StopCheck
 
 log = logging.getLogger("qlactors.executor")
 
 CONSUME_RETRY_S = 0.1  # a ReceiptConsumer restart takes milliseconds
-
-
 
 
 @dataclass
@@ -52,9 +51,10 @@ class Local:
     session_id: str = ""  # the session the lease was granted to (from Offers)
     session_generation: int = 0
     lease: LeaseFacts | None = None  # the lease held now (renewed by heartbeats, re-bound by Attest)
+    deadline_ms: int | None = None  # a cluster worker's own deadline (its clock): activation + timeout
 
 
-class Executor(SessionReports, RuntimeActor):
+class Executor(SessionReports, Adoption, RuntimeActor):
     name = "executor"
     uses_outbox = True
 
@@ -70,10 +70,11 @@ class Executor(SessionReports, RuntimeActor):
         # The Pull waiting for its answer: its id and its (offer id -> lease token) pairs.
         self.pending_pull: tuple[str, dict[str, str]] | None = None
         self.pull_message: m.Pull | None = None  # the waiting Pull as sent, to repeat it unchanged
-        # Survivors attested `running` after a restart: attempt id -> (offer id, lease token) of
-        # the fresh pair their re-bound lease takes.
-        self.rebinding: dict[str, tuple[str, str]] = {}
+        # Survivors attested `running`, their answers pending (executor_adopt.Rebinding).
+        self.rebinding: dict[str, Rebinding] = {}
+        self.unprobed: set[str] = set()  # journal rows whose /proc was unreadable: probed again
         self.pull_sent_at = 0.0  # monotonic
+        self.answered_at = time.monotonic()  # the last message from the control side (any replica)
 
     def handlers(self):
         return {
@@ -83,6 +84,11 @@ class Executor(SessionReports, RuntimeActor):
             ProcessExited: self.on_exited, StopCheck: self.on_stop_check, NoReceipt: self.on_no_receipt,
             Consume: self.on_consume, HeartbeatDue: self.on_heartbeat_due,
         }
+
+    def on_receive(self, message: Any) -> Any:
+        if isinstance(message, Inbound):  # any message from the control side: a replica is reachable
+            self.answered_at = time.monotonic()
+        return super().on_receive(message)
 
     def started(self) -> None:
         self._register(resume=True)
@@ -116,6 +122,7 @@ class Executor(SessionReports, RuntimeActor):
             self._schedule_heartbeat()
         self.ctx.directory.tell("receipts", SessionOpen(msg.worker_id, msg.session_id, msg.session_generation))
         self._decline_unknown(msg)
+        self._reattest_held(msg)  # held attempts first: `_adopt` attests the rows it adopts
         self._adopt()
         self._pull()
 
@@ -218,8 +225,8 @@ class Executor(SessionReports, RuntimeActor):
         offer = local.offer
         if self._cluster():  # "finished in time" is judged on this worker's own clock (§5)
             started = wall_ms()
-            self.ctx.journal.activated(offer.attempt_id, started,
-                                       None if offer.timeout_ms is None else started + offer.timeout_ms)
+            local.deadline_ms = None if offer.timeout_ms is None else started + offer.timeout_ms
+            self.ctx.journal.activated(offer.attempt_id, started, local.deadline_ms)
         # The offer names the cap; this executor's own setting bounds it (a worker's config).
         log_cap = min(offer.log_cap_bytes, self.ctx.config.runtime.log_cap_bytes)
         self.ctx.journal.set_state(offer.attempt_id, "launching")
@@ -380,51 +387,3 @@ class Executor(SessionReports, RuntimeActor):
         (`stopped_by` how it ended, None when it was never launched here)."""
         fact = "never_launched" if stopped_by is None else ("ended" if stopped_by == "exit" else "stopped")
         self._attest(run_id, attempt_id, fact, stopped_by)
-
-    # -- restart ------------------------------------------------------------------------------
-
-    def _give_back(self, run_id: str, attempt_id: str, lease: LeaseFacts | None = None) -> None:
-        """Tell the control side this executor holds no process for an attempt it never launched.
-
-        The evidence recovery needs (SEMANTICS.md §6): a `claimed` attempt has its lease released
-        and is offered again; one activated but never launched ends as judged there.
-        """
-        log.warning("event=attempt_given_back run=%s attempt=%s", run_id, attempt_id)
-        self._attest(run_id, attempt_id, "never_launched", lease=lease)
-
-    def _adopt(self) -> None:
-        """Re-adopt launchers that survived a restart (from the journal), for timeout and cancel.
-
-        An `accepted` row belongs to an instance that died before launching it: it is cleared
-        and given back, so its lease stops holding a slot.
-        """
-        boot_id = self.ctx.boot_id()
-        for entry in self.ctx.journal.each(("accepted", "launching", "started")):
-            if entry.attempt_id in self.live:
-                continue
-            if entry.state == "accepted":
-                self.ctx.journal.clear(entry.attempt_id)
-                self._give_back(entry.run_id, entry.attempt_id, entry.lease)
-                continue
-            identity = self.ctx.local_receipts.launcher_identity(entry)
-            if identity is None or probe(identity, current_boot_id=boot_id) is not Liveness.RUNNING:
-                # Ended since recovery looked (or never started): its receipt, or the lack of
-                # one, decides, exactly as for a launcher whose exit we saw ourselves.
-                self.on_consume(Consume(entry.run_id, entry.attempt_id), b"")
-                continue
-            try:
-                pidfd = os.pidfd_open(identity.pid)
-            except ProcessLookupError:
-                continue
-            if probe(identity, current_boot_id=boot_id) is not Liveness.RUNNING:
-                os.close(pidfd)  # the pid was recycled between the probe and the open
-                continue
-            local = Local(run_id=entry.run_id, attempt_id=entry.attempt_id, identity=identity, pidfd=pidfd)
-            self.live[entry.attempt_id] = local
-            self.ctx.bridge.watch(pidfd, entry.attempt_id, self.me)
-            log.info("event=adopted run=%s attempt=%s pid=%d", entry.run_id, entry.attempt_id, identity.pid)
-            if self._cluster():  # re-attest it: its lease is re-bound to this session
-                slot = (new_id(), secrets.token_urlsafe(32))
-                self.rebinding[entry.attempt_id] = slot
-                self._attest(entry.run_id, entry.attempt_id, "running", lease=entry.lease, slot=slot,
-                             identity=identity)

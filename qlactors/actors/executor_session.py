@@ -1,6 +1,7 @@
 """The Executor's side of a session (SEMANTICS.md §9): numbered heartbeats carrying the renewals,
 their answers (a fenced lease's process is stopped), attestations quoting the lease they are
-about, the re-binding of a survivor, and repeating a Pull whose answer went astray.
+about, and repeating a Pull whose answer went astray. (Re-attesting and re-binding survivors:
+executor_adopt.py.)
 
 A mixin of `Executor` (actors/executor.py), kept apart so each module reads on its own; it
 uses the Executor's state (`session`, `live`, `pending_pull`, ...) and nothing else.
@@ -17,6 +18,8 @@ from ..worker.journal_records import LeaseFacts
 from .signals import HeartbeatDue
 
 log = logging.getLogger("qlactors.executor")
+
+CUT_OFF_BEATS = 2  # heartbeat intervals without an answer: no replica is reachable (§7)
 
 
 def wall_ms() -> int:
@@ -37,15 +40,41 @@ class SessionReports:
         # Numbered per session and increasing across restarts of this worker (a resumed session
         # keeps its stored number): the wall clock in ms, or one more than the last.
         self.heartbeat_seq = max(self.heartbeat_seq + 1, wall_ms())
+        # Only the current session's leases: one still an ended session's waits for the answer to
+        # its re-attestation (executor_adopt.py), which re-binds it.
         renewals = [m.LeaseRef(run_id=l.run_id, attempt_id=l.attempt_id, offer_id=l.lease.offer_id,
                                lease_generation=l.lease.lease_generation, lease_token=l.lease.lease_token)
-                    for l in self.live.values() if l.lease is not None]
+                    for l in self.live.values() if self._held_lease(l)]
         self.out.to_control(m.Heartbeat(
             worker_id=self.worker_id, session_id=s.session_id, session_generation=s.session_generation,
             seq=self.heartbeat_seq, free_slots=max(0, self._free()), worker_clock_ms=wall_ms(),
             renewals=renewals))
         self._repeat_pull()
+        self._reprobe()
+        self._enforce_deadlines()
         self._schedule_heartbeat()
+
+    def _enforce_deadlines(self) -> None:
+        """Cut off from every replica (nothing heard from any for `CUT_OFF_BEATS` heartbeat
+        intervals, though each heartbeat is answered), the worker enforces its jobs' deadlines
+        itself (SEMANTICS.md §7): past its own deadline (activation on this clock + timeout) a
+        job gets a local timeout intent in the journal, then the stop by exact identity. The
+        report is its Completed, once a replica is reached again: finished after this worker's
+        deadline (`finished_in_time` False), and the control side, which committed its own
+        timeout intent at the database deadline whatever the worker's reach, ends the run
+        `timed_out`. While a replica answers, its StopRequested stops the job."""
+        if time.monotonic() - self.answered_at < CUT_OFF_BEATS * self.session.heartbeat_ms / 1000:
+            return
+        now = wall_ms()
+        for local in self.live.values():
+            if local.deadline_ms is None or now < local.deadline_ms:
+                continue
+            if local.identity is None or local.stop_phase is not None:
+                continue
+            self.ctx.journal.timeout_intent(local.attempt_id, now)
+            log.warning("event=local_timeout run=%s attempt=%s deadline_ms=%d cut_off_s=%.1f", local.run_id,
+                        local.attempt_id, local.deadline_ms, time.monotonic() - self.answered_at)
+            self._begin_stop(local, "timeout")
 
     def _decline_unknown(self, welcome: m.Welcome) -> None:
         """Decline each lease Welcome lists as never activated that this instance does not hold
@@ -124,26 +153,6 @@ class SessionReports:
             new_slot=None if slot is None else m.OfferSlot(offer_id=slot[0], lease_token=slot[1]),
             boot_id=getattr(i, "boot_id", None), pid=getattr(i, "pid", None), pgid=getattr(i, "pgid", None),
             start_ticks=getattr(i, "start_ticks", None)))
-
-    def on_attested(self, msg: m.Attested, _peer: bytes) -> None:
-        local = self.live.get(msg.attempt_id)
-        rebind = self.rebinding.pop(msg.attempt_id, None)
-        if msg.fact == "running" and local is not None and rebind is not None:
-            if msg.result == "applied":  # the survivor's lease now belongs to this session
-                s = self.session
-                local.lease = LeaseFacts(msg.offer_id, msg.lease_generation, rebind[1], s.session_id,
-                                         s.session_generation)
-                self.ctx.journal.rebind(msg.attempt_id, msg.lease_generation, msg.offer_id, rebind[1],
-                                        s.session_id, s.session_generation)
-                log.info("event=rebound attempt=%s lease_generation=%s", msg.attempt_id, msg.lease_generation)
-                return
-            if msg.result == "superseded" and local.identity is not None and local.stop_phase is None:
-                log.warning("event=superseded_process_stopped attempt=%s", msg.attempt_id)
-                self._begin_stop(local, "superseded")
-                return
-        if msg.result != "applied":
-            log.warning("event=attest_%s attempt=%s fact=%s detail=%s", msg.result, msg.attempt_id,
-                        msg.fact, msg.detail)
 
     def on_heartbeat_ack(self, msg: m.HeartbeatAck, _peer: bytes) -> None:
         """Renewed leases go on; a fenced one's process is stopped by its exact identity (and attested

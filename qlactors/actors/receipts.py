@@ -1,14 +1,22 @@
 """The ReceiptConsumer: reads a finished attempt's receipt, reports it, and only after the answer
-removes or quarantines the file; on its cadence, journal-driven cleanup and quarantine retention."""
+removes or quarantines the file; on its cadence, journal-driven cleanup and quarantine retention.
+
+A `Completed` is sent again until it is answered (SEMANTICS.md §9 Completion: the receipt is
+deleted only after the answer): once it has waited through a whole cleanup interval (a link drops
+its oldest unanswered requests past `wire/links.MAX_UNANSWERED`, and an answer can be lost with a
+replica), and at once when a new session opens, naming it. A repeat is harmless: the control side
+answers `already_terminal`."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from ..faults import crash_point
-from ..process.identity import Liveness, probe
+from ..worker.evidence import ENDED, ENDED_WITH_RECEIPT, REBOOTED, probe_journal
 from ..wire import messages as m
 from .base import RuntimeActor, now_ms
 from .signals import Cleanup, Consume, LogFinal, NoReceipt, Resume, SessionOpen
@@ -16,9 +24,18 @@ from .signals import Cleanup, Consume, LogFinal, NoReceipt, Resume, SessionOpen
 log = logging.getLogger("qlactors.receipts")
 
 RESUME_PAGE = 64
+ENDED_FACTS = (ENDED_WITH_RECEIPT, ENDED, REBOOTED)  # probed facts whose receipt (or none) decides
 # A cluster worker keeps a finished attempt's local log this long once it is acknowledged to
 # its final offset (the control side's copy is the one `qlactors logs` reads).
 LOCAL_LOG_KEEP_MS = 3_600_000
+
+
+@dataclass
+class Unanswered:
+    """A `Completed` sent and not answered yet."""
+
+    completed: m.Completed
+    passes: int = 0  # cleanup passes it has waited through since it was last sent
 
 
 class ReceiptConsumer(RuntimeActor):
@@ -27,7 +44,7 @@ class ReceiptConsumer(RuntimeActor):
 
     def __init__(self, ctx: Any) -> None:
         super().__init__(ctx)
-        self.waiting: dict[str, str] = {}  # attempt id -> run id, Completed sent, answer pending
+        self.waiting: dict[str, Unanswered] = {}  # attempt id -> its Completed, answer pending
         self.final_offsets: dict[str, int] = {}  # attempt id -> the log's final offset it named
         # The session Completed names (who forwarded it): edge's local one; a worker's from Welcome.
         s = ctx.session
@@ -40,6 +57,8 @@ class ReceiptConsumer(RuntimeActor):
 
     def on_session_open(self, msg: SessionOpen, _peer: bytes) -> None:
         self.session = msg
+        for attempt_id in list(self.waiting):  # what the old session sent may never be answered
+            self._resend(attempt_id)
         deferred, self.deferred = self.deferred, {}
         for consume in deferred.values():
             self.on_consume(consume, b"")
@@ -53,19 +72,20 @@ class ReceiptConsumer(RuntimeActor):
 
     def on_resume(self, _msg: Resume, _peer: bytes) -> None:
         """pykka dropped the Consumes queued for the dead instance, and the Executor has already
-        forgotten those attempts: consume again every journaled launcher that is not running
-        (a missing receipt goes the usual way, NoReceipt, then recovery judges). A running one
-        is left to the Executor, which watches it; a Consume that also comes from there is
-        harmless (the second completion is `already_terminal`)."""
-        boot_id = self.ctx.boot_id()
-        files = self.ctx.local_receipts
-        for entry in self.ctx.journal.each(("launching", "started"), RESUME_PAGE):
-            identity = files.launcher_identity(entry)
-            if identity is None:  # still being launched (the Executor holds it)
-                continue
-            if probe(identity, current_boot_id=boot_id) is not Liveness.RUNNING:
-                log.info("event=receipt_looked_again run=%s attempt=%s", entry.run_id, entry.attempt_id)
-                self.actor_ref.tell(Consume(entry.run_id, entry.attempt_id))
+        forgotten those attempts: consume again every journaled launcher the evidence says has
+        ended (`worker/evidence.py`: gone or another boot after the publish grace, or a receipt
+        is there; a missing receipt goes the usual way, NoReceipt, then recovery judges). A
+        running one is left to the Executor, which watches it; one being launched, or whose /proc
+        is unreadable (not evidence), is the Executor's to probe. A Consume that also comes from
+        there is harmless (the second completion is `already_terminal`)."""
+        grace_s = self.ctx.config.runtime.publish_grace_ms / 1000
+        for found in probe_journal(self.ctx.journal, receipts=self.ctx.local_receipts,
+                                   current_boot_id=self.ctx.boot_id(), grace_s=grace_s, page=RESUME_PAGE):
+            if found.fact in ENDED_FACTS:
+                entry = found.entry
+                log.info("event=receipt_looked_again run=%s attempt=%s fact=%s", entry.run_id,
+                         entry.attempt_id, found.fact)
+                self.actor_ref.tell(Consume(entry.run_id, entry.attempt_id, recheck=True))
 
     def _schedule_cleanup(self) -> None:
         interval = self.ctx.config.runtime.receipt_cleanup_interval_ms / 1000
@@ -93,27 +113,40 @@ class ReceiptConsumer(RuntimeActor):
         if session is None:  # a worker still registering: sent once its session is open
             self.deferred[msg.attempt_id] = msg
             return
-        self.waiting[msg.attempt_id] = msg.run_id
         final_offset, in_time = self.ctx.completion_facts(msg.attempt_id, r)
         if final_offset is not None:
             self.final_offsets[msg.attempt_id] = final_offset
-        self.out.to_control(m.Completed(
+        completed = m.Completed(
             worker_id=session.worker_id, session_id=session.session_id,
             session_generation=session.generation, run_id=r.run_id, attempt_id=r.attempt_id,
             schema_version=r.schema_version, callback_sequence=r.callback_sequence, token=r.token,
             started_at_ms=r.started_at_ms, finished_at_ms=r.finished_at_ms, exit_code=r.exit_code,
             log_dropped_bytes=found.dropped, output_open=r.output_open, stopped_by=msg.stopped_by,
-            final_log_offset=final_offset, finished_in_time=in_time))
+            final_log_offset=final_offset, finished_in_time=in_time)
+        self.waiting[msg.attempt_id] = Unanswered(completed)
+        self.out.to_control(completed)
+
+    def _resend(self, attempt_id: str) -> None:
+        """Send a waiting `Completed` again, naming the current session."""
+        pending, s = self.waiting[attempt_id], self.session
+        pending.completed = dataclasses.replace(pending.completed, worker_id=s.worker_id,
+                                                session_id=s.session_id, session_generation=s.generation)
+        pending.passes = 0
+        log.warning("event=completed_resent run=%s attempt=%s", pending.completed.run_id, attempt_id)
+        self.out.to_control(pending.completed)
 
     def on_ack(self, msg: m.Ack, _peer: bytes) -> None:
-        run_id = self.waiting.get(msg.attempt_id)  # forgotten only once handled (a database
-        if run_id is None:  # outage in between makes it handled again)
+        pending = self.waiting.get(msg.attempt_id)  # forgotten only once handled (a database
+        if pending is None:  # outage in between makes it handled again)
             # The answer to a receipt an instance that died sent: a committed completion is as
             # good now, so its files and journal row go as on the fast path (nothing else would
-            # remove them: the cleanup pass lists only `completed` rows).
-            if msg.result in ("applied", "already_terminal") and self.ctx.journal.get(msg.attempt_id):
+            # remove them: the cleanup pass lists only `completed` rows). The second answer to a
+            # Completed sent twice finds it handled (gone, or kept for local log retention).
+            entry = self.ctx.journal.get(msg.attempt_id)
+            if msg.result in ("applied", "already_terminal") and entry is not None and entry.purge_after_ms is None:
                 self.ctx.local_receipts.finish(msg.attempt_id)
             return
+        run_id = pending.completed.run_id
         files = self.ctx.local_receipts
         if msg.result in ("applied", "already_terminal"):
             crash_point("after_completion_commit")
@@ -140,6 +173,10 @@ class ReceiptConsumer(RuntimeActor):
         """Bounded: retry completed-but-not-cleared rows, purge old quarantine entries."""
         page = self.ctx.config.runtime.receipt_cleanup_page
         try:
+            for attempt_id, pending in list(self.waiting.items()):
+                pending.passes += 1
+                if pending.passes > 1 and self.session is not None:  # a whole interval unanswered
+                    self._resend(attempt_id)
             journal = self.ctx.journal
             for entry in journal.list(("completed",), page, None, unretained=True):
                 self.on_consume(Consume(entry.run_id, entry.attempt_id, recheck=True), b"")

@@ -1,0 +1,356 @@
+"""A worker's re-attestation (SEMANTICS.md §9 Re-attest, §10 evidence): after a re-register inside
+a running worker its live jobs are re-attested `running` and keep running; after a start every
+journal row is attested with the fact its evidence gives (`launch_unknown` is never `ended`,
+unreadable /proc is no fact); an attestation the control side fences is acted on.
+
+The Executor and the ReceiptConsumer are real, on a cluster session (`session_lease_ms` set) of
+the harness's store; the test peer plays the control side with the real store decisions
+(`ClusterSessions`: heartbeats, renewals and attestations as a replica answers them).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+
+from qlactors.actors.executor import Executor
+from qlactors.actors.gateway import fence_of
+from qlactors.actors.receipts import ReceiptConsumer
+from qlactors.actors.session_policy import ClusterSessions
+from qlactors.actors.signals import Consume, HeartbeatDue, NoReceipt, Resume
+from qlactors.domain.receipt import token_hash
+from qlactors.ids import new_id
+from qlactors.process.identity import Liveness
+from qlactors.wire import messages as m
+from qlactors.worker import evidence
+from qlactors.worker.journal_records import LeaseFacts
+
+from actor_harness import ActorHarness, attempt_row, leases, unique_endpoint, wait_until, welcome_message
+from test_actors import BOOT_ID, ExecutorRig, new_token, spec
+
+LEASES = dict(heartbeat_ms=600_000, session_lease_ms=60_000, run_lease_ms=60_000)  # no timer fires
+
+
+class ClusterRig(ExecutorRig):
+    """An ExecutorRig whose sessions are cluster sessions registered in the store, answered by the
+    control side's real `ClusterSessions`; heartbeats are sent when the test says so."""
+
+    def __init__(self, h: ActorHarness, ref, peer, register: m.Register) -> None:
+        super().__init__(h, ref, peer, register)
+        self.control = ClusterSessions(h.ctx.dispatch, None, h.ctx.control, **LEASES)
+        self.worker_id = h.ctx.session.worker_id
+
+    def new_session(self):
+        """A new generation in the store (the older sessions end, as a Register does)."""
+        return self.ctx.dispatch.register_session(self.worker_id, self.h.config.runtime.slots, boot_id=BOOT_ID,
+                                                  session_lease_ms=LEASES["session_lease_ms"],
+                                                  resume_secret_hash=token_hash(new_token()))
+
+    def welcome_to(self, session, **timings: int) -> None:
+        self.peer.send(welcome_message(session, resume_secret=new_token(), **{**LEASES, **timings}))
+
+    def heartbeat(self) -> m.Heartbeat:
+        self.ref.tell(HeartbeatDue())
+        return self.peer.expect(m.Heartbeat, strict=False)
+
+    def answer_heartbeat(self, beat: m.Heartbeat) -> m.HeartbeatAck:
+        ack, _stops = self.control.heartbeat(beat, self.worker_id)
+        self.peer.send(ack)
+        return ack
+
+    def answer_attest(self, attest: m.Attest) -> m.Attested:
+        answer = self.control.attest(attest, self.worker_id)
+        self.peer.send(answer)
+        return answer
+
+    def launch_on(self, session, words: list[str]) -> tuple[m.Offer, m.Pull, m.Started]:
+        self.welcome_to(session)
+        pull = self.peer.expect(m.Pull)
+        self.repo.tasks.add(spec("job", words))
+        self.repo.runs.request("job")
+        offer = self.offer_for(pull)
+        self.send_offers(pull, offer)
+        self.activate(self.peer.expect(m.Activate))
+        started = self.peer.expect(m.Started)
+        self.h.track_group(started.pgid)
+        self.ack_started(started)
+        return offer, pull, started
+
+
+@pytest.fixture
+def make_rig(tmp_path):
+    harnesses: list[ActorHarness] = []
+
+    def start(*, before=None, slots: int = 1) -> ClusterRig:
+        endpoint = unique_endpoint("exec")
+        h = ActorHarness(tmp_path, control_connect=endpoint, slots=slots)
+        harnesses.append(h)
+        peer = h.router(endpoint)
+        h.route_executor_side()
+        h.stub("supervisor")
+        h.start_bridge()
+        h.ctx.admitting.set()
+        if before is not None:
+            before(h)
+        h.start("receipts", ReceiptConsumer)
+        ref = h.start("executor", Executor)
+        return ClusterRig(h, ref, peer, peer.expect(m.Register))
+
+    yield start
+    for h in harnesses:
+        h.close()
+
+
+def held_job(rig: ClusterRig) -> list[str]:
+    """Announces itself, then runs until the test lets it end (exit 0); a TERM ends it with 143."""
+    home = rig.h.config.home.parent
+    return ["/bin/sh", "-c", f": > {home / 'READY'}; while [ ! -e {home / 'GO'} ]; do sleep 0.05; done; exit 0"]
+
+
+def ready(rig: ClusterRig) -> None:
+    wait_until((rig.h.config.home.parent / "READY").exists, what="the job runs")
+
+
+def release(rig: ClusterRig) -> None:
+    (rig.h.config.home.parent / "GO").touch()
+
+
+def end_session_by_heartbeat(rig: ClusterRig):
+    """The session ends in the store (a newer generation); the next heartbeat's answer says so."""
+    session = rig.new_session()
+    ack = rig.answer_heartbeat(rig.heartbeat())
+    assert ack.session_ended
+    register = rig.peer.expect(m.Register, strict=False)
+    assert register.resume_session_id is None  # anew, not a resume
+    return session
+
+
+def test_a_re_register_re_attests_the_running_job_which_keeps_running_and_completes(make_rig, caplog):
+    caplog.set_level(logging.INFO, logger="qlactors")
+    rig = make_rig()
+    s1 = rig.new_session()
+    offer, pull, started = rig.launch_on(s1, held_job(rig))
+    ready(rig)
+    beat = rig.heartbeat()
+    assert [r.offer_id for r in beat.renewals] == [offer.offer_id]
+    assert rig.answer_heartbeat(beat).renewed
+
+    s2 = end_session_by_heartbeat(rig)
+    rig.welcome_to(s2)
+    attest = rig.peer.expect(m.Attest, strict=False)
+    # From the new session, quoting the old session's lease, with a fresh slot and the identity.
+    assert (attest.session_id, attest.session_generation, attest.fact) == (s2.session_id, s2.generation, "running")
+    assert (attest.lease.offer_id, attest.lease.lease_generation, attest.lease.lease_token) == (
+        offer.offer_id, offer.lease_generation, pull.offers[0].lease_token)
+    assert (attest.lease_session_id, attest.lease_session_generation) == (s1.session_id, s1.generation)
+    assert (attest.pid, attest.pgid, attest.start_ticks) == (started.pid, started.pgid, started.start_ticks)
+    assert attest.new_slot is not None and attest.new_slot.offer_id != offer.offer_id
+    # Until the answer, its old-session lease is not renewed (it would be fenced).
+    held = rig.heartbeat()
+    assert (held.session_id, held.renewals) == (s2.session_id, [])
+    rig.answer_heartbeat(held)
+
+    answer = rig.answer_attest(attest)
+    assert (answer.result, answer.lease_generation) == ("applied", offer.lease_generation + 1)
+    wait_until(lambda: rig.ctx.journal.get(offer.attempt_id).lease.session_id == s2.session_id,
+               what="the journal re-bound")
+    entry = rig.ctx.journal.get(offer.attempt_id)
+    assert (entry.lease.offer_id, entry.lease.lease_token, entry.lease.lease_generation) == (
+        attest.new_slot.offer_id, attest.new_slot.lease_token, answer.lease_generation)
+    beat = rig.heartbeat()
+    assert [(r.offer_id, r.lease_generation) for r in beat.renewals] == [
+        (attest.new_slot.offer_id, answer.lease_generation)]
+    ack = rig.answer_heartbeat(beat)
+    assert (ack.session_ended, ack.fenced, len(ack.renewed)) == (False, [], 1)
+
+    release(rig)
+    completed = rig.peer.expect(m.Completed, strict=False)
+    assert (completed.exit_code, completed.stopped_by) == (0, "exit")  # never signalled
+    assert rig.ack_completed(completed) == "applied"
+    run = rig.repo.runs.get(offer.run_id)
+    assert (run.state, run.attempts[0].exit_code, len(run.attempts)) == ("succeeded", 0, 1)
+    assert [(l["status"], l["session_id"]) for l in leases(rig.repo, offer.run_id)] == [
+        ("released", s1.session_id), ("completed", s2.session_id)]
+    assert "event=stop_term" not in caplog.text and "event=lease_fenced" not in caplog.text
+
+
+def test_a_re_register_gives_back_an_accepted_offer_that_was_never_launched(make_rig):
+    rig = make_rig()
+    s1 = rig.new_session()
+    rig.welcome_to(s1)
+    pull = rig.peer.expect(m.Pull)
+    rig.repo.tasks.add(spec("job"))
+    rig.repo.runs.request("job")
+    offer = rig.offer_for(pull)
+    rig.send_offers(pull, offer)
+    act = rig.peer.expect(m.Activate)  # never answered: the session ends first
+    s2 = end_session_by_heartbeat(rig)
+    rig.welcome_to(s2)
+    attest = rig.peer.expect(m.Attest, strict=False)
+    assert (attest.attempt_id, attest.fact, attest.lease.offer_id, attest.lease_session_id) == (
+        offer.attempt_id, "never_launched", offer.offer_id, s1.session_id)
+    assert rig.answer_attest(attest).result == "applied"
+    assert rig.ctx.journal.get(offer.attempt_id) is None
+    rig.peer.expect(m.Pull, strict=False)  # its slot is free again
+    # A late Activated for the old session's offer launches nothing.
+    assert rig.ctx.dispatch.activate(fence_of(act, act.worker_id), act.callback_token_hash,
+                                     act.log_artifact_id).result == "fenced"
+    rig.peer.send(m.Activated(run_id=offer.run_id, attempt_id=offer.attempt_id, offer_id=offer.offer_id,
+                              lease_version=1, deadline_at_ms=None))
+    rig.peer.quiet()
+
+
+def test_a_running_re_attest_fenced_by_a_lease_no_longer_held_stops_the_job_by_identity(make_rig, caplog):
+    rig = make_rig()
+    s1 = rig.new_session()
+    offer, _pull, _started = rig.launch_on(s1, held_job(rig))
+    ready(rig)
+    s2 = end_session_by_heartbeat(rig)
+    rig.welcome_to(s2)
+    attest = rig.peer.expect(m.Attest, strict=False)
+    rig.peer.send(m.Attested(run_id=attest.run_id, attempt_id=attest.attempt_id, fact="running",
+                             result="fenced", offer_id=None, lease_generation=None, lease_version=None,
+                             lease_expires_at_ms=None, detail="lease_released"))
+    completed = rig.peer.expect(m.Completed, strict=False)
+    assert (completed.attempt_id, completed.exit_code, completed.stopped_by) == (offer.attempt_id, 143, "term")
+    assert "event=rebind_refused_process_stopped" in caplog.text
+
+
+def test_a_running_re_attest_fenced_by_its_session_is_attested_again_from_the_next_one(make_rig, caplog):
+    rig = make_rig()
+    s1 = rig.new_session()
+    offer, pull, _started = rig.launch_on(s1, held_job(rig))
+    ready(rig)
+    s2 = end_session_by_heartbeat(rig)
+    rig.welcome_to(s2)
+    first = rig.peer.expect(m.Attest, strict=False)
+    s3 = rig.new_session()  # s2 ends before its attestation is answered
+    assert rig.answer_attest(first).result == "fenced"
+    rig.peer.quiet()  # not stopped, nothing renewed
+    assert "event=rebind_fenced_by_session" in caplog.text
+    rig.answer_heartbeat(rig.heartbeat())  # session ended: registers anew
+    rig.peer.expect(m.Register, strict=False)
+    rig.welcome_to(s3)
+    again = rig.peer.expect(m.Attest, strict=False)
+    assert (again.session_id, again.fact, again.lease.offer_id, again.lease.lease_token, again.lease_session_id) == (
+        s3.session_id, "running", offer.offer_id, pull.offers[0].lease_token, s1.session_id)
+    assert rig.answer_attest(again).result == "applied"
+    release(rig)
+    completed = rig.peer.expect(m.Completed, strict=False)
+    assert (completed.exit_code, rig.ack_completed(completed)) == (0, "applied")
+
+
+# -- the facts of journal rows after a start --------------------------------------------------
+
+
+def _leased_attempt(h: ActorHarness, session, state: str, identity=None) -> tuple[str, str, LeaseFacts]:
+    """An attempt offered to (and activated by) `session`, journalled in `state` as the dead
+    instance left it."""
+    h.repo.tasks.add(spec("job"))
+    run_id = h.repo.runs.request("job").run.id
+    offer_id, lease_token, callback = new_id(), new_token(), new_token()
+    view = h.ctx.dispatch.offer(session.worker_id, session.session_id, session.generation, offer_id,
+                                token_hash(lease_token), log_cap_bytes=0)
+    lease = LeaseFacts(offer_id, view.lease_generation, lease_token, session.session_id, session.generation)
+    attempt_id = view.attempt_id
+    act = m.Activate(worker_id=session.worker_id, session_id=session.session_id,
+                     session_generation=session.generation, run_id=run_id, attempt_id=attempt_id,
+                     offer_id=offer_id, lease_generation=view.lease_generation, lease_token=lease_token,
+                     lease_version=view.lease_version, callback_token_hash=token_hash(callback),
+                     log_artifact_id=h.ctx.logs.artifact_id(run_id, attempt_id))
+    assert h.ctx.dispatch.activate(fence_of(act, session.worker_id), act.callback_token_hash,
+                                   act.log_artifact_id).result == "applied"
+    h.ctx.journal.accept(attempt_id, run_id, str(h.ctx.logs.path_for(run_id, attempt_id)),
+                         str(h.ctx.receipts.final_path(attempt_id)), token_hash(callback), lease)
+    h.ctx.journal.set_state(attempt_id, state, identity=identity)
+    return run_id, attempt_id, lease
+
+
+def _first_session(h: ActorHarness):
+    return h.ctx.dispatch.register_session(h.ctx.session.worker_id, 1, boot_id=BOOT_ID,
+                                           session_lease_ms=LEASES["session_lease_ms"])
+
+
+def test_a_launching_row_without_a_marker_is_attested_launch_unknown_never_ended_never_relaunched(make_rig):
+    made: dict[str, Any] = {}
+
+    def journal_it(h: ActorHarness) -> None:
+        made["session"] = _first_session(h)
+        made["run_id"], made["attempt_id"], made["lease"] = _leased_attempt(h, made["session"], "launching")
+
+    rig = make_rig(before=journal_it)
+    s2 = rig.new_session()  # the restarted worker registers anew
+    rig.welcome_to(s2)
+    attest = rig.peer.expect(m.Attest)
+    lease = made["lease"]
+    assert (attest.attempt_id, attest.fact, attest.stopped_by) == (made["attempt_id"], "launch_unknown", None)
+    assert (attest.lease.offer_id, attest.lease.lease_token, attest.lease_session_id) == (
+        lease.offer_id, lease.lease_token, lease.session_id)
+    assert rig.answer_attest(attest).result == "applied"
+    row = attempt_row(rig.repo, made["attempt_id"])
+    assert (row.status, row.evidence) == ("starting", "launch_unknown")  # never trusted: it waits
+    # Nothing more is said about it, after the publish grace and a heartbeat: no `ended`, no
+    # Activate, no spawn; the journal row stays `launching` (its Pull is for the free slot).
+    rig.answer_heartbeat(rig.heartbeat())
+    rig.peer.expect(m.Pull, strict=False)
+    rig.peer.pending = [msg for msg in rig.peer.pending if not isinstance(msg, m.Heartbeat)]
+    rig.peer.quiet(0.5)
+    assert not rig.ctx.receipts.marker_path(made["attempt_id"]).exists()
+    assert rig.ctx.journal.get(made["attempt_id"]).state == "launching"
+    assert rig.ctx.journal.get(made["attempt_id"]).identity is None
+
+
+def test_an_unreadable_proc_is_no_fact_and_the_row_is_probed_again_at_the_next_heartbeat(make_rig, monkeypatch):
+    made: dict[str, Any] = {}
+    real = evidence.liveness_of
+    unreadable = {"on": True}
+    monkeypatch.setattr(evidence, "liveness_of",
+                        lambda *a, **k: evidence.Alive.UNREADABLE if unreadable["on"] else real(*a, **k))
+
+    def journal_a_survivor(h: ActorHarness) -> None:
+        _proc, identity = h.spawn_sleep(30)
+        made["identity"] = identity
+        made["session"] = _first_session(h)
+        made["run_id"], made["attempt_id"], made["lease"] = _leased_attempt(h, made["session"], "started",
+                                                                            identity)
+
+    rig = make_rig(before=journal_a_survivor)
+    s2 = rig.new_session()
+    rig.welcome_to(s2)
+    rig.peer.expect(m.Pull)  # not adopted (yet): its slot looks free, which the store bounds anyway
+    rig.peer.quiet()  # no fact: not `ended`, not `running`
+    unreadable["on"] = False
+    rig.ref.tell(HeartbeatDue())
+    attest = rig.peer.expect(m.Attest, strict=False)
+    assert (attest.attempt_id, attest.fact, attest.pid) == (made["attempt_id"], "running", made["identity"].pid)
+    assert rig.answer_attest(attest).result == "applied"
+
+
+def test_a_restarted_receipt_consumer_consumes_only_the_rows_whose_process_has_ended(make_rig, monkeypatch):
+    """Resume: a gone process is consumed; one running, one being launched (no identity) and one
+    whose /proc is unreadable are the Executor's."""
+    rig = make_rig()
+    h = rig.h
+    gone = h.dead_identity()
+    _proc, alive = h.spawn_sleep(30)
+    _proc2, blind = h.spawn_sleep(30)
+    rows = {}
+    for name, state, identity in (("gone", "started", gone), ("alive", "started", alive),
+                                  ("launching", "launching", None), ("blind", "started", blind)):
+        attempt_id = f"att-{name}"
+        h.ctx.journal.accept(attempt_id, f"run-{name}", str(h.ctx.logs.path_for("r", attempt_id)),
+                             str(h.ctx.receipts.final_path(attempt_id)), token_hash(new_token()))
+        h.ctx.journal.set_state(attempt_id, state, identity=identity)
+        rows[name] = attempt_id
+    real = evidence.probe  # /proc unreadable for `blind` (what process.identity.probe says then)
+    monkeypatch.setattr(evidence, "probe", lambda identity, **k: Liveness.UNKNOWN
+                        if identity.pid == blind.pid else real(identity, **k))
+    h.stub("executor")  # the NoReceipt of a consumed row with no receipt lands here
+    h.directory.tell("receipts", Resume())
+    [no_receipt] = h.inbox.wait("executor", NoReceipt)
+    assert no_receipt.attempt_id == rows["gone"]
+    rig.peer.quiet(0.5)
+    assert [n.attempt_id for n in h.inbox.items("executor", NoReceipt)] == [rows["gone"]]
+    assert not h.inbox.items("executor", Consume)
