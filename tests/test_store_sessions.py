@@ -176,8 +176,10 @@ def test_resume_is_refused_and_changes_nothing(repo, dispatch, case):
         quoted = new_hash()
     elif case == "superseded":
         register(dispatch, "w1")
-    elif case == "offline":
-        assert dispatch.end_session("w1", session.session_id, 1).result == "applied"
+    elif case == "offline":  # ended otherwise than by its own drain (as `worker revoke` does)
+        with repo.store.write() as conn:
+            conn.execute(update(worker_sessions).where(worker_sessions.c.session_id == session_id)
+                         .values(status="offline", ended_at_ms=2))
     else:
         generation = 2
     before = session_row(repo, session_id)
@@ -189,15 +191,82 @@ def test_resume_is_refused_and_changes_nothing(repo, dispatch, case):
 
 def test_end_session_drains_then_goes_offline(repo, dispatch, worker):
     assert dispatch.end_session("w1", worker.session_id, 1, status="draining").result == "applied"
-    assert session_row(repo, worker.session_id).status == "draining"
+    row = session_row(repo, worker.session_id)
+    assert (row.status, row.ended_at_ms) == ("draining", None) and row.drained_at_ms is not None
+    drained_at = row.drained_at_ms
     # a draining session still heartbeats (it keeps its running jobs renewed)
     assert not beat(dispatch, worker, 1).session_ended
     outcome = dispatch.end_session("w1", worker.session_id, 1)
-    assert (outcome.result, session_row(repo, worker.session_id).status) == ("applied", "offline")
-    assert session_row(repo, worker.session_id).ended_at_ms is not None
-    assert dispatch.end_session("w1", worker.session_id, 1).detail == "already_offline"
-    assert dispatch.end_session("w1", worker.session_id, 1, status="draining").result == "refused"
-    assert dispatch.end_session("w2", worker.session_id, 1).result == "fenced"
+    row = session_row(repo, worker.session_id)
+    assert (outcome.result, outcome.detail, row.status) == ("applied", None, "offline")
+    assert row.ended_at_ms is not None and row.drained_at_ms == drained_at  # drained since the first
+    assert beat(dispatch, worker, 2).session_ended  # an offline session's heartbeat: register anew
+
+
+def test_end_session_repeated_is_idempotent_and_changes_nothing(repo, dispatch, worker):
+    assert dispatch.end_session("w1", worker.session_id, 1, status="draining").result == "applied"
+    draining = session_row(repo, worker.session_id)
+    again = dispatch.end_session("w1", worker.session_id, 1, status="draining")
+    assert (again.result, again.detail) == ("applied", "already_draining")
+    assert session_row(repo, worker.session_id) == draining
+    assert dispatch.end_session("w1", worker.session_id, 1).result == "applied"
+    offline = session_row(repo, worker.session_id)
+    for status in ("offline", "draining"):  # a late repeat of either, after a failover
+        outcome = dispatch.end_session("w1", worker.session_id, 1, status=status)
+        assert (outcome.result, outcome.detail) == ("applied", "already_offline")
+    assert session_row(repo, worker.session_id) == offline
+
+
+def test_end_session_offline_without_draining_first_is_a_drain_too(repo, dispatch, worker):
+    assert dispatch.end_session("w1", worker.session_id, 1).result == "applied"
+    row = session_row(repo, worker.session_id)
+    assert row.status == "offline" and row.drained_at_ms is not None and row.ended_at_ms is not None
+
+
+@pytest.mark.parametrize("status", ["draining", "offline"])
+def test_end_session_from_a_superseded_or_foreign_session_is_fenced_and_changes_nothing(
+        repo, dispatch, worker, status):
+    newer = register(dispatch, "w1")  # generation 2 supersedes the fixture's session
+    old, current = session_row(repo, worker.session_id), session_row(repo, newer.session_id)
+    superseded = dispatch.end_session("w1", worker.session_id, 1, status=status)
+    assert (superseded.result, superseded.detail) == ("fenced", "superseded")
+    assert dispatch.end_session("w2", newer.session_id, 2, status=status).detail == "session_worker"
+    assert dispatch.end_session("w1", newer.session_id, 1, status=status).detail == "session_generation"
+    assert dispatch.end_session("w1", "0" * 26, 2, status=status).detail == "unknown_session"
+    assert session_row(repo, worker.session_id) == old and session_row(repo, newer.session_id) == current
+    assert old.drained_at_ms is None  # superseded, not drained: no drain grace for it
+
+
+def test_end_session_of_a_revoked_session_is_fenced(repo, dispatch, worker):
+    with repo.store.write() as conn:  # ended as `worker revoke` ends it: offline, not drained
+        conn.execute(update(worker_sessions).where(worker_sessions.c.session_id == worker.session_id)
+                     .values(status="offline", ended_at_ms=2))
+    before = session_row(repo, worker.session_id)
+    outcome = dispatch.end_session("w1", worker.session_id, 1, status="offline")
+    assert (outcome.result, outcome.detail) == ("fenced", "session_offline")
+    assert session_row(repo, worker.session_id) == before
+
+
+def test_draining_a_session_whose_lease_expired_is_refused_but_it_may_go_offline(repo, dispatch, worker):
+    expire_session(repo, worker.session_id)
+    refused = dispatch.end_session("w1", worker.session_id, 1, status="draining")
+    assert (refused.result, refused.detail) == ("refused", "session_expired")
+    assert dispatch.end_session("w1", worker.session_id, 1).result == "applied"
+    row = session_row(repo, worker.session_id)
+    assert (row.status, row.ended_at_ms) == ("offline", 1)  # it ended when its lease expired
+
+
+def test_a_drained_session_is_resumed_within_its_lease_and_is_online_again(repo, dispatch):
+    secret, rotated = new_hash(), new_hash()
+    session = register(dispatch, "w1", secret)
+    assert dispatch.end_session("w1", session.session_id, 1, status="draining").result == "applied"
+    assert dispatch.end_session("w1", session.session_id, 1).result == "applied"
+    resumed = dispatch.resume_session("w1", session.session_id, 1, secret, rotated, BOOT,
+                                      capacity=4, labels=(), session_lease_ms=LEASE_MS)
+    assert (resumed.session_id, resumed.generation) == (session.session_id, 1)
+    row = session_row(repo, session.session_id)
+    assert (row.status, row.ended_at_ms, row.drained_at_ms) == ("online", None, None)
+    assert not beat(dispatch, session, 5).session_ended
 
 
 # -- heartbeats and renewals -------------------------------------------------------------------

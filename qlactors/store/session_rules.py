@@ -97,13 +97,14 @@ def session_mismatch(session, worker_id: str, generation: int, now: int, *, onli
 def resume_refusal(session, worker_id: str, generation: int, latest_generation: int, boot_id: str,
                    secret_hash: str, now: int) -> str | None:
     """Why the worker may not resume `session` at `now`, or None: it must be the worker's current
-    `online` session, unexpired, on the same boot, and the secret's hash must match (constant
-    time)."""
+    session, `online` or ended by its own drain (`drained_at_ms`: a planned restart, SEMANTICS.md
+    §9 Drain), unexpired, on the same boot, and the secret's hash must match (constant time). A
+    session ended otherwise (revoked, retired) is never resumed."""
     if session is None or session.worker_id != worker_id or session.generation != generation:
         return UNKNOWN_SESSION
     if latest_generation > session.generation:
         return SUPERSEDED
-    if session.status != "online":
+    if session.status != "online" and session.drained_at_ms is None:
         return OFFLINE
     if session.lease_expires_at_ms is not None and session.lease_expires_at_ms <= now:
         return EXPIRED

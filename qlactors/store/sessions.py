@@ -132,6 +132,8 @@ class Sessions(Heartbeats, Attestations):
                        new_resume_secret_hash: str, boot_id: str, *, capacity: int,
                        labels: Iterable[str], session_lease_ms: int) -> Session:
         """Resume the worker's current session after a restart within its lease, on the same boot.
+        A session its worker drained (`end_session`) is resumed too: it is `online` again, no
+        longer ended nor drained.
 
         Raises `Fenced` whose message starts with the reason word (`unknown_session`,
         `superseded`, `offline`, `expired`, `rebooted`, `wrong_secret`): the worker registers
@@ -157,7 +159,8 @@ class Sessions(Heartbeats, Attestations):
                              "register a new session")
             expires = now + session_lease_ms
             update_session(conn, session, now, resume_secret_hash=new_resume_secret_hash,
-                           lease_expires_at_ms=expires, capacity=capacity,
+                           lease_expires_at_ms=expires, capacity=capacity, status="online",
+                           ended_at_ms=None, drained_at_ms=None,
                            free_slots=min(session.free_slots, capacity), labels_json=labels_json(labels))
             return Session(session_id, worker_id, generation, capacity, lease_expires_at_ms=expires,
                            labels=labels, boot_id=boot_id, heartbeat_seq=session.heartbeat_seq)
@@ -178,13 +181,16 @@ class Sessions(Heartbeats, Attestations):
 
     def end_session(self, worker_id: str, session_id: str, generation: int, *,
                     status: str = "offline") -> Outcome:
-        """End a session: `draining` (stop offering to it; its reports still count) or `offline`.
+        """Its worker drains the session (SEMANTICS.md §9 Drain, the wire's `Leave`): `draining`
+        (no more offers to it; its reports still count) then `offline`.
 
-        `fenced` (nothing changed) when the session is not this worker's of that generation;
-        `draining` is also refused for a session that has ended or expired. Either records
-        `drained_at_ms` (a planned stop: recovery adds the drain grace to its end); going
-        `offline` records `ended_at_ms` (the drain grace counts from it); repeating it answers
-        `applied` with detail `already_offline`.
+        Either records `drained_at_ms` (a planned stop: recovery counts the session as ended only
+        a drain grace after it ended); going `offline` records `ended_at_ms` (its lease's expiry
+        when that is past). `fenced`, changing nothing, when the session is not the worker's
+        current one (unknown, another worker's or generation, superseded by a later generation,
+        or ended without a drain: revoked, retired). Repeats are `applied` with detail
+        `already_draining` / `already_offline` (a `draining` arriving after `offline` too);
+        `draining` is `refused` for a session whose lease has expired.
         """
         if status not in _END_STATUSES:
             raise BadInput(f"a session ends {' or '.join(_END_STATUSES)}")
@@ -196,9 +202,15 @@ class Sessions(Heartbeats, Attestations):
             detail = session_mismatch(session, worker_id, generation, now, online_only=False)
             if detail in ("unknown_session", "session_worker", "session_generation"):
                 return Outcome(FENCED, detail)
-            if session.status == status:
-                return Outcome(APPLIED, f"already_{status}")
+            if conn.execute(LATEST_GENERATION, {"worker_id": worker_id}).scalar_one() > generation:
+                return Outcome(FENCED, "superseded")
+            if session.status == "offline":
+                if session.drained_at_ms is None:
+                    return Outcome(FENCED, "session_offline")  # revoked or retired: not its to end
+                return Outcome(APPLIED, "already_offline")
             if status == "draining":
+                if session.status == "draining":
+                    return Outcome(APPLIED, "already_draining")
                 if detail is not None:
                     return Outcome(REFUSED, detail)
                 update_session(conn, session, now, status="draining", drained_at_ms=now)
