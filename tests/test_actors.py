@@ -207,15 +207,15 @@ def test_gateway_register_answers_welcome_with_the_registered_session(sup):
     assert welcome.heartbeat_ms > 0 and welcome.resume_secret
 
 
-@pytest.mark.parametrize(("low", "high"), [(1, 1), (3, 4)], ids=["older", "newer"])
-def test_gateway_register_with_a_protocol_range_without_2_is_refused(sup, low, high):
+@pytest.mark.parametrize(("low", "high"), [(1, 2), (4, 5)], ids=["older", "newer"])
+def test_gateway_register_with_a_protocol_range_without_ours_is_refused(sup, low, high):
     sup.peer.send(register_message(sup.session.worker_id, BOOT_ID, protocol_min=low, protocol_max=high))
     ack = sup.peer.expect(m.Ack)
     assert (ack.of, ack.result) == ("register", "refused")
     assert f"{low}..{high}" in ack.detail and str(codec.VERSION) in ack.detail
     assert sup.alive()
     # A range that includes it is welcome.
-    assert sup.register(protocol_min=1, protocol_max=3).protocol == codec.VERSION
+    assert sup.register(protocol_min=2, protocol_max=4).protocol == codec.VERSION
 
 
 def test_gateway_register_of_an_unknown_worker_is_refused(sup):
@@ -422,8 +422,8 @@ def _body(**fields: Any) -> bytes:
     return msgpack.packb(fields, use_bin_type=True)
 
 
-_GOOD_REGISTER = dict(kind="register", worker_id="local", capacity=1, boot_id="b", labels=[], protocol_min=2,
-                      protocol_max=2, worker_clock_ms=1, resume_session_id=None, resume_generation=None,
+_GOOD_REGISTER = dict(kind="register", worker_id="local", capacity=1, boot_id="b", labels=[],
+                      protocol_min=codec.VERSION, protocol_max=codec.VERSION, worker_clock_ms=1, resume_session_id=None, resume_generation=None,
                       resume_secret=None)
 
 MALFORMED = {
@@ -452,18 +452,18 @@ def test_gateway_a_malformed_frame_is_refused_and_the_supervisor_keeps_answering
 
 
 def test_gateway_a_peer_on_another_protocol_version_is_refused_naming_both_versions(sup):
-    # A protocol 1 peer: its Register (without the fields of version 2) is judged by the header.
-    sup.peer.send_frames([b"QLACTORS/1", _body(kind="register", worker_id="local", capacity=1, boot_id="b")])
+    # A protocol 2 peer (the previous release, without Leave) is judged by the header.
+    sup.peer.send_frames([b"QLACTORS/2", _body(kind="register", worker_id="local", capacity=1, boot_id="b")])
     frames = sup.peer.recv_frames()
-    assert frames is not None and frames[0] == codec.HEADER == b"QLACTORS/2"  # our answer speaks version 2
+    assert frames is not None and frames[0] == codec.HEADER == b"QLACTORS/3"  # our answer speaks version 3
     ack = codec.decode(frames)
     assert isinstance(ack, m.Ack)
     assert (ack.of, ack.result) == ("unknown", "refused")
-    assert "QLACTORS/1" in ack.detail and "QLACTORS/2" in ack.detail
+    assert "QLACTORS/2" in ack.detail and "QLACTORS/3" in ack.detail
     # A later version may have another frame layout: still judged by the header first.
-    sup.peer.send_frames([b"QLACTORS/3"])
+    sup.peer.send_frames([b"QLACTORS/4"])
     ack = sup.peer.expect(m.Ack)
-    assert "QLACTORS/3" in ack.detail and "QLACTORS/2" in ack.detail
+    assert "QLACTORS/4" in ack.detail and "QLACTORS/3" in ack.detail
     assert sup.alive()
     sup.register()
 

@@ -80,7 +80,7 @@ def test_a_listed_key_is_delivered_with_its_worker_id(control, w1):
 
 def test_a_message_that_names_no_worker_id_yet_is_delivered_under_the_keys_id(control, w1):
     client = control.client(w1)
-    client.send(Register(worker_id="", capacity=2, boot_id="b", labels=[], protocol_min=2, protocol_max=2,
+    client.send(Register(worker_id="", capacity=2, boot_id="b", labels=[], protocol_min=3, protocol_max=3,
                          worker_clock_ms=0, resume_session_id=None, resume_generation=None, resume_secret=None))
     inbound = control.got.get()
     assert (inbound.worker_id, inbound.message.capacity) == ("w1", 2)

@@ -199,7 +199,7 @@ def test_registry_holds_every_message_class_in_the_module_once():
                if obj.__module__ == messages_module.__name__}
     assert defined - NOT_MESSAGES == set(MESSAGES.values())
     assert all(MESSAGES[cls.KIND] is cls for cls in defined - NOT_MESSAGES)
-    assert len({cls.KIND for cls in ALL_CLASSES}) == len(ALL_CLASSES) == 19
+    assert len({cls.KIND for cls in ALL_CLASSES}) == len(ALL_CLASSES) == 20
     assert all(re.fullmatch(r"[a-z]+(_[a-z]+)*", kind) for kind in MESSAGES)
     assert set(EXECUTOR_TO_CONTROL).isdisjoint(CONTROL_TO_EXECUTOR)
     assert not hasattr(FencedReport, "KIND")
@@ -286,7 +286,7 @@ def test_secrets_stay_out_of_repr():
 def test_every_kind_round_trips(cls):
     message = sample(cls)
     frames = encode(message)
-    assert len(frames) == 2 and frames[0] == HEADER == b"QLACTORS/2"
+    assert len(frames) == 2 and frames[0] == HEADER == b"QLACTORS/3"
     assert all(type(f) is bytes for f in frames)
     body = msgpack.unpackb(frames[1], raw=False)
     values = dataclasses.asdict(message)  # records nested in a message travel as maps
@@ -358,22 +358,22 @@ def test_a_wrong_header_is_refused(header):
     assert not isinstance(error, VersionMismatch)
 
 
-@pytest.mark.parametrize("version", [b"1", b"3", b"0", b"10", b"1.1", b"01"])
+@pytest.mark.parametrize("version", [b"1", b"2", b"4", b"0", b"10", b"1.1", b"03"])
 def test_another_version_is_refused_naming_both_versions(version):
     with pytest.raises(VersionMismatch) as info:
         decode([b"QLACTORS/" + version, b"\x80"])
     error = info.value
     assert isinstance(error, DecodeError)
-    assert error.theirs == version.decode() and error.ours == "2"
-    assert f"QLACTORS/{version.decode()}" in str(error) and "QLACTORS/2" in str(error)
+    assert error.theirs == version.decode() and error.ours == "3"
+    assert f"QLACTORS/{version.decode()}" in str(error) and "QLACTORS/3" in str(error)
 
 
 def test_the_version_is_judged_before_the_frame_count():
     # A future version may use another frame layout; its peer must still hear "wrong version".
     with pytest.raises(VersionMismatch):
-        decode([b"QLACTORS/3"])
+        decode([b"QLACTORS/4"])
     with pytest.raises(VersionMismatch):
-        decode([b"QLACTORS/3", b"a", b"b", b"c"])
+        decode([b"QLACTORS/4", b"a", b"b", b"c"])
 
 
 def test_a_hostile_version_string_is_bounded_in_the_error():

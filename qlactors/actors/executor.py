@@ -26,8 +26,9 @@ from ..wire.bridge import Inbound, ProcessExited
 from ..worker.journal_records import LeaseFacts
 from .base import RuntimeActor
 from .executor_adopt import Adoption, Rebinding
+from .executor_drain import Draining
 from .executor_session import SessionReports, wall_ms
-from .signals import Consume, HeartbeatDue, NoReceipt, SessionOpen, ShipLog, StopCheck
+from .signals import Consume, DrainSession, HeartbeatDue, NoReceipt, SessionOpen, ShipLog, StopCheck
 
 log = logging.getLogger("qlactors.executor")
 
@@ -54,7 +55,7 @@ class Local:
     deadline_ms: int | None = None  # a cluster worker's own deadline (its clock): activation + timeout
 
 
-class Executor(SessionReports, Adoption, RuntimeActor):
+class Executor(SessionReports, Adoption, Draining, RuntimeActor):
     name = "executor"
     uses_outbox = True
 
@@ -73,6 +74,7 @@ class Executor(SessionReports, Adoption, RuntimeActor):
         # Survivors attested `running`, their answers pending (executor_adopt.Rebinding).
         self.rebinding: dict[str, Rebinding] = {}
         self.unprobed: set[str] = set()  # journal rows whose /proc was unreadable: probed again
+        self.drain_waits: set[str] = set()  # a SIGTERM drain's unanswered requests (executor_drain)
         self.pull_sent_at = 0.0  # monotonic
         self.answered_at = time.monotonic()  # the last message from the control side (any replica)
 
@@ -82,7 +84,7 @@ class Executor(SessionReports, Adoption, RuntimeActor):
             m.Activated: self.on_activated, m.Ack: self.on_ack, m.Attested: self.on_attested,
             m.HeartbeatAck: self.on_heartbeat_ack, m.StopRequested: self.on_stop_requested,
             ProcessExited: self.on_exited, StopCheck: self.on_stop_check, NoReceipt: self.on_no_receipt,
-            Consume: self.on_consume, HeartbeatDue: self.on_heartbeat_due,
+            Consume: self.on_consume, HeartbeatDue: self.on_heartbeat_due, DrainSession: self.on_drain_session,
         }
 
     def on_receive(self, message: Any) -> Any:
@@ -161,6 +163,9 @@ class Executor(SessionReports, Adoption, RuntimeActor):
                 if offer.attempt_id not in self.live:  # a pull of an instance that died: nobody holds it
                     self._give_back(offer.run_id, offer.attempt_id)
             return
+        if self.drain_done is not None:  # SIGTERM since this Pull was sent: nothing is accepted
+            self._decline_drained_offers(msg)
+            return
         pairs = self.pending_pull[1]
         for offer in msg.offers:
             token = pairs.get(offer.offer_id)
@@ -222,6 +227,8 @@ class Executor(SessionReports, Adoption, RuntimeActor):
             return  # not ours (an instance that died asked for it), or already launched
         if local.offer.offer_id != msg.offer_id:
             return  # the answer to an earlier offer of the same attempt
+        if self.drain_done is not None:
+            return  # draining: never launched, its Decline is answered `refused` and it is given back
         offer = local.offer
         if self._cluster():  # "finished in time" is judged on this worker's own clock (§5)
             started = wall_ms()
@@ -295,6 +302,8 @@ class Executor(SessionReports, Adoption, RuntimeActor):
         self._pull()
 
     def on_ack(self, msg: m.Ack, _peer: bytes) -> None:
+        if self._drain_ack(msg):
+            return
         local = self.live.get(msg.attempt_id)
         if msg.result in ("applied", "already_terminal") or local is None:
             return

@@ -161,6 +161,9 @@ class SessionReports:
             return  # the answer to an earlier heartbeat, or to a session already left
         if msg.session_ended:
             log.warning("event=session_ended session=%s detail=%s", self.session.session_id, msg.detail)
+            if self.drain_done is not None:  # left by the drain (offline): no new session now
+                self.ctx.bridge.cancel_timer("heartbeat")
+                return
             self.session = None
             self.pending_pull = self.pull_message = None  # its pairs were the old session's
             self.ctx.bridge.cancel_timer("heartbeat")

@@ -69,7 +69,7 @@ class Gateway(RuntimeActor):
         return {
             m.Register: self.on_register, m.Heartbeat: self.on_heartbeat, m.Pull: self.on_pull,
             **{kind: self.on_report for kind in _BATCHED},  # alone: after a batch failed, or redelivered
-            m.Attest: self.on_attest, ToWorkers: self.on_to_workers,
+            m.Attest: self.on_attest, m.Leave: self.on_leave, ToWorkers: self.on_to_workers,
         }
 
     def on_receive(self, message: Any) -> Any:
@@ -182,6 +182,13 @@ class Gateway(RuntimeActor):
             self.out.to_peer(peer, answer)
         for order in stops:  # a stop committed by another replica reaches the worker here too
             self._send_stop(peer, order)
+
+    def on_leave(self, msg: m.Leave, peer: bytes) -> None:
+        """A worker drains (SIGTERM): its session `draining` (no more offers), then `offline`."""
+        result, detail = self.sessions.leave(msg, self.worker_id)
+        log.info("event=session_%s worker=%s session=%s generation=%d result=%s detail=%s", msg.status,
+                 self.worker_id, msg.session_id, msg.session_generation, result, detail or "-")
+        self._ack(peer, "leave", msg, result, detail)
 
     # -- offers and fenced reports ---------------------------------------------------------------
 

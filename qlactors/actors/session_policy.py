@@ -63,6 +63,10 @@ class LocalSessions:
         return m.HeartbeatAck(seq=msg.seq, session_ended=ended, session_expires_at_ms=None, renewed=renewed,
                               fenced=[], detail="stale session" if ended else ""), []
 
+    def leave(self, msg: m.Leave, worker_id: str) -> tuple[str, str]:
+        # The edge executor never drains its session: it lives and ends with this process.
+        return "refused", "an edge session lives as long as its process"
+
     def may_offer(self) -> bool:
         return self.disk_reserve is None or self.disk_reserve.has_room()
 
@@ -152,6 +156,12 @@ class ClusterSessions:
             detail=answer.reason or "")
         stops = [] if answer.session_ended else self.control.pending_stops(worker_id=worker_id)
         return ack, stops
+
+    def leave(self, msg: m.Leave, worker_id: str) -> tuple[str, str]:
+        """A worker's drain (SEMANTICS.md §9 Drain): its session `draining`, then `offline`, from
+        the authenticated worker's session only (`end_session` fences any other)."""
+        outcome = self.dispatch.end_session(worker_id, msg.session_id, msg.session_generation, status=msg.status)
+        return outcome.result, outcome.detail or ""
 
     def may_offer(self) -> bool:
         return True  # a worker checks its own disk before it pulls

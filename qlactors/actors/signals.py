@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +124,14 @@ class Drain:
     """Profile -> Supervisor: stop admitting work (shutdown has begun)."""
 
     cancel_running: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class DrainSession:
+    """Worker profile -> Executor at SIGTERM: decline the offers never launched and leave the
+    session (`draining`, then `offline`); `done` is set once `offline` is answered."""
+
+    done: threading.Event = field(compare=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,8 +5,12 @@ database credentials: it learns its worker id (its key's, from the allow-list) i
 Start: lock the state directory (a second worker on it refuses to start), open the journal,
 connect to every replica, start the actors; the Executor registers — resuming its saved session
 when it is still valid — and probes and re-attests its journal after every start.
-Stop (SIGTERM): stop pulling, then stop the actors; running jobs keep running (a restart
-re-attests them), their receipts and logs wait in the state directory.
+Stop (SIGTERM, SEMANTICS.md §9 Drain): stop pulling; the Executor tells its replica the session
+is `draining`, declines every offer it accepted but never launched, then says `offline`
+(actors/executor_drain.py) — waited for at most `LEAVE_SHARE` of `shutdown_drain_ms`, never
+longer (an unreachable replica lets the session expire instead); then stop the actors. Running
+jobs keep running (a restart resumes or re-attests them), their receipts and logs wait in the
+state directory.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from ..actors.executor import Executor
 from ..actors.log_sender import LogSender
 from ..actors.outage import watch_store
 from ..actors.receipts import ReceiptConsumer
-from ..actors.signals import Drain
+from ..actors.signals import Drain, DrainSession
 from ..actors.supervisor import Supervisor
 from ..cluster_config import WorkerConfig
 from ..config import Config
@@ -44,6 +48,8 @@ from .runner import Runner
 log = logging.getLogger("qlactors.worker")
 
 ORDER = (("receipts", ReceiptConsumer), ("logs", LogSender), ("executor", Executor))
+# How much of the shutdown budget leaving the session may take; stopping the actors has the rest.
+LEAVE_SHARE = 0.5
 
 
 def worker_settings(cfg: WorkerConfig) -> Config:
@@ -129,10 +135,27 @@ class WorkerRuntime(Runner):
                 f"labels={','.join(self.cfg.labels) or '-'} control={','.join(self.cfg.control)}")
 
     def _shutdown(self, ctx: WorkerContext) -> None:
-        deadline = time.monotonic() + ctx.config.runtime.shutdown_drain_ms / 1000
+        budget_s = ctx.config.runtime.shutdown_drain_ms / 1000
+        deadline = time.monotonic() + budget_s
         ctx.admitting.clear()  # no more pulls; running jobs keep running
+        self._leave_session(ctx, budget_s * LEAVE_SHARE)
         ctx.directory.tell("supervisor", Drain())
         self._stop_actors(ctx, [n for n, _ in reversed(ORDER)] + ["supervisor"], deadline)
         ctx.bridge.close()
         ctx.zmq.term()
         log.info("event=worker_stopped")
+
+    @staticmethod
+    def _leave_session(ctx: WorkerContext, wait_s: float) -> None:
+        """The Executor's drain (decline the unlaunched offers, leave the session), waited for at
+        most `wait_s`: past it the worker stops anyway and its session expires on its own."""
+        done = threading.Event()
+        started = time.monotonic()
+        if not ctx.directory.tell("executor", DrainSession(done)):
+            log.warning("event=session_not_left reason=executor_not_running")
+            return
+        if done.wait(wait_s):
+            log.info("event=session_drained seconds=%.3f", time.monotonic() - started)
+        else:
+            log.warning("event=session_not_left reason=no_answer waited_s=%.1f (the session expires "
+                        "at its lease; its running jobs are re-attested after the restart)", wait_s)

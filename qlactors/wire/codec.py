@@ -15,8 +15,10 @@ from .messages import MAX_CHUNK_BYTES, MESSAGES, Matches, MaxLen, PosixBytes
 
 PROTOCOL = b"QLACTORS"
 # 2: batched offers, numbered heartbeats with renewals, resume, Decline, LogChunk, Attest quoting
-# its lease (issue 10). Register names the range a worker speaks; Welcome the version agreed.
-VERSION = 2
+# its lease (issue 10). 3: Leave, a worker's drain (issue 11). Register names the range a worker
+# speaks; Welcome the version agreed. A new kind is not understood by the older version, so each
+# release speaks one version only.
+VERSION = 3
 PROTOCOL_MIN = PROTOCOL_MAX = VERSION
 # The first frame of every message (Majordomo's `MDPW01` habit): a peer on another version is
 # recognised before its body is read, and refused by name.

@@ -66,6 +66,8 @@ MAX_CHUNK_BYTES = 128 * 1024
 StopReason = Literal["user", "policy", "timeout", "shutdown"]
 # How a stopped process ended as far as the executor saw: on its own, after SIGTERM, after SIGKILL.
 StoppedBy = Literal["exit", "term", "kill"]
+# How far a draining worker has gone (SEMANTICS.md §9 Drain): no more offers, then gone.
+LeaveStatus = Literal["draining", "offline"]
 
 ACK_RESULTS: frozenset[str] = frozenset(get_args(AckResult))
 ATTEST_FACTS: frozenset[str] = frozenset(get_args(AttestFact))
@@ -352,6 +354,23 @@ class Attest:
     start_ticks: int | None  # and the launcher's start ticks
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Leave:
+    """The worker drains its session (SIGTERM, SEMANTICS.md §9 Drain). Answered by Ack.
+
+    `draining`: offer it nothing more (its reports still count); `offline`: it is going away, its
+    running jobs left running. Either marks the session drained: recovery counts it as ended only
+    a drain grace after it ended. Fenced when the session is not the worker's current one.
+    """
+
+    KIND: ClassVar[str] = "leave"
+
+    worker_id: str  # the worker's id, bound to its CurveZMQ key
+    session_id: Id  # the session, from Welcome
+    session_generation: int  # its generation
+    status: LeaveStatus  # draining | offline
+
+
 # --- control side -> executor side ---------------------------------------------------------
 
 
@@ -476,7 +495,7 @@ class Nudge:
 
 
 EXECUTOR_TO_CONTROL: tuple[type, ...] = (
-    Register, Heartbeat, Pull, Activate, Started, StartFailed, Decline, Completed, LogChunk, Attest)
+    Register, Heartbeat, Pull, Activate, Started, StartFailed, Decline, Completed, LogChunk, Attest, Leave)
 CONTROL_TO_EXECUTOR: tuple[type, ...] = (
     Welcome, Offers, Activated, HeartbeatAck, Ack, Attested, LogAck, StopRequested, Nudge)
 
