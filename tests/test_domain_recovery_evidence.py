@@ -63,3 +63,13 @@ def test_idempotent_with_a_live_session_waits_for_its_end():
     why = waiting(facts(safety="deduplicated", lease_expires_at_ms=None), NOW, GRACE)
     assert why.reason.startswith("no live lease (worker w1); waiting for evidence; deduplicated: lost once ")
     assert "recovery grace (2 min)" in why.reason and why.eligible_at_ms is None
+
+
+def test_a_drained_session_says_so_and_that_the_drain_grace_counts():
+    why = waiting(facts(safety="idempotent", session_ended_at_ms=NOW + 900_000, session_drained=True), NOW, GRACE)
+    assert "worker w1 drained its session (SIGTERM): its restart re-attests it" in why.reason
+    assert why.eligible_at_ms == NOW + 900_000 + GRACE
+    assert why.reason.endswith("once the drain grace and the recovery grace have passed")
+    unknown = waiting(facts(session_drained=True), NOW, GRACE)
+    assert "drained its session" in unknown.reason and unknown.eligible_at_ms is None
+    assert "drained" not in waiting(facts(safety="idempotent"), NOW, GRACE).reason

@@ -179,7 +179,9 @@ def test_a_drained_session_counts_as_ended_only_after_the_drain_grace(repo, disp
     ended = now_ms(repo) - GRACE_MS - 60_000
     set_session(repo, worker.session_id, ended_at_ms=ended)
     assert page_ids(cases) == []  # past the recovery grace, within the drain grace
-    assert cases.waiting_for(flight.quote.attempt_id).eligible_at_ms == ended + DRAIN_MS + GRACE_MS
+    waiting = cases.waiting_for(flight.quote.attempt_id)
+    assert waiting.eligible_at_ms == ended + DRAIN_MS + GRACE_MS
+    assert "worker w1 drained its session (SIGTERM)" in waiting.reason
     set_session(repo, worker.session_id, ended_at_ms=ended - DRAIN_MS)
     assert resolve_one(cases, flight).result == "applied"
     assert_lost(repo, flight, ErrorCode.RECOVERY_SESSION_ENDED)

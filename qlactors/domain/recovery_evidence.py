@@ -62,6 +62,9 @@ class WaitingFacts:
     session_ended_at_ms: int | None
     """When the lease's session ended for the idempotent rule (drain grace included); None while
     it has not."""
+    session_drained: bool = False
+    """The lease's session was drained (its worker's SIGTERM, SEMANTICS.md §9 Drain): a planned
+    restart is expected to re-attest the attempt."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +83,8 @@ def waiting(facts: WaitingFacts, now_ms: int, recovery_grace_ms: int) -> Waiting
     else:
         head = f"lease of worker {worker} expired {_ago(now_ms - facts.lease_expires_at_ms)} ago"
     parts = [head]
+    if facts.session_drained:
+        parts.append(f"worker {worker} drained its session (SIGTERM): its restart re-attests it")
     if facts.evidence == LAUNCH_UNKNOWN:
         parts.append("waiting for evidence: launch outcome unknown")
     else:
@@ -91,7 +96,8 @@ def waiting(facts: WaitingFacts, now_ms: int, recovery_grace_ms: int) -> Waiting
                          f"the recovery grace ({_ago(recovery_grace_ms)}) has passed")
         else:
             eligible = facts.session_ended_at_ms + recovery_grace_ms
-            parts.append(f"{facts.safety}: lost at {_when(eligible)} once the grace has passed")
+            grace = "the drain grace and the recovery grace have" if facts.session_drained else "the grace has"
+            parts.append(f"{facts.safety}: lost at {_when(eligible)} once {grace} passed")
     else:
         parts.append(f"unknown safety: waits for the worker or "
                      f"`qlactors worker retire {worker} --confirm-stopped`")

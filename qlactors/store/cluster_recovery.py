@@ -79,6 +79,7 @@ _BASE = (
            _A.c.session_generation, _A.c.evidence,
            _L.c.lease_generation, _L.c.expires_at_ms.label("lease_expires_at_ms"), _P.c.safety,
            _S.c.status.label("session_status"), _S.c.lease_expires_at_ms.label("session_expires_at_ms"),
+           _S.c.drained_at_ms.label("session_drained_at_ms"),
            _SESSION_END.label("session_end_ms"), _KIND.label("kind"))
     .select_from(_A.join(runs, runs.c.id == _A.c.run_id)
                  .outerjoin(_L, and_(_L.c.attempt_id == _A.c.id, _L.c.status == LeaseStatus.LEASED.value))
@@ -176,7 +177,8 @@ class ClusterRecoveryCases:
                                                      and row.session_expires_at_ms <= now)
         ended = row.session_end_ms if over else None  # as the rule counts it: maybe plus the drain grace
         why: Waiting = waiting(WaitingFacts(row.worker_id, row.lease_expires_at_ms, row.evidence, row.safety,
-                                            ended), now, self.recovery_grace_ms)
+                                            ended, row.session_drained_at_ms is not None),
+                               now, self.recovery_grace_ms)
         return WaitingAttempt(row.run_id, row.attempt_id, row.status, row.worker_id, row.session_generation,
                               row.lease_expires_at_ms, row.evidence, why.reason, why.eligible_at_ms)
 
