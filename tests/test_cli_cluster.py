@@ -201,6 +201,40 @@ def test_workers_lists_current_sessions_and_allowed_workers_that_never_came(clus
     assert "never" in text and "8/8" in text and "+7ms" in text and "gpu,big" in text
 
 
+def test_workers_shows_each_workers_state(cluster):
+    """online, draining, expired, offline (drained), retired, offline (revoked) and never."""
+    from qlactors.store.worker_retirement import WorkerRetirement
+
+    dispatch = Dispatch(cluster.repo.store)
+    for name in ("w0", "w5"):
+        WorkerKeys(cluster.repo.store).allow(name, load_public_key(new_key_pair(cluster.tmp, name)[0]).decode())
+    cluster.session("w1")
+    draining = cluster.session("w2")
+    assert dispatch.end_session("w2", draining.session_id, 1, status="draining").result == "applied"
+    expired = cluster.session("w3")
+    drained = cluster.session("w4")
+    assert dispatch.end_session("w4", drained.session_id, 1, status="offline").result == "applied"
+    cluster.session("w5")
+    WorkerRetirement(cluster.repo.store).retire("w5")
+    revoked = cluster.session("w6")
+    with cluster.repo.store.write() as conn:
+        now = cluster.repo.store.now_ms(conn)
+        conn.execute(update(worker_sessions).where(worker_sessions.c.session_id == expired.session_id)
+                     .values(lease_expires_at_ms=now - 1))
+        conn.execute(update(worker_sessions).where(worker_sessions.c.session_id == revoked.session_id)
+                     .values(status="offline", ended_at_ms=now))
+    listed = {w["worker_id"]: w for w in json.loads(cluster.ok("workers", "--json").stdout)}
+    assert {k: w["state"] for k, w in listed.items()} == {
+        "w0": "never", "w1": "online", "w2": "draining", "w3": "expired", "w4": "offline (drained)",
+        "w5": "retired", "w6": "offline"}
+    assert listed["w4"]["drained_at_ms"] is not None and listed["w4"]["ended_at_ms"] is not None
+    assert listed["w2"]["drained_at_ms"] is not None and listed["w2"]["ended_at_ms"] is None
+    assert listed["w3"]["status"] == "online"  # the session's own status is kept beside the state
+    rows = {line.split()[0]: line for line in cluster.ok("workers", env_url=True).stdout.splitlines()[1:]}
+    assert "offline (drained)" in rows["w4"] and "retired" in rows["w5"] and "expired" in rows["w3"]
+    assert "offline (not allowed)" in rows["w6"] and "draining" in rows["w2"]
+
+
 def test_require_label_places_a_task_and_task_show_names_who_qualifies(cluster):
     cluster.ok("task", "add", "g", "--require-label", "gpu", "--require-label", "zone=eu", "--", "true")
     cluster.session("w1", labels=["gpu", "zone=eu", "big"])

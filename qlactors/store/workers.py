@@ -17,11 +17,27 @@ from .schema import worker_keys, worker_sessions
 NEVER = "never"  # the status shown for an allowed worker that has no session yet
 
 
+def worker_state(status: str, lease_expired: bool, drained: bool, allowed: bool) -> str:
+    """What `workers` shows for a worker's current session (SEMANTICS.md §9 Sessions, Drain):
+    `online`, `draining` (its SIGTERM: no more offers, its jobs go on), `expired` (online or
+    draining, but its session lease ran out: no heartbeat reached a replica), `offline (drained)`
+    (its worker left after a drain: a planned stop, the drain grace applies), `retired` (ended
+    while its key stays allowed: `worker retire`, or a revoke whose key was allowed again),
+    `offline` (ended, its key revoked), or `never`."""
+    if status == NEVER:
+        return NEVER
+    if status == "offline":
+        if drained:
+            return "offline (drained)"
+        return "retired" if allowed else "offline"
+    return "expired" if lease_expired else status
+
+
 @dataclass(frozen=True, slots=True)
 class WorkerView:
     worker_id: str
     allowed: bool  # on the allow-list now (False: revoked, or the edge's built-in session)
-    status: str  # online | draining | offline | never
+    status: str  # the session's: online | draining | offline | never
     session_id: str | None = None
     generation: int | None = None
     capacity: int | None = None
@@ -32,6 +48,13 @@ class WorkerView:
     lease_expired: bool = False
     clock_skew_ms: int | None = None  # database time minus the worker's clock at its last heartbeat
     labels: tuple[str, ...] = ()
+    ended_at_ms: int | None = None  # when the session ended (offline), database time
+    drained_at_ms: int | None = None  # when its worker drained it (SIGTERM), database time
+
+    @property
+    def state(self) -> str:
+        """online | draining | expired | offline (drained) | retired | offline | never."""
+        return worker_state(self.status, self.lease_expired, self.drained_at_ms is not None, self.allowed)
 
     @property
     def serving(self) -> bool:
@@ -39,12 +62,13 @@ class WorkerView:
         return self.status == "online" and not self.lease_expired
 
     def to_json(self) -> dict[str, Any]:
-        return {"worker_id": self.worker_id, "allowed": self.allowed, "status": self.status,
+        return {"worker_id": self.worker_id, "allowed": self.allowed, "status": self.status, "state": self.state,
                 "session_id": self.session_id, "generation": self.generation,
                 "capacity": self.capacity, "free_slots": self.free_slots,
                 "heartbeat_at_ms": self.heartbeat_at_ms, "heartbeat_age_ms": self.heartbeat_age_ms,
                 "lease_expires_at_ms": self.lease_expires_at_ms, "lease_expired": self.lease_expired,
-                "clock_skew_ms": self.clock_skew_ms, "labels": list(self.labels)}
+                "clock_skew_ms": self.clock_skew_ms, "labels": list(self.labels),
+                "ended_at_ms": self.ended_at_ms, "drained_at_ms": self.drained_at_ms}
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,4 +113,5 @@ def _view(row, now: int, allowed: bool) -> WorkerView:
         heartbeat_at_ms=row.heartbeat_at_ms,
         heartbeat_age_ms=None if row.heartbeat_at_ms is None else max(0, now - row.heartbeat_at_ms),
         lease_expires_at_ms=expires, lease_expired=expires is not None and expires <= now,
-        clock_skew_ms=row.clock_skew_ms, labels=tuple(json.loads(row.labels_json or "[]")))
+        clock_skew_ms=row.clock_skew_ms, labels=tuple(json.loads(row.labels_json or "[]")),
+        ended_at_ms=row.ended_at_ms, drained_at_ms=row.drained_at_ms)
