@@ -12,17 +12,19 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 from sqlalchemy import select
 
-from qlactors.actors.gateway import fence_of
+from qlactors.actors.gateway import Gateway, fence_of
+from qlactors.actors.session_policy import ClusterSessions
 from qlactors.actors.signals import DrainSession
 from qlactors.process.identity import Liveness, probe
 from qlactors.store.schema import worker_sessions
 from qlactors.wire import messages as m
 
-from actor_harness import ack_message, attempt_row, leases
+from actor_harness import ActorHarness, ack_message, attempt_row, leases, unique_endpoint
 from test_actors import spec
-from test_executor_reattest import ClusterRig, held_job, make_rig, ready  # noqa: F401 (fixture)
+from test_executor_reattest import LEASES, ClusterRig, held_job, make_rig, ready  # noqa: F401 (fixture)
 
 
 def second_offer(rig: ClusterRig, session) -> tuple[m.Offer, m.Activate]:
@@ -171,3 +173,67 @@ def test_a_drain_whose_leave_is_never_answered_does_not_finish(make_rig):
     assert rig.peer.expect(m.Leave, strict=False).status == "draining"
     assert not done.wait(0.5)
     assert session_row(rig, s1.session_id).status == "online"  # unanswered: nothing was applied
+
+
+# -- the Gateway's side: a Leave applied with end_session, on SQLite and PostgreSQL ---------------
+
+@pytest.fixture
+def cluster_gateway(tmp_path, store_url):
+    """A Gateway whose sessions are a cluster replica's (`ClusterSessions`), and a worker's socket."""
+    endpoint = unique_endpoint("control")
+    h = ActorHarness(tmp_path, control_bind=endpoint, database_url=store_url)
+    try:
+        h.ctx.sessions = ClusterSessions(h.ctx.dispatch, None, h.ctx.control, **LEASES)
+        h.bridge.route_control(h.directory.named("gateway"))
+        h.stub("recovery")
+        h.stub("scheduler")
+        h.stub("supervisor")
+        h.start_bridge()
+        h.ctx.admitting.set()
+        h.start("gateway", Gateway)
+        yield h, h.dealer(endpoint)
+    finally:
+        h.close()
+
+
+def leave_of(session, status: str, generation: int | None = None) -> m.Leave:
+    return m.Leave(worker_id=session.worker_id, session_id=session.session_id,
+                   session_generation=session.generation if generation is None else generation, status=status)
+
+
+def test_the_gateway_applies_a_leave_from_the_current_session_and_fences_a_superseded_one(cluster_gateway):
+    h, peer = cluster_gateway
+    dispatch = h.ctx.dispatch
+    old = dispatch.register_session("w1", 2, boot_id="b", session_lease_ms=60_000)
+    current = dispatch.register_session("w1", 2, boot_id="b", session_lease_ms=60_000)
+    peer.send(leave_of(old, "draining"))
+    fenced = peer.expect(m.Ack)
+    assert (fenced.of, fenced.result, fenced.detail) == ("leave", "fenced", "superseded")
+    for status in ("draining", "offline", "offline"):
+        peer.send(leave_of(current, status))
+        ack = peer.expect(m.Ack)
+        assert (ack.of, ack.result) == ("leave", "applied")
+    assert ack.detail == "already_offline"  # the repeat
+    with h.repo.store.read() as conn:
+        rows = {r.session_id: r for r in conn.execute(select(worker_sessions))}
+    assert rows[current.session_id].status == "offline" and rows[current.session_id].drained_at_ms is not None
+    assert rows[old.session_id].drained_at_ms is None  # the fenced Leave changed nothing
+
+
+def test_an_edge_gateway_refuses_a_leave_its_session_lives_with_the_process(tmp_path):
+    endpoint = unique_endpoint("control")
+    h = ActorHarness(tmp_path, control_bind=endpoint)
+    try:
+        h.bridge.route_control(h.directory.named("gateway"))
+        for name in ("recovery", "scheduler", "supervisor"):
+            h.stub(name)
+        h.start_bridge()
+        h.start("gateway", Gateway)
+        peer = h.dealer(endpoint)
+        peer.send(leave_of(h.ctx.session, "offline"))
+        ack = peer.expect(m.Ack)
+        assert (ack.of, ack.result) == ("leave", "refused")
+        with h.repo.store.read() as conn:
+            assert conn.execute(select(worker_sessions.c.status)).scalars().all() == ["online"]
+    finally:
+        h.close()
