@@ -76,3 +76,19 @@ def test_a_drained_workers_idempotent_job_is_not_recovered_and_its_restart_re_at
     assert sorted(cluster.sql("SELECT generation FROM worker_sessions WHERE worker_id = 'w1'")) == [(1,), (2,)]
     assert "resumed=False" in "".join(r.log() for r in cluster.replicas)
     wait_until(lambda: cluster.cli("logs", run_id).stdout == b"begin\nend\n", 30, "the whole log")
+
+
+def test_a_worker_stopped_while_no_replica_answers_exits_within_its_budget_and_its_session_expires(cluster):
+    cluster.new_key("w1")
+    cluster.allow("w1")
+    worker = cluster.start_worker("w1", slots=1, extra="shutdown_drain_ms = 2000\n")
+    [(session_id,)] = cluster.sql("SELECT session_id FROM worker_sessions WHERE worker_id = 'w1'")
+    [replica] = cluster.replicas
+    assert cluster.stop(replica) == 0
+    began = time.monotonic()
+    assert cluster.stop(worker, timeout=15) == 0
+    assert time.monotonic() - began < 5  # the drain waited 1 s (half the budget), not for a replica
+    assert "event=session_not_left reason=no_answer" in worker.log()
+    # Nothing reached the database: the session is not drained; it expires at its lease.
+    assert cluster.sql("SELECT status, drained_at_ms FROM worker_sessions WHERE session_id = %s",
+                       session_id) == [("online", None)]
