@@ -142,6 +142,9 @@ class Executor(SessionReports, Adoption, RuntimeActor):
             return
         if not self.ctx.admitting.is_set():
             return
+        reserve = self.ctx.disk_reserve  # a worker's own disk (edge: the Gateway's check)
+        if reserve is not None and not reserve.has_room():
+            return  # the next heartbeat or nudge checks again
         pairs = {new_id(): secrets.token_urlsafe(32) for _ in range(self._free())}
         pull_id = new_id()
         if self._cluster():  # journalled before it is sent (SEMANTICS.md §9 Offers)
