@@ -1235,6 +1235,29 @@ def test_receipts_an_already_terminal_ack_removes_the_receipt_too(rc):
     assert not path.exists()
 
 
+def test_receipts_a_duplicate_ack_keeps_a_row_handed_to_log_retention(rc):
+    """A link that failed over re-sends its unanswered Completed, so a second Ack can come after
+    the first was handled: a cluster worker's row then waits `completed` for its log to ship, and
+    that Ack must not clear it (the LogSender's next acknowledgement found no row and failed).
+    The Ack to a receipt an instance that died sent still clears its row."""
+    retained_run, retained = rc.journalled_attempt(new_token())
+    rc.ctx.journal.final_offset(retained, 6)
+    rc.ctx.journal.complete(retained, now_ms() + 60_000)  # as the first Ack left it
+    died_run, died = rc.journalled_attempt(new_token())
+    token = new_token()
+    run_id, attempt_id = rc.journalled_attempt(token)
+    rc.plant(run_id, attempt_id, token)
+    rc.ref.tell(Consume(run_id, attempt_id))
+    completed = rc.peer.expect(m.Completed)  # the worker side has spoken: the peer can answer
+    rc.peer.send(ack_message("completed", retained_run, retained, "applied"))
+    rc.peer.send(ack_message("completed", died_run, died, "applied"))
+    assert rc.answer(completed) == "applied"
+    wait_until(lambda: rc.ctx.journal.get(died) is None and rc.ctx.journal.get(attempt_id) is None,
+               what="the dead instance's row and the answered one cleared")
+    entry = rc.ctx.journal.get(retained)  # the Acks are handled in order: the duplicate was too
+    assert entry is not None and entry.state == "completed" and entry.final_offset == 6
+
+
 def test_receipts_a_refused_ack_quarantines_the_receipt(rc):
     token = new_token()
     run_id, attempt_id = rc.journalled_attempt(token)

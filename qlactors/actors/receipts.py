@@ -110,8 +110,12 @@ class ReceiptConsumer(RuntimeActor):
         if run_id is None:  # outage in between makes it handled again)
             # The answer to a receipt an instance that died sent: a committed completion is as
             # good now, so its files and journal row go as on the fast path (nothing else would
-            # remove them: the cleanup pass lists only `completed` rows).
-            if msg.result in ("applied", "already_terminal") and self.ctx.journal.get(msg.attempt_id):
+            # remove them: the cleanup pass lists only `completed` rows). A row already handed
+            # to retention was answered before (this is a duplicate, after the link re-sent the
+            # Completed on a failover): its log may still be shipping, so it stays.
+            entry = self.ctx.journal.get(msg.attempt_id)
+            if msg.result in ("applied", "already_terminal") and entry is not None \
+                    and entry.purge_after_ms is None:
                 self.ctx.local_receipts.finish(msg.attempt_id)
             return
         files = self.ctx.local_receipts
