@@ -1258,6 +1258,44 @@ def test_receipts_a_duplicate_ack_keeps_a_row_handed_to_log_retention(rc):
     assert entry is not None and entry.state == "completed" and entry.final_offset == 6
 
 
+def test_receipts_a_cluster_completed_left_unanswered_is_sent_again_until_answered(rc, monkeypatch):
+    """A replica killed after it answered an earlier frame, before it committed this completion:
+    the link counts the Completed answered and never re-sends it, so the ReceiptConsumer does,
+    after RESEND_COMPLETED_S, until an Ack comes (edge's, in-process, is never re-sent)."""
+    from qlactors.actors import receipts
+
+    monkeypatch.setattr(receipts, "RESEND_COMPLETED_S", 0.5)
+    monkeypatch.setattr(rc.ctx, "completion_facts", lambda _a, _r: (0, True))  # as a cluster worker's
+    rc.h.stub("logs")
+    token = new_token()
+    run_id, attempt_id = rc.journalled_attempt(token)
+    rc.plant(run_id, attempt_id, token)
+    rc.ref.tell(Consume(run_id, attempt_id))
+    first = rc.peer.expect(m.Completed)
+    t0 = time.monotonic()
+    assert first.final_log_offset == 0
+    again = rc.peer.expect(m.Completed)  # no answer: sent again, the same
+    assert again == first and time.monotonic() - t0 >= 0.4
+    assert rc.peer.expect(m.Completed) == first  # and again, while unanswered
+    assert rc.answer(again) == "applied"
+    wait_until(lambda: rc.ctx.journal.get(attempt_id).state == "completed", what="the row kept for its log")
+    assert rc.h.repo.runs.get(run_id).state == "succeeded"
+    rc.peer.quiet(1.5)  # answered: never sent again
+
+
+def test_receipts_an_edge_completed_is_not_sent_again(rc, monkeypatch):
+    from qlactors.actors import receipts
+
+    monkeypatch.setattr(receipts, "RESEND_COMPLETED_S", 0.3)
+    token = new_token()
+    run_id, attempt_id = rc.journalled_attempt(token)
+    rc.plant(run_id, attempt_id, token)
+    rc.ref.tell(Consume(run_id, attempt_id))
+    rc.peer.expect(m.Completed)
+    rc.peer.quiet(1.0)
+    assert rc.ref.proxy().sent.get() == {}
+
+
 def test_receipts_a_refused_ack_quarantines_the_receipt(rc):
     token = new_token()
     run_id, attempt_id = rc.journalled_attempt(token)

@@ -11,7 +11,7 @@ from ..faults import crash_point
 from ..process.identity import Liveness, probe
 from ..wire import messages as m
 from .base import RuntimeActor, now_ms
-from .signals import Cleanup, Consume, LogFinal, NoReceipt, Resume, SessionOpen
+from .signals import Cleanup, Consume, LogFinal, NoReceipt, ResendCompleted, Resume, SessionOpen
 
 log = logging.getLogger("qlactors.receipts")
 
@@ -19,6 +19,11 @@ RESUME_PAGE = 64
 # A cluster worker keeps a finished attempt's local log this long once it is acknowledged to
 # its final offset (the control side's copy is the one `qlactors logs` reads).
 LOCAL_LOG_KEEP_MS = 3_600_000
+# A Completed still unanswered after this long is sent again (idempotent on the control side).
+# The link re-sends only what a replica has not answered, and any later frame from it counts as
+# the answer: a replica killed after it answered an earlier request, before it committed this
+# completion, leaves it lost, and nothing else would report that run.
+RESEND_COMPLETED_S = 10.0
 
 
 class ReceiptConsumer(RuntimeActor):
@@ -29,6 +34,8 @@ class ReceiptConsumer(RuntimeActor):
         super().__init__(ctx)
         self.waiting: dict[str, str] = {}  # attempt id -> run id, Completed sent, answer pending
         self.final_offsets: dict[str, int] = {}  # attempt id -> the log's final offset it named
+        # attempt id -> (when sent, monotonic; a cluster Completed awaiting its answer)
+        self.sent: dict[str, tuple[float, m.Completed]] = {}
         # The session Completed names (who forwarded it): edge's local one; a worker's from Welcome.
         s = ctx.session
         self.session = SessionOpen(s.worker_id, s.session_id, s.generation) if s is not None else None
@@ -36,7 +43,7 @@ class ReceiptConsumer(RuntimeActor):
 
     def handlers(self):
         return {Consume: self.on_consume, m.Ack: self.on_ack, Cleanup: self.on_cleanup,
-                Resume: self.on_resume, SessionOpen: self.on_session_open}
+                Resume: self.on_resume, SessionOpen: self.on_session_open, ResendCompleted: self.on_resend}
 
     def on_session_open(self, msg: SessionOpen, _peer: bytes) -> None:
         self.session = msg
@@ -97,13 +104,34 @@ class ReceiptConsumer(RuntimeActor):
         final_offset, in_time = self.ctx.completion_facts(msg.attempt_id, r)
         if final_offset is not None:
             self.final_offsets[msg.attempt_id] = final_offset
-        self.out.to_control(m.Completed(
+        completed = m.Completed(
             worker_id=session.worker_id, session_id=session.session_id,
             session_generation=session.generation, run_id=r.run_id, attempt_id=r.attempt_id,
             schema_version=r.schema_version, callback_sequence=r.callback_sequence, token=r.token,
             started_at_ms=r.started_at_ms, finished_at_ms=r.finished_at_ms, exit_code=r.exit_code,
             log_dropped_bytes=found.dropped, output_open=r.output_open, stopped_by=msg.stopped_by,
-            final_log_offset=final_offset, finished_in_time=in_time))
+            final_log_offset=final_offset, finished_in_time=in_time)
+        self.out.to_control(completed)
+        if final_offset is not None:  # a cluster worker's: it crosses a link that can lose it
+            self.sent[msg.attempt_id] = (time.monotonic(), completed)
+            self._schedule_resend()
+
+    def on_resend(self, _msg: ResendCompleted, _peer: bytes) -> None:
+        """Send again each Completed unanswered for RESEND_COMPLETED_S (its token authenticates
+        it, whatever the session)."""
+        now = time.monotonic()
+        for attempt_id, (at, completed) in list(self.sent.items()):
+            if now - at >= RESEND_COMPLETED_S:
+                log.warning("event=completed_resent run=%s attempt=%s", completed.run_id, attempt_id)
+                self.out.to_control(completed)
+                self.sent[attempt_id] = (now, completed)
+        self._schedule_resend()
+
+    def _schedule_resend(self) -> None:
+        """The timer at the oldest unanswered Completed's turn (none when all are answered)."""
+        if self.sent and self.ctx.bridge.timer_due("receipts-resend") is None:
+            oldest = min(at for at, _c in self.sent.values())
+            self.ctx.bridge.call_at("receipts-resend", oldest + RESEND_COMPLETED_S, self.me, ResendCompleted())
 
     def on_ack(self, msg: m.Ack, _peer: bytes) -> None:
         run_id = self.waiting.get(msg.attempt_id)  # forgotten only once handled (a database
@@ -139,6 +167,7 @@ class ReceiptConsumer(RuntimeActor):
             if self.ctx.journal.get(msg.attempt_id) is not None:
                 self.ctx.journal.set_state(msg.attempt_id, "completed")
         self.waiting.pop(msg.attempt_id, None)
+        self.sent.pop(msg.attempt_id, None)
 
     def on_cleanup(self, _msg: Cleanup, _peer: bytes) -> None:
         """Bounded: retry completed-but-not-cleared rows, purge old quarantine entries."""
