@@ -52,6 +52,7 @@ class Local:
     session_generation: int = 0
     lease: LeaseFacts | None = None  # the lease held now (renewed by heartbeats, re-bound by Attest)
     deadline_ms: int | None = None  # a cluster worker's own deadline (its clock): activation + timeout
+    activate_sent_at: float | None = None  # monotonic; set while its Activate waits for `Activated`
 
 
 class Executor(SessionReports, Adoption, RuntimeActor):
@@ -206,8 +207,13 @@ class Executor(SessionReports, Adoption, RuntimeActor):
         self.live[offer.attempt_id] = local
         raise_point("executor_after_accept")
         self.ctx.logs.create(offer.run_id, offer.attempt_id)
+        self._send_activate(local)
+
+    def _send_activate(self, local: Local) -> None:
+        """Ask for activation (sent again each heartbeat interval until answered: executor_session)."""
+        local.activate_sent_at = time.monotonic()
         self.out.to_control(m.Activate(**self._fence(local), callback_token_hash=token_hash(local.token),
-                                       log_artifact_id=self.ctx.logs.artifact_id(offer.run_id, offer.attempt_id)))
+                                       log_artifact_id=self.ctx.logs.artifact_id(local.run_id, local.attempt_id)))
 
     def _fence(self, local: Local, lease_version: int | None = None) -> dict[str, Any]:
         o = local.offer
@@ -225,6 +231,7 @@ class Executor(SessionReports, Adoption, RuntimeActor):
             return  # not ours (an instance that died asked for it), or already launched
         if local.offer.offer_id != msg.offer_id:
             return  # the answer to an earlier offer of the same attempt
+        local.activate_sent_at = None  # answered
         offer = local.offer
         if self._cluster():  # "finished in time" is judged on this worker's own clock (§5)
             started = wall_ms()
