@@ -94,7 +94,8 @@ def host_death(runs: int, keep: bool) -> dict:
     to_queued = [(t - killed_at) / 1000 for t in queued.values()]
     return {"runs": runs, "killed_at_ms": killed_at, "session_lease_expired_after_s": (last_beat - killed_at) / 1000,
             "to_lost_s": sorted(to_lost), "to_queued_s": sorted(to_queued), "second_attempts_on_wb": second_on_b,
-            "first_attempt_codes": codes, **TIMINGS, "backoff_ms": BACKOFF_MS, "cadence_tick_ms": cluster.cadence_tick_ms}
+            "first_attempt_codes": codes, **TIMINGS, "backoff_ms": BACKOFF_MS,
+            "cadence_tick_ms": cluster.cadence_tick_ms}
 
 
 def main(argv: list[str] | None = None) -> int:

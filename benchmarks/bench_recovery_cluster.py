@@ -164,8 +164,9 @@ def floor(url: str, attempts: int) -> dict:
 
 
 def requeue_figures(url: str) -> dict:
-    first_lost, last_queued = sql(url, "SELECT (SELECT min(created_at_ms) FROM run_events WHERE type = 'attempt.lost'), "
-                                       "(SELECT max(created_at_ms) FROM run_events WHERE type = 'run.queued')")[0]
+    first_lost, last_queued = sql(url, "SELECT (SELECT min(created_at_ms) FROM run_events "
+                                       "WHERE type = 'attempt.lost'), (SELECT max(created_at_ms) FROM run_events "
+                                       "WHERE type = 'run.queued')")[0]
     return {"first_lost_to_last_requeued_s": (last_queued - first_lost) / 1000}
 
 
@@ -193,7 +194,8 @@ def replica(url: str, attempts: int, keep: bool) -> dict:
     finally:
         cluster.close()
     return {"up_s": up_s, "all_lost_s": all_lost_s, "requeued_s": requeued_s, **requeue_figures(url),
-            "recovered_lines": log.count("event=attempt_recovered"), "refused_lines": log.count("event=recovery_refused"),
+            "recovered_lines": log.count("event=attempt_recovered"),
+            "refused_lines": log.count("event=recovery_refused"),
             **figures(lost_times(url))}
 
 
