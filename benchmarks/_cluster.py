@@ -46,13 +46,16 @@ def free_port() -> int:
 _DATABASES: list[str] = []
 
 
-def create_database(prefix: str) -> str:
-    """A fresh database on the benchmark's PostgreSQL server; its SQLAlchemy URL. Dropped at exit."""
+def create_database(prefix: str, template: str | None = None) -> str:
+    """A fresh database on the benchmark's PostgreSQL server; its SQLAlchemy URL. Dropped at exit.
+
+    `template`: the URL of a database to copy (nothing may be connected to it meanwhile)."""
     import psycopg
 
     name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    copy = "" if template is None else f' TEMPLATE "{template.rsplit("/", 1)[1].split("?", 1)[0]}"'
     with psycopg.connect(libpq(PG_URL), autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
+        conn.execute(f'CREATE DATABASE "{name}"{copy}')
     _DATABASES.append(name)
     return f"{PG_URL.rsplit('/', 1)[0]}/{name}"
 
@@ -186,6 +189,8 @@ class Cluster:
     database_url: str
     heartbeat_ms: int = 1_000
     cadence_tick_ms: int = 1_000
+    control_extra: dict[str, int] = field(default_factory=dict)
+    """More `[control]` knobs (session_lease_ms, run_lease_ms, recovery_grace_ms, ...)."""
     ports: list[int] = field(default_factory=list)
     replicas: list[Node] = field(default_factory=list)
     workers: list[Node] = field(default_factory=list)
@@ -208,7 +213,8 @@ class Cluster:
             "[control]\n"
             f'bind = "tcp://127.0.0.1:{port}"\nkey = "keys/control.key_secret"\n'
             f"heartbeat_ms = {self.heartbeat_ms}\ncadence_tick_ms = {self.cadence_tick_ms}\n"
-            "retention_max_runs = 1000000\n")
+            "retention_max_runs = 1000000\n"
+            + "".join(f"{key} = {value}\n" for key, value in self.control_extra.items()))
         return path
 
     @property
@@ -296,6 +302,46 @@ class Cluster:
                 node.proc.wait(10)
         c.untrack(node.proc)
         return node.proc.returncode
+
+    def kill_host(self, node: Node, worker_id: str) -> int:
+        """The host dies: SIGKILL every process group of the worker's `starting|running` attempts
+        (`run_attempts.pgid`), then the worker, by pid. Returns how many groups were killed."""
+        import psycopg
+
+        with psycopg.connect(libpq(with_app_name(self.database_url, "qlbench-probe")), autocommit=True) as conn:
+            pgids = [row[0] for row in conn.execute(
+                "SELECT pgid FROM run_attempts WHERE worker_id = %s AND status IN ('starting', 'running') "
+                "AND pgid IS NOT NULL", (worker_id,)).fetchall()]
+        killed = 0
+        for pgid in pgids:
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+                killed += 1
+            except ProcessLookupError:
+                pass
+        node.proc.kill()
+        node.proc.wait(10)
+        c.untrack(node.proc)
+        return killed
+
+    def kill_jobs_left(self, worker_ids: list[str]) -> None:
+        """Jobs run in their own sessions and outlive their worker by design: SIGKILL, by process
+        group, those of these (real) workers the database still shows `starting|running`."""
+        import psycopg
+
+        try:
+            with psycopg.connect(libpq(with_app_name(self.database_url, "qlbench-probe")),
+                                 autocommit=True) as conn:
+                pgids = [row[0] for row in conn.execute(
+                    "SELECT DISTINCT pgid FROM run_attempts WHERE status IN ('starting', 'running') "
+                    "AND pgid IS NOT NULL AND worker_id = ANY(%s)", (worker_ids,)).fetchall()]
+        except Exception:
+            return
+        for pgid in pgids:
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
 
     def close(self) -> None:
         for node in [*self.workers, *self.replicas]:

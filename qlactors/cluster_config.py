@@ -250,8 +250,9 @@ def _check_control(cfg: ControlConfig) -> ControlConfig:
     if cfg.recovery_grace_ms < floor:
         raise BadInput(f"{where} [control] recovery_grace_ms = {cfg.recovery_grace_ms} must be at least "
                        f"session_lease_ms + the longest stop grace a task may have ({cfg.session_lease_ms}"
-                       f" + {MAX_STOP_GRACE_MS} = {floor}): a worker cut off from the replicas needs that "
-                       "long to notice and stop its jobs")
+                       f" + {MAX_STOP_GRACE_MS} = {floor}): a job whose stop had begun when its worker's "
+                       "session ended has had its whole stop grace before recovery may run it again "
+                       "(SEMANTICS.md §10)")
     return cfg
 
 

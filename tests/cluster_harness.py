@@ -49,6 +49,7 @@ class Cluster:
     database_url: str
     admin_db: str
     timings: dict = field(default_factory=dict)
+    admin_conninfo: str = field(default_factory=_pg_admin_conninfo)  # the server's, to drop the database
     replicas: list[Proc] = field(default_factory=list)
     workers: dict[str, Proc] = field(default_factory=dict)
     ports: list[int] = field(default_factory=list)
@@ -158,7 +159,7 @@ class Cluster:
                     proc.popen.wait(10)
             self._kill_leftover_jobs()
         finally:
-            with psycopg.connect(_pg_admin_conninfo(), autocommit=True) as conn:
+            with psycopg.connect(self.admin_conninfo, autocommit=True) as conn:
                 conn.execute(f'DROP DATABASE IF EXISTS "{self.admin_db}" WITH (FORCE)')
 
     def _kill_leftover_jobs(self) -> None:
@@ -220,15 +221,21 @@ DEFAULT_TIMINGS = dict(heartbeat_ms=1_000, session_lease_ms=5_000, run_lease_ms=
                        request_timeout_ms=1_500)
 
 
-def make_cluster(tmp_path: Path, *, replicas: int = 1, timings: dict | None = None) -> Cluster:
-    """A fresh database and keys; `replicas` control replicas started (workers: `start_worker`)."""
-    _require_postgres()
+def make_cluster(tmp_path: Path, *, replicas: int = 1, timings: dict | None = None,
+                 admin_url: str | None = None) -> Cluster:
+    """A fresh database and keys; `replicas` control replicas started (workers: `start_worker`).
+    The database is made on the server of `admin_url` (a SQLAlchemy URL of its admin database,
+    e.g. `private_pg.url()`), by default the shared one of `$QLACTORS_TEST_PG_URL`."""
+    if admin_url is None:
+        _require_postgres()
+        admin_url = PG_URL
+    admin_conninfo = admin_url.replace("postgresql+psycopg://", "postgresql://", 1)
     name = f"qlt_cluster_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(_pg_admin_conninfo(), autocommit=True) as conn:
+    with psycopg.connect(admin_conninfo, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
-    base = PG_URL.rsplit("/", 1)[0]
+    base = admin_url.split("?", 1)[0].rsplit("/", 1)[0]
     cluster = Cluster(root=tmp_path, database_url=f"{base}/{name}", admin_db=name,
-                      timings={**DEFAULT_TIMINGS, **(timings or {})})
+                      timings={**DEFAULT_TIMINGS, **(timings or {})}, admin_conninfo=admin_conninfo)
     cluster.keys.mkdir()
     cluster.new_key("control")
     cluster.ports = [free_port() for _ in range(replicas)]

@@ -69,6 +69,25 @@ def pytest_terminal_summary(terminalreporter):
         "postgresql cases: " + ", ".join(f"{n} {k}" for k, n in counts.items()))
 
 
+@pytest.fixture(scope="session")
+def private_pg():
+    """A private PostgreSQL server for this test run (tests/pg_private.py), for tests that restart,
+    kill or freeze the database; stopped by its PID and removed at the end, whatever failed."""
+    from pg_private import PrivatePostgres, available
+
+    why_not = available()
+    if why_not is not None:
+        if IN_CI:
+            pytest.fail(f"a private PostgreSQL is required in CI: {why_not}")
+        pytest.skip(why_not)
+    server = PrivatePostgres()
+    try:
+        server.start()
+        yield server
+    finally:
+        server.close()
+
+
 @pytest.fixture
 def dispatch(repo):
     from qlactors.store.dispatch import Dispatch

@@ -1248,6 +1248,67 @@ def test_receipts_an_already_terminal_ack_removes_the_receipt_too(rc):
     assert not path.exists()
 
 
+def test_receipts_a_duplicate_ack_keeps_a_row_handed_to_log_retention(rc):
+    """A link that failed over re-sends its unanswered Completed, so a second Ack can come after
+    the first was handled: a cluster worker's row then waits `completed` for its log to ship, and
+    that Ack must not clear it (the LogSender's next acknowledgement found no row and failed).
+    The Ack to a receipt an instance that died sent still clears its row."""
+    retained_run, retained = rc.journalled_attempt(new_token())
+    rc.ctx.journal.final_offset(retained, 6)
+    rc.ctx.journal.complete(retained, now_ms() + 60_000)  # as the first Ack left it
+    died_run, died = rc.journalled_attempt(new_token())
+    token = new_token()
+    run_id, attempt_id = rc.journalled_attempt(token)
+    rc.plant(run_id, attempt_id, token)
+    rc.ref.tell(Consume(run_id, attempt_id))
+    completed = rc.peer.expect(m.Completed)  # the worker side has spoken: the peer can answer
+    rc.peer.send(ack_message("completed", retained_run, retained, "applied"))
+    rc.peer.send(ack_message("completed", died_run, died, "applied"))
+    assert rc.answer(completed) == "applied"
+    wait_until(lambda: rc.ctx.journal.get(died) is None and rc.ctx.journal.get(attempt_id) is None,
+               what="the dead instance's row and the answered one cleared")
+    entry = rc.ctx.journal.get(retained)  # the Acks are handled in order: the duplicate was too
+    assert entry is not None and entry.state == "completed" and entry.final_offset == 6
+
+
+def test_receipts_a_cluster_completed_left_unanswered_is_sent_again_until_answered(rc, monkeypatch):
+    """A replica killed after it answered an earlier frame, before it committed this completion:
+    the link counts the Completed answered and never re-sends it, so the ReceiptConsumer does,
+    after RESEND_COMPLETED_S, until an Ack comes (edge's, in-process, is never re-sent)."""
+    from qlactors.actors import receipts
+
+    monkeypatch.setattr(receipts, "RESEND_COMPLETED_S", 0.5)
+    monkeypatch.setattr(rc.ctx, "completion_facts", lambda _a, _r: (0, True))  # as a cluster worker's
+    rc.h.stub("logs")
+    token = new_token()
+    run_id, attempt_id = rc.journalled_attempt(token)
+    rc.plant(run_id, attempt_id, token)
+    rc.ref.tell(Consume(run_id, attempt_id))
+    first = rc.peer.expect(m.Completed)
+    t0 = time.monotonic()
+    assert first.final_log_offset == 0
+    again = rc.peer.expect(m.Completed)  # no answer: sent again, the same
+    assert again == first and time.monotonic() - t0 >= 0.4
+    assert rc.peer.expect(m.Completed) == first  # and again, while unanswered
+    assert rc.answer(again) == "applied"
+    wait_until(lambda: rc.ctx.journal.get(attempt_id).state == "completed", what="the row kept for its log")
+    assert rc.h.repo.runs.get(run_id).state == "succeeded"
+    rc.peer.quiet(1.5)  # answered: never sent again
+
+
+def test_receipts_an_edge_completed_is_not_sent_again(rc, monkeypatch):
+    from qlactors.actors import receipts
+
+    monkeypatch.setattr(receipts, "RESEND_COMPLETED_S", 0.3)
+    token = new_token()
+    run_id, attempt_id = rc.journalled_attempt(token)
+    rc.plant(run_id, attempt_id, token)
+    rc.ref.tell(Consume(run_id, attempt_id))
+    rc.peer.expect(m.Completed)
+    rc.peer.quiet(1.0)  # unanswered, and not sent again
+    assert not rc.ref.proxy().waiting.get()[attempt_id].crosses_a_link
+
+
 def test_receipts_a_refused_ack_quarantines_the_receipt(rc):
     token = new_token()
     run_id, attempt_id = rc.journalled_attempt(token)

@@ -43,9 +43,9 @@ def test_a_dead_host_s_idempotent_runs_move_after_the_grace_and_the_others_wait_
             return c.sql("SELECT count(*) FROM run_attempts WHERE worker_id = 'w1' AND status = 'running'")[0][0]
 
         unsafe = [c.cli("run", "unsafe").stdout.decode().strip() for _ in range(UNSAFE)]
-        wait_until(lambda: running_on_w1() == UNSAFE, 60, "the unsafe runs running on w1")
+        wait_until(lambda: running_on_w1() == UNSAFE, 120, "the unsafe runs running on w1")
         idem = [c.cli("run", "idem").stdout.decode().strip() for _ in range(IDEMPOTENT)]
-        wait_until(lambda: running_on_w1() == UNSAFE + IDEMPOTENT, 60, "every run running on w1")
+        wait_until(lambda: running_on_w1() == UNSAFE + IDEMPOTENT, 120, "every run running on w1")
         c.start_worker("w2", slots=IDEMPOTENT)
 
         # The host dies: its jobs' process groups and the worker, all at once; nothing restarts.

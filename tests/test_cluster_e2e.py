@@ -373,3 +373,20 @@ def test_a_replica_whose_connections_are_reset_retries_and_status_shows_the_erro
     second = _run(cluster, "t")
     assert cluster.wait_terminal([second], timeout=60)[second]["state"] == "succeeded"
     assert cluster.replicas[0].alive() and "Traceback" not in cluster.replicas[0].log()
+
+
+def test_a_worker_below_its_disk_reserve_pulls_nothing_until_space_comes_back(cluster, monkeypatch, tmp_path):
+    free = tmp_path / "free-bytes"
+    free.write_text("0")  # what the worker reads as its logs' free space (a test hook)
+    monkeypatch.setenv("QLACTORS_TEST_FREE_BYTES_FILE", str(free))
+    cluster.new_key("w1")
+    cluster.allow("w1")
+    worker = cluster.start_worker("w1", slots=2)
+    cluster.cli("task", "add", "t", "--", "true")
+    run_id = _run(cluster, "t")
+    wait_until(lambda: "event=disk_reserve_hold" in worker.log(), 30, "the worker's disk reserve hold")
+    time.sleep(3)  # heartbeats and nudges meanwhile: still nothing pulled
+    assert cluster.show(run_id)["state"] == "queued"
+    free.write_text(str(1 << 40))
+    assert cluster.wait_terminal([run_id], timeout=60)[run_id]["state"] == "succeeded"
+    assert "event=disk_reserve_released" in worker.log()

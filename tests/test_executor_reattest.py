@@ -354,3 +354,31 @@ def test_a_restarted_receipt_consumer_consumes_only_the_rows_whose_process_has_e
     rig.peer.quiet(0.5)
     assert [n.attempt_id for n in h.inbox.items("executor", NoReceipt)] == [rows["gone"]]
     assert not h.inbox.items("executor", Consume)
+
+
+def test_an_activate_left_unanswered_is_sent_again_and_the_job_launches_once(make_rig, caplog):
+    """A replica that answered a later frame and died before it committed this Activate: the link
+    took that frame as the answer, so the Executor repeats the Activate each heartbeat interval
+    until `Activated` comes; a late answer to the first copy launches nothing more."""
+    caplog.set_level(logging.INFO, logger="qlactors")
+    rig = make_rig()
+    rig.welcome_to(rig.new_session(), heartbeat_ms=300)
+    pull = rig.peer.expect(m.Pull, strict=False)
+    runs = rig.h.config.home.parent / "RUNS"
+    shell, flag, script = held_job(rig)
+    rig.repo.tasks.add(spec("job", [shell, flag, f"echo run >> {runs}; {script}"]))
+    rig.repo.runs.request("job")
+    rig.send_offers(pull, rig.offer_for(pull))
+    lost = rig.peer.expect(m.Activate, strict=False)  # never answered
+    again = rig.peer.expect(m.Activate, strict=False)
+    assert again == lost
+    activated = rig.activate(again)
+    started = rig.peer.expect(m.Started, strict=False)
+    rig.h.track_group(started.pgid)
+    rig.ack_started(started)
+    rig.peer.send(activated)  # the answer to a copy, late: nothing more is launched
+    ready(rig)
+    release(rig)
+    assert rig.peer.expect(m.Completed, strict=False).exit_code == 0
+    assert "event=activate_repeated" in caplog.text
+    assert runs.read_text() == "run\n"  # launched once

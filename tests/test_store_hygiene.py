@@ -126,6 +126,25 @@ def test_a_terminated_backend_mid_write_is_transient_and_the_retry_commits(store
 
 
 @pg
+def test_a_terminated_backend_inside_a_batch_of_events_is_still_transient(stores):
+    """The connection lost inside `events_together` (an offer batch, a report batch): the error
+    that escapes is the retried `StoreUnavailable`, not a `PendingRollbackError` from tidying
+    the block up on the dead connection (which failed the replica's Gateway actor)."""
+    from qlactors.store.plans import events_together
+
+    dispatch = Dispatch(stores())
+    dispatch.register_session("w1", 2, session_lease_ms=45_000)
+    with pytest.raises(StoreUnavailable, match="is unavailable"):
+        with dispatch.store.write() as conn, events_together(conn):
+            pid = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
+            with psycopg.connect(_pg_admin_conninfo(), autocommit=True) as admin:
+                admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            conn.execute(text("UPDATE worker_sessions SET free_slots = 0"))
+    with dispatch.store.read() as conn:
+        assert conn.execute(text("SELECT free_slots FROM worker_sessions")).scalar_one() == 2
+
+
+@pg
 def test_a_deadlock_is_transient(stores, pg_schema_url):
     """Two transactions lock two rows in opposite orders: the server cancels one (40P01)."""
     dispatch = Dispatch(stores())

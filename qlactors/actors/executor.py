@@ -53,6 +53,7 @@ class Local:
     session_generation: int = 0
     lease: LeaseFacts | None = None  # the lease held now (renewed by heartbeats, re-bound by Attest)
     deadline_ms: int | None = None  # a cluster worker's own deadline (its clock): activation + timeout
+    activate_sent_at: float | None = None  # monotonic; set while its Activate waits for `Activated`
 
 
 class Executor(SessionReports, Adoption, Draining, RuntimeActor):
@@ -144,6 +145,9 @@ class Executor(SessionReports, Adoption, Draining, RuntimeActor):
             return
         if not self.ctx.admitting.is_set():
             return
+        reserve = self.ctx.disk_reserve  # a worker's own disk (edge: the Gateway's check)
+        if reserve is not None and not reserve.has_room():
+            return  # the next heartbeat or nudge checks again
         pairs = {new_id(): secrets.token_urlsafe(32) for _ in range(self._free())}
         pull_id = new_id()
         if self._cluster():  # journalled before it is sent (SEMANTICS.md §9 Offers)
@@ -208,8 +212,13 @@ class Executor(SessionReports, Adoption, Draining, RuntimeActor):
         self.live[offer.attempt_id] = local
         raise_point("executor_after_accept")
         self.ctx.logs.create(offer.run_id, offer.attempt_id)
+        self._send_activate(local)
+
+    def _send_activate(self, local: Local) -> None:
+        """Ask for activation (sent again each heartbeat interval until answered: executor_session)."""
+        local.activate_sent_at = time.monotonic()
         self.out.to_control(m.Activate(**self._fence(local), callback_token_hash=token_hash(local.token),
-                                       log_artifact_id=self.ctx.logs.artifact_id(offer.run_id, offer.attempt_id)))
+                                       log_artifact_id=self.ctx.logs.artifact_id(local.run_id, local.attempt_id)))
 
     def _fence(self, local: Local, lease_version: int | None = None) -> dict[str, Any]:
         o = local.offer
@@ -227,6 +236,7 @@ class Executor(SessionReports, Adoption, Draining, RuntimeActor):
             return  # not ours (an instance that died asked for it), or already launched
         if local.offer.offer_id != msg.offer_id:
             return  # the answer to an earlier offer of the same attempt
+        local.activate_sent_at = None  # answered
         if self.drain_done is not None:
             return  # draining: never launched, its Decline is answered `refused` and it is given back
         offer = local.offer

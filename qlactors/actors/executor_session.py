@@ -50,6 +50,7 @@ class SessionReports:
             seq=self.heartbeat_seq, free_slots=max(0, self._free()), worker_clock_ms=wall_ms(),
             renewals=renewals))
         self._repeat_pull()
+        self._repeat_activates()
         self._reprobe()
         self._enforce_deadlines()
         self._schedule_heartbeat()
@@ -127,6 +128,23 @@ class SessionReports:
                     len(self.pull_message.offers))
         self.pull_sent_at = time.monotonic()
         self.out.to_control(self.pull_message)
+
+    def _repeat_activates(self) -> None:
+        """An Activate unanswered for a heartbeat interval went astray (a replica that answered a
+        later frame died before it committed this one: the link took that frame as the answer):
+        send it again, the same fence and token hash; the store answers a repeat `applied`
+        (`already_starting`) and the launch happens once, on the first `Activated` that comes.
+        Not while draining: those offers are declined (executor_drain.py), never launched."""
+        if self.drain_done is not None:
+            return
+        now = time.monotonic()
+        for local in self.live.values():
+            if local.activate_sent_at is None or local.identity is not None or local.offer is None:
+                continue
+            if now - local.activate_sent_at < self.session.heartbeat_ms / 1000:
+                continue
+            log.warning("event=activate_repeated run=%s attempt=%s", local.run_id, local.attempt_id)
+            self._send_activate(local)
 
     def _attest(self, run_id: str, attempt_id: str, fact: str, stopped_by: str | None = None, *,
                 lease: LeaseFacts | None = None, slot: tuple[str, str] | None = None,

@@ -1,11 +1,11 @@
 """The ReceiptConsumer: reads a finished attempt's receipt, reports it, and only after the answer
 removes or quarantines the file; on its cadence, journal-driven cleanup and quarantine retention.
 
-A `Completed` is sent again until it is answered (SEMANTICS.md §9 Completion: the receipt is
-deleted only after the answer): once it has waited through a whole cleanup interval (a link drops
-its oldest unanswered requests past `wire/links.MAX_UNANSWERED`, and an answer can be lost with a
-replica), and at once when a new session opens, naming it. A repeat is harmless: the control side
-answers `already_terminal`."""
+A cluster worker's `Completed` is sent again until it is answered (SEMANTICS.md §9 Completion:
+the receipt is deleted only after the answer): every RESEND_COMPLETED_S while unanswered (a link
+drops its oldest unanswered requests past `wire/links.MAX_UNANSWERED`, and an answer can be lost
+with a replica), and at once when a new session opens, naming it. A repeat is harmless: the
+control side answers `already_terminal`. Edge's goes to the Gateway in-process and is not."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from ..faults import crash_point
 from ..worker.evidence import ENDED, ENDED_WITH_RECEIPT, REBOOTED, probe_journal
 from ..wire import messages as m
 from .base import RuntimeActor, now_ms
-from .signals import Cleanup, Consume, LogFinal, NoReceipt, Resume, SessionOpen
+from .signals import Cleanup, Consume, LogFinal, NoReceipt, ResendCompleted, Resume, SessionOpen
 
 log = logging.getLogger("qlactors.receipts")
 
@@ -28,6 +28,11 @@ ENDED_FACTS = (ENDED_WITH_RECEIPT, ENDED, REBOOTED)  # probed facts whose receip
 # A cluster worker keeps a finished attempt's local log this long once it is acknowledged to
 # its final offset (the control side's copy is the one `qlactors logs` reads).
 LOCAL_LOG_KEEP_MS = 3_600_000
+# A Completed still unanswered after this long is sent again (idempotent on the control side).
+# The link re-sends only what a replica has not answered, and any later frame from it counts as
+# the answer: a replica killed after it answered an earlier request, before it committed this
+# completion, leaves it lost, and nothing else would report that run.
+RESEND_COMPLETED_S = 10.0
 
 
 @dataclass
@@ -35,7 +40,13 @@ class Unanswered:
     """A `Completed` sent and not answered yet."""
 
     completed: m.Completed
-    passes: int = 0  # cleanup passes it has waited through since it was last sent
+    sent_at: float = dataclasses.field(default_factory=time.monotonic)  # last sent, monotonic
+
+    @property
+    def crosses_a_link(self) -> bool:
+        """A cluster worker's (it names the log's final offset): sent again until answered.
+        Edge's goes to the Gateway in this process and is not."""
+        return self.completed.final_log_offset is not None
 
 
 class ReceiptConsumer(RuntimeActor):
@@ -53,7 +64,7 @@ class ReceiptConsumer(RuntimeActor):
 
     def handlers(self):
         return {Consume: self.on_consume, m.Ack: self.on_ack, Cleanup: self.on_cleanup,
-                Resume: self.on_resume, SessionOpen: self.on_session_open}
+                Resume: self.on_resume, SessionOpen: self.on_session_open, ResendCompleted: self.on_resend}
 
     def on_session_open(self, msg: SessionOpen, _peer: bytes) -> None:
         self.session = msg
@@ -125,25 +136,45 @@ class ReceiptConsumer(RuntimeActor):
             final_log_offset=final_offset, finished_in_time=in_time)
         self.waiting[msg.attempt_id] = Unanswered(completed)
         self.out.to_control(completed)
+        if final_offset is not None:  # a cluster worker's: it crosses a link that can lose it
+            self._schedule_resend()
 
     def _resend(self, attempt_id: str) -> None:
-        """Send a waiting `Completed` again, naming the current session."""
+        """Send a waiting `Completed` again, naming the current session (its token authenticates
+        it, whatever the session)."""
         pending, s = self.waiting[attempt_id], self.session
         pending.completed = dataclasses.replace(pending.completed, worker_id=s.worker_id,
                                                 session_id=s.session_id, session_generation=s.generation)
-        pending.passes = 0
+        pending.sent_at = time.monotonic()
         log.warning("event=completed_resent run=%s attempt=%s", pending.completed.run_id, attempt_id)
         self.out.to_control(pending.completed)
+
+    def on_resend(self, _msg: ResendCompleted, _peer: bytes) -> None:
+        """Send again each cluster Completed unanswered for RESEND_COMPLETED_S."""
+        now = time.monotonic()
+        if self.session is not None:
+            for attempt_id, pending in list(self.waiting.items()):
+                if pending.crosses_a_link and now - pending.sent_at >= RESEND_COMPLETED_S:
+                    self._resend(attempt_id)
+        self._schedule_resend()
+
+    def _schedule_resend(self) -> None:
+        """The timer at the oldest unanswered cluster Completed's turn (none when all are answered)."""
+        due = [p.sent_at for p in self.waiting.values() if p.crosses_a_link]
+        if due and self.ctx.bridge.timer_due("receipts-resend") is None:
+            self.ctx.bridge.call_at("receipts-resend", min(due) + RESEND_COMPLETED_S, self.me, ResendCompleted())
 
     def on_ack(self, msg: m.Ack, _peer: bytes) -> None:
         pending = self.waiting.get(msg.attempt_id)  # forgotten only once handled (a database
         if pending is None:  # outage in between makes it handled again)
             # The answer to a receipt an instance that died sent: a committed completion is as
             # good now, so its files and journal row go as on the fast path (nothing else would
-            # remove them: the cleanup pass lists only `completed` rows). The second answer to a
-            # Completed sent twice finds it handled (gone, or kept for local log retention).
+            # remove them: the cleanup pass lists only `completed` rows). A row already handed
+            # to retention was answered before (this is the answer to a second copy of the
+            # Completed): its log may still be shipping, so it stays.
             entry = self.ctx.journal.get(msg.attempt_id)
-            if msg.result in ("applied", "already_terminal") and entry is not None and entry.purge_after_ms is None:
+            if msg.result in ("applied", "already_terminal") and entry is not None \
+                    and entry.purge_after_ms is None:
                 self.ctx.local_receipts.finish(msg.attempt_id)
             return
         run_id = pending.completed.run_id
@@ -173,10 +204,6 @@ class ReceiptConsumer(RuntimeActor):
         """Bounded: retry completed-but-not-cleared rows, purge old quarantine entries."""
         page = self.ctx.config.runtime.receipt_cleanup_page
         try:
-            for attempt_id, pending in list(self.waiting.items()):
-                pending.passes += 1
-                if pending.passes > 1 and self.session is not None:  # a whole interval unanswered
-                    self._resend(attempt_id)
             journal = self.ctx.journal
             for entry in journal.list(("completed",), page, None, unretained=True):
                 self.on_consume(Consume(entry.run_id, entry.attempt_id, recheck=True), b"")

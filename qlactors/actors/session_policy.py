@@ -164,7 +164,7 @@ class ClusterSessions:
         return outcome.result, outcome.detail or ""
 
     def may_offer(self) -> bool:
-        return True  # a worker checks its own disk before it pulls
+        return True  # a worker checks its own disk before it pulls (Executor._pull)
 
     # -- reports that differ from edge ------------------------------------------------------------
 

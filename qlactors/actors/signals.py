@@ -120,6 +120,11 @@ class Cleanup:
 
 
 @dataclass(frozen=True, slots=True)
+class ResendCompleted:
+    """Bridge timer -> ReceiptConsumer: send again each Completed still unanswered."""
+
+
+@dataclass(frozen=True, slots=True)
 class Drain:
     """Profile -> Supervisor: stop admitting work (shutdown has begun)."""
 

@@ -134,6 +134,9 @@ class WorkerContext(SharedContext):
     log_retention: Any = None
     """A worker's LocalLogRetention (its acknowledged local logs); None on edge, whose Scheduler
     deletes log files with their runs."""
+    disk_reserve: Any = None
+    """A cluster worker's DiskReserve on its logs' file system: the Executor pulls nothing while it
+    holds. None on edge, where the Gateway checks the same reserve before it offers."""
     completion_facts: Callable[[str, Any], tuple[int | None, bool | None]] = lambda _a, _r: (None, None)
     """What a Completed adds on a cluster worker: (final log offset, finished in time); edge: none."""
 

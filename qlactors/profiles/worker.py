@@ -24,6 +24,7 @@ from typing import Any, Callable
 import zmq
 
 from ..actors.base import Directory, Fatal
+from ..actors.disk_reserve import DiskReserve
 from ..actors.executor import Executor
 from ..actors.log_sender import LogSender
 from ..actors.outage import watch_store
@@ -32,6 +33,7 @@ from ..actors.signals import Drain, DrainSession
 from ..actors.supervisor import Supervisor
 from ..cluster_config import WorkerConfig
 from ..config import Config
+from ..process.diskspace import free_space_source
 from ..process.identity import boot_id_source
 from ..process.logs import LogStore
 from ..process.receipts import ReceiptStore
@@ -120,6 +122,7 @@ class WorkerRuntime(Runner):
             admitting=admitting, journal=journal, receipts=receipts, logs=logs, local_receipts=local_receipts,
             boot_id=self.boot_id, launcher_shell=self.config.launcher_shell, labels=tuple(cfg.labels),
             log_retention=LocalLogRetention(journal, logs, local_receipts),
+            disk_reserve=DiskReserve(self.config, free_space_source(state.logs)),
             completion_facts=WorkerFacts(journal, logs))
         self.ctx = ctx
         watch_store(ctx)

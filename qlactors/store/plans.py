@@ -135,16 +135,20 @@ def append_events(conn: Connection, plan: Plan, now_ms: int, actor_type: str) ->
 def events_together(conn: Connection) -> Iterator[None]:
     """Within: the events of every plan applied are kept, and written by one multi-row INSERT
     when the block ends without an error (a batch of reports, `report_batch.py`). Nothing in
-    such a block reads the events it appends."""
+    such a block reads the events it appends.
+
+    The info dict is held from the start: after a connection is lost mid-block, `conn.info`
+    would raise `PendingRollbackError` and hide the error the store retries."""
     kept: list[dict] = []
-    conn.info[_KEPT_EVENTS] = (conn.get_transaction(), kept)
+    info = conn.info
+    info[_KEPT_EVENTS] = (conn.get_transaction(), kept)
     try:
         yield
         if kept:
             conn.execute(_events_insert_of(len(kept)),
                          {f"{key}_{i}": value for i, row in enumerate(kept) for key, value in row.items()})
     finally:
-        conn.info.pop(_KEPT_EVENTS, None)
+        info.pop(_KEPT_EVENTS, None)
 
 
 _EVENT_COLUMNS = ("id", "run_id", "sequence", "type", "actor_type", "attempt_id", "payload_json", "created_at_ms")
