@@ -13,7 +13,7 @@ import pytest
 from actor_harness import wait_until
 from cluster_harness import make_cluster
 
-pytestmark = pytest.mark.postgres
+pytestmark = [pytest.mark.postgres, pytest.mark.chaos]  # with the chaos tests: it waits out the grace
 
 SESSION_LEASE_MS, RECOVERY_GRACE_MS = 5_000, 35_000  # the drain grace: its default, 15 min
 
