@@ -69,8 +69,14 @@ _TAKEN = object()  # the pair's offer id was used meanwhile by a concurrent pull
 _PROJECTION = ("offer_id", "lease_generation", "lease_version", "worker_id", "session_id",
                "session_generation")
 _SESSION_TIMED = SESSION.add_columns(literal_column(NOW_SQL).label("db_now_ms"))
-_LEASES_BY_OFFER = select(run_dispatch_leases).where(
-    run_dispatch_leases.c.offer_id.in_(bindparam("offer_ids", expanding=True)))
+# The session's live leases (its capacity taken) and the leases of the Pull's offer ids (a repeated
+# Pull), in one statement read under the session row lock: one row at least, with the count and no
+# lease, else one row per lease found, each with the count.
+_ONE_ROW = select(literal_column("1").label("one")).subquery()
+_LEASES_AND_TAKEN = (
+    select(LEASED_COUNT.correlate(None).scalar_subquery().label("taken_slots"), run_dispatch_leases)
+    .select_from(_ONE_ROW.outerjoin(run_dispatch_leases, run_dispatch_leases.c.offer_id.in_(
+        bindparam("offer_ids", expanding=True)))))
 
 
 def command_argv(command_json: str) -> tuple[str, ...]:
@@ -180,15 +186,16 @@ class _Batch:
         self._fenced(session, now)
         # Read under the session row lock, which serialises this session's pulls: the same Pull
         # sent to two replicas at once (a failover repeat) then finds the leases the first wrote.
-        existing = {r.offer_id: r for r in conn.execute(
-            _LEASES_BY_OFFER, {"offer_ids": [o for o, _ in self.pairs]})}
+        rows = conn.execute(_LEASES_AND_TAKEN, {"offer_ids": [o for o, _ in self.pairs],
+                                                "session_id": self.session_id}).all()
+        existing = {r.offer_id: r for r in rows if r.offer_id is not None}
         fresh = [(o, h) for o, h in self.pairs if o not in existing]
         for offer_id, token_hash in self.pairs:
             if offer_id in existing:
                 view = self._replay(existing[offer_id], token_hash)
                 if view is not None:
                     self.offers[offer_id] = view
-        free = session.capacity - conn.execute(LEASED_COUNT, {"session_id": self.session_id}).scalar_one()
+        free = session.capacity - rows[0].taken_slots
         if fresh and tasks != [] and free > 0:
             self._claim_fresh(session, fresh[:free], labels_param(session.labels_json), tasks, now)
         return [self.offers[o] for o, _ in self.pairs if o in self.offers]
