@@ -382,3 +382,50 @@ def test_an_activate_left_unanswered_is_sent_again_and_the_job_launches_once(mak
     assert rig.peer.expect(m.Completed, strict=False).exit_code == 0
     assert "event=activate_repeated" in caplog.text
     assert runs.read_text() == "run\n"  # launched once
+
+
+def _offered(rig: ClusterRig, session) -> m.Activate:
+    rig.welcome_to(session)
+    pull = rig.peer.expect(m.Pull, strict=False)
+    rig.repo.tasks.add(spec("job", ["/bin/sh", "-c", "exit 0"]))
+    rig.repo.runs.request("job")
+    rig.send_offers(pull, rig.offer_for(pull))
+    return rig.peer.expect(m.Activate, strict=False)
+
+
+def test_an_activation_fenced_for_its_session_is_given_back_by_the_next_session(make_rig):
+    """An earlier copy of the Activate may have been committed (the soak, seed 1796144509): the
+    attempt is never launched, and the new session attests `never_launched` for it, the evidence
+    recovery trusts, instead of forgetting it."""
+    from actor_harness import ack_message
+
+    rig = make_rig()
+    act = _offered(rig, rig.new_session())
+    committed = rig.ctx.dispatch.activate(fence_of(act, act.worker_id), act.callback_token_hash,
+                                          act.log_artifact_id)  # the first copy, committed
+    assert committed.result == "applied"
+    rig.peer.send(ack_message("activate", act.run_id, act.attempt_id, "fenced", "session_expired",
+                              offer_id=act.offer_id))  # the answer to the re-sent copy
+    rig.peer.send(m.Activated(run_id=act.run_id, attempt_id=act.attempt_id, offer_id=act.offer_id,
+                              lease_version=committed.lease_version, deadline_at_ms=None))  # late
+    s2 = end_session_by_heartbeat(rig)
+    rig.welcome_to(s2)
+    attest = rig.peer.expect(m.Attest, strict=False)
+    assert (attest.attempt_id, attest.fact, attest.lease.offer_id) == (act.attempt_id, "never_launched", act.offer_id)
+    assert rig.answer_attest(attest).result == "applied"
+    assert attempt_row(rig.repo, act.attempt_id).evidence == "never_launched"
+    assert rig.ctx.journal.get(act.attempt_id) is None
+    assert not list(rig.h.config.home.parent.glob("**/markers/*"))  # never launched
+
+
+def test_an_activation_fenced_for_its_lease_is_given_back_at_once(make_rig):
+    from actor_harness import ack_message
+
+    rig = make_rig()
+    act = _offered(rig, rig.new_session())
+    rig.peer.send(ack_message("activate", act.run_id, act.attempt_id, "fenced", "lease_expired",
+                              offer_id=act.offer_id))
+    attest = rig.peer.expect(m.Attest, strict=False)
+    assert (attest.attempt_id, attest.fact) == (act.attempt_id, "never_launched")
+    assert rig.ctx.journal.get(act.attempt_id) is None
+    rig.peer.expect(m.Pull, strict=False)  # the slot is free again

@@ -54,6 +54,7 @@ class Local:
     lease: LeaseFacts | None = None  # the lease held now (renewed by heartbeats, re-bound by Attest)
     deadline_ms: int | None = None  # a cluster worker's own deadline (its clock): activation + timeout
     activate_sent_at: float | None = None  # monotonic; set while its Activate waits for `Activated`
+    activation_refused: bool = False  # its Activate was fenced or refused: never launched here
 
 
 class Executor(SessionReports, Adoption, Draining, RuntimeActor):
@@ -236,6 +237,8 @@ class Executor(SessionReports, Adoption, Draining, RuntimeActor):
             return  # not ours (an instance that died asked for it), or already launched
         if local.offer.offer_id != msg.offer_id:
             return  # the answer to an earlier offer of the same attempt
+        if local.activation_refused:
+            return  # a late answer to an earlier copy: refused since, given back (never launched)
         local.activate_sent_at = None  # answered
         if self.drain_done is not None:
             return  # draining: never launched, its Decline is answered `refused` and it is given back
@@ -320,13 +323,30 @@ class Executor(SessionReports, Adoption, Draining, RuntimeActor):
         log.warning("event=report_%s of=%s attempt=%s detail=%s", msg.result, msg.of, msg.attempt_id, msg.detail)
         if msg.of == "activate" and (local.offer is None or local.offer.offer_id != msg.offer_id):
             pass  # about an earlier offer of this attempt: the current one is still waiting
-        elif msg.of == "activate":  # fenced or refused: no spawn, give the slot back
-            self.ctx.journal.clear(msg.attempt_id)
-            del self.live[msg.attempt_id]
-            self._pull()
+        elif msg.of == "activate":  # fenced or refused: no spawn
+            self._activation_refused(local, msg)
         elif msg.of == "started" and local.identity is not None:
             # The start was not accepted: stop the process by its exact identity.
             self._begin_stop(local, "refused")
+
+    def _activation_refused(self, local: Local, msg: m.Ack) -> None:
+        """Never launch it; and since an earlier copy of this Activate (the link re-sends what a
+        replica left unanswered) may have been committed, leave the evidence that nothing ran:
+        `never_launched`, which recovery trusts, not silence (a `starting` attempt nobody
+        attests waits for ever). Fenced for its session (expired, superseded): the session is
+        about to be replaced, and the new one's Welcome gives it back (`_reattest_held`) from a
+        session that can speak; meanwhile it is held, never launched. Otherwise at once. Edge:
+        the slot is freed, nothing more."""
+        local.activate_sent_at = None
+        local.activation_refused = True
+        cluster = self._cluster()  # edge's Activate goes to the Gateway in-process: no copies
+        if cluster and (msg.detail.startswith("session") or msg.detail in ("unknown_session", "superseded")):
+            return
+        self.ctx.journal.clear(local.attempt_id)
+        del self.live[local.attempt_id]
+        if cluster:
+            self._give_back(local.run_id, local.attempt_id, local.lease)
+        self._pull()
 
     # -- stop ---------------------------------------------------------------------------------
 
