@@ -16,6 +16,8 @@ The invariants:
   ledger (it did not run, or not to its end).
 - `log_incomplete`: a succeeded run's log is not whole: the chunks of its succeeded attempt
   are not contiguous from 0 up to the attempt's `log_final_offset`, or that offset is missing.
+- `log_content`: a succeeded run's log is not what its job wrote (`begin G`, `done G`, G the
+  process group of the execution that ended), when the logs' bytes are given.
 Overlapping executions of an idempotent run are allowed (it may run twice by its own word) and
 only counted.
 """
@@ -54,6 +56,7 @@ class Execution:
     attempt_id: str
     start_ms: int
     end_ms: int | None
+    pgid: int = 0  # the job's process group, which it also wrote into its log
 
 
 @dataclass(frozen=True)
@@ -86,12 +89,13 @@ class Findings:
 
 def check(runs: list[Run], attempts: list[Attempt], terminal_events: list[tuple[str, str]],
           executions: list[Execution], chunks: list[Chunk], *, killed_at_ms: dict[str, int],
-          horizon_ms: int, waiting_why: dict[str, str] | None = None) -> Findings:
+          horizon_ms: int, waiting_why: dict[str, str] | None = None,
+          logs: dict[str, bytes] | None = None) -> Findings:
     """Every invariant over the whole soak. `terminal_events`: (run_id, type) of each terminal
     event; `killed_at_ms`: attempt id -> when the soak killed its process group (a host death),
     the latest its execution can have lasted; `horizon_ms`: the end of the soak (the bound of
     an execution that never ended and has no other); `waiting_why`: run id -> what `status`
-    says a run still waits for."""
+    says a run still waits for; `logs`: attempt id -> its log's bytes (checked when given)."""
     found = Findings(attempts=len(attempts), executions=len(executions))
     by_run_attempts: dict[str, list[Attempt]] = defaultdict(list)
     for a in attempts:
@@ -102,7 +106,7 @@ def check(runs: list[Run], attempts: list[Attempt], terminal_events: list[tuple[
     by_run_exec = _executions(found, executions, attempt_of, runs_by_id, killed_at_ms, horizon_ms)
     for run in runs:
         _no_concurrent_attempts(found, run, by_run_exec.get(run.run_id, []))
-    _succeeded_ran_and_logged(found, runs, by_run_attempts, executions, chunks)
+    _succeeded_ran_and_logged(found, runs, by_run_attempts, executions, chunks, logs)
     found.runs_by_state = dict(Counter(r.status for r in runs))
     per_task: dict[str, Counter] = defaultdict(Counter)
     for r in runs:
@@ -172,8 +176,9 @@ def _no_concurrent_attempts(found: Findings, run: Run, spans: list[tuple[int, in
 
 
 def _succeeded_ran_and_logged(found: Findings, runs: list[Run], by_run: dict[str, list[Attempt]],
-                              executions: list[Execution], chunks: list[Chunk]) -> None:
-    ended = {e.attempt_id for e in executions if e.end_ms is not None}
+                              executions: list[Execution], chunks: list[Chunk],
+                              logs: dict[str, bytes] | None) -> None:
+    ended = {e.attempt_id: e for e in executions if e.end_ms is not None}
     by_attempt: dict[str, list[Chunk]] = defaultdict(list)
     for c in chunks:
         by_attempt[c.attempt_id].append(c)
@@ -191,6 +196,11 @@ def _succeeded_ran_and_logged(found: Findings, runs: list[Run], by_run: dict[str
         problem = log_problem(attempt.log_final_offset, by_attempt.get(attempt.attempt_id, []))
         if problem:
             found.add("log_incomplete", run.run_id, f"attempt {attempt.attempt_id}: {problem}")
+        elif logs is not None and attempt.attempt_id in ended:
+            g = ended[attempt.attempt_id].pgid
+            data = logs.get(attempt.attempt_id, b"")
+            if data != f"begin {g}\ndone {g}\n".encode():
+                found.add("log_content", run.run_id, f"attempt {attempt.attempt_id}: log {data[:80]!r}")
 
 
 def log_problem(final_offset: int | None, chunks: list[Chunk]) -> str | None:

@@ -15,14 +15,14 @@ def _ok_run(run_id: str, *, idempotent: bool = False, size: int = 10):
             [Chunk(a, 0, 4), Chunk(a, 4, size - 4)])
 
 
-def _check(parts, *, extra_events=(), extra_exec=(), killed=None, waiting=None):
+def _check(parts, *, extra_events=(), extra_exec=(), killed=None, waiting=None, logs=None):
     runs = [p[0] for p in parts]
     attempts = [a for p in parts for a in (p[1] if isinstance(p[1], list) else [p[1]])]
     events = [p[2] for p in parts if p[2] is not None] + list(extra_events)
     execs = [e for p in parts for e in (p[3] if isinstance(p[3], list) else [p[3]]) if e] + list(extra_exec)
     chunks = [c for p in parts for c in p[4]]
     return check(runs, attempts, events, execs, chunks, killed_at_ms=killed or {}, horizon_ms=99_000,
-                 waiting_why=waiting)
+                 waiting_why=waiting, logs=logs)
 
 
 def _kinds(found):
@@ -107,3 +107,14 @@ def test_log_problem_names_each_failure():
     assert log_problem(6, [Chunk("a", 3, 3), Chunk("a", 0, 3)]) is None
     assert log_problem(6, [Chunk("a", 0, 4), Chunk("a", 3, 3)]).startswith("a gap or an overlap at offset 4")
     assert log_problem(6, [Chunk("a", 0, 3), Chunk("a", 3, 4)]) == "chunks end at 7, the final offset is 6"
+
+
+def test_a_succeeded_run_s_log_must_be_its_own_job_s_output_when_the_logs_are_given():
+    run = Run("r1", "t", "succeeded", False)
+    own = b"begin 42\ndone 42\n"
+    attempt = Attempt("a1", "r1", 1, "succeeded", 2_000, len(own))
+    parts = [(run, attempt, ("r1", "run.succeeded"), Execution("a1", 1_000, 1_500, pgid=42),
+              [Chunk("a1", 0, len(own))])]
+    assert _check(parts, logs={"a1": own}).violations == []
+    other = _check(parts, logs={"a1": b"begin 43\ndone 43\n"})
+    assert _kinds(other) == ["log_content"]
