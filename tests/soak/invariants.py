@@ -16,6 +16,9 @@ The invariants:
   ledger (it did not run, or not to its end).
 - `log_incomplete`: a succeeded run's log is not whole: the chunks of its succeeded attempt
   are not contiguous from 0 up to the attempt's `log_final_offset`, or that offset is missing.
+- `stop_as_failure`: a run `failed` with `EXIT_NONZERO`: the soak's jobs exit 0 whenever they
+  run to their end, so a job that exited otherwise was stopped or killed, and a stop is
+  `timed_out`, `cancelled` or `lost`, never the job's own failure.
 - `log_content`: a succeeded run's log is not what its job wrote (`begin G`, `done G`, G the
   process group of the execution that ended), when the logs' bytes are given.
 Overlapping executions of an idempotent run are allowed (it may run twice by its own word) and
@@ -37,6 +40,7 @@ class Run:
     task: str
     status: str
     idempotent: bool  # its retry policy's safety says it may run twice
+    error_code: str | None = None
 
 
 @dataclass(frozen=True)
@@ -121,6 +125,8 @@ def _terminal_events(found: Findings, runs: list[Run], events: list[tuple[str, s
     counts = Counter(run_id for run_id, kind in events if kind in TERMINAL_EVENTS)
     for run in runs:
         n = counts.get(run.run_id, 0)
+        if run.status == "failed" and run.error_code == "EXIT_NONZERO":
+            found.add("stop_as_failure", run.run_id, "failed EXIT_NONZERO: a stop recorded as the job's failure")
         if run.status in TERMINAL_STATES:
             if n != 1:
                 found.add("terminal_events", run.run_id, f"{run.status} with {n} terminal events")

@@ -7,17 +7,13 @@ generator (faults.py); then everything settles and the invariant checker (invari
 the whole soak from the database, the jobs' ledger and the faults. The seed is printed first;
 the same seed gives the same sequence of faults. Exit status 0 when no invariant was violated.
 
-Each job appends `start NS PGID FD1` and `end NS PGID FD1` to a ledger (FD1, where its output
-goes, is the attempt's log FIFO, named by the attempt id) and writes `begin PGID` and
-`done PGID` to its log."""
+Each job tells its start and end in a ledger (ledger.py)."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
-import re
 import shutil
 import subprocess
 import sys
@@ -34,16 +30,14 @@ sys.path[:0] = [str(HERE), str(HERE.parent)]
 
 from cluster_harness import TERMINAL, make_cluster  # noqa: E402
 from faults import KINDS, Faults, now_ms  # noqa: E402
-from invariants import Attempt, Chunk, Execution, Run, check  # noqa: E402
+from invariants import Attempt, Chunk, Run, check  # noqa: E402
+from ledger import JOB, parse  # noqa: E402
 from pg_private import PrivatePostgres, available  # noqa: E402
 
 TIMINGS = dict(heartbeat_ms=1_000, session_lease_ms=10_000, run_lease_ms=3_000,
                recovery_grace_ms=40_000, cadence_tick_ms=200, db_timeout_ms=800,
                request_timeout_ms=1_500)
 SLOTS = 4
-JOB = ('read -r _p _c _s _pp g _r < /proc/$$/stat; a=$(readlink /proc/$$/fd/1); '
-       'echo "start $(date +%s%N) $g $a" >> {ledger}; echo "begin $g"; sleep {sleep}; '
-       'echo "end $(date +%s%N) $g $a" >> {ledger}; echo "done $g"')
 IDEMPOTENT = ("--retry-on-lost", "--max-attempts", "3", "--safety", "idempotent", "--backoff", "1")
 # name, sleep (s), options, weight among manual submissions (0: cron only)
 TASKS = (
@@ -55,8 +49,6 @@ TASKS = (
     ("tick", "0.2", ("--cron", "*/2 * * * * *", "--tz", "UTC", "--max-concurrent", "2"), 0),
     ("tock", "6", ("--cron", "*/20 * * * * *", "--tz", "UTC", *IDEMPOTENT), 0),
 )
-LEDGER_LINE = re.compile(r"^(start|end) (\d+) (\d+) (.*)$")
-UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
 
 def say(msg: str) -> None:
@@ -113,6 +105,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", action="store_true", help="keep the soak's directory (logs, ledger)")
     ap.add_argument("--only", default=",".join(KINDS), help="the fault kinds to choose from (comma-separated)")
     args = ap.parse_args(argv)
+    unknown = set(args.only.split(",")) - set(KINDS)
+    if unknown:
+        ap.error(f"--only: unknown fault kinds {sorted(unknown)}; the kinds: {', '.join(KINDS)}")
     seed = args.seed if args.seed is not None else int(time.time())
     say(f"seed={seed}")
     why = available()
@@ -143,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def soak(cluster, pg, rng: random.Random, seed: int, args) -> dict:
     tag = uuid.uuid4().hex[:12]
+    commit = _commit()  # the code that runs (HEAD may move while it does)
     ledger = cluster.root / "ledger"
     for name in ("w1", "w2"):
         cluster.new_key(name)
@@ -159,10 +155,7 @@ def soak(cluster, pg, rng: random.Random, seed: int, args) -> dict:
     submitter = Submitter(cluster.database_url, random.Random(rng.random()), args.rate)
     submitter.start()
     duration = args.minutes * 60
-    kinds = [k for k in args.only.split(",") if k]
-    unknown = set(kinds) - set(KINDS)
-    if unknown or not kinds:
-        raise SystemExit(f"--only: unknown fault kinds {sorted(unknown)}; the kinds: {', '.join(KINDS)}")
+    kinds = args.only.split(",")
     say(f"running {args.minutes:g} min, a fault every {args.interval:g} s; cluster in {cluster.root}")
     try:
         k = 1
@@ -190,7 +183,7 @@ def soak(cluster, pg, rng: random.Random, seed: int, args) -> dict:
     ended_ms = now_ms()
     result = judge(cluster, faults, ledger, horizon_ms=ended_ms)
     result.update(seed=seed, minutes=args.minutes, interval_s=args.interval, rate=args.rate,
-                  commit=_commit(), started_at_ms=began_ms, ended_at_ms=ended_ms,
+                  commit=commit, started_at_ms=began_ms, ended_at_ms=ended_ms,
                   settle_s=settled, restarted_at_settle=restarted, submitted=submitter.submitted,
                   submit_retries=submitter.retries, timings=TIMINGS, slots=SLOTS,
                   faults=[asdict(f) for f in faults.applied],
@@ -214,8 +207,8 @@ def wait_settled(cluster, timeout: float) -> float:
 
 
 def judge(cluster, faults: Faults, ledger: Path, *, horizon_ms: int) -> dict:
-    runs = [Run(r, t, s, safety == "idempotent") for r, t, s, safety in cluster.sql(
-        "SELECT r.id, t.name, r.status, tr.safety FROM runs r JOIN tasks t ON t.id = r.task_id "
+    runs = [Run(r, t, s, safety == "idempotent", code) for r, t, s, safety, code in cluster.sql(
+        "SELECT r.id, t.name, r.status, tr.safety, r.error_code FROM runs r JOIN tasks t ON t.id = r.task_id "
         "JOIN task_revisions tr ON tr.task_id = r.task_id AND tr.revision = r.task_revision")]
     attempts = [Attempt(*row) for row in cluster.sql(
         "SELECT id, run_id, number, status, finished_at_ms, log_final_offset FROM run_attempts")]
@@ -223,7 +216,7 @@ def judge(cluster, faults: Faults, ledger: Path, *, horizon_ms: int) -> dict:
     chunks = [Chunk(*row) for row in cluster.sql("SELECT attempt_id, start_offset, length FROM log_chunks")]
     logs = {a: bytes(d) for a, d in cluster.sql(
         "SELECT attempt_id, string_agg(data, ''::bytea ORDER BY start_offset) FROM log_chunks GROUP BY attempt_id")}
-    executions, unreadable = read_ledger(ledger)
+    executions, unreadable = parse(ledger.read_text(errors="replace") if ledger.exists() else "")
     waiting = {}
     if any(r.status not in TERMINAL for r in runs):
         waiting = {w["run_id"]: w["why"] for w in cluster.cli_json("status").get("unresolved_recoveries", [])}
@@ -247,32 +240,6 @@ def _not_succeeded(cluster) -> dict[str, int]:
     return {f"{t} {s} {e}": n for t, s, e, n in sorted(rows)}
 
 
-def read_ledger(path: Path) -> tuple[list[Execution], list[str]]:
-    """The jobs' executions (start, end, attempt id from the FIFO they write to)."""
-    starts: dict[tuple[str, int], list[int]] = {}
-    ends: dict[tuple[str, int], int] = {}
-    bad = []
-    lines = path.read_text(errors="replace").splitlines() if path.exists() else []
-    for line in lines:
-        m = LEDGER_LINE.match(line)
-        ids = UUID.findall(m.group(4)) if m else []
-        if not ids:
-            bad.append(line)
-            continue
-        key = (ids[-1], int(m.group(3)))
-        ms = int(m.group(2)) // 1_000_000
-        if m.group(1) == "start":
-            starts.setdefault(key, []).append(ms)
-        else:
-            ends[key] = ms
-    executions = []
-    for (attempt_id, pgid), times in starts.items():
-        for i, ms in enumerate(sorted(times)):
-            end = ends.get((attempt_id, pgid)) if i == len(times) - 1 else None
-            executions.append(Execution(attempt_id, ms, end, pgid))
-    return executions, bad
-
-
 def _cli_logs_agree(cluster, found, runs, attempts, logs, sample: int = 10) -> None:
     """`qlactors logs RUN` gives back the whole stored log, for a sample of succeeded runs."""
     winner = {a.run_id: a.attempt_id for a in attempts if a.status == "succeeded"}
@@ -293,9 +260,13 @@ def _process_log_notes(cluster) -> dict[str, dict[str, int]]:
 
 
 def _commit() -> str:
+    """HEAD's short hash, `-dirty` when the tree has changes; "unknown" outside a checkout."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=HERE, capture_output=True, text=True, timeout=10).stdout.strip()
+
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=HERE, capture_output=True,
-                              text=True, timeout=10).stdout.strip()
+        head = git("rev-parse", "--short", "HEAD")
+        return (head + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")) or "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
 

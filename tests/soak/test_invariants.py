@@ -118,3 +118,12 @@ def test_a_succeeded_run_s_log_must_be_its_own_job_s_output_when_the_logs_are_gi
     assert _check(parts, logs={"a1": own}).violations == []
     other = _check(parts, logs={"a1": b"begin 43\ndone 43\n"})
     assert _kinds(other) == ["log_content"]
+
+
+def test_a_run_failed_with_a_nonzero_exit_is_a_stop_recorded_as_the_job_s_failure():
+    run = Run("r1", "t", "failed", False, "EXIT_NONZERO")
+    attempt = Attempt("a1", "r1", 1, "failed", 2_000, 0)
+    parts = [(run, attempt, ("r1", "run.failed"), Execution("a1", 1_000, None), [])]
+    assert _kinds(_check(parts)) == ["stop_as_failure"]
+    lost = Run("r1", "t", "failed", False, "RUN_LOST_RETRY_DISABLED")
+    assert _check([(lost, attempt, ("r1", "run.failed"), Execution("a1", 1_000, None), [])]).violations == []
