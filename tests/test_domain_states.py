@@ -391,6 +391,21 @@ def test_completion_after_timeout_intent_is_timed_out_unless_finished_by_deadlin
     assert (on_time_failed.run_to, on_time_failed.error_code) == (R.FAILED, ErrorCode.EXIT_NONZERO)
 
 
+def test_a_cluster_job_the_timeout_stop_signalled_is_timed_out_though_its_worker_says_in_time():
+    # The worker's deadline is its activation + timeout, later than the database's: the control
+    # side's stop at the database's deadline kills the job before the worker's. Found by the soak.
+    state = to_running(CancelReason.TIMEOUT)
+    killed = plan_completion(*state, exit_code=143, finished_at_ms=1, deadline_at_ms=None,
+                             signalled=True, finished_in_time=True)
+    assert (killed.run_to, killed.error_code) == (R.TIMED_OUT, ErrorCode.EXECUTION_TIMED_OUT)
+    own = plan_completion(*state, exit_code=0, finished_at_ms=1, deadline_at_ms=None,
+                          signalled=False, finished_in_time=True)
+    assert (own.run_to, own.error_code) == (R.SUCCEEDED, None)
+    late = plan_completion(*state, exit_code=0, finished_at_ms=1, deadline_at_ms=None,
+                           signalled=False, finished_in_time=False)
+    assert late.run_to is R.TIMED_OUT
+
+
 def test_completion_exit_nonzero_fails():
     for exit_code in (1, 2, 128 + 9, 255):
         plan = plan_completion(*to_running(), exit_code=exit_code, finished_at_ms=1, deadline_at_ms=None)

@@ -258,7 +258,8 @@ def plan_completion(
     A `timeout` intent yields `timed_out` unless the job finished by its deadline, in which case
     only the observation was late and it completes normally. "By its deadline" is judged on one
     clock: a cluster worker's own verdict (`finished_in_time`, its finish against the deadline it
-    derived at activation), else the receipt's finish against `deadline_at_ms` (edge). Likewise another intent decides
+    derived at activation; a job the executor signalled never finished in time), else the
+    receipt's finish against `deadline_at_ms` (edge). Likewise another intent decides
     only if the job's main process had not ended before it was committed: a stop never replaces
     an exit the launcher already knew (§7). `signalled` (the executor sent the job's group a
     stop signal) rules "ended before" out: the launcher's clock and the commit's differ by up to
@@ -267,7 +268,10 @@ def plan_completion(
     """
     reason = run.cancel_reason
     if reason is CancelReason.TIMEOUT and finished_in_time is not None:
-        ended_first = finished_in_time
+        # The worker's deadline (its activation + timeout) is later than the database's by the
+        # activation's trip, and the control side's stop comes at the database's: a job that
+        # stop signalled did not finish in time, whatever the worker's clock says.
+        ended_first = finished_in_time and not signalled
     elif reason is CancelReason.TIMEOUT:
         ended_first = deadline_at_ms is None or finished_at_ms <= deadline_at_ms
     else:

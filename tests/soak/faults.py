@@ -1,0 +1,195 @@
+"""The soak's faults (issue 11), each applied to a running cluster and undone before it returns
+(every process it stopped is started again, every one it froze thawed), so each is bounded. A
+process is always signalled by its PID, or by its process group's id read from the worker's own
+journal and checked to be one of this soak's jobs first; 127.0.0.1 only."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import sqlite3
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from actor_harness import wait_until
+from cluster_harness import Cluster, Proc
+from pg_private import PrivatePostgres
+
+KINDS = ("worker_kill", "host_death", "worker_freeze", "worker_freeze_past_lease",
+         "replica_kill", "replica_freeze", "postgres_restart")
+
+
+@dataclass
+class Applied:
+    kind: str
+    target: str
+    at_s: float  # seconds since the soak began
+    detail: str = ""
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass
+class Faults:
+    cluster: Cluster
+    pg: PrivatePostgres
+    rng: random.Random
+    tag: str  # SOAK_TAG=<tag> is in every job's environment
+    session_lease_s: float
+    began: float = field(default_factory=time.monotonic)
+    applied: list[Applied] = field(default_factory=list)
+    killed_at_ms: dict[str, int] = field(default_factory=dict)  # attempt id -> its group killed
+    slots: int = 4
+
+    def apply(self, kind: str) -> Applied:
+        at = time.monotonic() - self.began
+        target, detail = getattr(self, kind)()
+        done = Applied(kind, target, round(at, 1), detail)
+        self.applied.append(done)
+        return done
+
+    # -- workers ------------------------------------------------------------------------------
+
+    def _worker(self) -> str:
+        return self.rng.choice(sorted(self.cluster.workers))
+
+    def worker_kill(self) -> tuple[str, str]:
+        name = self._worker()
+        self.cluster.stop(self.cluster.workers[name], signal.SIGKILL)
+        down = self.rng.uniform(1, 4)
+        time.sleep(down)
+        self.restart_worker(name)
+        return name, f"down {down:.1f} s"
+
+    def host_death(self) -> tuple[str, str]:
+        """The worker and its jobs' process groups SIGKILLed (frozen first, so it launches
+        nothing between the read of its journal and the kill); started again a while later."""
+        name = self._worker()
+        proc = self.cluster.workers[name]
+        proc.popen.send_signal(signal.SIGSTOP)
+        groups = self._job_groups(name)
+        self.cluster.stop(proc, signal.SIGKILL)
+        at = now_ms()
+        for attempt_id, pgid in groups:
+            try:
+                os.killpg(pgid, signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+            self.killed_at_ms[attempt_id] = at
+        down = self.rng.uniform(5, 20)
+        time.sleep(down)
+        self.restart_worker(name)
+        return name, f"{len(groups)} job groups killed, down {down:.1f} s"
+
+    def _job_groups(self, name: str) -> list[tuple[str, int]]:
+        """(attempt id, process group) of the worker's journal rows whose group leader is one of
+        this soak's jobs (its environment carries the tag): never another process that got the
+        same id."""
+        journal = self.cluster.root / f"state-{name}" / "journal.sqlite"
+        conn = sqlite3.connect(f"file:{journal}?mode=ro", uri=True, timeout=10)
+        try:
+            rows = conn.execute("SELECT attempt_id, pgid FROM executor_journal WHERE pgid IS NOT NULL").fetchall()
+        finally:
+            conn.close()
+        mark = f"SOAK_TAG={self.tag}".encode()
+        ours = []
+        for attempt_id, pgid in rows:
+            try:
+                environ = Path(f"/proc/{pgid}/environ").read_bytes()
+            except OSError:
+                continue
+            if mark in environ.split(b"\0"):
+                ours.append((attempt_id, pgid))
+        return ours
+
+    def worker_freeze(self) -> tuple[str, str]:
+        return self._freeze_worker(self.rng.uniform(2, self.session_lease_s * 0.6))
+
+    def worker_freeze_past_lease(self) -> tuple[str, str]:
+        return self._freeze_worker(self.rng.uniform(self.session_lease_s + 2, self.session_lease_s + 10))
+
+    def _freeze_worker(self, seconds: float) -> tuple[str, str]:
+        name = self._worker()
+        self._freeze(self.cluster.workers[name], seconds)
+        return name, f"stopped {seconds:.1f} s"
+
+    def restart_worker(self, name: str) -> Proc:
+        before = self._sessions_opened(name)
+        proc = self.cluster.start_worker(name, slots=self.slots)
+        wait_until(lambda: self._sessions_opened(name) > before or not proc.alive(), 90,
+                   f"worker {name} to open a session again")
+        assert proc.alive(), proc.log()[-3000:]
+        return proc
+
+    def _sessions_opened(self, name: str) -> int:
+        needle = f"event=session_open worker={name} "
+        return sum(p.read_text(errors="replace").count(needle) for p in self.cluster.root.glob("control-*.log"))
+
+    # -- replicas -----------------------------------------------------------------------------
+
+    def _replica(self) -> Proc:
+        return self.rng.choice(self.cluster.replicas)
+
+    def replica_kill(self) -> tuple[str, str]:
+        proc = self._replica()
+        self.cluster.stop(proc, signal.SIGKILL)
+        down = self.rng.uniform(1, 5)
+        time.sleep(down)
+        self.restart_replica(proc)
+        return proc.name, f"down {down:.1f} s"
+
+    def replica_freeze(self) -> tuple[str, str]:
+        proc = self._replica()
+        seconds = self.rng.uniform(2, 6)
+        self._freeze(proc, seconds)
+        return proc.name, f"stopped {seconds:.1f} s"
+
+    def restart_replica(self, old: Proc) -> Proc:
+        """Start the replica on its own port again (its log is appended to: only what it writes
+        from now on tells it started)."""
+        port = int(old.name.split("-", 1)[1])
+        self.cluster.replicas.remove(old)
+        offset = old.log_path.stat().st_size if old.log_path.exists() else 0
+        proc = self.cluster._spawn(old.name, ["control", "--config", str(self.cluster.root / f"control-{port}.toml")])
+        self.cluster.replicas.append(proc)
+        wait_until(lambda: "event=control_started" in proc.log()[offset:] or not proc.alive(), 90,
+                   f"replica {port} to start again")
+        assert proc.alive(), proc.log()[-3000:]
+        return proc
+
+    # -- the database -------------------------------------------------------------------------
+
+    def postgres_restart(self) -> tuple[str, str]:
+        self.pg.stop()
+        down = self.rng.uniform(1, 4)
+        time.sleep(down)
+        self.pg.start()
+        return f"postgres:{self.pg.port}", f"down {down:.1f} s"
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    @staticmethod
+    def _freeze(proc: Proc, seconds: float) -> None:
+        proc.popen.send_signal(signal.SIGSTOP)
+        try:
+            time.sleep(seconds)
+        finally:
+            proc.popen.send_signal(signal.SIGCONT)
+
+    def ensure_all_up(self) -> list[str]:
+        """Anything found dead (it should not be: each fault undoes itself) is started again;
+        returns what was."""
+        restarted = []
+        for proc in list(self.cluster.replicas):
+            if not proc.alive():
+                restarted.append(proc.name)
+                self.restart_replica(proc)
+        for name, proc in list(self.cluster.workers.items()):
+            if not proc.alive():
+                restarted.append(proc.name)
+                self.restart_worker(name)
+        return restarted

@@ -1,0 +1,223 @@
+"""The soak's invariant checker (issue 11): pure, on plain records the soak collected from the
+database (runs, attempts, terminal events, log chunks), the jobs' ledger (each execution's
+start and end as the job itself wrote them, with the attempt it ran for) and the faults
+(process groups the soak killed, when). Nothing here does I/O, so it is tested on synthetic
+data (test_invariants.py).
+
+The invariants:
+- `terminal_events`: a terminal run has exactly one terminal event (run.succeeded, run.failed,
+  run.cancelled, run.timed_out); a run not terminal has none.
+- `not_terminal`: every run is terminal at the end (one that is not is reported with the
+  reason `status` gives).
+- `attempt_ran_twice`: an attempt's job started more than once (any safety).
+- `unknown_attempt`: a job ran for an attempt the database does not have.
+- `concurrent_attempts`: two executions of a run that is not idempotent overlap in time.
+- `succeeded_without_execution`: a succeeded attempt whose job never wrote its end to the
+  ledger (it did not run, or not to its end).
+- `log_incomplete`: a succeeded run's log is not whole: the chunks of its succeeded attempt
+  are not contiguous from 0 up to the attempt's `log_final_offset`, or that offset is missing.
+- `stop_as_failure`: a run `failed` with `EXIT_NONZERO`: the soak's jobs exit 0 whenever they
+  run to their end, so a job that exited otherwise was stopped or killed, and a stop is
+  `timed_out`, `cancelled` or `lost`, never the job's own failure.
+- `log_content`: a succeeded run's log is not what its job wrote (`begin G`, `done G`, G the
+  process group of the execution that ended), when the logs' bytes are given.
+Overlapping executions of an idempotent run are allowed (it may run twice by its own word) and
+only counted.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+
+TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled", "timed_out"})
+TERMINAL_EVENTS = frozenset({"run.succeeded", "run.failed", "run.cancelled", "run.timed_out"})
+
+
+@dataclass(frozen=True)
+class Run:
+    run_id: str
+    task: str
+    status: str
+    idempotent: bool  # its retry policy's safety says it may run twice
+    error_code: str | None = None
+
+
+@dataclass(frozen=True)
+class Attempt:
+    attempt_id: str
+    run_id: str
+    number: int
+    status: str
+    finished_at_ms: int | None
+    log_final_offset: int | None
+
+
+@dataclass(frozen=True)
+class Execution:
+    """One start of a job as its ledger lines tell it: `end_ms` None when it never wrote its end
+    (killed, stopped, timed out)."""
+    attempt_id: str
+    start_ms: int
+    end_ms: int | None
+    pgid: int = 0  # the job's process group, which it also wrote into its log
+
+
+@dataclass(frozen=True)
+class Chunk:
+    attempt_id: str
+    start_offset: int
+    length: int
+
+
+@dataclass(frozen=True)
+class Violation:
+    kind: str
+    run_id: str | None
+    detail: str
+
+
+@dataclass
+class Findings:
+    violations: list[Violation] = field(default_factory=list)
+    runs_by_state: dict[str, int] = field(default_factory=dict)
+    runs_by_task: dict[str, dict[str, int]] = field(default_factory=dict)
+    attempts: int = 0
+    executions: int = 0
+    retried_runs: int = 0  # runs with more than one attempt
+    idempotent_overlaps: int = 0
+
+    def add(self, kind: str, run_id: str | None, detail: str) -> None:
+        self.violations.append(Violation(kind, run_id, detail))
+
+
+def check(runs: list[Run], attempts: list[Attempt], terminal_events: list[tuple[str, str]],
+          executions: list[Execution], chunks: list[Chunk], *, killed_at_ms: dict[str, int],
+          horizon_ms: int, waiting_why: dict[str, str] | None = None,
+          logs: dict[str, bytes] | None = None) -> Findings:
+    """Every invariant over the whole soak. `terminal_events`: (run_id, type) of each terminal
+    event; `killed_at_ms`: attempt id -> when the soak killed its process group (a host death),
+    the latest its execution can have lasted; `horizon_ms`: the end of the soak (the bound of
+    an execution that never ended and has no other); `waiting_why`: run id -> what `status`
+    says a run still waits for; `logs`: attempt id -> its log's bytes (checked when given)."""
+    found = Findings(attempts=len(attempts), executions=len(executions))
+    by_run_attempts: dict[str, list[Attempt]] = defaultdict(list)
+    for a in attempts:
+        by_run_attempts[a.run_id].append(a)
+    attempt_of = {a.attempt_id: a for a in attempts}
+    _terminal_events(found, runs, terminal_events, waiting_why or {})
+    runs_by_id = {r.run_id: r for r in runs}
+    by_run_exec = _executions(found, executions, attempt_of, runs_by_id, killed_at_ms, horizon_ms)
+    for run in runs:
+        _no_concurrent_attempts(found, run, by_run_exec.get(run.run_id, []))
+    _succeeded_ran_and_logged(found, runs, by_run_attempts, executions, chunks, logs)
+    found.runs_by_state = dict(Counter(r.status for r in runs))
+    per_task: dict[str, Counter] = defaultdict(Counter)
+    for r in runs:
+        per_task[r.task][r.status] += 1
+    found.runs_by_task = {t: dict(c) for t, c in sorted(per_task.items())}
+    found.retried_runs = sum(1 for v in by_run_attempts.values() if len(v) > 1)
+    return found
+
+
+def _terminal_events(found: Findings, runs: list[Run], events: list[tuple[str, str]],
+                     waiting_why: dict[str, str]) -> None:
+    counts = Counter(run_id for run_id, kind in events if kind in TERMINAL_EVENTS)
+    for run in runs:
+        n = counts.get(run.run_id, 0)
+        if run.status == "failed" and run.error_code == "EXIT_NONZERO":
+            found.add("stop_as_failure", run.run_id, "failed EXIT_NONZERO: a stop recorded as the job's failure")
+        if run.status in TERMINAL_STATES:
+            if n != 1:
+                found.add("terminal_events", run.run_id, f"{run.status} with {n} terminal events")
+        else:
+            if n:
+                found.add("terminal_events", run.run_id, f"{run.status} with {n} terminal events")
+            why = waiting_why.get(run.run_id, "no reason in status")
+            found.add("not_terminal", run.run_id, f"{run.status} at the end: {why}")
+
+
+def _executions(found: Findings, executions: list[Execution], attempt_of: dict[str, Attempt],
+                runs: dict[str, Run], killed_at_ms: dict[str, int],
+                horizon_ms: int) -> dict[str, list[tuple[int, int, str]]]:
+    """Each run's executions as (start, end bound, attempt id); an attempt started twice and
+    an attempt nobody knows are violations on the way."""
+    starts = Counter(e.attempt_id for e in executions)
+    for attempt_id, n in starts.items():
+        if n > 1:
+            run_id = attempt_of[attempt_id].run_id if attempt_id in attempt_of else None
+            found.add("attempt_ran_twice", run_id, f"attempt {attempt_id} started {n} times")
+    by_run: dict[str, list[tuple[int, int, str]]] = defaultdict(list)
+    for e in executions:
+        attempt = attempt_of.get(e.attempt_id)
+        if attempt is None or attempt.run_id not in runs:
+            found.add("unknown_attempt", None, f"a job ran for attempt {e.attempt_id}, unknown")
+            continue
+        by_run[attempt.run_id].append((e.start_ms, _end_bound(e, attempt, killed_at_ms, horizon_ms),
+                                       e.attempt_id))
+    return by_run
+
+
+def _end_bound(e: Execution, attempt: Attempt, killed_at_ms: dict[str, int], horizon_ms: int) -> int:
+    """When the execution ended at the latest: its own end line; else the kill of its process
+    group, or else the attempt's recorded finish (a stop by the runtime precedes it); else the
+    end of the soak."""
+    if e.end_ms is not None:
+        return e.end_ms
+    bounds = [b for b in (killed_at_ms.get(e.attempt_id), attempt.finished_at_ms) if b is not None]
+    return min(bounds) if bounds else horizon_ms
+
+
+def _no_concurrent_attempts(found: Findings, run: Run, spans: list[tuple[int, int, str]]) -> None:
+    spans = sorted(spans)
+    for (s1, e1, a1), (s2, e2, a2) in zip(spans, spans[1:]):
+        if a1 == a2:
+            continue  # one attempt started twice: reported as attempt_ran_twice
+        if s2 < e1:
+            if run.idempotent:
+                found.idempotent_overlaps += 1
+            else:
+                found.add("concurrent_attempts", run.run_id,
+                          f"attempt {a2} started at {s2} while {a1} ran ({s1}..{e1})")
+
+
+def _succeeded_ran_and_logged(found: Findings, runs: list[Run], by_run: dict[str, list[Attempt]],
+                              executions: list[Execution], chunks: list[Chunk],
+                              logs: dict[str, bytes] | None) -> None:
+    ended = {e.attempt_id: e for e in executions if e.end_ms is not None}
+    by_attempt: dict[str, list[Chunk]] = defaultdict(list)
+    for c in chunks:
+        by_attempt[c.attempt_id].append(c)
+    for run in runs:
+        if run.status != "succeeded":
+            continue
+        winners = [a for a in by_run.get(run.run_id, []) if a.status == "succeeded"]
+        if len(winners) != 1:
+            found.add("terminal_events", run.run_id, f"succeeded with {len(winners)} succeeded attempts")
+            continue
+        attempt = winners[0]
+        if attempt.attempt_id not in ended:
+            found.add("succeeded_without_execution", run.run_id,
+                      f"attempt {attempt.attempt_id} succeeded, its job never wrote its end")
+        problem = log_problem(attempt.log_final_offset, by_attempt.get(attempt.attempt_id, []))
+        if problem:
+            found.add("log_incomplete", run.run_id, f"attempt {attempt.attempt_id}: {problem}")
+        elif logs is not None and attempt.attempt_id in ended:
+            g = ended[attempt.attempt_id].pgid
+            data = logs.get(attempt.attempt_id, b"")
+            if data != f"begin {g}\ndone {g}\n".encode():
+                found.add("log_content", run.run_id, f"attempt {attempt.attempt_id}: log {data[:80]!r}")
+
+
+def log_problem(final_offset: int | None, chunks: list[Chunk]) -> str | None:
+    """None when the chunks cover [0, final_offset) exactly, contiguous; otherwise what is wrong."""
+    if final_offset is None:
+        return "no log_final_offset"
+    at = 0
+    for c in sorted(chunks, key=lambda c: c.start_offset):
+        if c.start_offset != at:
+            return f"a gap or an overlap at offset {at} (next chunk starts at {c.start_offset})"
+        at += c.length
+    if at != final_offset:
+        return f"chunks end at {at}, the final offset is {final_offset}"
+    return None

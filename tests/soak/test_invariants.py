@@ -1,0 +1,129 @@
+"""The soak's invariant checker on synthetic records (no process, no database)."""
+
+from __future__ import annotations
+
+from invariants import Attempt, Chunk, Execution, Run, check, log_problem
+
+
+def _ok_run(run_id: str, *, idempotent: bool = False, size: int = 10):
+    """A run that succeeded in one attempt, its job started and ended, its log whole."""
+    a = f"{run_id}-a1"
+    return (Run(run_id, "t", "succeeded", idempotent),
+            Attempt(a, run_id, 1, "succeeded", 2_000, size),
+            (run_id, "run.succeeded"),
+            Execution(a, 1_000, 1_500),
+            [Chunk(a, 0, 4), Chunk(a, 4, size - 4)])
+
+
+def _check(parts, *, extra_events=(), extra_exec=(), killed=None, waiting=None, logs=None):
+    runs = [p[0] for p in parts]
+    attempts = [a for p in parts for a in (p[1] if isinstance(p[1], list) else [p[1]])]
+    events = [p[2] for p in parts if p[2] is not None] + list(extra_events)
+    execs = [e for p in parts for e in (p[3] if isinstance(p[3], list) else [p[3]]) if e] + list(extra_exec)
+    chunks = [c for p in parts for c in p[4]]
+    return check(runs, attempts, events, execs, chunks, killed_at_ms=killed or {}, horizon_ms=99_000,
+                 waiting_why=waiting, logs=logs)
+
+
+def _kinds(found):
+    return sorted(v.kind for v in found.violations)
+
+
+def test_a_clean_soak_has_no_violation_and_counts_runs_by_state_and_task():
+    found = _check([_ok_run("r1"), _ok_run("r2", idempotent=True)])
+    assert found.violations == []
+    assert found.runs_by_state == {"succeeded": 2}
+    assert found.runs_by_task == {"t": {"succeeded": 2}}
+    assert (found.attempts, found.executions, found.retried_runs) == (2, 2, 0)
+
+
+def test_two_terminal_events_or_none_for_a_terminal_run_is_a_violation():
+    run, attempt, event, execution, chunks = _ok_run("r1")
+    assert _kinds(_check([(run, attempt, event, execution, chunks)], extra_events=[event])) == ["terminal_events"]
+    assert _kinds(_check([(run, attempt, None, execution, chunks)])) == ["terminal_events"]
+    # a non-terminal event type is not counted
+    assert _check([(run, attempt, event, execution, chunks)],
+                  extra_events=[("r1", "attempt.lost")]).violations == []
+
+
+def test_a_run_not_terminal_at_the_end_is_reported_with_what_status_says():
+    run = Run("r1", "t", "running", False)
+    attempt = Attempt("a1", "r1", 1, "running", None, None)
+    found = _check([(run, attempt, None, Execution("a1", 1_000, None), [])],
+                   waiting={"r1": "unknown safety: waits for worker w1"})
+    assert [(v.kind, v.detail) for v in found.violations] == [
+        ("not_terminal", "running at the end: unknown safety: waits for worker w1")]
+
+
+def test_overlapping_attempts_of_a_run_that_is_not_idempotent_are_a_violation_not_of_an_idempotent_one():
+    def retried(idempotent: bool, second_start: int):
+        run = Run("r1", "t", "succeeded", idempotent)
+        attempts = [Attempt("a1", "r1", 1, "lost", 5_000, None), Attempt("a2", "r1", 2, "succeeded", 9_000, 3)]
+        execs = [Execution("a1", 1_000, None), Execution("a2", second_start, 8_000)]
+        return _check([(run, attempts, ("r1", "run.succeeded"), execs, [Chunk("a2", 0, 3)])])
+
+    assert _kinds(retried(False, 4_000)) == ["concurrent_attempts"]  # a1's bound: its finish, 5 000
+    assert retried(False, 6_000).violations == []
+    both = retried(True, 4_000)
+    assert both.violations == [] and both.idempotent_overlaps == 1 and both.retried_runs == 1
+
+
+def test_a_killed_process_group_bounds_the_execution_before_the_attempt_s_recorded_finish():
+    run = Run("r1", "t", "failed", False)
+    attempts = [Attempt("a1", "r1", 1, "lost", 50_000, None), Attempt("a2", "r1", 2, "failed", 60_000, None)]
+    execs = [Execution("a1", 1_000, None), Execution("a2", 30_000, 40_000)]
+    parts = [(run, attempts, ("r1", "run.failed"), execs, [])]
+    assert _kinds(_check(parts)) == ["concurrent_attempts"]
+    assert _check(parts, killed={"a1": 20_000}).violations == []
+
+
+def test_an_attempt_started_twice_or_an_unknown_attempt_is_a_violation():
+    run, attempt, event, execution, chunks = _ok_run("r1")
+    twice = _check([(run, attempt, event, [execution, Execution(attempt.attempt_id, 1_200, 1_600)], chunks)])
+    assert _kinds(twice) == ["attempt_ran_twice"]
+    stray = _check([_ok_run("r1")], extra_exec=[Execution("nobody", 1, 2)])
+    assert _kinds(stray) == ["unknown_attempt"]
+
+
+def test_a_succeeded_attempt_whose_job_never_wrote_its_end_is_a_violation():
+    run, attempt, event, _execution, chunks = _ok_run("r1")
+    assert _kinds(_check([(run, attempt, event, Execution(attempt.attempt_id, 1_000, None), chunks)])) == [
+        "succeeded_without_execution"]
+    assert _kinds(_check([(run, attempt, event, [], chunks)])) == ["succeeded_without_execution"]
+
+
+def test_a_succeeded_run_s_log_must_be_whole_up_to_its_final_offset():
+    run, attempt, event, execution, _chunks = _ok_run("r1", size=10)
+    a = attempt.attempt_id
+    short = _check([(run, attempt, event, execution, [Chunk(a, 0, 4)])])
+    assert [v.kind for v in short.violations] == ["log_incomplete"]
+    assert "chunks end at 4, the final offset is 10" in short.violations[0].detail
+    assert _kinds(_check([(run, attempt, event, execution, [Chunk(a, 0, 4), Chunk(a, 5, 5)])])) == ["log_incomplete"]
+
+
+def test_log_problem_names_each_failure():
+    assert log_problem(0, []) is None
+    assert log_problem(None, []) == "no log_final_offset"
+    assert log_problem(6, [Chunk("a", 3, 3), Chunk("a", 0, 3)]) is None
+    assert log_problem(6, [Chunk("a", 0, 4), Chunk("a", 3, 3)]).startswith("a gap or an overlap at offset 4")
+    assert log_problem(6, [Chunk("a", 0, 3), Chunk("a", 3, 4)]) == "chunks end at 7, the final offset is 6"
+
+
+def test_a_succeeded_run_s_log_must_be_its_own_job_s_output_when_the_logs_are_given():
+    run = Run("r1", "t", "succeeded", False)
+    own = b"begin 42\ndone 42\n"
+    attempt = Attempt("a1", "r1", 1, "succeeded", 2_000, len(own))
+    parts = [(run, attempt, ("r1", "run.succeeded"), Execution("a1", 1_000, 1_500, pgid=42),
+              [Chunk("a1", 0, len(own))])]
+    assert _check(parts, logs={"a1": own}).violations == []
+    other = _check(parts, logs={"a1": b"begin 43\ndone 43\n"})
+    assert _kinds(other) == ["log_content"]
+
+
+def test_a_run_failed_with_a_nonzero_exit_is_a_stop_recorded_as_the_job_s_failure():
+    run = Run("r1", "t", "failed", False, "EXIT_NONZERO")
+    attempt = Attempt("a1", "r1", 1, "failed", 2_000, 0)
+    parts = [(run, attempt, ("r1", "run.failed"), Execution("a1", 1_000, None), [])]
+    assert _kinds(_check(parts)) == ["stop_as_failure"]
+    lost = Run("r1", "t", "failed", False, "RUN_LOST_RETRY_DISABLED")
+    assert _check([(lost, attempt, ("r1", "run.failed"), Execution("a1", 1_000, None), [])]).violations == []
