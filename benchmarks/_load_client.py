@@ -202,3 +202,27 @@ def run_client(name: str, endpoint: str, key_dir: str, slots: int, heartbeat_ms:
         sock.close(0)
         ctx.term()
         results.put(("tally", name, tally.__dict__))
+
+
+def collect_tallies(results, tallies: dict, clients: int, timeout_s: float = 15.0) -> dict:
+    """Each client's Tally (as a dict) from `results` into `tallies`, until all `clients` have
+    reported or none did for `timeout_s`; other items are skipped."""
+    import queue
+
+    while len(tallies) < clients:
+        try:
+            item = results.get(timeout=timeout_s)
+        except queue.Empty:
+            break
+        if item[0] == "tally":
+            tallies[item[1]] = item[2]
+    return tallies
+
+
+def stop_processes(procs: list) -> None:
+    """Join each client process, killing (by pid: our own child) one that does not end."""
+    for proc in procs:
+        proc.join(5)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(5)

@@ -105,13 +105,7 @@ def capacity_run(replicas: int, clients: int, slots: int, jobs: int, heartbeat_m
             backends.sample()
             cpu = [c.cpu_seconds(n.pid) - c0 for n, c0 in zip(nodes, cpu0)]
         stop.set()
-        while len(tallies) < clients:
-            try:
-                item = results.get(timeout=15)
-            except queue.Empty:
-                break
-            if item[0] == "tally":
-                tallies[item[1]] = item[2]
+        _load_client.collect_tallies(results, tallies, clients)
         time.sleep(1.5)  # the replicas' last statements and their counts' files written
         sql1, xact1 = _sum_counts(count_files), k.xact_commits(cluster.database_url)
         counts = k.run_counts(cluster.database_url)
@@ -119,11 +113,7 @@ def capacity_run(replicas: int, clients: int, slots: int, jobs: int, heartbeat_m
         print(cluster.logs_tail(), file=sys.stderr)
         raise
     finally:
-        for proc in procs:
-            proc.join(5)
-            if proc.is_alive():
-                proc.kill()  # by pid: our own child
-                proc.join(5)
+        _load_client.stop_processes(procs)
         cluster.close()
     completed = done.value
     runs = max(1, completed)

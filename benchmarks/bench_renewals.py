@@ -82,23 +82,13 @@ def hold_run(clients: int, slots: int, heartbeat_ms: int, window_s: float, keep:
             busy_cpu = c.cpu_seconds(node.pid) - cpu0
             backends.sample()
         stop.set()
-        while len(tallies) < clients:
-            try:
-                item = results.get(timeout=15)
-            except queue.Empty:
-                break
-            if item[0] == "tally":
-                tallies[item[1]] = item[2]
+        _load_client.collect_tallies(results, tallies, clients)
         running = k.run_counts(cluster.database_url).get("running", 0)
     except BaseException:
         print(cluster.logs_tail(), file=sys.stderr)
         raise
     finally:
-        for proc in procs:
-            proc.join(5)
-            if proc.is_alive():
-                proc.kill()  # by pid: our own child
-                proc.join(5)
+        _load_client.stop_processes(procs)
         cluster.close()
     renewals_per_s = jobs * 1000 / heartbeat_ms
     return {"clients": clients, "slots": slots, "jobs": jobs, "heartbeat_ms": heartbeat_ms, "window_s": window_s,
