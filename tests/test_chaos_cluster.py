@@ -123,24 +123,25 @@ def test_a_worker_killed_with_20_running_jobs_and_started_again_finishes_each_ex
         c.close()
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(240)
 def test_a_worker_frozen_past_its_run_leases_within_its_session_lease_carries_on(tmp_path):
-    """SIGSTOP of the worker for 8 s (run lease 3 s, session lease 20 s), then SIGCONT: the jobs
-    that ended while it was frozen complete from their receipts, the others' expired run leases
-    are renewed; every job completes normally, none is stopped, no attempt 2."""
-    c = make_cluster(tmp_path, timings=dict(run_lease_ms=3_000, session_lease_ms=20_000,
-                                            recovery_grace_ms=50_000))
+    """SIGSTOP of the worker for 35 s (past the default 30 s run lease, within the default 45 s
+    session lease: heartbeat 5 s, so its last heartbeat was at most 5 s before), then SIGCONT:
+    the jobs that ended while it was frozen complete from their receipts, the others' expired run
+    leases are renewed; every job completes normally, none is stopped, no attempt 2."""
+    c = make_cluster(tmp_path, timings=dict(heartbeat_ms=5_000, run_lease_ms=30_000, session_lease_ms=45_000,
+                                            recovery_grace_ms=75_000))
     try:
         worker = _worker(c, "w1", slots=10)
         ledger = tmp_path / "ledger"
         _task(c, "quick", ledger, sleep=2, max_concurrent=5)
-        _task(c, "slow", ledger, sleep=14, max_concurrent=5)
+        _task(c, "slow", ledger, sleep=40, max_concurrent=5)
         quick, slow = _request(c, "quick", 5), _request(c, "slow", 5)
         every = quick + slow
         wait_until(lambda: _running(c, every) == 10, 60, "10 jobs running")
         worker.popen.send_signal(signal.SIGSTOP)
         try:
-            time.sleep(8)
+            time.sleep(35)
             expired = _count(c, "SELECT count(*) FROM run_attempts WHERE run_id = ANY(%s) "
                                 "AND lease_expires_at_ms < (extract(epoch FROM clock_timestamp()) * 1000)",
                              every)
