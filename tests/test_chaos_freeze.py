@@ -12,7 +12,7 @@ import pytest
 
 from actor_harness import wait_until
 from cluster_harness import make_cluster
-from test_chaos_cluster import _assert_each_ran_once, _task
+from test_chaos_cluster import _assert_each_ran_once, _request, _task
 
 pytestmark = [pytest.mark.postgres, pytest.mark.chaos]
 
@@ -98,7 +98,29 @@ def test_a_worker_frozen_past_its_session_lease_and_the_grace_is_superseded_and_
 
 
 @pytest.mark.timeout(240)
+def _freeze_inside_a_transaction(c, proc, tries: int = 60) -> int:
+    """SIGSTOP `proc` until it is caught with a transaction open: a backend of the database idle
+    in transaction, the same one (pid and transaction start) 0.2 s apart, while a live replica's
+    transactions last milliseconds. The backend's pid; `proc` is left stopped."""
+    open_tx = ("SELECT pid, xact_start FROM pg_stat_activity WHERE datname = current_database() "
+               "AND state LIKE 'idle in transaction%%' AND pid <> pg_backend_pid()")
+    for _ in range(tries):
+        proc.popen.send_signal(signal.SIGSTOP)
+        first = set(c.sql(open_tx))
+        time.sleep(0.2)
+        held = first & set(c.sql(open_tx))
+        if held:
+            return next(iter(held))[0]
+        proc.popen.send_signal(signal.SIGCONT)
+        time.sleep(0.1)
+    raise AssertionError(f"the replica was never caught inside a transaction in {tries} tries")
+
+
+@pytest.mark.timeout(240)
 def test_a_frozen_replica_holds_nobody_past_the_postgresql_timeouts_and_workers_fail_over(tmp_path):
+    """The replica serving the worker frozen inside a transaction: PostgreSQL ends that
+    transaction at idle_in_transaction_session_timeout, nobody waits on its locks for longer, the
+    worker fails over, the other replica serves, and after SIGCONT every run has run once."""
     c = make_cluster(tmp_path, replicas=2)
     try:
         c.new_key("w1")
@@ -106,25 +128,21 @@ def test_a_frozen_replica_holds_nobody_past_the_postgresql_timeouts_and_workers_
         c.start_worker("w1", slots=6)
         ledger = tmp_path / "ledger"
         _task(c, "short", ledger, sleep=0.2, max_concurrent=6)
-        runs = [c.cli("run", "short").stdout.decode().strip() for _ in range(40)]
+        runs = _request(c, "short", 150)
         wait_until(lambda: ledger.exists() and len(ledger.read_text().splitlines()) >= 5, 60, "the first runs")
-        frozen = c.replicas[0]
-        frozen.popen.send_signal(signal.SIGSTOP)  # wherever it is: quite likely inside a transaction
+        frozen = next(r for r in c.replicas if "event=session_open" in r.log())
+        backend = _freeze_inside_a_transaction(c, frozen)
         try:
-            # Its backends' transactions end at idle_in_transaction_session_timeout; the other
-            # replica's locks are never waited on for longer than lock_timeout.
-            timeout_ms = c.timings["db_timeout_ms"]
-            time.sleep(timeout_ms / 1000 + 2)
-            idle_in_tx = c.sql("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                               "AND state LIKE 'idle in transaction%%' AND pid <> pg_backend_pid()")[0][0]
-            assert idle_in_tx == 0
-            more = [c.cli("run", "short").stdout.decode().strip() for _ in range(20)]
+            time.sleep(c.timings["db_timeout_ms"] / 1000 + 2)
+            alive = c.sql("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", backend)[0][0]
+            assert alive == 0  # its transaction ended by the server, its locks released
+            more = _request(c, "short", 20)
             states = c.wait_terminal(more, timeout=90)  # served by the other replica meanwhile
             assert {s["state"] for s in states.values()} == {"succeeded"}
         finally:
             frozen.popen.send_signal(signal.SIGCONT)
-        _assert_each_ran_once(c, runs + more, ledger, timeout=90)
-        assert frozen.alive() and c.replicas[1].alive()
+        _assert_each_ran_once(c, runs + more, ledger, timeout=120)
+        assert frozen.alive() and all(r.alive() for r in c.replicas)
         assert "Traceback" not in frozen.log()
     finally:
         c.close()
