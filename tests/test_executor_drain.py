@@ -45,7 +45,7 @@ def second_offer(rig: ClusterRig, session) -> tuple[m.Offer, m.Activate]:
 
 def answer_leave(rig: ClusterRig, leave: m.Leave) -> m.Ack:
     result, detail = rig.control.leave(leave, rig.worker_id)
-    ack = ack_message("leave", "", "", result, detail)
+    ack = ack_message("leave", "", "", result, detail, answer_to=leave.request_id)
     rig.peer.send(ack)
     return ack
 
@@ -53,7 +53,7 @@ def answer_leave(rig: ClusterRig, leave: m.Leave) -> m.Ack:
 def answer_decline(rig: ClusterRig, decline: m.Decline) -> m.Ack:
     outcome = rig.ctx.dispatch.decline(fence_of(decline, decline.worker_id))
     ack = ack_message("decline", decline.run_id, decline.attempt_id, outcome.result, outcome.detail or "",
-                      offer_id=decline.offer_id)
+                      offer_id=decline.offer_id, answer_to=decline.request_id)
     rig.peer.send(ack)
     return ack
 

@@ -384,6 +384,16 @@ def test_an_activate_left_unanswered_is_sent_again_and_the_job_launches_once(mak
     assert runs.read_text() == "run\n"  # launched once
 
 
+def attest_from(rig: ClusterRig, session) -> m.Attest:
+    """The next Attest sent from `session`; those from older sessions are answered on the way
+    (`fenced` for their session: the worker re-makes them from the current one)."""
+    while True:
+        attest = rig.peer.expect(m.Attest, strict=False)
+        if attest.session_id == session.session_id:
+            return attest
+        assert rig.answer_attest(attest).result == "fenced"
+
+
 def _offered(rig: ClusterRig, session) -> m.Activate:
     rig.welcome_to(session)
     pull = rig.peer.expect(m.Pull, strict=False)
@@ -405,12 +415,12 @@ def test_an_activation_fenced_for_its_session_is_given_back_by_the_next_session(
                                           act.log_artifact_id)  # the first copy, committed
     assert committed.result == "applied"
     rig.peer.send(ack_message("activate", act.run_id, act.attempt_id, "fenced", "session_expired",
-                              offer_id=act.offer_id))  # the answer to the re-sent copy
+                              offer_id=act.offer_id, answer_to=act.request_id))  # the answer to the re-sent copy
     rig.peer.send(m.Activated(answer_to=act.request_id, run_id=act.run_id, attempt_id=act.attempt_id, offer_id=act.offer_id,
                               lease_version=committed.lease_version, deadline_at_ms=None))  # late
     s2 = end_session_by_heartbeat(rig)
     rig.welcome_to(s2)
-    attest = rig.peer.expect(m.Attest, strict=False)
+    attest = attest_from(rig, s2)  # the give-back sent from the ended session is re-made from this one
     assert (attest.attempt_id, attest.fact, attest.lease.offer_id) == (act.attempt_id, "never_launched", act.offer_id)
     assert rig.answer_attest(attest).result == "applied"
     assert attempt_row(rig.repo, act.attempt_id).evidence == "never_launched"
@@ -424,8 +434,8 @@ def test_an_activation_fenced_for_its_lease_is_given_back_at_once(make_rig):
     rig = make_rig()
     act = _offered(rig, rig.new_session())
     rig.peer.send(ack_message("activate", act.run_id, act.attempt_id, "fenced", "lease_expired",
-                              offer_id=act.offer_id))
+                              offer_id=act.offer_id, answer_to=act.request_id))
     attest = rig.peer.expect(m.Attest, strict=False)
     assert (attest.attempt_id, attest.fact) == (act.attempt_id, "never_launched")
-    assert rig.ctx.journal.get(act.attempt_id) is None
+    wait_until(lambda: rig.ctx.journal.get(act.attempt_id) is None, what="the row cleared (kept, hidden, while owed)")
     rig.peer.expect(m.Pull, strict=False)  # the slot is free again

@@ -197,7 +197,7 @@ def test_journal_file_is_private_and_holds_only_the_journal_tables(tmp_path):
     store.close()
     with sqlite3.connect(path) as conn:
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        assert tables == {"executor_journal", "executor_pulls", "executor_session"}
+        assert tables == {"executor_journal", "executor_pulls", "executor_session", "executor_owed"}
         assert conn.execute("PRAGMA user_version").fetchone()[0] == JOURNAL_VERSION
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 

@@ -23,7 +23,7 @@ log = logging.getLogger("qlactors.gateway")
 def _protocol_refusal(msg: m.Register) -> str | None:
     if msg.protocol_min <= codec.VERSION <= msg.protocol_max:
         return None
-    return (f"this control side speaks protocol {codec.VERSION}; the worker speaks "
+    return (f"protocol mismatch: this control side speaks protocol {codec.VERSION}; the worker speaks "
             f"{msg.protocol_min}..{msg.protocol_max}: upgrade one of them")
 
 

@@ -22,6 +22,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    false,
     text,
 )
 
@@ -392,6 +393,10 @@ executor_journal = Table(
     Column("activated_at_ms", MS),
     Column("local_deadline_ms", MS),
     Column("timeout_intent_at_ms", MS),
+    # Schema 13 (protocol 4, SEMANTICS.md §9 Owed reports): cleared while a report about the
+    # attempt was still owed; the row goes when the last of them is answered, and until then no
+    # reader but the owed reports sees it.
+    Column("clear_pending", Boolean, nullable=False, server_default=false()),
     CheckConstraint(_one_of("state", ("accepted", "launching", "started", "completed", "quarantined")),
                     name="state"),
     CheckConstraint("shipped_offset >= 0", name="offsets"),
@@ -553,6 +558,21 @@ executor_pulls = Table(
     *_ms("created_at_ms"),
 )
 Index("ix_executor_pulls_pull_id", executor_pulls.c.pull_id)
+
+# Executor-local (schema 13, SEMANTICS.md §9 Owed reports): every report the executor owes the
+# control side, written before it is first sent and kept, re-sent unchanged, until its own answer.
+executor_owed = Table(
+    "executor_owed",
+    metadata,
+    Column("request_id", ID, primary_key=True),
+    Column("kind", String(32), nullable=False),
+    Column("attempt_id", ID),  # the attempt it is about; None for Register and Leave
+    Column("body", LargeBinary, nullable=False),  # the message as encoded (codec.encode's body)
+    Column("created_at_ms", MS, nullable=False),
+    *_ms("created_at_ms"),
+)
+Index("ix_executor_owed_attempt_id", executor_owed.c.attempt_id)
+Index("ix_executor_owed_created_at_ms", executor_owed.c.created_at_ms, executor_owed.c.request_id)
 
 # Executor-local: this executor's current session and its resume secret (one row per worker id).
 executor_session = Table(
