@@ -82,7 +82,7 @@ def run_client(name: str, endpoint: str, key_dir: str, slots: int, heartbeat_ms:
     identity = dict(boot_id=boot_id, pid=os.getpid(), pgid=os.getpgid(0), start_ticks=start_ticks)
     try:
         welcome = None
-        send(m.Register(worker_id=name, capacity=slots, boot_id=boot_id, labels=[],
+        send(m.Register(request_id=new_id(), register_id=new_id(), worker_id=name, capacity=slots, boot_id=boot_id, labels=[],
                         protocol_min=codec.PROTOCOL_MIN, protocol_max=codec.PROTOCOL_MAX,
                         worker_clock_ms=_wall_ms(), resume_session_id=None, resume_generation=None,
                         resume_secret=None))
@@ -120,7 +120,7 @@ def run_client(name: str, endpoint: str, key_dir: str, slots: int, heartbeat_ms:
             tally.pulls += 1
             if not tally.first_pull_at:
                 tally.first_pull_at = time.time()
-            send(m.Pull(**session, pull_id=new_id(),
+            send(m.Pull(request_id=new_id(), **session, pull_id=new_id(),
                         offers=[m.OfferSlot(offer_id=o, lease_token=t) for o, t in pending_pull.items()]))
 
         pull()
@@ -131,7 +131,7 @@ def run_client(name: str, endpoint: str, key_dir: str, slots: int, heartbeat_ms:
                 renewals = [m.LeaseRef(run_id=h.offer.run_id, attempt_id=a, offer_id=h.offer.offer_id,
                                        lease_generation=h.offer.lease_generation, lease_token=h.lease_token)
                             for a, h in live.items()]
-                send(m.Heartbeat(**session, seq=seq, free_slots=slots - len(live), worker_clock_ms=_wall_ms(),
+                send(m.Heartbeat(request_id=new_id(), **session, seq=seq, free_slots=slots - len(live), worker_clock_ms=_wall_ms(),
                                  renewals=renewals))
                 tally.heartbeats += 1
                 tally.renewals += len(renewals)
@@ -147,14 +147,14 @@ def run_client(name: str, endpoint: str, key_dir: str, slots: int, heartbeat_ms:
                     tally.empty_pulls += 1
                 for offer in msg.offers:
                     h = live[offer.attempt_id] = Held(offer, pairs[offer.offer_id])
-                    send(m.Activate(**fence(h), callback_token_hash=_sha256(h.token.encode()),
+                    send(m.Activate(request_id=new_id(), **fence(h), callback_token_hash=_sha256(h.token.encode()),
                                     log_artifact_id=f"{offer.run_id}/{offer.attempt_id}.log"))
                 if len(msg.offers) == len(pairs):
                     pull()
             elif isinstance(msg, m.Activated):
                 h = live.get(msg.attempt_id)
                 if h is not None:
-                    send(m.Started(**fence(h), **identity))
+                    send(m.Started(request_id=new_id(), **fence(h), **identity))
             elif isinstance(msg, m.Ack):
                 h = live.get(msg.attempt_id)
                 if msg.result in ("fenced", "refused"):
@@ -170,7 +170,7 @@ def run_client(name: str, endpoint: str, key_dir: str, slots: int, heartbeat_ms:
                     if tally.running == slots:
                         results.put(("holding", name))
                 elif msg.of == "started" and h is not None:
-                    send(m.LogChunk(worker_id=session["worker_id"], run_id=h.offer.run_id,
+                    send(m.LogChunk(request_id=new_id(), worker_id=session["worker_id"], run_id=h.offer.run_id,
                                     attempt_id=h.offer.attempt_id, callback_token_hash=_sha256(h.token.encode()),
                                     offset=0, data=LOG, checksum=_sha256(LOG)))
                 elif msg.of == "completed" and h is not None:
@@ -189,7 +189,7 @@ def run_client(name: str, endpoint: str, key_dir: str, slots: int, heartbeat_ms:
                     if len(tally.errors) < 5:
                         tally.errors.append(f"log_chunk {msg.result}: {msg.detail}")
                 t = _wall_ms()
-                send(m.Completed(**session, run_id=h.offer.run_id, attempt_id=h.offer.attempt_id,
+                send(m.Completed(request_id=new_id(), **session, run_id=h.offer.run_id, attempt_id=h.offer.attempt_id,
                                  schema_version=2, callback_sequence=1, token=h.token, started_at_ms=t,
                                  finished_at_ms=t, exit_code=0, log_dropped_bytes=0, output_open=0,
                                  stopped_by="exit", final_log_offset=len(LOG)))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 
@@ -10,3 +11,10 @@ from .domain.ids import uuid7
 
 def new_id() -> str:
     return uuid7(time.time_ns() // 1_000_000, os.urandom(10))
+
+
+def completion_request_id(attempt_id: str) -> str:
+    """The request id of an attempt's `Completed`: the same on every copy, from every session and
+    every restart of the worker (its receipt file is the report's journal: SEMANTICS.md §9 Owed
+    reports), and unlike any random id (those are UUIDs)."""
+    return "completed-" + hashlib.sha256(attempt_id.encode("utf-8", "surrogateescape")).hexdigest()[:40]

@@ -54,6 +54,7 @@ from qlactors.wire import codec
 from qlactors.wire import messages as m
 from qlactors.wire.bridge import Bridge
 from store_helpers import db_state  # noqa: F401 - the actor tests import it from here
+from qlactors.ids import new_id
 
 WAIT_S = 10.0  # the longest any single expectation waits (they normally finish in milliseconds)
 QUIET_S = 0.3  # how long "nothing happens" is watched for
@@ -337,14 +338,14 @@ def register_message(worker_id: str, boot_id: str, **kw: Any) -> m.Register:
         protocol_max=codec.PROTOCOL_MAX, worker_clock_ms=time.time_ns() // 1_000_000,
         resume_session_id=None, resume_generation=None, resume_secret=None)
     fields.update(kw)
-    return m.Register(**fields)
+    return m.Register(request_id=new_id(), register_id=new_id(), **fields)
 
 
 def welcome_message(session: Any, **kw: Any) -> m.Welcome:
     """The Welcome the edge Supervisor sends for its one local session (ctx.session)."""
     fields: dict[str, Any] = dict(
         worker_id=session.worker_id, session_id=session.session_id, session_generation=session.generation,
-        resumed=False, resume_secret="secret", protocol=codec.VERSION, heartbeat_ms=1000,
+        answer_to="", resumed=False, resume_secret="secret", protocol=codec.VERSION, heartbeat_ms=1000,
         session_lease_ms=None, run_lease_ms=None, unactivated=[])
     fields.update(kw)
     return m.Welcome(**fields)
@@ -352,13 +353,13 @@ def welcome_message(session: Any, **kw: Any) -> m.Welcome:
 
 def offers_message(pull: m.Pull, *offers: m.Offer) -> m.Offers:
     """The answer to `pull` carrying `offers` (none: nothing to do now)."""
-    return m.Offers(worker_id=pull.worker_id, session_id=pull.session_id,
+    return m.Offers(answer_to=pull.request_id, worker_id=pull.worker_id, session_id=pull.session_id,
                     session_generation=pull.session_generation, pull_id=pull.pull_id, offers=list(offers))
 
 
 def ack_message(of: str, run_id: str, attempt_id: str, result: str, detail: str = "",
-                offer_id: str = "") -> m.Ack:
-    return m.Ack(of=of, run_id=run_id, attempt_id=attempt_id, offer_id=offer_id, result=result, detail=detail)
+                offer_id: str = "", answer_to: str = "") -> m.Ack:
+    return m.Ack(answer_to=answer_to, of=of, run_id=run_id, attempt_id=attempt_id, offer_id=offer_id, result=result, detail=detail)
 
 
 # -- store helpers ------------------------------------------------------------------------------

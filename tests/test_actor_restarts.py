@@ -356,7 +356,7 @@ def test_a_restarted_executor_gives_back_the_offer_the_dead_instance_accepted(ma
     assert h.ctx.journal.get(act.attempt_id) is None
     rig.peer.expect(m.Pull, strict=False)  # its slot is free again
     # A late Activated for the dead instance's offer launches nothing.
-    rig.peer.send(m.Activated(run_id=run_id, attempt_id=act.attempt_id, offer_id=act.offer_id,
+    rig.peer.send(m.Activated(answer_to=act.request_id, run_id=run_id, attempt_id=act.attempt_id, offer_id=act.offer_id,
                               lease_version=1, deadline_at_ms=None))
     rig.peer.quiet()
     assert h.directory.get("executor").is_alive()

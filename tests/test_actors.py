@@ -51,6 +51,7 @@ from qlactors.wire import codec
 from qlactors.wire import messages as m
 from qlactors.wire.offers import offer_record
 
+from qlactors.ids import new_id
 from actor_harness import (
     QUIET_S,
     WAIT_S,
@@ -114,6 +115,7 @@ class SupervisorRig:
                       pull_id=secrets.token_hex(8),
                       offers=[m.OfferSlot(offer_id=o, lease_token=t) for o, t in pairs])
         fields.update(kw)
+        fields.setdefault("request_id", fields["pull_id"])
         return m.Pull(**fields)
 
     def pull(self, offer_id: str | None = None, lease_token: str | None = None, **kw: Any) -> tuple[Any, str, str]:
@@ -126,7 +128,7 @@ class SupervisorRig:
     def no_offers(self, pull_id: str) -> m.Offers:
         """The answer to a Pull of this session when there is nothing to offer."""
         s = self.session
-        return m.Offers(worker_id=s.worker_id, session_id=s.session_id, session_generation=s.generation,
+        return m.Offers(answer_to=pull_id, worker_id=s.worker_id, session_id=s.session_id, session_generation=s.generation,
                         pull_id=pull_id, offers=[])
 
     def fence(self, offer: m.Offer, token_of_lease: str, **kw: Any) -> dict[str, Any]:
@@ -151,12 +153,12 @@ class SupervisorRig:
         """(offer, lease token, callback token, Activated) of an attempt now `starting`."""
         offer, lease_token = self.offered(name, **task)
         token = new_token()
-        self.peer.send(m.Activate(**self.fence(offer, lease_token), callback_token_hash=token_hash(token),
+        self.peer.send(m.Activate(request_id=new_id(), **self.fence(offer, lease_token), callback_token_hash=token_hash(token),
                                   log_artifact_id="ab/attempt.log"))
         return offer, lease_token, token, self.peer.expect(m.Activated)
 
     def started(self, offer: m.Offer, lease_token: str, activated: m.Activated, pid: int = 4242) -> m.Ack:
-        self.peer.send(m.Started(**self.fence(offer, lease_token, lease_version=activated.lease_version),
+        self.peer.send(m.Started(request_id=new_id(), **self.fence(offer, lease_token, lease_version=activated.lease_version),
                                  boot_id=BOOT_ID, pid=pid, pgid=pid, start_ticks=99))
         return self.peer.expect(m.Ack)
 
@@ -167,7 +169,7 @@ class SupervisorRig:
                       callback_sequence=1, token=token, started_at_ms=now_ms() - 5,
                       finished_at_ms=now_ms(), exit_code=exit_code, log_dropped_bytes=0)
         fields.update(kw)
-        self.peer.send(m.Completed(**fields))
+        self.peer.send(m.Completed(request_id=new_id(), **fields))
         ack = self.peer.expect(m.Ack)
         if ack.result in ("applied", "already_terminal"):  # a freed slot: the executor pulls again
             self.peer.expect(m.Nudge)
@@ -207,7 +209,7 @@ def test_gateway_register_answers_welcome_with_the_registered_session(sup):
     assert welcome.heartbeat_ms > 0 and welcome.resume_secret
 
 
-@pytest.mark.parametrize(("low", "high"), [(1, 2), (4, 5)], ids=["older", "newer"])
+@pytest.mark.parametrize(("low", "high"), [(1, 3), (5, 6)], ids=["older", "newer"])
 def test_gateway_register_with_a_protocol_range_without_ours_is_refused(sup, low, high):
     sup.peer.send(register_message(sup.session.worker_id, BOOT_ID, protocol_min=low, protocol_max=high))
     ack = sup.peer.expect(m.Ack)
@@ -215,7 +217,7 @@ def test_gateway_register_with_a_protocol_range_without_ours_is_refused(sup, low
     assert f"{low}..{high}" in ack.detail and str(codec.VERSION) in ack.detail
     assert sup.alive()
     # A range that includes it is welcome.
-    assert sup.register(protocol_min=2, protocol_max=4).protocol == codec.VERSION
+    assert sup.register(protocol_min=3, protocol_max=5).protocol == codec.VERSION
 
 
 def test_gateway_register_of_an_unknown_worker_is_refused(sup):
@@ -311,7 +313,7 @@ def test_gateway_fenced_activate_is_acked_fenced_and_changes_nothing(sup, wrong)
     sup.register()
     offer, lease_token = sup.offered()
     before = db_state(sup.repo, offer.run_id)
-    sup.peer.send(m.Activate(**sup.fence(offer, lease_token, **wrong),
+    sup.peer.send(m.Activate(request_id=new_id(), **sup.fence(offer, lease_token, **wrong),
                              callback_token_hash=token_hash(new_token()), log_artifact_id="ab/x.log"))
     ack = sup.peer.expect(m.Ack)
     assert (ack.of, ack.result, ack.run_id, ack.attempt_id) == (
@@ -319,7 +321,7 @@ def test_gateway_fenced_activate_is_acked_fenced_and_changes_nothing(sup, wrong)
     assert ack.detail
     assert db_state(sup.repo, offer.run_id) == before
     # The genuine fence still works afterwards.
-    sup.peer.send(m.Activate(**sup.fence(offer, lease_token), callback_token_hash=token_hash(new_token()),
+    sup.peer.send(m.Activate(request_id=new_id(), **sup.fence(offer, lease_token), callback_token_hash=token_hash(new_token()),
                              log_artifact_id="ab/x.log"))
     sup.peer.expect(m.Activated)
 
@@ -329,7 +331,7 @@ def test_gateway_activate_after_a_cancel_is_fenced(sup):
     offer, lease_token = sup.offered()
     sup.repo.runs.cancel(offer.run_id)
     before = db_state(sup.repo, offer.run_id)
-    sup.peer.send(m.Activate(**sup.fence(offer, lease_token), callback_token_hash=token_hash(new_token()),
+    sup.peer.send(m.Activate(request_id=new_id(), **sup.fence(offer, lease_token), callback_token_hash=token_hash(new_token()),
                              log_artifact_id="ab/x.log"))
     ack = sup.peer.expect(m.Ack)
     assert (ack.of, ack.result, ack.detail) == ("activate", "fenced", "attempt_cancelled")
@@ -361,7 +363,7 @@ def test_gateway_fenced_started_changes_nothing(sup):
     sup.register()
     offer, lease_token, _, activated = sup.activated()
     before = db_state(sup.repo, offer.run_id)
-    sup.peer.send(m.Started(**sup.fence(offer, new_token(), lease_version=activated.lease_version),
+    sup.peer.send(m.Started(request_id=new_id(), **sup.fence(offer, new_token(), lease_version=activated.lease_version),
                             boot_id=BOOT_ID, pid=4242, pgid=4242, start_ticks=99))
     ack = sup.peer.expect(m.Ack)
     assert (ack.of, ack.result) == ("started", "fenced")
@@ -455,15 +457,15 @@ def test_gateway_a_peer_on_another_protocol_version_is_refused_naming_both_versi
     # A protocol 2 peer (the previous release, without Leave) is judged by the header.
     sup.peer.send_frames([b"QLACTORS/2", _body(kind="register", worker_id="local", capacity=1, boot_id="b")])
     frames = sup.peer.recv_frames()
-    assert frames is not None and frames[0] == codec.HEADER == b"QLACTORS/3"  # our answer speaks version 3
+    assert frames is not None and frames[0] == codec.HEADER == b"QLACTORS/4"  # our answer speaks version 4
     ack = codec.decode(frames)
     assert isinstance(ack, m.Ack)
     assert (ack.of, ack.result) == ("unknown", "refused")
-    assert "QLACTORS/2" in ack.detail and "QLACTORS/3" in ack.detail
+    assert "QLACTORS/2" in ack.detail and "QLACTORS/4" in ack.detail
     # A later version may have another frame layout: still judged by the header first.
-    sup.peer.send_frames([b"QLACTORS/4"])
+    sup.peer.send_frames([b"QLACTORS/5"])
     ack = sup.peer.expect(m.Ack)
-    assert "QLACTORS/4" in ack.detail and "QLACTORS/3" in ack.detail
+    assert "QLACTORS/5" in ack.detail and "QLACTORS/4" in ack.detail
     assert sup.alive()
     sup.register()
 
@@ -483,7 +485,7 @@ def attest_message(welcome: m.Welcome, fact: str, stopped_by: str | None = None,
         run_id="r1", attempt_id="a1", lease=None, lease_session_id=None, lease_session_generation=None,
         fact=fact, stopped_by=stopped_by, new_slot=None, boot_id=None, pid=None, pgid=None, start_ticks=None)
     fields.update(kw)
-    return m.Attest(**fields)
+    return m.Attest(request_id=new_id(), **fields)
 
 
 @pytest.mark.parametrize(("fact", "stopped_by"), [("ended", "exit"), ("stopped", "term"),
@@ -573,7 +575,7 @@ def _send_started(rig: SupervisorRig, **identity: Any) -> None:
     offer, lease_token, _, activated = rig.activated()
     fields = dict(boot_id=BOOT_ID, pid=1234, pgid=1234, start_ticks=1)
     fields.update(identity)
-    rig.peer.send(m.Started(**rig.fence(offer, lease_token, lease_version=activated.lease_version), **fields))
+    rig.peer.send(m.Started(request_id=new_id(), **rig.fence(offer, lease_token, lease_version=activated.lease_version), **fields))
 
 
 def _send_completed(rig: SupervisorRig, **kw: Any) -> None:
@@ -584,7 +586,7 @@ def _send_completed(rig: SupervisorRig, **kw: Any) -> None:
                   token=token, started_at_ms=now_ms(), finished_at_ms=now_ms(), exit_code=0,
                   log_dropped_bytes=0)
     fields.update(kw)
-    rig.peer.send(m.Completed(**fields))
+    rig.peer.send(m.Completed(request_id=new_id(), **fields))
 
 
 def _answer_or_death(rig: SupervisorRig, timeout: float = WAIT_S) -> Any:
@@ -618,11 +620,11 @@ def test_gateway_refused_or_fenced_reports_change_nothing_about_their_attempt(su
     before = db_state(sup.repo, offer.run_id)
     fence = sup.fence(offer, lease_token, lease_version=activated.lease_version)
     reports = [
-        m.Started(**fence, boot_id=BOOT_ID, pid=0, pgid=0, start_ticks=1),  # refused: pid 0
-        m.Started(**{**fence, "session_generation": 2}, boot_id=BOOT_ID, pid=9,
+        m.Started(request_id=new_id(), **fence, boot_id=BOOT_ID, pid=0, pgid=0, start_ticks=1),  # refused: pid 0
+        m.Started(request_id=new_id(), **{**fence, "session_generation": 2}, boot_id=BOOT_ID, pid=9,
                   pgid=9, start_ticks=1),  # fenced: a generation never registered
-        m.StartFailed(**{**fence, "offer_id": "another-offer"}, reason="spawn failed"),  # fenced
-        m.Activate(**{**fence, "lease_token": new_token()}, callback_token_hash="ab" * 32,
+        m.StartFailed(request_id=new_id(), **{**fence, "offer_id": "another-offer"}, reason="spawn failed"),  # fenced
+        m.Activate(request_id=new_id(), **{**fence, "lease_token": new_token()}, callback_token_hash="ab" * 32,
                    log_artifact_id="x"),  # fenced: another lease token
     ]
     for report in reports:
@@ -710,7 +712,7 @@ def _heartbeat(s: Any, seq: int, renewals: list[m.LeaseRef], **kw: Any) -> m.Hea
     fields: dict[str, Any] = dict(worker_id=s.worker_id, session_id=s.session_id, session_generation=s.generation,
                                   seq=seq, free_slots=1, worker_clock_ms=now_ms(), renewals=renewals)
     fields.update(kw)
-    return m.Heartbeat(**fields)
+    return m.Heartbeat(request_id=new_id(), **fields)
 
 
 def test_gateway_heartbeat_of_a_stale_session_is_answered_session_ended(sup):
@@ -740,7 +742,7 @@ def test_gateway_heartbeat_of_the_session_is_answered_with_its_renewals(sup):
 def test_gateway_decline_releases_the_lease_and_the_attempt_is_offered_again(sup):
     sup.register()
     offer, lease_token = sup.offered()
-    sup.peer.send(m.Decline(**sup.fence(offer, lease_token), reason="draining"))
+    sup.peer.send(m.Decline(request_id=new_id(), **sup.fence(offer, lease_token), reason="draining"))
     ack = sup.peer.expect(m.Ack)
     assert (ack.of, ack.result, ack.run_id, ack.attempt_id, ack.offer_id) == (
         "decline", "applied", offer.run_id, offer.attempt_id, offer.offer_id)
@@ -756,7 +758,7 @@ def test_gateway_decline_releases_the_lease_and_the_attempt_is_offered_again(sup
     # A repeat of the Decline quotes a lease that has ended: fenced (§9), and nothing changes:
     # the new lease stays.
     before = db_state(sup.repo, offer.run_id)
-    sup.peer.send(m.Decline(**sup.fence(offer, lease_token), reason="draining"))
+    sup.peer.send(m.Decline(request_id=new_id(), **sup.fence(offer, lease_token), reason="draining"))
     repeat = sup.peer.expect(m.Ack)
     assert (repeat.result, repeat.detail) == ("fenced", "lease_released")
     assert db_state(sup.repo, offer.run_id) == before
@@ -806,7 +808,7 @@ class ExecutorRig:
     def activate(self, act: m.Activate) -> m.Activated:
         result = self.ctx.dispatch.activate(fence_of(act, act.worker_id), act.callback_token_hash, act.log_artifact_id)
         assert result.result == "applied", result
-        activated = m.Activated(run_id=act.run_id, attempt_id=act.attempt_id, offer_id=act.offer_id,
+        activated = m.Activated(answer_to=act.request_id, run_id=act.run_id, attempt_id=act.attempt_id, offer_id=act.offer_id,
                                 lease_version=result.lease_version, deadline_at_ms=result.deadline_at_ms)
         self.peer.send(activated)
         return activated
@@ -880,7 +882,10 @@ def make_exe(tmp_path):
 def test_executor_registers_then_pulls_after_welcome(make_exe):
     rig = make_exe()
     assert rig.register == dataclasses.replace(register_message("local", BOOT_ID),
+                                               request_id=rig.register.request_id,
+                                               register_id=rig.register.register_id,
                                                worker_clock_ms=rig.register.worker_clock_ms)
+    assert rig.register.request_id and rig.register.register_id
     assert abs(rig.register.worker_clock_ms - now_ms()) < 60_000  # its own clock, for the skew
     pull = rig.welcome()
     s = rig.ctx.session
@@ -1052,10 +1057,10 @@ def test_executor_a_stray_heartbeat_ack_or_attested_changes_nothing(make_exe):
     """Edge sends no heartbeat, and an Attested only answers: neither starts or stops anything."""
     rig = make_exe()
     pull = rig.welcome()
-    rig.peer.send(m.HeartbeatAck(seq=1, session_ended=True, session_expires_at_ms=None, renewed=[],
+    rig.peer.send(m.HeartbeatAck(answer_to="", seq=1, session_ended=True, session_expires_at_ms=None, renewed=[],
                                  fenced=[m.FencedLease(attempt_id="a1", lease_generation=1, reason="lease_released")],
                                  detail="stale session"))
-    rig.peer.send(m.Attested(run_id="r1", attempt_id="a1", fact="ended", result="fenced", offer_id=None,
+    rig.peer.send(m.Attested(answer_to="", run_id="r1", attempt_id="a1", fact="ended", result="fenced", offer_id=None,
                              lease_generation=None, lease_version=None, lease_expires_at_ms=None,
                              detail="stale session"))
     rig.peer.quiet()
@@ -1086,7 +1091,7 @@ def test_executor_drops_malformed_frames_from_the_control_side_and_keeps_working
     rig = make_exe()
     pull = rig.welcome()
     rig.peer.send_frames([b"\x00garbage"])
-    no_offers = dict(kind="offers", worker_id=pull.worker_id, session_id=pull.session_id,
+    no_offers = dict(kind="offers", answer_to=pull.request_id, worker_id=pull.worker_id, session_id=pull.session_id,
                      session_generation=pull.session_generation, pull_id=pull.pull_id, offers=[])
     rig.peer.send_frames([b"QLACTORS/1", _body(kind="idle", offer_id=pull.offers[0].offer_id)])
     rig.peer.send_frames([codec.HEADER, _body(**no_offers, extra=True)])

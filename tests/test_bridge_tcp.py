@@ -15,6 +15,7 @@ from qlactors.wire.bridge import Bridge, Inbound, Outbox
 from qlactors.wire.curve import REFUSED_KEY, AllowList, CurveServer, start_authenticator
 from qlactors.wire.messages import Ack, Nudge, Register
 from wire_harness import WAIT_S, Collected, CurveClient, KeyPair, heartbeat, tcp_endpoint
+from qlactors.ids import new_id
 
 
 class Control:
@@ -80,7 +81,7 @@ def test_a_listed_key_is_delivered_with_its_worker_id(control, w1):
 
 def test_a_message_that_names_no_worker_id_yet_is_delivered_under_the_keys_id(control, w1):
     client = control.client(w1)
-    client.send(Register(worker_id="", capacity=2, boot_id="b", labels=[], protocol_min=3, protocol_max=3,
+    client.send(Register(request_id=new_id(), register_id=new_id(), worker_id="", capacity=2, boot_id="b", labels=[], protocol_min=3, protocol_max=3,
                          worker_clock_ms=0, resume_session_id=None, resume_generation=None, resume_secret=None))
     inbound = control.got.get()
     assert (inbound.worker_id, inbound.message.capacity) == ("w1", 2)
@@ -103,7 +104,7 @@ def test_a_key_removed_from_the_allow_list_is_refused_at_its_next_message(contro
     control.allow.replace({})  # the replica's refresh found the key revoked; the connection stays up
     client.send(heartbeat("w1", free_slots=2))
     answer = client.receive()
-    assert answer == Ack(of="unknown", run_id="", attempt_id="", offer_id="", result="refused", detail=REFUSED_KEY)
+    assert answer == Ack(answer_to="", of="unknown", run_id="", attempt_id="", offer_id="", result="refused", detail=REFUSED_KEY)
     assert control.got.nothing()
     assert control.bridge.rejected_frames == 1
     control.allow.replace({w1.text: "w1"})  # listed again: served again, same connection

@@ -25,6 +25,7 @@ from qlactors.wire import messages as m
 from actor_harness import ActorHarness, ack_message, attempt_row, leases, unique_endpoint
 from test_actors import spec
 from test_executor_reattest import LEASES, ClusterRig, held_job, make_rig, ready  # noqa: F401 (fixture)
+from qlactors.ids import new_id
 
 
 def second_offer(rig: ClusterRig, session) -> tuple[m.Offer, m.Activate]:
@@ -121,7 +122,7 @@ def test_an_offer_activated_before_its_decline_is_never_launched_and_is_given_ba
     rig.ref.tell(DrainSession(done))
     answer_leave(rig, rig.peer.expect(m.Leave, strict=False))
     decline = rig.peer.expect(m.Decline, strict=False)
-    rig.peer.send(m.Activated(run_id=activate.run_id, attempt_id=activate.attempt_id, offer_id=activate.offer_id,
+    rig.peer.send(m.Activated(answer_to=activate.request_id, run_id=activate.run_id, attempt_id=activate.attempt_id, offer_id=activate.offer_id,
                               lease_version=result.lease_version, deadline_at_ms=result.deadline_at_ms))
     ack = answer_decline(rig, decline)
     assert (ack.result, ack.detail) == ("refused", "attempt_starting")
@@ -197,7 +198,7 @@ def cluster_gateway(tmp_path, store_url):
 
 
 def leave_of(session, status: str, generation: int | None = None) -> m.Leave:
-    return m.Leave(worker_id=session.worker_id, session_id=session.session_id,
+    return m.Leave(request_id=new_id(), worker_id=session.worker_id, session_id=session.session_id,
                    session_generation=session.generation if generation is None else generation, status=status)
 
 

@@ -197,7 +197,7 @@ def test_a_re_register_gives_back_an_accepted_offer_that_was_never_launched(make
     # A late Activated for the old session's offer launches nothing.
     assert rig.ctx.dispatch.activate(fence_of(act, act.worker_id), act.callback_token_hash,
                                      act.log_artifact_id).result == "fenced"
-    rig.peer.send(m.Activated(run_id=offer.run_id, attempt_id=offer.attempt_id, offer_id=offer.offer_id,
+    rig.peer.send(m.Activated(answer_to=act.request_id, run_id=offer.run_id, attempt_id=offer.attempt_id, offer_id=offer.offer_id,
                               lease_version=1, deadline_at_ms=None))
     rig.peer.quiet()
 
@@ -210,7 +210,7 @@ def test_a_running_re_attest_fenced_by_a_lease_no_longer_held_stops_the_job_by_i
     s2 = end_session_by_heartbeat(rig)
     rig.welcome_to(s2)
     attest = rig.peer.expect(m.Attest, strict=False)
-    rig.peer.send(m.Attested(run_id=attest.run_id, attempt_id=attest.attempt_id, fact="running",
+    rig.peer.send(m.Attested(answer_to=attest.request_id, run_id=attest.run_id, attempt_id=attest.attempt_id, fact="running",
                              result="fenced", offer_id=None, lease_generation=None, lease_version=None,
                              lease_expires_at_ms=None, detail="lease_released"))
     completed = rig.peer.expect(m.Completed, strict=False)
@@ -255,7 +255,7 @@ def _leased_attempt(h: ActorHarness, session, state: str, identity=None) -> tupl
                                 token_hash(lease_token), log_cap_bytes=0)
     lease = LeaseFacts(offer_id, view.lease_generation, lease_token, session.session_id, session.generation)
     attempt_id = view.attempt_id
-    act = m.Activate(worker_id=session.worker_id, session_id=session.session_id,
+    act = m.Activate(request_id=new_id(), worker_id=session.worker_id, session_id=session.session_id,
                      session_generation=session.generation, run_id=run_id, attempt_id=attempt_id,
                      offer_id=offer_id, lease_generation=view.lease_generation, lease_token=lease_token,
                      lease_version=view.lease_version, callback_token_hash=token_hash(callback),
@@ -406,7 +406,7 @@ def test_an_activation_fenced_for_its_session_is_given_back_by_the_next_session(
     assert committed.result == "applied"
     rig.peer.send(ack_message("activate", act.run_id, act.attempt_id, "fenced", "session_expired",
                               offer_id=act.offer_id))  # the answer to the re-sent copy
-    rig.peer.send(m.Activated(run_id=act.run_id, attempt_id=act.attempt_id, offer_id=act.offer_id,
+    rig.peer.send(m.Activated(answer_to=act.request_id, run_id=act.run_id, attempt_id=act.attempt_id, offer_id=act.offer_id,
                               lease_version=committed.lease_version, deadline_at_ms=None))  # late
     s2 = end_session_by_heartbeat(rig)
     rig.welcome_to(s2)

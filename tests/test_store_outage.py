@@ -28,6 +28,7 @@ from qlactors.wire import messages as m
 
 from actor_harness import ActorHarness, db_state, unique_endpoint, wait_until
 from test_actors import SupervisorRig, make_exe, new_token, spec  # noqa: F401 - make_exe is a fixture
+from qlactors.ids import new_id
 
 
 @pytest.fixture
@@ -89,7 +90,7 @@ def test_a_report_that_meets_a_locked_database_is_answered_once_it_is_free_and_s
     lock.acquire()
     try:
         with write_locked(h.config.home / "qlactors.db"):
-            sup.peer.send(m.Activate(**sup.fence(offer, lease_token), callback_token_hash=token_hash(new_token()),
+            sup.peer.send(m.Activate(request_id=new_id(), **sup.fence(offer, lease_token), callback_token_hash=token_hash(new_token()),
                                      log_artifact_id="ab/attempt.log"))
             outage = wait_until(lambda: (o := read_store_outage(h.config.home)) and o["failures"] >= 2 and o,
                                 what="the outage published, retried")
@@ -132,7 +133,7 @@ def test_a_database_failing_longer_than_store_outage_stop_ms_stops_the_runtime_w
     sup.register()
     offer, lease_token = sup.offered()
     with write_locked(sup.h.config.home / "qlactors.db"):
-        sup.peer.send(m.Activate(**sup.fence(offer, lease_token), callback_token_hash=token_hash(new_token()),
+        sup.peer.send(m.Activate(request_id=new_id(), **sup.fence(offer, lease_token), callback_token_hash=token_hash(new_token()),
                                  log_artifact_id="ab/attempt.log"))
         fatal = sup.h.ctx.fatal
         wait_until(fatal.event.is_set, what="the runtime to stop")

@@ -168,7 +168,7 @@ def body_of(message: object) -> dict[str, object]:
 
 def in_offers(offer: Offer) -> Offers:
     """An Offer travels only inside an Offers batch."""
-    return Offers(worker_id="w", session_id="s", session_generation=1, pull_id="p", offers=[offer])
+    return Offers(answer_to="q", worker_id="w", session_id="s", session_generation=1, pull_id="p", offers=[offer])
 
 
 def offer_body(offer: Offer) -> dict[str, object]:
@@ -223,7 +223,7 @@ def test_fenced_reports_quote_the_whole_fence():
     fenced = {cls for cls in ALL_CLASSES if issubclass(cls, FencedReport)}
     assert fenced == {Activate, Started, StartFailed, Decline}
     for cls in fenced:
-        assert [f.name for f in dataclasses.fields(cls)][:9] == FENCE_FIELDS
+        assert [f.name for f in dataclasses.fields(cls)][:10] == ["request_id", *FENCE_FIELDS]
     # Completed is authenticated by its callback token, not the fence.
     assert not issubclass(Completed, FencedReport)
 
@@ -267,7 +267,7 @@ def test_every_field_is_documented():
 
 
 def test_secrets_stay_out_of_repr():
-    pull = Pull(worker_id="w", session_id="s", session_generation=1, pull_id="p",
+    pull = Pull(request_id="q", worker_id="w", session_id="s", session_generation=1, pull_id="p",
                 offers=[OfferSlot(offer_id="o", lease_token="LEASE-SECRET")])
     completed = dataclasses.replace(sample(Completed), token="CALLBACK-SECRET")
     offers = in_offers(dataclasses.replace(sample(Offer), env={"PASSWORD": "ENV-SECRET"}))
@@ -286,7 +286,7 @@ def test_secrets_stay_out_of_repr():
 def test_every_kind_round_trips(cls):
     message = sample(cls)
     frames = encode(message)
-    assert len(frames) == 2 and frames[0] == HEADER == b"QLACTORS/3"
+    assert len(frames) == 2 and frames[0] == HEADER == b"QLACTORS/4"
     assert all(type(f) is bytes for f in frames)
     body = msgpack.unpackb(frames[1], raw=False)
     values = dataclasses.asdict(message)  # records nested in a message travel as maps
@@ -312,7 +312,7 @@ def test_tuples_go_out_as_arrays_and_come_back_as_lists():
 
 
 def test_optional_fields_carry_none():
-    attest = Attest(worker_id="w", session_id="s", session_generation=2, run_id="r", attempt_id="a",
+    attest = Attest(request_id="q", worker_id="w", session_id="s", session_generation=2, run_id="r", attempt_id="a",
                     lease=None, lease_session_id=None, lease_session_generation=None, fact="ended",
                     stopped_by=None, new_slot=None, boot_id=None, pid=None, pgid=None, start_ticks=None)
     assert decode(encode(attest)) == attest
@@ -358,22 +358,22 @@ def test_a_wrong_header_is_refused(header):
     assert not isinstance(error, VersionMismatch)
 
 
-@pytest.mark.parametrize("version", [b"1", b"2", b"4", b"0", b"10", b"1.1", b"03"])
+@pytest.mark.parametrize("version", [b"1", b"2", b"3", b"0", b"10", b"1.1", b"04"])
 def test_another_version_is_refused_naming_both_versions(version):
     with pytest.raises(VersionMismatch) as info:
         decode([b"QLACTORS/" + version, b"\x80"])
     error = info.value
     assert isinstance(error, DecodeError)
-    assert error.theirs == version.decode() and error.ours == "3"
-    assert f"QLACTORS/{version.decode()}" in str(error) and "QLACTORS/3" in str(error)
+    assert error.theirs == version.decode() and error.ours == "4"
+    assert f"QLACTORS/{version.decode()}" in str(error) and "QLACTORS/4" in str(error)
 
 
 def test_the_version_is_judged_before_the_frame_count():
     # A future version may use another frame layout; its peer must still hear "wrong version".
     with pytest.raises(VersionMismatch):
-        decode([b"QLACTORS/4"])
+        decode([b"QLACTORS/5"])
     with pytest.raises(VersionMismatch):
-        decode([b"QLACTORS/4", b"a", b"b", b"c"])
+        decode([b"QLACTORS/5", b"a", b"b", b"c"])
 
 
 def test_a_hostile_version_string_is_bounded_in_the_error():

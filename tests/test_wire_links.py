@@ -11,55 +11,66 @@ from qlactors.errors import BadInput
 from qlactors.wire.bridge import Bridge, Inbound, Outbox
 from qlactors.wire.curve import AllowList, start_authenticator
 from qlactors.wire.links import UNREACHABLE_RETRY_S, Failover, ReplicaLinks
-from qlactors.wire.messages import Nudge
+from qlactors.wire.messages import Ack, Nudge
 from actor_harness import wait_until
 from wire_harness import WAIT_S, Collected, KeyPair, Replica, heartbeat, tcp_endpoint
 
 # -- the rule, without sockets ----------------------------------------------------------------
 
 
-def test_a_request_waits_for_the_current_replica_and_any_frame_from_it_answers_all():
+def test_an_answer_retires_exactly_the_request_it_names():
     plan = Failover(2, timeout_s=5.0)
-    plan.sent([b"a"], now=100.0)
-    plan.sent([b"b"], now=101.0)
+    plan.sent("a", [b"a"], now=100.0)
+    plan.sent("b", [b"b"], now=101.0)
     assert plan.deadline == 105.0  # the oldest unanswered request sets the deadline
-    assert not plan.heard(1)  # another replica speaking answers nothing
+    assert not plan.answered("")  # a frame that names no request (Nudge, a refusal) answers nothing
+    assert not plan.answered("zzz")  # nor does an answer to a request no longer waited for
     assert plan.expired(105.0) and not plan.expired(104.9)
-    assert plan.heard(0)
+    assert plan.answered("a")  # whichever replica sent it: "a" is answered, "b" still waits
+    assert plan.pending() == [[b"b"]] and plan.deadline == 106.0
+    assert plan.answered("b")
     assert plan.deadline is None and not plan.unanswered and not plan.expired(1e9)
+
+
+def test_a_copy_of_an_unanswered_request_keeps_its_place_and_its_clock():
+    plan = Failover(2, timeout_s=5.0)
+    plan.sent("a", [b"a1"], now=100.0)
+    plan.sent("b", [b"b"], now=101.0)
+    plan.sent("a", [b"a2"], now=104.0)  # repeated by its actor: failover is not postponed
+    assert plan.pending() == [[b"a2"], [b"b"]] and plan.deadline == 105.0
 
 
 def test_rotate_moves_to_the_next_replica_wrapping_and_returns_what_to_send_again():
     plan = Failover(3, timeout_s=2.0)
-    plan.sent([b"a"], now=0.0)
-    plan.sent([b"b"], now=1.0)
+    plan.sent("a", [b"a"], now=0.0)
+    plan.sent("b", [b"b"], now=1.0)
     assert plan.rotate(now=2.0) == [[b"a"], [b"b"]]
     assert (plan.current, plan.deadline) == (1, 4.0)
     plan.rotate(now=4.0)
     assert plan.rotate(now=6.0) == [[b"a"], [b"b"]] and plan.current == 0
-    assert not plan.heard(2) and plan.heard(0)
+    assert plan.answered("a") and plan.answered("b")
     assert plan.rotate(now=7.0) == [] and plan.deadline is None  # nothing unanswered: no deadline
 
 
 def test_unanswered_requests_are_bounded_oldest_dropped_first():
     plan = Failover(1, timeout_s=1.0, limit=2)
-    for name in (b"a", b"b", b"c"):
-        plan.sent([name], now=0.0)
-    assert list(plan.unanswered) == [[b"b"], [b"c"]] and plan.dropped == 1
+    for name in ("a", "b", "c"):
+        plan.sent(name, [name.encode()], now=0.0)
+    assert plan.pending() == [[b"b"], [b"c"]] and plan.dropped == 1
 
 
 def test_when_no_replica_takes_the_requests_the_ring_is_tried_again_soon():
     plan = Failover(2, timeout_s=30.0)
-    plan.sent([b"a"], now=10.0)
+    plan.sent("a", [b"a"], now=10.0)
     plan.rotate(now=10.0)
     plan.rotate(now=10.0)
     plan.unreachable(now=10.0)
     assert plan.deadline == 10.0 + UNREACHABLE_RETRY_S and plan.unsent and plan.unanswered
-    plan.sent([b"b"], now=10.1)
+    plan.sent("b", [b"b"], now=10.1)
     plan.delivered(now=10.2)  # a replica took both: the full timeout from now
     assert (plan.unsent, plan.deadline) == (False, 40.2)
     quick = Failover(1, timeout_s=0.1)
-    quick.sent([b"a"], now=0.0)
+    quick.sent("a", [b"a"], now=0.0)
     quick.unreachable(now=0.0)
     assert quick.deadline == 0.1  # never later than the request timeout
 
@@ -72,6 +83,12 @@ def test_failover_refuses_no_replica_or_a_non_positive_timeout():
 
 
 # -- real sockets -----------------------------------------------------------------------------
+
+
+def answer_of(request) -> Ack:
+    """What a replica answers `request` with: an Ack naming it."""
+    return Ack(answer_to=request.request_id, of=request.KIND, run_id="", attempt_id="", offer_id="",
+               result="applied", detail="")
 
 
 class Cluster:
@@ -135,8 +152,8 @@ def test_a_request_the_first_replica_never_answers_is_answered_by_the_second(mak
     assert request == heartbeat("w1", free_slots=5)
     peer, again = second.receive()  # after the timeout the same frames went to the second
     assert again == request
-    second.answer(peer, Nudge())
-    assert cluster.got.get(WAIT_S) == Inbound(b"", Nudge())
+    second.answer(peer, answer_of(again))
+    assert cluster.got.get(WAIT_S) == Inbound(b"", answer_of(again))
     assert cluster.links.current() == cluster.endpoints[1]
     cluster.outbox.to_control(heartbeat("w1", free_slots=6))  # later requests stay on the second
     assert second.receive()[1].free_slots == 6
@@ -151,8 +168,8 @@ def test_a_replica_that_answers_stays_current(make_cluster):
         cluster.outbox.to_control(heartbeat("w1", free_slots=slots))
         peer, request = first.receive()
         assert request.free_slots == slots
-        first.answer(peer, Nudge())
-        assert cluster.got.get() == Inbound(b"", Nudge())
+        first.answer(peer, answer_of(request))
+        assert cluster.got.get() == Inbound(b"", answer_of(request))
     assert cluster.links.current() == cluster.endpoints[0]
     assert cluster.links.due() is None
     assert not second.sock.poll(200)
@@ -173,12 +190,23 @@ def test_a_late_answer_from_a_replica_that_is_no_longer_current_is_still_deliver
     first, second = cluster.replicas
     cluster.connected()
     cluster.outbox.to_control(heartbeat("w1"))
-    late_peer, _ = first.receive()
+    late_peer, request = first.receive()
     second.receive()  # failed over
-    first.answer(late_peer, Nudge())
-    assert cluster.got.get() == Inbound(b"", Nudge())
+    first.answer(late_peer, answer_of(request))  # late, but it names the request: answered
+    assert cluster.got.get() == Inbound(b"", answer_of(request))
     assert cluster.links.current() == cluster.endpoints[1]
-    assert cluster.links.due() is not None  # the second has not answered yet
+    wait_until(lambda: cluster.links.due() is None, what="the request retired by its late answer")
+
+
+def test_a_nudge_from_the_current_replica_answers_no_request(make_cluster):
+    cluster = make_cluster(request_timeout_s=1.0)
+    first, second = cluster.replicas
+    cluster.connected()
+    cluster.outbox.to_control(heartbeat("w1", free_slots=3))
+    peer, request = first.receive()
+    first.answer(peer, Nudge())  # a frame that names no request (protocol 4)
+    assert cluster.got.get() == Inbound(b"", Nudge())
+    assert second.receive()[1] == request  # still unanswered: it went to the second replica
 
 
 def test_a_request_sent_before_any_replica_is_reachable_goes_out_once_one_is(make_cluster):

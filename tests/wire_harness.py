@@ -19,6 +19,7 @@ from zmq.utils.monitor import recv_monitor_message
 from qlactors.wire import codec
 from qlactors.wire.curve import client_socket_options, server_socket_options
 from qlactors.wire.messages import Heartbeat
+from qlactors.ids import new_id
 
 WAIT_S = 10.0  # the longest a liveness expectation waits (it normally holds in milliseconds)
 QUIET_S = 0.5  # how long "nothing arrives" is watched for, after a positive event proved the path
@@ -50,7 +51,7 @@ class KeyPair:
 
 
 def heartbeat(worker_id: str = "w1", free_slots: int = 1) -> Heartbeat:
-    return Heartbeat(worker_id=worker_id, session_id="s1", session_generation=1, seq=1, free_slots=free_slots,
+    return Heartbeat(request_id="heartbeat-1", worker_id=worker_id, session_id="s1", session_generation=1, seq=1, free_slots=free_slots,
                      worker_clock_ms=0, renewals=[])
 
 

@@ -55,6 +55,7 @@ class Local:
     deadline_ms: int | None = None  # a cluster worker's own deadline (its clock): activation + timeout
     activate_sent_at: float | None = None  # monotonic; set while its Activate waits for `Activated`
     activation_refused: bool = False  # its Activate was fenced or refused: never launched here
+    activate_request_id: str = ""  # the Activate of this offer, the same on every copy
 
 
 class Executor(SessionReports, Adoption, Draining, RuntimeActor):
@@ -90,7 +91,9 @@ class Executor(SessionReports, Adoption, Draining, RuntimeActor):
         }
 
     def on_receive(self, message: Any) -> Any:
-        if isinstance(message, Inbound):  # any message from the control side: a replica is reachable
+        # An answer (it names a request) shows a replica is reachable; a Nudge, a StopRequested or
+        # the refusal of a frame it could not read does not (SEMANTICS.md §9 Exchange, §7 cut-off).
+        if isinstance(message, Inbound) and getattr(message.message, "answer_to", ""):
             self.answered_at = time.monotonic()
         return super().on_receive(message)
 
@@ -100,8 +103,9 @@ class Executor(SessionReports, Adoption, Draining, RuntimeActor):
     def _register(self, *, resume: bool) -> None:
         """Open a session; on a worker restarted within its session lease, resume the saved one."""
         saved = self.ctx.journal.saved_session() if resume else None
+        register_id = new_id()
         self.out.to_control(m.Register(
-            worker_id=self.worker_id, capacity=self.slots, boot_id=self.ctx.boot_id(), labels=self.labels,
+            request_id=register_id, register_id=register_id, worker_id=self.worker_id, capacity=self.slots, boot_id=self.ctx.boot_id(), labels=self.labels,
             protocol_min=codec.PROTOCOL_MIN, protocol_max=codec.PROTOCOL_MAX,
             worker_clock_ms=wall_ms(), resume_session_id=saved.session_id if saved else None,
             resume_generation=saved.generation if saved else None,
@@ -156,7 +160,7 @@ class Executor(SessionReports, Adoption, Draining, RuntimeActor):
         self.pending_pull = (pull_id, pairs)
         s = self.session
         self.pull_message = m.Pull(
-            worker_id=self.worker_id, session_id=s.session_id, session_generation=s.session_generation,
+            request_id=pull_id, worker_id=self.worker_id, session_id=s.session_id, session_generation=s.session_generation,
             pull_id=pull_id, offers=[m.OfferSlot(offer_id=o, lease_token=t) for o, t in pairs.items()])
         self.pull_sent_at = time.monotonic()
         self.out.to_control(self.pull_message)
@@ -218,7 +222,9 @@ class Executor(SessionReports, Adoption, Draining, RuntimeActor):
     def _send_activate(self, local: Local) -> None:
         """Ask for activation (sent again each heartbeat interval until answered: executor_session)."""
         local.activate_sent_at = time.monotonic()
-        self.out.to_control(m.Activate(**self._fence(local), callback_token_hash=token_hash(local.token),
+        if not local.activate_request_id:
+            local.activate_request_id = new_id()
+        self.out.to_control(m.Activate(**self._fence(local), request_id=local.activate_request_id, callback_token_hash=token_hash(local.token),
                                        log_artifact_id=self.ctx.logs.artifact_id(local.run_id, local.attempt_id)))
 
     def _fence(self, local: Local, lease_version: int | None = None) -> dict[str, Any]:
@@ -303,13 +309,14 @@ class Executor(SessionReports, Adoption, Draining, RuntimeActor):
                 offer.run_id, offer.attempt_id, token_hash(local.token),
                 str(self.ctx.logs.path_for(offer.run_id, offer.attempt_id)), worker_id=self.worker_id))
         i = local.identity
-        self.out.to_control(m.Started(**self._fence(local, msg.lease_version), boot_id=i.boot_id,
+        self.out.to_control(m.Started(**self._fence(local, msg.lease_version), request_id=new_id(), boot_id=i.boot_id,
                                       pid=i.pid, pgid=i.pgid, start_ticks=i.start_ticks))
         log.info("event=launched run=%s attempt=%s pid=%d", offer.run_id, offer.attempt_id, pid)
 
     def _start_failed(self, local: Local, activated: m.Activated, reason: str) -> None:
         """Nothing was spawned: report the start failure, give the slot back."""
-        self.out.to_control(m.StartFailed(**self._fence(local, activated.lease_version), reason=reason))
+        self.out.to_control(m.StartFailed(**self._fence(local, activated.lease_version), request_id=new_id(),
+                                          reason=reason))
         self.ctx.journal.clear(local.attempt_id)
         del self.live[local.attempt_id]
         self._pull()

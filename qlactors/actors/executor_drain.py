@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from ..ids import new_id
 from ..wire import messages as m
 from .signals import DrainSession
 
@@ -59,12 +60,12 @@ class Draining:
             self.drain_done.set()
             return
         self.drain_phase = status
-        self.out.to_control(m.Leave(worker_id=self.worker_id, session_id=s.session_id,
+        self.out.to_control(m.Leave(request_id=new_id(), worker_id=self.worker_id, session_id=s.session_id,
                                     session_generation=s.session_generation, status=status))
 
     def _send_decline(self, offer: m.Offer, lease_token: str, session_id: str, generation: int) -> None:
         self.out.to_control(m.Decline(
-            worker_id=self.worker_id, session_id=session_id, session_generation=generation, run_id=offer.run_id,
+            request_id=new_id(), worker_id=self.worker_id, session_id=session_id, session_generation=generation, run_id=offer.run_id,
             attempt_id=offer.attempt_id, offer_id=offer.offer_id, lease_generation=offer.lease_generation,
             lease_token=lease_token, lease_version=offer.lease_version, reason=DECLINE_REASON))
 

@@ -13,6 +13,7 @@ import logging
 import time
 from typing import Any
 
+from ..ids import new_id
 from ..wire import messages as m
 from ..worker.journal_records import LeaseFacts
 from .signals import HeartbeatDue
@@ -46,7 +47,7 @@ class SessionReports:
                                lease_generation=l.lease.lease_generation, lease_token=l.lease.lease_token)
                     for l in self.live.values() if self._held_lease(l)]
         self.out.to_control(m.Heartbeat(
-            worker_id=self.worker_id, session_id=s.session_id, session_generation=s.session_generation,
+            request_id=new_id(), worker_id=self.worker_id, session_id=s.session_id, session_generation=s.session_generation,
             seq=self.heartbeat_seq, free_slots=max(0, self._free()), worker_clock_ms=wall_ms(),
             renewals=renewals))
         self._repeat_pull()
@@ -111,7 +112,7 @@ class SessionReports:
                 continue
             log.warning("event=unactivated_lease_declined attempt=%s offer=%s", lease.attempt_id, lease.offer_id)
             self.out.to_control(m.Decline(
-                worker_id=self.worker_id, session_id=welcome.session_id,
+                request_id=new_id(), worker_id=self.worker_id, session_id=welcome.session_id,
                 session_generation=welcome.session_generation, run_id=lease.run_id,
                 attempt_id=lease.attempt_id, offer_id=lease.offer_id, lease_generation=lease.lease_generation,
                 lease_token=token, lease_version=1, reason="unknown_after_restart"))
@@ -160,7 +161,7 @@ class SessionReports:
             lease = held.lease if entry is None and held is not None else getattr(entry, "lease", None)
         i = identity
         self.out.to_control(m.Attest(
-            worker_id=self.worker_id, session_id=s.session_id, session_generation=s.session_generation,
+            request_id=new_id(), worker_id=self.worker_id, session_id=s.session_id, session_generation=s.session_generation,
             run_id=run_id, attempt_id=attempt_id,
             lease=None if lease is None else m.LeaseRef(
                 run_id=run_id, attempt_id=attempt_id, offer_id=lease.offer_id,

@@ -154,7 +154,7 @@ class Gateway(RuntimeActor):
         self._ack(inbound.peer, report.KIND, report, "refused", str(err))
 
     def _ack(self, peer: bytes, of: str, msg: Any, result: str, detail: str = "") -> None:
-        self.out.to_peer(peer, m.Ack(of=of, run_id=getattr(msg, "run_id", ""),
+        self.out.to_peer(peer, m.Ack(answer_to=msg.request_id, of=of, run_id=getattr(msg, "run_id", ""),
                                      attempt_id=getattr(msg, "attempt_id", ""),
                                      offer_id=getattr(msg, "offer_id", ""), result=result,
                                      detail=(detail or "")[:500]))
@@ -216,7 +216,7 @@ class Gateway(RuntimeActor):
         if views and drop_point("gateway_drop_offers"):
             log.warning("event=fault_offers_dropped pull=%s offers=%d", msg.pull_id, len(views))
             return
-        self.out.to_peer(peer, offers_message(_SessionName(self.worker_id, msg), msg.pull_id, views))
+        self.out.to_peer(peer, offers_message(_SessionName(self.worker_id, msg), msg, views))
 
     # -- reports: applied in batches (`_flush`), or alone (`on_report`) --------------------------
 
@@ -261,7 +261,7 @@ class Gateway(RuntimeActor):
 
     def _answer_activate(self, msg: m.Activate, peer: bytes, result: Any) -> None:
         if result.result == "applied":
-            self.out.to_peer(peer, m.Activated(run_id=msg.run_id, attempt_id=msg.attempt_id,
+            self.out.to_peer(peer, m.Activated(answer_to=msg.request_id, run_id=msg.run_id, attempt_id=msg.attempt_id,
                                                offer_id=msg.offer_id, lease_version=result.lease_version,
                                                deadline_at_ms=result.deadline_at_ms))
             if result.deadline_at_ms is not None:

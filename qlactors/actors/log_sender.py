@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from ..ids import new_id
 from ..process.logs import UnsafeLogPath
 from ..wire import messages as m
 from ..worker.log_shipping import LogShipper, chunks_to_send
@@ -131,7 +132,7 @@ class LogSender(RuntimeActor):
             if limit is not None and chunk.offset >= limit:
                 break  # nothing past the final offset is the job's (SEMANTICS.md §13)
             self.out.to_control(m.LogChunk(
-                worker_id=self.worker_id, run_id=item.run_id, attempt_id=item.attempt_id,
+                request_id=new_id(), worker_id=self.worker_id, run_id=item.run_id, attempt_id=item.attempt_id,
                 callback_token_hash=item.token_hash, offset=chunk.offset, data=data, checksum=chunk.checksum))
 
     def _finish_if_done(self, item: _Shipping) -> None:

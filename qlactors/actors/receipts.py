@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..faults import crash_point
+from ..ids import completion_request_id
 from ..worker.evidence import ENDED, ENDED_WITH_RECEIPT, REBOOTED, probe_journal
 from ..wire import messages as m
 from .base import RuntimeActor, now_ms
@@ -128,7 +129,7 @@ class ReceiptConsumer(RuntimeActor):
         if final_offset is not None:
             self.final_offsets[msg.attempt_id] = final_offset
         completed = m.Completed(
-            worker_id=session.worker_id, session_id=session.session_id,
+            request_id=completion_request_id(r.attempt_id), worker_id=session.worker_id, session_id=session.session_id,
             session_generation=session.generation, run_id=r.run_id, attempt_id=r.attempt_id,
             schema_version=r.schema_version, callback_sequence=r.callback_sequence, token=r.token,
             started_at_ms=r.started_at_ms, finished_at_ms=r.finished_at_ms, exit_code=r.exit_code,

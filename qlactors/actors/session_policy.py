@@ -46,7 +46,7 @@ class LocalSessions:
         if refusal:
             return refusal
         s = self.session
-        return m.Welcome(worker_id=s.worker_id, session_id=s.session_id, session_generation=s.generation,
+        return m.Welcome(answer_to=msg.request_id, worker_id=s.worker_id, session_id=s.session_id, session_generation=s.generation,
                          resumed=False, resume_secret=secrets.token_urlsafe(32), protocol=codec.VERSION,
                          heartbeat_ms=self.heartbeat_ms, session_lease_ms=None, run_lease_ms=None,
                          unactivated=[])
@@ -60,7 +60,7 @@ class LocalSessions:
         renewed = [] if ended else [
             m.Renewed(attempt_id=r.attempt_id, lease_generation=r.lease_generation, lease_version=0,
                       expires_at_ms=None) for r in msg.renewals]
-        return m.HeartbeatAck(seq=msg.seq, session_ended=ended, session_expires_at_ms=None, renewed=renewed,
+        return m.HeartbeatAck(answer_to=msg.request_id, seq=msg.seq, session_ended=ended, session_expires_at_ms=None, renewed=renewed,
                               fenced=[], detail="stale session" if ended else ""), []
 
     def leave(self, msg: m.Leave, worker_id: str) -> tuple[str, str]:
@@ -74,14 +74,14 @@ class LocalSessions:
         return {}  # one clock on edge: the store compares the finish with the deadline itself
 
     def log_chunk(self, msg: m.LogChunk, worker_id: str) -> m.LogAck:
-        return m.LogAck(attempt_id=msg.attempt_id, result="refused", acked_offset=0,
+        return m.LogAck(answer_to=msg.request_id, attempt_id=msg.attempt_id, result="refused", acked_offset=0,
                         detail="edge keeps logs in local files")
 
     def attest(self, msg: m.Attest, worker_id: str) -> m.Attested:
         # The executor shares this process; recovery judges by its own records and the process
         # identity (SEMANTICS.md §6): an attestation only tells it where to look now.
         result = "applied" if self._current(msg, worker_id) else "fenced"
-        return m.Attested(run_id=msg.run_id, attempt_id=msg.attempt_id, fact=msg.fact, result=result,
+        return m.Attested(answer_to=msg.request_id, run_id=msg.run_id, attempt_id=msg.attempt_id, fact=msg.fact, result=result,
                           offer_id=None, lease_generation=None, lease_version=None,
                           lease_expires_at_ms=None, detail="" if result == "applied" else "stale session")
 
@@ -120,7 +120,7 @@ class ClusterSessions:
                 log.info("event=resume_refused worker=%s session=%s reason=%s", worker_id,
                          msg.resume_session_id, err)
             else:
-                return self._welcome(session, secret, resumed=True,
+                return self._welcome(msg, session, secret, resumed=True,
                                      unactivated=self.dispatch.unactivated_leases(session.session_id))
         try:
             session = self.dispatch.register_session(
@@ -128,10 +128,12 @@ class ClusterSessions:
                 session_lease_ms=self.session_lease_ms, resume_secret_hash=token_hash(secret), require_key=True)
         except Fenced as err:  # revoked after this replica's allow-list cache was read
             return str(err)
-        return self._welcome(session, secret, resumed=False, unactivated=[])
+        return self._welcome(msg, session, secret, resumed=False, unactivated=[])
 
-    def _welcome(self, session: Any, secret: str, *, resumed: bool, unactivated: list) -> m.Welcome:
+    def _welcome(self, msg: m.Register, session: Any, secret: str, *, resumed: bool,
+                 unactivated: list) -> m.Welcome:
         return m.Welcome(
+            answer_to=msg.request_id,
             worker_id=session.worker_id, session_id=session.session_id, session_generation=session.generation,
             resumed=resumed, resume_secret=secret, protocol=codec.VERSION, heartbeat_ms=self.heartbeat_ms,
             session_lease_ms=self.session_lease_ms, run_lease_ms=self.run_lease_ms,
@@ -149,7 +151,7 @@ class ClusterSessions:
                       for r in msg.renewals],
             session_lease_ms=self.session_lease_ms, run_lease_ms=self.run_lease_ms)
         ack = m.HeartbeatAck(
-            seq=msg.seq, session_ended=answer.session_ended, session_expires_at_ms=answer.session_expires_at_ms,
+            answer_to=msg.request_id, seq=msg.seq, session_ended=answer.session_ended, session_expires_at_ms=answer.session_expires_at_ms,
             renewed=[m.Renewed(attempt_id=a, lease_generation=g, lease_version=v, expires_at_ms=e)
                      for a, g, v, e in answer.renewed],
             fenced=[m.FencedLease(attempt_id=a, lease_generation=g, reason=r) for a, g, r in answer.fenced],
@@ -177,14 +179,14 @@ class ClusterSessions:
         if result.result != "applied":
             log.warning("event=log_chunk_%s attempt=%s offset=%d detail=%s", result.result, msg.attempt_id,
                         msg.offset, result.detail)
-        return m.LogAck(attempt_id=msg.attempt_id, result=result.result, acked_offset=result.acked_offset,
+        return m.LogAck(answer_to=msg.request_id, attempt_id=msg.attempt_id, result=result.result, acked_offset=result.acked_offset,
                         detail=result.detail or "")
 
     def attest(self, msg: m.Attest, worker_id: str) -> m.Attested:
         from ..store.records import Identity, LeaseQuote
 
         def answer(result: str, detail: str = "") -> m.Attested:
-            return m.Attested(run_id=msg.run_id, attempt_id=msg.attempt_id, fact=msg.fact, result=result,
+            return m.Attested(answer_to=msg.request_id, run_id=msg.run_id, attempt_id=msg.attempt_id, fact=msg.fact, result=result,
                               offer_id=None, lease_generation=None, lease_version=None,
                               lease_expires_at_ms=None, detail=detail)
 
@@ -205,7 +207,7 @@ class ClusterSessions:
             new_offer_id=msg.new_slot.offer_id if msg.new_slot else None,
             identity=identity, run_lease_ms=self.run_lease_ms)
         if result.result == "applied" and msg.fact == "running":
-            return m.Attested(run_id=msg.run_id, attempt_id=msg.attempt_id, fact=msg.fact, result="applied",
+            return m.Attested(answer_to=msg.request_id, run_id=msg.run_id, attempt_id=msg.attempt_id, fact=msg.fact, result="applied",
                               offer_id=msg.new_slot.offer_id, lease_generation=result.lease_generation,
                               lease_version=result.lease_version, lease_expires_at_ms=result.expires_at_ms,
                               detail="")

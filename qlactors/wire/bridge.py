@@ -265,7 +265,7 @@ class Bridge(threading.Thread):
                 self._drain(dealer, self._from_control)
             for link in links:
                 if link in events:
-                    self._drain(link, lambda frames, link=link: self._from_replica(frames, link))
+                    self._drain(link, self._from_control)
             for monitor in monitors:
                 if monitor in events:
                     self._links.on_monitor(monitor)
@@ -318,10 +318,11 @@ class Bridge(threading.Thread):
 
     def _forward(self, frames: list[bytes], router, dealer) -> None:
         route = frames[0] if frames else b""
-        if route == ROUTE_CONTROL and self._links is not None:
-            self._links.send(frames[1:])
-        elif route == ROUTE_CONTROL and dealer is not None:
-            dealer.send_multipart(frames[1:], zmq.NOBLOCK)
+        # ROUTE_CONTROL frames: [route, request id, header, body] (Outbox.to_control).
+        if route == ROUTE_CONTROL and self._links is not None and len(frames) > 2:
+            self._links.send(frames[1].decode("ascii", "replace"), frames[2:])
+        elif route == ROUTE_CONTROL and dealer is not None and len(frames) > 2:
+            dealer.send_multipart(frames[2:], zmq.NOBLOCK)
         elif route == ROUTE_PEER and router is not None and len(frames) > 2:
             try:
                 router.send_multipart(frames[1:], zmq.NOBLOCK)
@@ -349,7 +350,7 @@ class Bridge(threading.Thread):
             if worker_id is None:  # never decode for a key the allow-list does not hold (any more)
                 self.rejected_frames += 1
                 log.warning("event=frame_refused reason=unknown_or_revoked_key key=%s", key)
-                refuse(Ack(of="unknown", run_id="", attempt_id="", offer_id="", result="refused", detail=REFUSED_KEY))
+                refuse(Ack(answer_to="", of="unknown", run_id="", attempt_id="", offer_id="", result="refused", detail=REFUSED_KEY))
                 return
         message = self._decode(body, reply=refuse)
         if message is None:
@@ -362,14 +363,12 @@ class Bridge(threading.Thread):
         elif self._control_target is not None:
             self._deliver(self._control_target, Inbound(peer, message, worker_id))
 
-    def _from_replica(self, frames: list[bytes], link: zmq.Socket) -> None:
-        self._links.heard(link)
-        self._from_control(frames)
-
     def _from_control(self, frames: list[bytes]) -> None:
         message = self._decode(frames, reply=None)
         if message is None:
-            return
+            return  # answers nothing (SEMANTICS.md §9 Exchange)
+        if self._links is not None:  # an answer retires exactly the request it names
+            self._links.answered(getattr(message, "answer_to", ""))
         kind = message.KIND
         if isinstance(message, Ack):
             kind = f"ack:{message.of}"
@@ -390,7 +389,7 @@ class Bridge(threading.Thread):
             self.rejected_frames += 1
             log.warning("event=frame_rejected reason=%s detail=%s", err.reason, str(err)[:200])
             if reply is not None:
-                reply(Ack(of="unknown", run_id="", attempt_id="", offer_id="", result="refused",
+                reply(Ack(answer_to="", of="unknown", run_id="", attempt_id="", offer_id="", result="refused",
                           detail=str(err)[:500]))
             return None
 
@@ -404,7 +403,8 @@ class Outbox:
         self._sock.connect(endpoint)
 
     def to_control(self, message: Any) -> None:
-        self._sock.send_multipart([ROUTE_CONTROL, *codec.encode(message)])
+        """Send a request; the bridge's links keep it by its `request_id` until an answer names it."""
+        self._sock.send_multipart([ROUTE_CONTROL, message.request_id.encode("ascii"), *codec.encode(message)])
 
     def to_peer(self, peer: bytes, message: Any) -> None:
         self._sock.send_multipart([ROUTE_PEER, peer, *codec.encode(message)])

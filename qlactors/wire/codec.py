@@ -15,10 +15,11 @@ from .messages import MAX_CHUNK_BYTES, MESSAGES, Matches, MaxLen, PosixBytes
 
 PROTOCOL = b"QLACTORS"
 # 2: batched offers, numbered heartbeats with renewals, resume, Decline, LogChunk, Attest quoting
-# its lease (issue 10). 3: Leave, a worker's drain (issue 11). Register names the range a worker
-# speaks; Welcome the version agreed. A new kind is not understood by the older version, so each
+# its lease (issue 10). 3: Leave, a worker's drain (issue 11). 4: the exchange (issue 17): a
+# `request_id` on every request, `answer_to` on every answer, `register_id` on Register. Register
+# names the range a worker speaks; Welcome the version agreed. A new kind is not understood by the older version, so each
 # release speaks one version only.
-VERSION = 3
+VERSION = 4
 PROTOCOL_MIN = PROTOCOL_MAX = VERSION
 # The first frame of every message (Majordomo's `MDPW01` habit): a peer on another version is
 # recognised before its body is read, and refused by name.

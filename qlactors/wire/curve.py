@@ -165,7 +165,7 @@ def wrong_worker_claim(message: object, worker_id: str) -> Ack | None:
     claimed = getattr(message, "worker_id", "")
     if not claimed or claimed == worker_id:
         return None
-    return Ack(of=message.KIND, run_id=getattr(message, "run_id", ""), attempt_id=getattr(message, "attempt_id", ""),
+    return Ack(answer_to=getattr(message, "request_id", ""), of=message.KIND, run_id=getattr(message, "run_id", ""), attempt_id=getattr(message, "attempt_id", ""),
                offer_id=getattr(message, "offer_id", ""), result="refused", detail=f"this key is bound to worker {worker_id!r}, not {claimed!r}"[:500])
 
 

@@ -3,9 +3,10 @@
 Every request a worker sends is safe to repeat (SEMANTICS.md §9), so the rule is short and exact:
 
 - A request goes to the current replica only.
-- An answer is any frame from the current replica that arrives after the request was sent; it
-  answers every request sent before it. (Frames from the other replicas are delivered as well —
-  a late answer is still an answer — but they say nothing about the current one.)
+- An answer names the request it answers (`answer_to`, protocol 4) and retires exactly that
+  request, whichever replica sent it (a late answer is still an answer). A frame that names no
+  request (Nudge, StopRequested), one that does not decode, and a refusal of an unreadable frame
+  answer nothing: they retire no request and postpone no failover.
 - When the oldest unanswered request has waited `request_timeout_s`, the link fails over: the
   next replica (in the configured order, wrapping) becomes current and every unanswered request
   is sent there again, in order, and waits `request_timeout_s` anew.
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import deque
+from collections import OrderedDict
 from typing import Callable
 
 import zmq
@@ -49,7 +50,7 @@ Frames = list[bytes]
 
 
 class Failover:
-    """Which replica is current, which requests it has not answered, and when to move on."""
+    """Which replica is current, which requests no replica has answered, and when to move on."""
 
     def __init__(self, replicas: int, timeout_s: float, *, limit: int = MAX_UNANSWERED) -> None:
         if replicas < 1:
@@ -60,27 +61,34 @@ class Failover:
         self.timeout_s = timeout_s
         self.limit = limit
         self.current = 0
-        self.unanswered: deque[Frames] = deque()
+        # request id -> (its frames as last sent, when it was sent to the current replica)
+        self.unanswered: OrderedDict[str, tuple[Frames, float]] = OrderedDict()
         self.deadline: float | None = None  # when the oldest unanswered request times out
         self.unsent = False  # no replica took the unanswered requests yet (see `unreachable`)
         self.dropped = 0  # requests dropped past `limit`, for logs and tests
 
-    def sent(self, frames: Frames, now: float) -> None:
-        """A request left (or was meant to leave) for the current replica at `now`."""
-        self.unanswered.append(frames)
-        if len(self.unanswered) > self.limit:
-            self.unanswered.popleft()
-            self.dropped += 1
-        if self.deadline is None:
-            self.deadline = now + self.timeout_s
+    def sent(self, request_id: str, frames: Frames, now: float) -> None:
+        """A request left (or was meant to leave) for the current replica at `now`.
 
-    def heard(self, replica: int) -> bool:
-        """A frame came from `replica`; True when it answered the current one's requests."""
-        if replica != self.current:
+        A copy of a request still unanswered (the same id) replaces its frames and keeps its
+        place and its clock: repeating a request never postpones the failover it is owed.
+        """
+        held = self.unanswered.get(request_id)
+        self.unanswered[request_id] = (frames, now if held is None else held[1])
+        if held is None and len(self.unanswered) > self.limit:
+            self.unanswered.popitem(last=False)
+            self.dropped += 1
+        self._reset_deadline()
+
+    def answered(self, request_id: str) -> bool:
+        """An answer naming `request_id` came (from any replica); True when it was unanswered."""
+        if not request_id or self.unanswered.pop(request_id, None) is None:
             return False
-        self.unanswered.clear()
-        self.deadline = None
+        self._reset_deadline()
         return True
+
+    def pending(self) -> list[Frames]:
+        return [frames for frames, _at in self.unanswered.values()]
 
     def expired(self, now: float) -> bool:
         return self.deadline is not None and now >= self.deadline
@@ -88,8 +96,8 @@ class Failover:
     def rotate(self, now: float) -> list[Frames]:
         """Make the next replica current; the requests to send it again, oldest first."""
         self.current = (self.current + 1) % self.replicas
-        self.deadline = now + self.timeout_s if self.unanswered else None
-        return list(self.unanswered)
+        self._restart_clocks(now)
+        return self.pending()
 
     def unreachable(self, now: float) -> None:
         """No replica took the unanswered requests: try the ring again soon."""
@@ -100,7 +108,18 @@ class Failover:
     def delivered(self, now: float) -> None:
         """Every unanswered request went out to the current replica at `now`: it has the full timeout."""
         self.unsent = False
-        self.deadline = now + self.timeout_s if self.unanswered else None
+        self._restart_clocks(now)
+
+    def _restart_clocks(self, now: float) -> None:
+        for request_id, (frames, _at) in self.unanswered.items():
+            self.unanswered[request_id] = (frames, now)
+        self._reset_deadline()
+
+    def _reset_deadline(self) -> None:
+        if self.unsent and self.unanswered:
+            return  # `unreachable` set the ring's retry time
+        oldest = next(iter(self.unanswered.values()), None)
+        self.deadline = None if oldest is None else oldest[1] + self.timeout_s
 
 
 class ReplicaLinks:
@@ -137,7 +156,7 @@ class ReplicaLinks:
     def open(self) -> tuple[list[zmq.Socket], list[zmq.Socket]]:
         """Create and connect one socket per replica; the bridge polls both lists it returns.
 
-        The first list carries the replicas' frames (`heard`, then decode); the second their
+        The first list carries the replicas' frames (decoded, then `answered`); the second their
         sockets' monitors (`on_monitor`).
         """
         try:
@@ -163,23 +182,23 @@ class ReplicaLinks:
         self._sockets, self._monitors = [], []
         self._connected = frozenset()
 
-    def send(self, frames: Frames) -> None:
+    def send(self, request_id: str, frames: Frames) -> None:
         """Send a request to the current replica (failing over at once if its socket refuses it)."""
         now = self._clock()
-        self._failover.sent(frames, now)
+        self._failover.sent(request_id, frames, now)
         if self._failover.dropped:
             log.warning("event=link_unanswered_dropped count=%d (oldest unanswered requests dropped; "
                         "the actors repeat what matters)", self._failover.dropped)
             self._failover.dropped = 0
         unsent = self._failover.unsent  # earlier requests no replica took go out first
-        if not self._try_send(list(self._failover.unanswered) if unsent else [frames]):
+        if not self._try_send(self._failover.pending() if unsent else [frames]):
             self._fail_over("not connected")
         elif unsent:
             self._failover.delivered(now)
 
-    def heard(self, sock: zmq.Socket) -> None:
-        """A frame came from `sock`: the current replica answered, or another one spoke."""
-        self._failover.heard(self._index(sock))
+    def answered(self, request_id: str) -> bool:
+        """An answer naming `request_id` came from a replica: that request is retired."""
+        return self._failover.answered(request_id)
 
     def due(self) -> float | None:
         """When (clock time) the oldest unanswered request times out; None when all are answered."""
@@ -237,9 +256,3 @@ class ReplicaLinks:
         except zmq.Again:
             return False
         return True
-
-    def _index(self, sock: zmq.Socket) -> int:
-        for i, mine in enumerate(self._sockets):
-            if mine is sock:
-                return i
-        raise ValueError("not a socket of these links")

@@ -17,6 +17,11 @@ from typing import Annotated, ClassVar, Literal, get_args
 # `session_generation` and `lease_generation` positionally would be fenced for no visible reason.
 # Credentials (`lease_token`, the callback `token`) and the job's `env` stay out of `repr`, so a
 # message in a log line or a traceback leaks none of them.
+#
+# The exchange (protocol 4, SEMANTICS.md §9 Exchange): every executor-side message is a request
+# with a `request_id`, the same on every copy of it; every control-side answer names the request
+# it answers in `answer_to`. Nudge and StopRequested answer nothing, and neither does a refusal
+# of a frame that could not be read (`answer_to` ""): none of them counts as hearing a replica.
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +166,8 @@ class Register:
 
     KIND: ClassVar[str] = "register"
 
+    request_id: Id  # chosen once per request, the same on every copy; its answer names it
+    register_id: Id  # names this registration on every copy and every replica: a repeat gets the same session
     worker_id: str  # "" or the id bound to the peer's authenticated CurveZMQ key
     capacity: int  # how many attempts the worker runs at once
     boot_id: str  # the host's /proc/sys/kernel/random/boot_id, so a reboot is visible
@@ -182,6 +189,7 @@ class Heartbeat:
 
     KIND: ClassVar[str] = "heartbeat"
 
+    request_id: Id  # chosen once per request, the same on every copy; its answer names it
     worker_id: str  # the worker's id, bound to its CurveZMQ key
     session_id: Id  # from Welcome
     session_generation: int  # from Welcome
@@ -201,6 +209,7 @@ class Pull:
 
     KIND: ClassVar[str] = "pull"
 
+    request_id: Id  # chosen once per request, the same on every copy; its answer names it
     worker_id: str  # the worker's id, bound to its CurveZMQ key
     session_id: Id  # the session, from Welcome
     session_generation: int  # from Welcome; an older generation is fenced
@@ -217,6 +226,7 @@ class FencedReport:
     for information and never fences.
     """
 
+    request_id: Id  # chosen once per request, the same on every copy; its answer names it
     worker_id: str  # the worker's id, bound to its CurveZMQ key
     session_id: Id  # the session, from Welcome
     session_generation: int  # from Welcome; an older generation is fenced
@@ -285,6 +295,7 @@ class Completed:
 
     KIND: ClassVar[str] = "completed"
 
+    request_id: Id  # chosen once per request, the same on every copy; its answer names it
     worker_id: str  # the worker's id, bound to its CurveZMQ key
     session_id: Id  # the session, from Welcome
     session_generation: int  # from Welcome
@@ -315,6 +326,7 @@ class LogChunk:
 
     KIND: ClassVar[str] = "log_chunk"
 
+    request_id: Id  # chosen once per request, the same on every copy; its answer names it
     worker_id: str  # the worker's id, bound to its CurveZMQ key
     run_id: Id  # the attempt's run
     attempt_id: Id  # whose log this is
@@ -337,6 +349,7 @@ class Attest:
 
     KIND: ClassVar[str] = "attest"
 
+    request_id: Id  # chosen once per request, the same on every copy; its answer names it
     worker_id: str  # the worker's id, bound to its CurveZMQ key
     session_id: Id  # the current session, from Welcome
     session_generation: int  # its generation
@@ -365,6 +378,7 @@ class Leave:
 
     KIND: ClassVar[str] = "leave"
 
+    request_id: Id  # chosen once per request, the same on every copy; its answer names it
     worker_id: str  # the worker's id, bound to its CurveZMQ key
     session_id: Id  # the session, from Welcome
     session_generation: int  # its generation
@@ -380,6 +394,7 @@ class Welcome:
 
     KIND: ClassVar[str] = "welcome"
 
+    answer_to: Id  # the request_id of the request answered ("" answers nothing: an unreadable frame)
     worker_id: str  # the worker's id (on a cluster: from the allow-list)
     session_id: Id  # the session's id, chosen by the control side
     session_generation: int  # 1 for the worker's first session, + 1 for each new one
@@ -398,6 +413,7 @@ class Offers:
 
     KIND: ClassVar[str] = "offers"
 
+    answer_to: Id  # the request_id of the request answered ("" answers nothing: an unreadable frame)
     worker_id: str  # the worker the offers are leased to
     session_id: Id  # its session
     session_generation: int  # and its generation
@@ -411,6 +427,7 @@ class Activated:
 
     KIND: ClassVar[str] = "activated"
 
+    answer_to: Id  # the request_id of the request answered ("" answers nothing: an unreadable frame)
     run_id: Id  # the attempt's run
     attempt_id: Id  # the attempt this is about
     offer_id: Id  # the offer that granted the lease
@@ -424,6 +441,7 @@ class HeartbeatAck:
 
     KIND: ClassVar[str] = "heartbeat_ack"
 
+    answer_to: Id  # the request_id of the request answered ("" answers nothing: an unreadable frame)
     seq: int  # the Heartbeat answered
     session_ended: bool  # True: register anew (the session is superseded, expired or revoked)
     session_expires_at_ms: int | None  # database time; None on edge
@@ -438,6 +456,7 @@ class Ack:
 
     KIND: ClassVar[str] = "ack"
 
+    answer_to: Id  # the request_id of the request answered ("" answers nothing: an unreadable frame)
     of: Id  # the KIND answered; "unknown" when the frame could not be decoded
     run_id: Id  # the report's run; empty when the answered message names none
     attempt_id: Id  # likewise
@@ -452,6 +471,7 @@ class Attested:
 
     KIND: ClassVar[str] = "attested"
 
+    answer_to: Id  # the request_id of the request answered ("" answers nothing: an unreadable frame)
     run_id: Id  # the attempt's run
     attempt_id: Id  # the attempt attested
     fact: AttestFact  # the fact answered
@@ -469,6 +489,7 @@ class LogAck:
 
     KIND: ClassVar[str] = "log_ack"
 
+    answer_to: Id  # the request_id of the request answered ("" answers nothing: an unreadable frame)
     attempt_id: Id  # whose log
     result: AckResult  # applied (appended or a repeat of what is stored) | refused (gap, conflict)
     acked_offset: int  # the stored log's length: ship from here

@@ -32,17 +32,17 @@ def offer_record(view: Any) -> m.Offer:
         keep_leftovers=view.keep_leftovers)
 
 
-def offers_message(session: Any, pull_id: str, views: list[Any]) -> m.Offers:
-    """The answer to a Pull of `session` (worker_id, session_id, generation): its offers, maybe none."""
-    return m.Offers(worker_id=session.worker_id, session_id=session.session_id,
-                    session_generation=session.generation, pull_id=pull_id,
+def offers_message(session: Any, pull: Any, views: list[Any]) -> m.Offers:
+    """The answer to `pull` of `session` (worker_id, session_id, generation): its offers, maybe none."""
+    return m.Offers(answer_to=pull.request_id, worker_id=session.worker_id, session_id=session.session_id,
+                    session_generation=session.generation, pull_id=pull.pull_id,
                     offers=[offer_record(v) for v in views])
 
 
 def check_offer(view: Any) -> int:
     """The bytes the offer for `view` takes in an Offers batch; codec.EncodeError (a ValueError)
     when it cannot be sent at all."""
-    return len(codec.encode(m.Offers(worker_id="", session_id="", session_generation=0, pull_id="",
+    return len(codec.encode(m.Offers(answer_to="", worker_id="", session_id="", session_generation=0, pull_id="",
                                      offers=[offer_record(view)]))[1]) - _EMPTY_BODY_BYTES
 
 
@@ -70,5 +70,5 @@ def check_revision_fits(spec: TaskSpec) -> None:
             f"message ({err}): make them smaller, e.g. move large values into a file the job reads") from None
 
 
-_EMPTY_BODY_BYTES = len(codec.encode(m.Offers(worker_id="", session_id="", session_generation=0,
+_EMPTY_BODY_BYTES = len(codec.encode(m.Offers(answer_to="", worker_id="", session_id="", session_generation=0,
                                              pull_id="", offers=[]))[1])
