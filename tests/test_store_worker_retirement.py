@@ -1,7 +1,9 @@
 """`worker retire WORKER --confirm-stopped` in the store (both dialects): the worker's live
 sessions end (its reports are fenced, its key stays allowed) and its `starting|running`
 attempts get the `retired` evidence recovery trusts (SEMANTICS.md §9 Drain, §10 step 1), in
-one transaction; other workers' attempts and proofs already given are left alone."""
+one transaction; other workers' attempts and proofs already given are left alone. Revoked and
+retired (§9): `worker revoke` and `worker retire` end drained sessions too, none is resumed, and
+a resume checks the allow-list."""
 
 from __future__ import annotations
 
@@ -9,13 +11,15 @@ import pytest
 from sqlalchemy import delete, select, update
 
 from qlactors.errors import NotFound
+from qlactors.store.cluster_recovery import ClusterRecoveryCases
 from qlactors.store.records import Fenced
 from qlactors.store.schema import run_attempts, worker_keys, worker_sessions
 from qlactors.store.worker_keys import WorkerKeys
 from qlactors.store.worker_retirement import WorkerRetirement
 from store_helpers import new_hash
 
-from test_store_sessions import beat, launch, register, session_row
+from test_store_cluster_recovery import DRAIN_MS, GRACE_MS, IDEMPOTENT, page_ids
+from test_store_sessions import beat, expire_lease, launch, register, session_row
 
 
 def _evidence(repo, attempt_id):
@@ -102,6 +106,7 @@ def _end(repo, how):
 def test_revoke_and_retire_end_a_drained_session_which_is_never_resumed(repo, dispatch, how, offline):
     secret = new_hash()
     session = register(dispatch, "w1", secret)
+    flight = launch(repo, dispatch, session, **IDEMPOTENT)  # kept running across the planned restart
     _drain(dispatch, session, offline=offline)
     drained = session_row(repo, session.session_id)
 
@@ -116,6 +121,14 @@ def test_revoke_and_retire_end_a_drained_session_which_is_never_resumed(repo, di
         assert row.ended_at_ms == drained.ended_at_ms
     else:
         assert row.ended_at_ms is not None
+    expire_lease(repo, flight.quote.attempt_id)
+    cases = ClusterRecoveryCases(repo.store, recovery_grace_ms=GRACE_MS, drain_grace_ms=DRAIN_MS)
+    if how == "revoked":  # no word on its processes: its idempotent attempt waits out the drain grace
+        assert page_ids(cases) == []
+        waiting = cases.waiting_for(flight.quote.attempt_id)
+        assert waiting.eligible_at_ms == row.ended_at_ms + DRAIN_MS + GRACE_MS
+    else:  # the operator's word that nothing runs: trusted at once
+        assert page_ids(cases) == [flight.quote.attempt_id]
     before = session_row(repo, session.session_id)
     with pytest.raises(Fenced, match=f"^{how}"):
         _resume(dispatch, session, secret)
