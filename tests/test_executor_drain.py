@@ -24,7 +24,7 @@ from qlactors.wire import messages as m
 
 from actor_harness import ActorHarness, ack_message, attempt_row, leases, unique_endpoint
 from test_actors import spec
-from test_executor_reattest import LEASES, ClusterRig, held_job, make_rig, ready  # noqa: F401 (fixture)
+from test_executor_reattest import LEASES, RESUME_SECRET, ClusterRig, held_job, make_rig, ready  # noqa: F401 (fixture)
 from qlactors.ids import new_id
 
 
@@ -184,7 +184,8 @@ def cluster_gateway(tmp_path, store_url):
     endpoint = unique_endpoint("control")
     h = ActorHarness(tmp_path, control_bind=endpoint, database_url=store_url)
     try:
-        h.ctx.sessions = ClusterSessions(h.ctx.dispatch, None, h.ctx.control, **LEASES)
+        h.ctx.sessions = ClusterSessions(h.ctx.dispatch, None, h.ctx.control, **LEASES,
+                                         resume_secret=RESUME_SECRET)
         h.bridge.route_control(h.directory.named("gateway"))
         h.stub("recovery")
         h.stub("scheduler")

@@ -10,6 +10,7 @@ the harness's store; the test peer plays the control side with the real store de
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
@@ -21,6 +22,7 @@ from qlactors.actors.receipts import ReceiptConsumer
 from qlactors.actors.session_policy import ClusterSessions
 from qlactors.actors.signals import Consume, HeartbeatDue, NoReceipt, Resume
 from qlactors.domain.receipt import token_hash
+from qlactors.domain.resume_secret import resume_secret
 from qlactors.ids import new_id
 from qlactors.process.identity import Liveness
 from qlactors.wire import messages as m
@@ -31,6 +33,7 @@ from actor_harness import ActorHarness, attempt_row, leases, unique_endpoint, wa
 from test_actors import BOOT_ID, ExecutorRig, new_token, spec
 
 LEASES = dict(heartbeat_ms=600_000, session_lease_ms=60_000, run_lease_ms=60_000)  # no timer fires
+RESUME_SECRET = functools.partial(resume_secret, b"r" * 40)  # the replicas' key, for ClusterSessions
 
 
 class ClusterRig(ExecutorRig):
@@ -39,7 +42,7 @@ class ClusterRig(ExecutorRig):
 
     def __init__(self, h: ActorHarness, ref, peer, register: m.Register) -> None:
         super().__init__(h, ref, peer, register)
-        self.control = ClusterSessions(h.ctx.dispatch, None, h.ctx.control, **LEASES)
+        self.control = ClusterSessions(h.ctx.dispatch, None, h.ctx.control, **LEASES, resume_secret=RESUME_SECRET)
         self.worker_id = h.ctx.session.worker_id
 
     def new_session(self):

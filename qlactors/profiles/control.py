@@ -12,6 +12,7 @@ stops, exit 1), then refreshes the allow-list cache and the replica's row.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import socket
@@ -32,6 +33,7 @@ from ..actors.signals import Drain
 from ..actors.supervisor import Supervisor
 from ..cluster_config import ControlConfig
 from ..config import Config
+from ..domain.resume_secret import resume_secret
 from ..store.completion import CompletionService
 from ..store.control import Control
 from ..store.cron_admission import CronAdmission
@@ -115,7 +117,9 @@ class ControlRuntime(Runner):
             completion=CompletionService(store), control=control, lost_retry=LostRetry(store),
             cron=CronAdmission(store), retention=Retention(store, None, None),
             sessions=ClusterSessions(dispatch, LogChunks(store), control, heartbeat_ms=cfg.heartbeat_ms,
-                                     session_lease_ms=cfg.session_lease_ms, run_lease_ms=cfg.run_lease_ms),
+                                     session_lease_ms=cfg.session_lease_ms, run_lease_ms=cfg.run_lease_ms,
+                                     # every replica loads the same key pair: one secret per Register
+                                     resume_secret=functools.partial(resume_secret, secret)),
             each_cycle=(authenticator_running, refresh_allow_list, replica_heartbeat),
             recovery_grace_ms=cfg.recovery_grace_ms, drain_grace_ms=cfg.drain_grace_ms)
         self.ctx = ctx

@@ -435,8 +435,16 @@ worker_sessions = Table(
     # Schema 8: when the session was drained (`end_session`: a planned stop); recovery counts a
     # drained session as ended only `drain_grace_ms` after it ended (SEMANTICS.md §9 Drain).
     Column("drained_at_ms", MS),
+    # Schema 10 (SEMANTICS.md §9 Register once, Revoked and retired): the `register_id` of the
+    # Register that opened the session and of the resume that last rotated its secret (a repeat
+    # of either gets the same answer), and `revoked` / `retired` when the operator ended it
+    # (such a session is never resumed, drained or not).
+    Column("register_id", String(64)),
+    Column("resume_register_id", String(64)),
+    Column("ended_by", String(16)),
     UniqueConstraint("worker_id", "generation"),
     CheckConstraint(_one_of("status", ("online", "draining", "offline")), name="status"),
+    CheckConstraint(_one_of("ended_by", ("revoked", "retired")), name="ended_by"),
     CheckConstraint("generation >= 1 AND version >= 0", name="counters"),
     CheckConstraint("capacity >= 0 AND free_slots >= 0 AND free_slots <= capacity", name="slots"),
     CheckConstraint("heartbeat_seq >= 0", name="heartbeat_seq_nonneg"),

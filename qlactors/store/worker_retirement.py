@@ -1,10 +1,11 @@
 """`qlactors worker retire WORKER --confirm-stopped`: the operator's word that nothing of a worker
 runs any more (SEMANTICS.md §9 Drain, §10 step 1). In one transaction, under the `worker:<id>`
-lock a registration of that worker takes: its live sessions end (every report from them is
-fenced from then on; its key stays allowed), and each of its `starting|running` attempts gets
-the evidence `retired`, which recovery trusts: once its lease has expired, the attempt ends
-`lost` and its run follows its retry policy. Evidence that already proves the process stopped is
-kept; `launch_unknown` and `ended_with_receipt` (the operator's word outranks both) are replaced.
+lock a registration of that worker takes: its sessions end, drained ones included (every report
+from them is fenced from then on and none is ever resumed; its key stays allowed), and each of
+its `starting|running` attempts gets the evidence `retired`, which recovery trusts: once its
+lease has expired, the attempt ends `lost` and its run follows its retry policy. Evidence that
+already proves the process stopped is kept; `launch_unknown` and `ended_with_receipt` (the
+operator's word outranks both) are replaced.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ class WorkerRetirement:
                     worker_keys.c.worker_id == worker_id)).first() is None:
                 raise NotFound(f"no worker {worker_id}: it never registered and is not on the allow-list")
             now = self.store.now_ms(conn)
-            ended = end_live_sessions(conn, worker_id, now)
+            ended = end_live_sessions(conn, worker_id, now, "retired")
             # Sessions before attempts, attempts in id order (the §9 lock order).
             ids = tuple(conn.execute(
                 select(_A.c.id).where(and_(
