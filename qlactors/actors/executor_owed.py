@@ -54,6 +54,7 @@ class OwedReports:
     """Journal, re-send and settle what an Executor owes (see the module docstring)."""
 
     owed_sent_at: dict[str, float]  # request id -> when this instance last sent it (monotonic)
+    owed_round_at: float = 0.0  # when the owed timer was last set (monotonic)
     register_request: str | None = None  # the Register waited for (no session yet)
     register_backoff_s: float = REGISTER_FIRST_S
     register_cap_s: float = REGISTER_MAX_S
@@ -69,14 +70,12 @@ class OwedReports:
         self.out.to_control(message)
         self._schedule_owed()
 
-    def _resend_owed(self, due_before: float | None = None) -> None:
+    def _resend_owed(self, due_before: float) -> None:
         """Every owed report again, unchanged, oldest first: those this instance has not sent since
-        `due_before` (monotonic; None: all it did not send in the last interval). A Register is
-        re-sent by its own backoff, and a report waits while there is no session."""
+        `due_before` (monotonic: the Welcome, the last round). A Register is re-sent by its own
+        backoff, and a report waits while there is no session."""
         if self.session is None:
             return
-        if due_before is None:
-            due_before = time.monotonic() - self.session.heartbeat_ms / 1000 / 2
         for report in self.ctx.journal.owed():
             if report.kind == m.Register.KIND:
                 self.ctx.journal.settle(report.request_id)  # a session is open: this one is moot
@@ -89,13 +88,15 @@ class OwedReports:
     def _schedule_owed(self) -> None:
         if self.ctx.bridge.timer_due("owed") is None:
             every = self.session.heartbeat_ms / 1000 if self.session is not None else OWED_RESEND_S
-            self.ctx.bridge.call_at("owed", time.monotonic() + every, self.me, OwedDue())
+            self.owed_round_at = time.monotonic()
+            self.ctx.bridge.call_at("owed", self.owed_round_at + every, self.me, OwedDue())
 
     def on_owed_due(self, _msg: OwedDue, _peer: bytes) -> None:
+        """A heartbeat interval went by: what was sent before it and is still owed goes out again."""
         if self.session is None:
             return  # the Register's own backoff repeats it; the rest waits for a Welcome
         if self.ctx.journal.owed(1):
-            self._resend_owed()
+            self._resend_owed(self.owed_round_at)
             self._schedule_owed()
 
     def _owed_answered(self, answer_to: str) -> OwedReport | None:

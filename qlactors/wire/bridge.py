@@ -111,6 +111,10 @@ class Bridge(threading.Thread):
         # Called (in the bridge thread) with a one-line reason when the loop ends without
         # `close()`: the edge profile trips its Fatal, which stops the runtime.
         self.on_exit: Callable[[str], None] | None = None
+        # Executor side: called (in the bridge thread) with the text of a VersionMismatch from the
+        # control side. Retrying cannot help a worker on another protocol version (SEMANTICS.md
+        # §9 Register once): a worker profile stops with it (exit 1), so its supervisor shows why.
+        self.on_version_mismatch: Callable[[str], None] | None = None
 
     # -- wiring (before start) --------------------------------------------------------------
 
@@ -388,6 +392,8 @@ class Bridge(threading.Thread):
         except codec.DecodeError as err:
             self.rejected_frames += 1
             log.warning("event=frame_rejected reason=%s detail=%s", err.reason, str(err)[:200])
+            if reply is None and isinstance(err, codec.VersionMismatch) and self.on_version_mismatch is not None:
+                self.on_version_mismatch(err.reason)
             if reply is not None:
                 reply(Ack(answer_to="", of="unknown", run_id="", attempt_id="", offer_id="", result="refused",
                           detail=str(err)[:500]))
