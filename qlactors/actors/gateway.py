@@ -283,7 +283,7 @@ class Gateway(RuntimeActor):
                               started_at_ms=msg.started_at_ms, finished_at_ms=msg.finished_at_ms,
                               exit_code=msg.exit_code, output_open=msg.output_open)
         except ReceiptError as err:
-            self._ack(peer, "completed", msg, "refused", f"invalid receipt: {err.reason}")
+            self._ack(peer, "completed", msg, "refused", f"invalid_receipt: {err.reason}")
             return None
         facts = self.sessions.completion_facts(self.worker_id, msg)
 
