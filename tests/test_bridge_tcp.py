@@ -167,7 +167,7 @@ def test_a_send_to_a_gone_peer_is_logged_and_the_bridge_keeps_serving(control, w
 def test_sends_to_a_gone_peer_are_logged_once_per_peer_per_interval(control, w1, caplog, monkeypatch):
     """A departed peer costs one log line per PEER_FAILURE_LOG_S, not one per nudge, and the
     next line says how many failures went unlogged."""
-    from qlactors.wire import bridge
+    from qlactors.wire import peer_failures
 
     caplog.set_level(logging.WARNING, logger="qlactors.bridge")
     outbox = Outbox(control.ctx, control.bridge.outbox_endpoint)
@@ -190,7 +190,7 @@ def test_sends_to_a_gone_peer_are_logged_once_per_peer_per_interval(control, w1,
         one, two = b"\x00gone-one".hex()[:16], b"\x00gone-two".hex()[:16]
         assert [f.split(" error=")[0] for f in failures()] == [
             f"event=peer_send_failed peer={one}", f"event=peer_send_failed peer={two}"]
-        monkeypatch.setattr(bridge, "PEER_FAILURE_LOG_S", 0.0)  # the interval is over
+        monkeypatch.setattr(peer_failures, "PEER_FAILURE_LOG_S", 0.0)  # the interval is over
         outbox.to_peer(b"\x00gone-one", Nudge())
         round_trip()
     finally:

@@ -35,6 +35,7 @@ from . import codec, endpoints
 from .curve import REFUSED_KEY, AuthenticatorDown, CurveServer, server_socket_options, wrong_worker_claim
 from .links import ReplicaLinks
 from .messages import Ack
+from .peer_failures import PeerFailures
 from .timers import Timers
 
 log = logging.getLogger("qlactors.bridge")
@@ -43,8 +44,6 @@ ROUTE_CONTROL = b"c"  # executor side -> control side
 ROUTE_PEER = b"p"  # control side -> one executor peer (next frame: its ROUTER identity)
 ROUTE_WAKE = b"w"  # only wakes the poll loop
 IDLE_POLL_MS = 60_000
-PEER_FAILURE_LOG_S = 60.0  # `peer_send_failed` is logged once per peer per this long, with a count
-_PEERS_LOGGED_MAX = 1024  # peers whose last failure log is remembered (older ones are dropped)
 
 
 class Target(Protocol):
@@ -110,7 +109,7 @@ class Bridge(threading.Thread):
         self._ready = threading.Event()
         self._failure: BaseException | None = None
         self.rejected_frames = 0
-        self._peer_failures: dict[bytes, tuple[float, int]] = {}  # peer -> (last logged, not logged since)
+        self._peer_failures = PeerFailures()
         # Called (in the bridge thread) with a one-line reason when the loop ends without
         # `close()`: the edge profile trips its Fatal, which stops the runtime.
         self.on_exit: Callable[[str], None] | None = None
@@ -329,22 +328,9 @@ class Bridge(threading.Thread):
             try:
                 router.send_multipart(frames[1:], zmq.NOBLOCK)
             except zmq.ZMQError as err:  # the peer is gone; its session will be fenced
-                self._peer_send_failed(frames[1], err)
+                self._peer_failures.failed(frames[1], err)
         elif route != ROUTE_WAKE:
             log.error("event=outbox_unroutable route=%r", route)
-
-    def _peer_send_failed(self, peer: bytes, err: zmq.ZMQError) -> None:
-        """Log a failed send to `peer` at most once per PEER_FAILURE_LOG_S, saying how many were
-        not logged since: a peer that left is no reason to log every second."""
-        now = time.monotonic()
-        last, unlogged = self._peer_failures.get(peer, (None, 0))
-        if last is not None and now - last < PEER_FAILURE_LOG_S:
-            self._peer_failures[peer] = (last, unlogged + 1)
-            return
-        if len(self._peer_failures) >= _PEERS_LOGGED_MAX:
-            self._peer_failures = {p: v for p, v in self._peer_failures.items() if now - v[0] < PEER_FAILURE_LOG_S}
-        self._peer_failures[peer] = (now, 0)
-        log.warning("event=peer_send_failed peer=%s error=%s unlogged_since=%d", peer.hex()[:16], err, unlogged)
 
     def _from_executor(self, frames: list[zmq.Frame], router) -> None:
         """A frame on the control ROUTER; with CurveZMQ the authenticator and the key are checked first."""
