@@ -415,7 +415,7 @@ def test_gateway_completed_with_an_invalid_receipt_is_refused(sup):
     offer, _, token, _ = sup.activated()
     ack = sup.completed(offer, token, 300)  # exit codes are 0..255
     assert (ack.of, ack.result) == ("completed", "refused")
-    assert "invalid receipt" in ack.detail
+    assert "invalid_receipt" in ack.detail
     assert sup.repo.runs.get(offer.run_id).state == "dispatching"
     assert sup.alive()
 
@@ -1189,16 +1189,18 @@ class ReceiptRig:
             os.close(fd)
         return path
 
-    def answer(self, completed: m.Completed, result: str | None = None) -> str:
-        """Answer as the Supervisor would (the real CompletionService), or with a forced `result`."""
+    def answer(self, completed: m.Completed, result: str | None = None, detail: str = "") -> str:
+        """Answer as the Supervisor would (the real CompletionService, its refusal's reason as the
+        detail), or with a forced `result` and `detail`."""
         if result is None:
             receipt = Receipt(schema_version=completed.schema_version, run_id=completed.run_id,
                               attempt_id=completed.attempt_id, callback_sequence=completed.callback_sequence,
                               token=completed.token, started_at_ms=completed.started_at_ms,
                               finished_at_ms=completed.finished_at_ms, exit_code=completed.exit_code)
-            result = self.ctx.completion.complete(completed.run_id, completed.attempt_id, receipt,
-                                                  completed.log_dropped_bytes).result
-        self.peer.send(ack_message("completed", completed.run_id, completed.attempt_id, result))
+            outcome = self.ctx.completion.complete(completed.run_id, completed.attempt_id, receipt,
+                                                   completed.log_dropped_bytes)
+            result, detail = outcome.result, outcome.reason or ""
+        self.peer.send(ack_message("completed", completed.run_id, completed.attempt_id, result, detail))
         return result
 
 

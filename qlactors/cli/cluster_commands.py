@@ -152,6 +152,8 @@ def status(repo: Repository, args: argparse.Namespace) -> int:
         if r.up and r.last_db_error is not None:
             print(f"  replica {r.replica_id}: {r.db_errors} transient database error(s) retried, the last "
                   f"at {render.when(r.last_db_error_at_ms)} (the replica's clock): {r.last_db_error}")
+        if r.up and r.cycle_failure is not None:
+            print("  " + render.cycle_failure_line(r.cycle_failure, f"replica {r.replica_id} cadence"))
     serving = sum(1 for w in listed.workers if w.serving)
     print(f"workers: {serving} serving of {len(listed.workers)}")
     render.table(render.worker_rows(listed.workers), render.WORKER_HEADER, indent="  ")

@@ -214,3 +214,9 @@ def placement(labels: tuple[str, ...], qualifying: list[str] | None, out: TextIO
         out.write(f"{'workers:':<16}edge: runs here only if the task requires no label ({verdict})\n")
     else:
         out.write(f"{'workers now:':<16}{', '.join(qualifying) or 'none online qualifies'}\n")
+
+
+def cycle_failure_line(failure: dict, prefix: str = "cadence") -> str:
+    """`status`'s line for a cadence whose cycles fail (a home's file or a replica's row, as JSON)."""
+    return (f"{prefix}: failing since {when(failure.get('since_ms'))} at step {failure.get('step')}: "
+            f"{failure.get('error')}; nothing is offered until a cycle gets through")

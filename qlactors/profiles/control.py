@@ -109,7 +109,7 @@ class ControlRuntime(Runner):
             allow.replace(keys.all())
 
         def replica_heartbeat() -> None:
-            replicas.heartbeat(self.replica_id, store.health.tally())
+            replicas.heartbeat(self.replica_id, store.health.tally(), self.ctx.cycle_health.current)
 
         ctx = ControlContext(
             config=self.config, zmq=zctx, bridge=bridge, directory=directory, fatal=fatal,

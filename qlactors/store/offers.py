@@ -260,7 +260,8 @@ class _Batch:
         expires = now + self.lease_ttl_ms if self.lease_ttl_ms is not None else None
         projection = dict(offer_id=offer_id, lease_generation=generation, lease_version=1,
                           lease_expires_at_ms=expires, worker_id=session.worker_id,
-                          session_id=session.session_id, session_generation=session.generation)
+                          session_id=session.session_id, session_generation=session.generation,
+                          log_cap_bytes=self.log_cap_bytes)  # its log chunks are bounded by it (§13)
         try:  # exactly the offer the lease below would grant
             view = build_view(conn, run, attempt, projection, self.log_cap_bytes, self.revisions)
             if self.check is not None:
@@ -319,8 +320,8 @@ class _Batch:
         run = load_run(self.conn, lease.run_id)
         if attempt.status != _A.CLAIMED.value or run.cancel_reason is not None:
             return None
-        return build_view(self.conn, run, attempt, {n: getattr(attempt, n) for n in _PROJECTION},
-                          self.log_cap_bytes)
+        cap = attempt.log_cap_bytes if attempt.log_cap_bytes is not None else self.log_cap_bytes
+        return build_view(self.conn, run, attempt, {n: getattr(attempt, n) for n in _PROJECTION}, cap)
 
 
 def build_view(conn: Connection, run, attempt, projection: dict, log_cap_bytes: int,

@@ -296,6 +296,9 @@ run_attempts = Table(
     # Re-attest), and when (database time); recovery's evidence predicate reads it (§10).
     Column("evidence", String(32)),
     Column("evidence_at_ms", MS),
+    # Schema 12: the log cap the offer carried (the replica's `log_cap_bytes`); a log chunk past
+    # it, or past `log_final_offset`, is refused (SEMANTICS.md §13). NULL on edge.
+    Column("log_cap_bytes", BigInteger),
     UniqueConstraint("run_id", "number"),
     CheckConstraint("number >= 1", name="number_positive"),
     CheckConstraint(_one_of("status", AttemptStatus), name="status"),
@@ -304,6 +307,7 @@ run_attempts = Table(
     CheckConstraint("signal IS NULL OR (signal >= 1 AND signal <= 64)", name="signal_range"),
     CheckConstraint("log_dropped_bytes IS NULL OR log_dropped_bytes >= 0", name="log_dropped_nonneg"),
     CheckConstraint("log_final_offset IS NULL OR log_final_offset >= 0", name="log_final_offset_nonneg"),
+    CheckConstraint("log_cap_bytes IS NULL OR log_cap_bytes >= 0", name="log_cap_bytes_nonneg"),
     CheckConstraint("evidence IS NULL OR evidence IN ('stopped', 'ended', 'ended_with_receipt', "
                     "'never_launched', 'launch_unknown', 'rebooted', 'retired')", name="evidence"),
     CheckConstraint("pid IS NULL OR pid > 0", name="pid_positive"),
@@ -551,7 +555,12 @@ control_replicas = Table(
     Column("db_errors", Integer, nullable=False),
     Column("last_db_error", Text),
     Column("last_db_error_at_ms", MS),
-    *_ms("started_at_ms", "heartbeat_at_ms", "stopped_at_ms", "last_db_error_at_ms"),
+    # Schema 12: the cadence step that failed or stayed silent in the replica's last cycle, its
+    # error, and since when (the first failed cycle of a run); NULL once a cycle gets through.
+    Column("cycle_failed_step", Text),
+    Column("cycle_error", Text),
+    Column("cycle_failed_since_ms", MS),
+    *_ms("started_at_ms", "heartbeat_at_ms", "stopped_at_ms", "last_db_error_at_ms", "cycle_failed_since_ms"),
 )
 
 # Executor-local (like executor_journal): the (offer id, lease token) pairs of a Pull, journalled

@@ -35,6 +35,7 @@ from . import codec, endpoints
 from .curve import REFUSED_KEY, AuthenticatorDown, CurveServer, server_socket_options, wrong_worker_claim
 from .links import ReplicaLinks
 from .messages import Ack
+from .peer_failures import PeerFailures
 from .timers import Timers
 
 log = logging.getLogger("qlactors.bridge")
@@ -108,6 +109,7 @@ class Bridge(threading.Thread):
         self._ready = threading.Event()
         self._failure: BaseException | None = None
         self.rejected_frames = 0
+        self._peer_failures = PeerFailures()
         # Called (in the bridge thread) with a one-line reason when the loop ends without
         # `close()`: the edge profile trips its Fatal, which stops the runtime.
         self.on_exit: Callable[[str], None] | None = None
@@ -331,7 +333,7 @@ class Bridge(threading.Thread):
             try:
                 router.send_multipart(frames[1:], zmq.NOBLOCK)
             except zmq.ZMQError as err:  # the peer is gone; its session will be fenced
-                log.warning("event=peer_send_failed error=%s", err)
+                self._peer_failures.failed(frames[1], err)
         elif route != ROUTE_WAKE:
             log.error("event=outbox_unroutable route=%r", route)
 
