@@ -127,10 +127,10 @@ class SessionReports:
         self.out.to_control(self.pull_message)
 
     def _repeat_activates(self) -> None:
-        """An Activate unanswered for a heartbeat interval went astray (a replica that answered a
-        later frame died before it committed this one: the link took that frame as the answer):
-        send it again, the same fence and token hash; the store answers a repeat `applied`
-        (`already_starting`) and the launch happens once, on the first `Activated` that comes.
+        """An Activate unanswered for a heartbeat interval went astray (lost on the way, or its
+        replica died before it committed it): send it again, the same request, fence and token
+        hash; a repeat gets the first answer, and the launch happens once, on the first
+        `Activated` that comes.
         Not while draining: those offers are declined (executor_drain.py), never launched."""
         if self.drain_done is not None:
             return

@@ -1,4 +1,4 @@
--- qlactors schema 9 (renumbered at merge) (protocol 4, SEMANTICS.md §9 Owed reports): the reports an executor owes
+-- qlactors schema 13 (protocol 4, SEMANTICS.md §9 Owed reports): the reports an executor owes
 -- the control side, journalled before they are sent and kept until their own answer; a journal
 -- row cleared while one of them was owed waits for it (`clear_pending`).
 
