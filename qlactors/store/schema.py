@@ -295,6 +295,11 @@ run_attempts = Table(
     # Re-attest), and when (database time); recovery's evidence predicate reads it (§10).
     Column("evidence", String(32)),
     Column("evidence_at_ms", MS),
+    # Schema 9 (issue 17, SEMANTICS.md §10): the lease generation the evidence speaks of (recovery
+    # trusts only the attempt's current one; every new lease and every activation clears all
+    # three), and who said it, for `confirm-stopped` (the operator's name).
+    Column("evidence_lease_generation", Integer),
+    Column("evidence_by", String(128)),
     UniqueConstraint("run_id", "number"),
     CheckConstraint("number >= 1", name="number_positive"),
     CheckConstraint(_one_of("status", AttemptStatus), name="status"),
@@ -304,7 +309,10 @@ run_attempts = Table(
     CheckConstraint("log_dropped_bytes IS NULL OR log_dropped_bytes >= 0", name="log_dropped_nonneg"),
     CheckConstraint("log_final_offset IS NULL OR log_final_offset >= 0", name="log_final_offset_nonneg"),
     CheckConstraint("evidence IS NULL OR evidence IN ('stopped', 'ended', 'ended_with_receipt', "
-                    "'never_launched', 'launch_unknown', 'rebooted', 'retired')", name="evidence"),
+                    "'never_launched', 'launch_unknown', 'rebooted', 'retired', 'confirmed_stopped')",
+                    name="evidence"),
+    CheckConstraint("evidence_lease_generation IS NULL OR evidence_lease_generation >= 1",
+                    name="evidence_lease_generation_positive"),
     CheckConstraint("pid IS NULL OR pid > 0", name="pid_positive"),
     # An attempt without a callback token never activated: still claimed, cancelled or lost
     # before activation, or failed because no offer could carry it (OFFER_UNENCODABLE).
