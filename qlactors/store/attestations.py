@@ -23,10 +23,10 @@ from typing import Any
 
 from sqlalchemy import and_, bindparam
 
+from ..domain.recovery_evidence import NEVER_LAUNCHED
 from ..domain.states import AttemptStatus, LeaseReleaseReason, LeaseStatus
 from ..domain.transitions import plan_started
 from ..errors import BadInput, Conflict
-from ..domain.recovery_evidence import NEVER_LAUNCHED
 from .dispatch_queries import LEASE_BY_OFFER, LEASE_LOCKED, MAX_GENERATION, SESSION_SHARED
 from .evidence import NO_EVIDENCE
 from .plans import apply_plan, attempt_snapshot, current_attempt, end_lease, load_attempt, load_run, run_snapshot
