@@ -194,7 +194,12 @@ def test_a_re_register_gives_back_an_accepted_offer_that_was_never_launched(make
     attest = rig.peer.expect(m.Attest, strict=False)
     assert (attest.attempt_id, attest.fact, attest.lease.offer_id, attest.lease_session_id) == (
         offer.attempt_id, "never_launched", offer.offer_id, s1.session_id)
-    assert rig.answer_attest(attest).result == "applied"
+    answer = rig.answer_attest(attest)
+    assert (answer.result, answer.detail) == ("applied", "released")
+    # The claim is given back at once (SEMANTICS.md §10), not held until its offer expires.
+    (lease,) = leases(rig.repo, offer.run_id)
+    assert (lease["status"], lease["release_reason"], lease["version"]) == ("released", "declined", 2)
+    assert attempt_row(rig.repo, offer.attempt_id).evidence is None
     assert rig.ctx.journal.get(offer.attempt_id) is None
     rig.peer.expect(m.Pull, strict=False)  # its slot is free again
     # A late Activated for the old session's offer launches nothing.

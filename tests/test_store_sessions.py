@@ -486,7 +486,8 @@ def test_attest_evidence_is_recorded_on_the_attempt_only(repo, dispatch, worker)
     assert attempt["evidence"] == "stopped" and attempt["evidence_at_ms"] is not None
     assert (run, leases, events) == (run_before, leases_before, events_before)
     changed = {k for k in attempt if attempt[k] != attempts_before[0][k]}
-    assert changed == {"evidence", "evidence_at_ms", "updated_at_ms"}
+    assert changed == {"evidence", "evidence_at_ms", "evidence_lease_generation", "updated_at_ms"}
+    assert attempt["evidence_lease_generation"] == 1  # the generation of the lease it quoted
     # the same fact again keeps its first time; a released lease fences further attestations
     attest(dispatch, restarted, flight, worker, "stopped")
     assert db_state(repo, flight.quote.run_id)[1][0]["evidence_at_ms"] == attempt["evidence_at_ms"]

@@ -58,7 +58,8 @@ def test_retire_keeps_a_proof_already_given_and_replaces_an_unknown_launch(repo,
     with repo.store.write() as conn:
         for flight, fact in ((stopped, "stopped"), (unknown, "launch_unknown")):
             conn.execute(update(run_attempts).where(run_attempts.c.id == flight.quote.attempt_id)
-                         .values(evidence=fact, evidence_at_ms=5))
+                         .values(evidence=fact, evidence_at_ms=5,
+                                 evidence_lease_generation=run_attempts.c.lease_generation))
     done = WorkerRetirement(repo.store).retire("w1")
     assert done.attempts == (unknown.quote.attempt_id,)
     assert _evidence(repo, stopped.quote.attempt_id) == ("stopped", 5)

@@ -35,6 +35,7 @@ from .dispatch_queries import (
     dispatchable,
 )
 from .engine import Store
+from .evidence import NO_EVIDENCE
 from .postgres import NOW_SQL, keep_time
 from .session_rules import session_mismatch
 from .offer_queries import KINDS, candidate_tasks, claim_candidates, labels_param
@@ -284,13 +285,14 @@ class _Batch:
             if self.budget is not None:
                 self.used -= cost
             return _TAKEN
+        # A new lease: whatever was known about an earlier one says nothing about it.
         if run.status == _R.QUEUED.value:
             apply_plan(conn, plan_offer(run_snapshot(run), attempt_snapshot(attempt)), now,
                        actor_type=ACTOR, expected_callback_sequence=attempt.callback_sequence,
-                       attempt_values=projection)
+                       attempt_values=dict(projection, **NO_EVIDENCE))
         else:  # a re-offer of a declined claim: the run is already `dispatching`, no status change
             changed = conn.execute(CLAIMED_ATTEMPT_UPDATE, dict(
-                projection, updated_at_ms=now, w_id=attempt.id)).rowcount
+                projection, **NO_EVIDENCE, updated_at_ms=now, w_id=attempt.id)).rowcount
             if changed != 1:
                 raise Conflict(f"attempt {attempt.id} changed meanwhile")
         return view

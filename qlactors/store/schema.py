@@ -296,6 +296,11 @@ run_attempts = Table(
     # Re-attest), and when (database time); recovery's evidence predicate reads it (§10).
     Column("evidence", String(32)),
     Column("evidence_at_ms", MS),
+    # Schema 9 (issue 17, SEMANTICS.md §10): the lease generation the evidence speaks of (recovery
+    # trusts only the attempt's current one; every new lease and every activation clears all
+    # three), and who said it, for `confirm-stopped` (the operator's name).
+    Column("evidence_lease_generation", Integer),
+    Column("evidence_by", String(128)),
     # Schema 12: the log cap the offer carried (the replica's `log_cap_bytes`); a log chunk past
     # it, or past `log_final_offset`, is refused (SEMANTICS.md §13). NULL on edge.
     Column("log_cap_bytes", BigInteger),
@@ -309,7 +314,10 @@ run_attempts = Table(
     CheckConstraint("log_final_offset IS NULL OR log_final_offset >= 0", name="log_final_offset_nonneg"),
     CheckConstraint("log_cap_bytes IS NULL OR log_cap_bytes >= 0", name="log_cap_bytes_nonneg"),
     CheckConstraint("evidence IS NULL OR evidence IN ('stopped', 'ended', 'ended_with_receipt', "
-                    "'never_launched', 'launch_unknown', 'rebooted', 'retired')", name="evidence"),
+                    "'never_launched', 'launch_unknown', 'rebooted', 'retired', 'confirmed_stopped')",
+                    name="evidence"),
+    CheckConstraint("evidence_lease_generation IS NULL OR evidence_lease_generation >= 1",
+                    name="evidence_lease_generation_positive"),
     CheckConstraint("pid IS NULL OR pid > 0", name="pid_positive"),
     # An attempt without a callback token never activated: still claimed, cancelled or lost
     # before activation, or failed because no offer could carry it (OFFER_UNENCODABLE).

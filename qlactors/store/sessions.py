@@ -62,10 +62,11 @@ class Unactivated:
 
 
 _OLD_BOOT = select(_WS.c.boot_id).where(_WS.c.session_id == run_attempts.c.session_id).scalar_subquery()
-_REBOOTED = run_attempts.update().where(and_(
+_REBOOTED = run_attempts.update().values(evidence_lease_generation=run_attempts.c.lease_generation).where(and_(
     run_attempts.c.worker_id == bindparam("w_worker_id"),
     run_attempts.c.status.in_(sql_states(AttemptStatus.STARTING, AttemptStatus.RUNNING)),
-    or_(run_attempts.c.evidence.is_(None), run_attempts.c.evidence == LAUNCH_UNKNOWN),
+    or_(run_attempts.c.evidence.is_(None), run_attempts.c.evidence == LAUNCH_UNKNOWN,
+        run_attempts.c.evidence_lease_generation.is_distinct_from(run_attempts.c.lease_generation)),
     or_(run_attempts.c.boot_id != bindparam("w_boot_id"),
         and_(run_attempts.c.boot_id.is_(None), _OLD_BOOT != bindparam("w_boot_id")))))
 
@@ -74,8 +75,9 @@ def _record_reboot(conn, worker_id: str, boot_id: str, now: int) -> None:
     """The host rebooted since these attempts started (SEMANTICS.md §10): the worker registers on
     another boot than the one in the attempt's identity or, with no identity recorded yet, than
     its lease session's. Recorded as the attempts' evidence (`rebooted`), under the worker's lock,
-    so the candidate query stays a plain column test; at most the worker's capacity of rows."""
-    conn.execute(_REBOOTED, dict(evidence=REBOOTED, evidence_at_ms=now, updated_at_ms=now,
+    so the candidate query stays a plain column test; at most the worker's capacity of rows.
+    Recorded for each attempt's current lease generation, replacing a fact about an older one."""
+    conn.execute(_REBOOTED, dict(evidence=REBOOTED, evidence_at_ms=now, evidence_by=None, updated_at_ms=now,
                                  w_worker_id=worker_id, w_boot_id=boot_id))
 
 
