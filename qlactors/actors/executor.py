@@ -106,12 +106,19 @@ class Executor(OwedReports, SessionReports, Adoption, Draining, RuntimeActor):
         return super().on_receive(message)
 
     def started(self) -> None:
-        owed = next((r for r in self.ctx.journal.owed() if r.kind == m.Register.KIND), None)
-        if owed is not None:  # the Register an earlier instance sent: the same one, so the same session
-            self.register_request = owed.request_id
-            self.out.to_control(codec.decode([codec.HEADER, owed.body]))
-            self._schedule_register()
-            return
+        """Register: the Register an earlier instance sent and got no answer to, again (the same
+        register id gets the same session), when it still says what this one would (same boot,
+        capacity and labels: a Register from before a reboot would hide the reboot); else anew."""
+        for owed in self.ctx.journal.owed():
+            if owed.kind != m.Register.KIND:
+                continue
+            earlier = codec.decode([codec.HEADER, owed.body])
+            if (earlier.boot_id, earlier.capacity, earlier.labels) == (self.ctx.boot_id(), self.slots, self.labels):
+                self.register_request = owed.request_id
+                self.out.to_control(earlier)
+                self._schedule_register()
+                return
+            self.ctx.journal.settle(owed.request_id)
         self._register(resume=True)
 
     def _register(self, *, resume: bool) -> None:
