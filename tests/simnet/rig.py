@@ -14,7 +14,7 @@ import random
 import sqlite3
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from qlactors.actors import executor as executor_module
@@ -127,79 +127,109 @@ def restart_gateway(ctx) -> None:
 
 def run_seed(seed: int, root: Path, *, database_url: str | None = None, timing: Timing = Timing(),
              plan: FaultPlan = FaultPlan(), slots: int = 2) -> SeedResult:
-    rng = random.Random(f"simnet:{seed}")
-    keys = root / "keys"
-    new_key_pair(keys, "control")
-    new_key_pair(keys, WORKER)
-    server_public, server_secret = load_key_pair(keys / "control.key_secret")
-    worker_public, worker_secret = load_key_pair(keys / f"{WORKER}.key_secret")
+    """Run one seed in `root` (keys, database file, ledger, the worker's state) and read its facts."""
     url = database_url or f"sqlite:///{root / 'simnet.sqlite'}"
-    ledger = root / "ledger.txt"
     admin = Repository.open(url)
-    runs: dict[str, Job] = {}
-    threads: list[_Thread] = []
-    links: list[FaultyLink] = []
-    recorder = SpawnRecorder(executor_module.spawn)
-    settled_s = None
     try:
-        WorkerKeys(admin.store).allow(WORKER, worker_public.decode("ascii"))
+        seed_run = _Seed(seed, root, url, admin, timing, plan, slots)
+        try:
+            seed_run.start()
+            seed_run.fault_and_settle()
+        finally:
+            seed_run.stop()
+        return SeedResult(seed, seed_run.facts(), seed_run.settled_s, seed_run.counts())
+    finally:
+        admin.close()
+
+
+class _Seed:
+    def __init__(self, seed: int, root: Path, url: str, admin: Repository, timing: Timing,
+                 plan: FaultPlan, slots: int) -> None:
+        self.seed, self.root, self.url, self.admin = seed, root, url, admin
+        self.timing, self.plan, self.slots = timing, plan, slots
+        self.rng = random.Random(f"simnet:{seed}")
+        self.keys = root / "keys"
+        self.ledger = root / "ledger.txt"
+        self.state = root / "state"
+        self.runs: dict[str, Job] = {}
+        self.threads: list[_Thread] = []
+        self.links: list[FaultyLink] = []
+        self.recorder = SpawnRecorder(executor_module.spawn)
+        self.settled_s: float | None = None
+
+    def start(self) -> None:
+        new_key_pair(self.keys, "control")
+        new_key_pair(self.keys, WORKER)
+        server_public, server_secret = load_key_pair(self.keys / "control.key_secret")
+        worker_public, worker_secret = load_key_pair(self.keys / f"{WORKER}.key_secret")
+        WorkerKeys(self.admin.store).allow(WORKER, worker_public.decode("ascii"))
         binds = [_free_tcp(), _free_tcp()]
         for i, bind in enumerate(binds):
-            cfg = ControlConfig(path=root / f"control-{i}.toml", database=_Sqlite(url=url), bind=bind,
-                                key=keys / "control.key_secret", heartbeat_ms=timing.heartbeat_ms,
-                                session_lease_ms=timing.session_lease_ms, run_lease_ms=timing.run_lease_ms,
-                                recovery_grace_ms=timing.recovery_grace_ms, drain_grace_ms=0,
-                                cadence_tick_ms=timing.cadence_tick_ms, shutdown_drain_ms=2_000)
-            threads.append(_Thread(ControlRuntime(cfg)))
-        replicas = [t.runtime for t in threads]
+            self.threads.append(_Thread(ControlRuntime(self._control_config(i, bind))))
         for i, bind in enumerate(binds):
-            link = FaultyLink(seed=seed, name=f"r{i}", front=_free_tcp(), replica=bind,
+            link = FaultyLink(seed=self.seed, name=f"r{i}", front=_free_tcp(), replica=bind,
                               server_public=server_public, server_secret=server_secret,
-                              worker_public=worker_public, worker_secret=worker_secret, plan=plan)
+                              worker_public=worker_public, worker_secret=worker_secret, plan=self.plan)
+            self.links.append(link)
             link.start()
             link.wait_ready()
-            links.append(link)
-        for n, job in enumerate(jobs_of(rng)):
+        self._admit()
+        self.state.mkdir()
+        executor_module.spawn = self.recorder
+        self.threads.append(_Thread(WorkerRuntime(self._worker_config())))
+
+    def _control_config(self, i: int, bind: str) -> ControlConfig:
+        t = self.timing
+        return ControlConfig(path=self.root / f"control-{i}.toml", database=_Sqlite(url=self.url), bind=bind,
+                             key=self.keys / "control.key_secret", heartbeat_ms=t.heartbeat_ms,
+                             session_lease_ms=t.session_lease_ms, run_lease_ms=t.run_lease_ms,
+                             recovery_grace_ms=t.recovery_grace_ms, drain_grace_ms=0,
+                             cadence_tick_ms=t.cadence_tick_ms, shutdown_drain_ms=2_000)
+
+    def _worker_config(self) -> WorkerConfig:
+        return WorkerConfig(path=self.root / "worker.toml", control=tuple(link.front for link in self.links),
+                            server_key=self.keys / "control.key", key=self.keys / f"{WORKER}.key_secret",
+                            slots=self.slots, state_dir=self.state,
+                            request_timeout_ms=self.timing.request_timeout_ms, shutdown_drain_ms=1_000,
+                            stop_grace_ms=200, kill_grace_ms=200, output_drain_ms=100, disk_reserve_bytes=0)
+
+    def _admit(self) -> None:
+        for n, job in enumerate(jobs_of(self.rng)):
             retry = RetryPolicy() if job.safety == "unknown" else RetryPolicy(
                 max_attempts=3, retry_on_lost=True, safety=RetrySafety.IDEMPOTENT, backoff_base_ms=50,
                 backoff_max_ms=200)
             name = f"sim-{n}"
-            admin.tasks.add(TaskSpec(name=name, command=Command(shell=JOB.format(
-                ledger=ledger, sleep=job.sleep_s, code=job.exit_code)), retry=retry, stop_grace_ms=200))
-            runs[admin.runs.request(name).run.id] = job
-        state = root / "state"
-        state.mkdir()
-        wcfg = WorkerConfig(path=root / "worker.toml", control=tuple(link.front for link in links),
-                            server_key=keys / "control.key", key=keys / f"{WORKER}.key_secret", slots=slots,
-                            state_dir=state, request_timeout_ms=timing.request_timeout_ms,
-                            shutdown_drain_ms=1_000, stop_grace_ms=200, kill_grace_ms=200,
-                            output_drain_ms=100, disk_reserve_bytes=0)
-        executor_module.spawn = recorder
-        threads.append(_Thread(WorkerRuntime(wcfg)))
-        _faults(rng, replicas, timing)
-        for link in links:
+            self.admin.tasks.add(TaskSpec(name=name, command=Command(shell=JOB.format(
+                ledger=self.ledger, sleep=job.sleep_s, code=job.exit_code)), retry=retry, stop_grace_ms=200))
+            self.runs[self.admin.runs.request(name).run.id] = job
+
+    def fault_and_settle(self) -> None:
+        _faults(self.rng, [t.runtime for t in self.threads[:2]], self.timing)
+        for link in self.links:
             link.calm()
         calm_at = time.monotonic()
-        while time.monotonic() - calm_at < timing.settle_s:
-            if _settled(admin, list(runs), state / JOURNAL_FILE):
-                settled_s = time.monotonic() - calm_at
-                break
+        while time.monotonic() - calm_at < self.timing.settle_s:
+            if _settled(self.admin, list(self.runs), self.state / JOURNAL_FILE):
+                self.settled_s = time.monotonic() - calm_at
+                return
             time.sleep(0.05)
-    finally:
-        for t in reversed(threads):
-            t.stop()
-        executor_module.spawn = recorder.real
-        for link in links:
-            link.close()
-        recorder.kill_leftovers()
-    try:
-        facts = _facts(admin, runs, root, recorder, slots)
-    finally:
-        admin.close()
-    counts = {"frames": sum(l.counts["frames"] for l in links),
-              "dropped": sum(l.counts["dropped"] for l in links),
-              "duplicated": sum(l.counts["duplicated"] for l in links)}
-    return SeedResult(seed, facts, settled_s, counts)
+
+    def stop(self) -> None:
+        """Every runtime by its own stop (the worker first), the links, then any launcher left."""
+        try:
+            for t in reversed(self.threads):
+                t.stop()
+        finally:
+            executor_module.spawn = self.recorder.real
+            for link in self.links:
+                link.close()
+            self.recorder.kill_leftovers()
+
+    def counts(self) -> dict:
+        return {k: sum(link.counts[k] for link in self.links) for k in ("frames", "dropped", "duplicated")}
+
+    def facts(self) -> Facts:
+        return _facts(self.admin, self.runs, self.root, self.recorder, self.slots)
 
 
 def _faults(rng: random.Random, replicas: list[ControlRuntime], timing: Timing) -> None:
