@@ -20,6 +20,7 @@ def _database(request) -> tuple[str | None, str]:
 
 
 def _check(seed: int, tmp_path, request) -> None:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     url, database = _database(request)
     report = verdict(run_seed(seed, tmp_path, database_url=url), database)
     assert report is None, report
@@ -31,8 +32,11 @@ def test_a_seed_of_faults_settles_with_every_invariant_held(seed, tmp_path, requ
 
 
 def test_replay(tmp_path, request):
-    """The seed of $QLACTORS_SIMNET_SEED (0 when unset), as a failing seed's replay line runs it."""
-    _check(replay_seed(), tmp_path, request)
+    """The seed of $QLACTORS_SIMNET_SEED (0 when unset), as a failing seed's replay line runs it;
+    $QLACTORS_SIMNET_REPEAT times (1 when unset) until it fails, since a seed replays its faults
+    but not the threads' interleaving."""
+    for n in range(int(os.environ.get("QLACTORS_SIMNET_REPEAT", "1"))):
+        _check(replay_seed(), tmp_path / f"run-{n}", request)
 
 
 @pytest.mark.chaos

@@ -48,7 +48,7 @@ class Timing:
     cadence_tick_ms: int = 100
     request_timeout_ms: int = 200
     fault_s: float = 2.0
-    settle_s: float = 15.0
+    settle_s: float = 10.0
     gateway_restarts: float = 1.5  # the mean number of Gateway restarts within the fault window
 
 
