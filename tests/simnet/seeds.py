@@ -10,12 +10,20 @@ from .rig import SeedResult
 DEFAULT_SEEDS = 12  # the default suite (each seed takes a few seconds on a 2-core machine)
 CHAOS_SEEDS = 2_000  # `pytest -m chaos`; QLACTORS_SIMNET_SEEDS overrides
 CHAOS_FIRST = 100_000  # chaos seeds do not repeat the default suite's
+CHAOS_PG_SEEDS = 200  # `pytest -m chaos` on PostgreSQL; QLACTORS_SIMNET_PG_SEEDS overrides
+CHAOS_PG_FIRST = 200_000
 
 
 def chaos_seeds() -> range:
     count = int(os.environ.get("QLACTORS_SIMNET_SEEDS", CHAOS_SEEDS))
     first = int(os.environ.get("QLACTORS_SIMNET_FIRST", CHAOS_FIRST))
     return range(first, first + count)
+
+
+def chaos_pg_seeds() -> range:
+    """The chaos seeds run on PostgreSQL (fewer: each makes and drops a schema)."""
+    count = int(os.environ.get("QLACTORS_SIMNET_PG_SEEDS", CHAOS_PG_SEEDS))
+    return range(CHAOS_PG_FIRST, CHAOS_PG_FIRST + count)
 
 
 def replay_seed() -> int:
