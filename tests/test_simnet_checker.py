@@ -31,6 +31,9 @@ def test_an_unknown_safety_attempt_lost_after_its_job_ran_to_its_end_is_a_violat
     broken = violations(_facts(runs=[Run("r1", "failed", "unknown", 0)],
                                attempts=[Attempt("a1", "r1", "lost", None, "lost")]))
     assert len(broken) == 1 and broken[0].startswith("lost while its job ran: attempt a1")
+    stopped = violations(_facts(runs=[Run("r1", "failed", "unknown", 0)], ends=Counter(),
+                                attempts=[Attempt("a1", "r1", "lost", None, "lost")]))
+    assert len(stopped) == 1 and "after its job started" in stopped[0]
 
 
 def test_an_idempotent_attempt_may_be_lost_and_retried_and_a_lost_attempt_never_started_is_fine():
@@ -43,9 +46,26 @@ def test_an_idempotent_attempt_may_be_lost_and_retried_and_a_lost_attempt_never_
 def test_a_job_that_ran_to_its_end_must_have_its_exit_applied():
     runs = [Run("r1", "succeeded", "unknown", 3)]
     broken = violations(_facts(runs=runs, attempts=[Attempt("a1", "r1", "succeeded", 0)]))
-    assert broken == ["report not applied: attempt a1 of run r1 is succeeded exit 0, its job exited 3"]
+    assert broken == ["a stop recorded as the job's exit: attempt a1 of unknown-safety run r1 is succeeded "
+                      "exit 0, its job exits 3"]
+    late = violations(_facts(attempts=[Attempt("a1", "r1", "failed", None, "START_FAILED")]))
+    assert late == ["report not applied: attempt a1 of unknown-safety run r1 is failed exit None, its job exited 0"]
     assert violations(_facts(runs=[Run("r1", "failed", "unknown", 3)],
                              attempts=[Attempt("a1", "r1", "failed", 3)])) == []
+
+
+def test_a_job_stopped_before_its_end_and_recorded_as_its_exit_is_a_violation():
+    """Nothing in a seed asks for a stop: a TERM'd job (exit 143) or one stopped without an exit."""
+    runs = [Run("r1", "failed", "unknown", 3)]
+    assert violations(_facts(runs=runs, attempts=[Attempt("a1", "r1", "failed", 143, "EXIT_NONZERO")],
+                             ends=Counter())) == [
+        "a stop recorded as the job's exit: attempt a1 of unknown-safety run r1 is failed exit 143, its job exits 3"]
+    assert violations(_facts(runs=runs, attempts=[Attempt("a1", "r1", "cancelled")], ends=Counter())) == [
+        "stopped before its end: attempt a1 of unknown-safety run r1 is cancelled and its job started but "
+        "never ran to its end"]
+    idempotent = [Run("r1", "succeeded", "idempotent", 0)]
+    assert violations(_facts(runs=idempotent, attempts=[Attempt("a1", "r1", "lost"), Attempt("a2", "r1", "succeeded", 0)],
+                             launches=Counter(a1=1, a2=1), starts=Counter(a1=1, a2=1), ends=Counter(a2=1))) == []
 
 
 def test_two_launches_or_two_starts_of_one_attempt_are_a_violation():

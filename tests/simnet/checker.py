@@ -48,18 +48,7 @@ def violations(f: Facts) -> list[str]:
         if r.status not in RUN_TERMINAL:
             out.append(f"not terminal: run {r.run_id} is {r.status}")
     for a in f.attempts:
-        run = runs.get(a.run_id)
-        ran_to_end = f.ends[a.attempt_id] > 0
-        if a.status in ATTEMPT_ACTIVE:
-            out.append(f"left {a.status}: attempt {a.attempt_id} of run {a.run_id}")
-        if a.status == "lost" and ran_to_end and run is not None and run.safety == "unknown":
-            out.append(f"lost while its job ran: attempt {a.attempt_id} of unknown-safety run {a.run_id} "
-                       f"is lost ({a.error_code}) but its job ran to its end")
-        elif ran_to_end and a.status != "lost" and run is not None:
-            want = "succeeded" if run.exit_code == 0 else "failed"
-            if (a.status, a.exit_code) != (want, run.exit_code):
-                out.append(f"report not applied: attempt {a.attempt_id} of run {a.run_id} is {a.status} "
-                           f"exit {a.exit_code}, its job exited {run.exit_code}")
+        out.extend(_of_attempt(a, runs.get(a.run_id), f))
     for attempt_id, n in sorted((f.launches + Counter()).items()):
         if n > 1:
             out.append(f"launched twice: attempt {attempt_id} was spawned {n} times")
@@ -70,4 +59,34 @@ def violations(f: Facts) -> list[str]:
         out.append(f"report owed: journal row of attempt {attempt_id} still in flight")
     if f.most_alive > f.slots:
         out.append(f"over its slots: {f.most_alive} launchers alive at once on a worker of {f.slots} slots")
+    return out
+
+
+def _of_attempt(a: Attempt, run: Run | None, f: Facts) -> list[str]:
+    """What one attempt broke. Nothing in a seed asks for a stop (no cancel, no timeout, no
+    worker restart), so a job that started and did not run to its end was stopped by the system."""
+    out = []
+    if a.status in ATTEMPT_ACTIVE:
+        out.append(f"left {a.status}: attempt {a.attempt_id} of run {a.run_id}")
+    if run is None or a.status in ATTEMPT_ACTIVE:
+        return out
+    name = f"attempt {a.attempt_id} of {run.safety}-safety run {a.run_id}"
+    started, ran_to_end = f.starts[a.attempt_id] > 0, f.ends[a.attempt_id] > 0
+    if a.exit_code is not None and a.exit_code != run.exit_code:
+        out.append(f"a stop recorded as the job's exit: {name} is {a.status} exit {a.exit_code}, "
+                   f"its job exits {run.exit_code}")
+    elif a.status == "lost":
+        if run.safety == "unknown" and ran_to_end:
+            out.append(f"lost while its job ran: {name} is lost ({a.error_code}) but its job ran to its end")
+        elif run.safety == "unknown" and started:
+            out.append(f"lost while its job ran: {name} is lost ({a.error_code}) after its job started, "
+                       "and the job never ran to its end (stopped, or running until the rig ended)")
+    elif ran_to_end:
+        want = "succeeded" if run.exit_code == 0 else "failed"
+        if (a.status, a.exit_code) != (want, run.exit_code):
+            out.append(f"report not applied: {name} is {a.status} exit {a.exit_code}, "
+                       f"its job exited {run.exit_code}")
+    elif started and run.safety == "unknown":
+        out.append(f"stopped before its end: {name} is {a.status} and its job started but never ran "
+                   "to its end")
     return out
