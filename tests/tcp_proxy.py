@@ -7,6 +7,9 @@ it to `127.0.0.1:target_port`, byte for byte. Each direction of the path can be 
   `seconds` after it was read, and never before a chunk read earlier (byte order is kept within
   a connection: lowering the delay lets new bytes through only behind the ones already held).
   It may be changed at any time while the proxy runs.
+- `when(direction, min_bytes, action)`: call `action()` once, in the proxy's thread, on the first
+  chunk of at least `min_bytes` read in `direction`, before it is forwarded (e.g. start a delay,
+  or freeze the server, the moment a large answer passes: the client's next request meets it).
 - `blackhole(direction, on)`: bytes read in that direction while it is on are thrown away (the
   connection stays up; what the peers make of the hole in their stream is theirs).
 
@@ -60,7 +63,7 @@ class TcpProxy:
         self.max_held_bytes = max_held_bytes
         self._delay = {UP: 0.0, DOWN: 0.0}
         self._hole = {UP: False, DOWN: False}
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # an action of `when` may call set_delay
         self._pipes: list[_Pipe] = []
         self._sel = selectors.DefaultSelector()
         self._listener = socket.create_server((HOST, 0))
@@ -72,6 +75,10 @@ class TcpProxy:
         self.accepted = 0  # connections accepted so far
         self.forwarded = {UP: 0, DOWN: 0}  # bytes sent on, per direction
         self.dropped = {UP: 0, DOWN: 0}  # bytes thrown away by a blackhole
+        # (wall-clock time, direction, bytes) of each chunk read, the latest 10 000: what went
+        # over the path when (a test's failure message can show it)
+        self.trace: deque = deque(maxlen=10_000)
+        self._triggers: list[tuple[str, int, object]] = []
         self._thread = threading.Thread(target=self._run, name=f"tcp-proxy-{self.port}", daemon=True)
         self._thread.start()
 
@@ -94,6 +101,12 @@ class TcpProxy:
         with self._lock:
             self._hole[direction] = on
         self._wake()
+
+    def when(self, direction: str, min_bytes: int, action) -> None:
+        if direction not in self._delay:
+            raise ValueError(f"a direction is {UP!r} or {DOWN!r}, got {direction!r}")
+        with self._lock:
+            self._triggers.append((direction, min_bytes, action))
 
     def held(self, direction: str) -> int:
         """Bytes read in `direction` and not yet sent on (held back or waiting for the peer)."""
@@ -238,6 +251,11 @@ class TcpProxy:
         if data and self._hole[direction]:
             self.dropped[direction] += len(data)
             return
+        if data:
+            self.trace.append((time.time(), direction, len(data)))
+            for trigger in [t for t in self._triggers if t[0] == direction and len(data) >= t[1]]:
+                self._triggers.remove(trigger)
+                trigger[2]()
         due = max(time.monotonic() + self._delay[direction], flow.last_due)
         flow.last_due = due
         flow.held.append((due, data or None))

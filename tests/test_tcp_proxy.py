@@ -161,6 +161,28 @@ def test_an_end_of_stream_follows_the_last_held_byte(server, proxy):
         assert bytes(server.received) == b"last words"
 
 
+def test_an_action_runs_once_on_the_first_large_chunk_before_it_is_forwarded(server, proxy):
+    seen = []
+    proxy.when(DOWN, 10, lambda: proxy.set_delay(UP, 0.4) or seen.append(bytes(server.received)))
+    with _connect(proxy) as c:
+        while server.conn is None:
+            time.sleep(0.01)
+        server.conn.sendall(b"small")
+        assert _recv_exactly(c, 5) == b"small" and seen == []
+        c.sendall(b"a")
+        assert server.wait_for(1) == b"a"  # no delay yet
+        server.conn.sendall(b"a large answer")
+        assert _recv_exactly(c, 14) == b"a large answer"
+        assert seen == [b"a"]
+        sent_at = time.monotonic()
+        c.sendall(b"b")  # meets the delay the action set
+        assert server.wait_for(2) == b"ab"
+        assert server.arrivals[-1][0] - sent_at >= 0.4
+        server.conn.sendall(b"another large one")
+        assert _recv_exactly(c, 17) == b"another large one"
+        assert len(seen) == 1  # once
+
+
 def test_close_releases_the_port_the_connections_and_the_thread(server):
     proxy = TcpProxy(server.port)
     port = proxy.port
@@ -195,3 +217,5 @@ def test_bad_arguments_are_refused(proxy):
         proxy.set_delay(UP, -1)
     with pytest.raises(ValueError):
         proxy.blackhole("sideways")
+    with pytest.raises(ValueError):
+        proxy.when("sideways", 1, lambda: None)
