@@ -18,7 +18,12 @@ from cluster_harness import Cluster, Proc
 from pg_private import PrivatePostgres
 
 KINDS = ("worker_kill", "host_death", "worker_freeze", "worker_freeze_past_lease",
-         "replica_kill", "replica_freeze", "postgres_restart")
+         "replica_kill", "replica_freeze", "replica_delay", "postgres_restart")
+# `replica_freeze`: SIGSTOP for up to this long; `replica_delay`: the one-way delay's range, and
+# how long it is held (issue 17: past the workers' 1.5 s request timeout, within their jobs).
+FREEZE_MAX_S = 12
+DELAY_S = (3, 12)
+DELAY_HELD_S = (5, 15)
 
 
 @dataclass
@@ -44,6 +49,8 @@ class Faults:
     applied: list[Applied] = field(default_factory=list)
     killed_at_ms: dict[str, int] = field(default_factory=dict)  # attempt id -> its group killed
     slots: int = 4
+    # worker name -> its TcpProxy to each replica, in the replicas' order (tests/tcp_proxy.py)
+    proxies: dict[str, list] = field(default_factory=dict)
 
     def apply(self, kind: str) -> Applied:
         at = time.monotonic() - self.began
@@ -144,9 +151,27 @@ class Faults:
 
     def replica_freeze(self) -> tuple[str, str]:
         proc = self._replica()
-        seconds = self.rng.uniform(2, 6)
+        seconds = self.rng.uniform(2, FREEZE_MAX_S)
         self._freeze(proc, seconds)
         return proc.name, f"stopped {seconds:.1f} s"
+
+    def replica_delay(self) -> tuple[str, str]:
+        """Every worker's traffic to one replica (worker -> replica only) held back 3-12 s
+        by its proxy for 5-15 s, then let through again; returns once what was held is out."""
+        from tcp_proxy import UP
+
+        index = self.rng.randrange(len(self.cluster.ports))
+        delay, held = self.rng.uniform(*DELAY_S), self.rng.uniform(*DELAY_HELD_S)
+        paths = [p[index] for p in self.proxies.values()]
+        for proxy in paths:
+            proxy.set_delay(UP, delay)
+        try:
+            time.sleep(held)
+        finally:
+            for proxy in paths:
+                proxy.set_delay(UP, 0)
+        wait_until(lambda: all(p.held(UP) == 0 for p in paths), delay + 30, "the delayed bytes through")
+        return f"control-{self.cluster.ports[index]}", f"worker->replica delayed {delay:.1f} s for {held:.1f} s"
 
     def restart_replica(self, old: Proc) -> Proc:
         """Start the replica on its own port again (its log is appended to: only what it writes
