@@ -1,7 +1,7 @@
 """The soak's job and its ledger: each job appends `start NS PGID FD1` and `end NS PGID FD1` to
 the ledger file (NS its wall clock in ns, PGID its process group, FD1 where its output goes:
-the attempt's log FIFO, whose name is the attempt id, in its worker's state directory) and writes `begin PGID` and `done PGID`
-to its log. `parse` turns the ledger's text back into executions (pure, unit-tested)."""
+the attempt's log FIFO, whose name is the attempt id, in its worker's state directory
+`state-NAME`) and writes `begin PGID` and `done PGID` to its log. `parse` turns the ledger's text back into executions (pure, unit-tested)."""
 
 from __future__ import annotations
 
