@@ -101,6 +101,7 @@ def test_bytes_go_through_both_ways_in_order(server, proxy):
         assert server.wait_for(len(sent)) == sent
         server.conn.sendall(sent)
         assert _recv_exactly(c, len(sent)) == sent
+    proxy.close()  # its thread joined: the counters are final
     assert proxy.forwarded == {UP: len(sent), DOWN: len(sent)}
 
 
@@ -181,6 +182,22 @@ def test_an_action_runs_once_on_the_first_large_chunk_before_it_is_forwarded(ser
         server.conn.sendall(b"another large one")
         assert _recv_exactly(c, 17) == b"another large one"
         assert len(seen) == 1  # once
+
+
+def test_a_held_direction_stops_reading_past_its_bound_and_loses_nothing(server):
+    bound = 256 * 1024
+    with TcpProxy(server.port, max_held_bytes=bound) as proxy, _connect(proxy) as c:
+        proxy.set_delay(UP, 0.5)
+        sent = bytes(range(256)) * 4096  # 1 MiB: four times the bound
+        writer = threading.Thread(target=c.sendall, args=(sent,), daemon=True)
+        writer.start()
+        most = 0
+        while len(server.received) < len(sent) and writer.is_alive() or proxy.held(UP):
+            most = max(most, proxy.held(UP))
+            time.sleep(0.005)
+        assert server.wait_for(len(sent)) == sent  # all of it, in order
+        assert bound <= most < bound + 65_536  # it read up to the bound (one chunk past), no more
+        writer.join(WAIT_S)
 
 
 def test_close_releases_the_port_the_connections_and_the_thread(server):
