@@ -53,6 +53,10 @@ class Cluster:
     replicas: list[Proc] = field(default_factory=list)
     workers: dict[str, Proc] = field(default_factory=dict)
     ports: list[int] = field(default_factory=list)
+    # worker name -> the ports it reaches the replicas by, in the replicas' order (e.g. the
+    # ports of a TcpProxy each, tests/tcp_proxy.py); a worker not named reaches them directly.
+    worker_ports: dict[str, list[int]] = field(default_factory=dict)
+    proxies: list = field(default_factory=list)  # TcpProxy objects `close` closes
 
     # -- configuration ------------------------------------------------------------------------
 
@@ -82,7 +86,8 @@ class Cluster:
 
     def worker_config(self, name: str, *, slots: int, labels: tuple[str, ...], extra: str = "") -> Path:
         path = self.root / f"{name}.toml"
-        endpoints = ", ".join(f'"tcp://127.0.0.1:{p}"' for p in self.ports)
+        ports = self.worker_ports.get(name, self.ports)
+        endpoints = ", ".join(f'"tcp://127.0.0.1:{p}"' for p in ports)
         (self.root / f"state-{name}").mkdir(exist_ok=True)
         path.write_text(
             'profile = "worker"\n[worker]\n'
@@ -138,6 +143,17 @@ class Cluster:
         assert proc.alive(), proc.log()
         return proc
 
+    def route_through_proxies(self, name: str) -> list:
+        """Worker `name` reaches each replica through a TcpProxy of its own (one per replica, in
+        the replicas' order), so a test can hold one direction of one path back; call it before
+        `start_worker`. The proxies, which `close` closes."""
+        from tcp_proxy import TcpProxy
+
+        proxies = [TcpProxy(port) for port in self.ports]
+        self.proxies.extend(proxies)
+        self.worker_ports[name] = [p.port for p in proxies]
+        return proxies
+
     def stop(self, proc: Proc, sig: int = signal.SIGTERM, timeout: float = 20) -> int:
         if proc.alive():
             proc.popen.send_signal(sig)
@@ -159,6 +175,8 @@ class Cluster:
                     proc.popen.wait(10)
             self._kill_leftover_jobs()
         finally:
+            for proxy in self.proxies:
+                proxy.close()
             with psycopg.connect(self.admin_conninfo, autocommit=True) as conn:
                 conn.execute(f'DROP DATABASE IF EXISTS "{self.admin_db}" WITH (FORCE)')
 

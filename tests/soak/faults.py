@@ -9,6 +9,7 @@ import os
 import random
 import signal
 import sqlite3
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +19,17 @@ from cluster_harness import Cluster, Proc
 from pg_private import PrivatePostgres
 
 KINDS = ("worker_kill", "host_death", "worker_freeze", "worker_freeze_past_lease",
-         "replica_kill", "replica_freeze", "postgres_restart")
+         "replica_kill", "replica_freeze", "replica_delay", "postgres_restart")
+# `replica_freeze`: SIGSTOP for up to this long; `replica_delay`: the one-way delay's range, and
+# how long it is held (issue 17: past the workers' 1.5 s request timeout, within their jobs).
+FREEZE_MAX_S = 12
+DELAY_S = (3, 12)
+DELAY_HELD_S = (5, 15)
+# Both replica faults begin the moment the replica's next Offers frame passes on a worker's path
+# (the first frame at least this big, ~650 bytes and up; its Nudges and Acks are under 300), so
+# the Activates that answer them meet the fault; at once if none passes within OFFERS_WAIT_S.
+OFFERS_MIN_BYTES = 600
+OFFERS_WAIT_S = 5
 
 
 @dataclass
@@ -44,6 +55,8 @@ class Faults:
     applied: list[Applied] = field(default_factory=list)
     killed_at_ms: dict[str, int] = field(default_factory=dict)  # attempt id -> its group killed
     slots: int = 4
+    # worker name -> its TcpProxy to each replica, in the replicas' order (tests/tcp_proxy.py)
+    proxies: dict[str, list] = field(default_factory=dict)
 
     def apply(self, kind: str) -> Applied:
         at = time.monotonic() - self.began
@@ -144,9 +157,55 @@ class Faults:
 
     def replica_freeze(self) -> tuple[str, str]:
         proc = self._replica()
-        seconds = self.rng.uniform(2, 6)
-        self._freeze(proc, seconds)
-        return proc.name, f"stopped {seconds:.1f} s"
+        seconds = self.rng.uniform(2, FREEZE_MAX_S)
+        index = self.cluster.ports.index(int(proc.name.split("-", 1)[1]))  # the proxies' order
+        how = self._at_next_offers(index, [lambda: proc.popen.send_signal(signal.SIGSTOP)])
+        try:
+            time.sleep(seconds)
+        finally:
+            proc.popen.send_signal(signal.SIGCONT)
+        return proc.name, f"stopped {seconds:.1f} s ({how})"
+
+    def replica_delay(self) -> tuple[str, str]:
+        """Every worker's traffic to one replica (worker -> replica only) held back 3-12 s
+        by its proxy for 5-15 s, then let through again; returns once what was held is out."""
+        from tcp_proxy import UP
+
+        index = self.rng.randrange(len(self.cluster.ports))
+        delay, held = self.rng.uniform(*DELAY_S), self.rng.uniform(*DELAY_HELD_S)
+        paths = [p[index] for p in self.proxies.values()]
+        how = self._at_next_offers(index, [lambda p=p: p.set_delay(UP, delay) for p in paths])
+        try:
+            time.sleep(held)
+        finally:
+            for proxy in paths:
+                proxy.set_delay(UP, 0)
+        wait_until(lambda: all(p.held(UP) == 0 for p in paths), delay + 30, "the delayed bytes through")
+        return (f"control-{self.cluster.ports[index]}",
+                f"worker->replica delayed {delay:.1f} s for {held:.1f} s ({how})")
+
+    def _at_next_offers(self, index: int, actions: list) -> str:
+        """Run every action once, together, when replica `index`'s next Offers frame passes on
+        any worker's path to it (in that proxy's thread, before the worker has it), or after
+        OFFERS_WAIT_S; which of the two it was."""
+        from tcp_proxy import DOWN
+
+        fired = threading.Event()
+        lock = threading.Lock()
+
+        def fire() -> None:
+            with lock:
+                if not fired.is_set():
+                    fired.set()
+                    for action in actions:
+                        action()
+
+        for paths in self.proxies.values():
+            paths[index].when(DOWN, OFFERS_MIN_BYTES, fire)  # a trigger left armed fires nothing
+        if fired.wait(OFFERS_WAIT_S):
+            return "from an Offers"
+        fire()
+        return "none offered"
 
     def restart_replica(self, old: Proc) -> Proc:
         """Start the replica on its own port again (its log is appended to: only what it writes

@@ -21,6 +21,16 @@ The invariants:
   `timed_out`, `cancelled` or `lost`, never the job's own failure.
 - `log_content`: a succeeded run's log is not what its job wrote (`begin G`, `done G`, G the
   process group of the execution that ended), when the logs' bytes are given.
+- `lost_while_running` (issue 17): an attempt of a run of unknown safety marked `lost` while
+  its job still ran: an execution of that attempt began before the attempt's recorded finish
+  and wrote its end line after it. (An execution with no end line is bounded by that finish, as
+  for `concurrent_attempts`: the ledger cannot tell how long a stopped job went on.) Nothing
+  runs is what `lost` of such a run claims.
+- `lost_after_its_end` (issue 17): such an attempt marked `lost` although its job had run to its
+  end before (its end line) and was not killed with its host: the job's own outcome dropped.
+- `slots_exceeded`: at some moment a worker ran more jobs than its slots (the executions the
+  ledger tells of, each named by the worker whose state directory its output went to; bounded as
+  for `concurrent_attempts`), when `slots` is given.
 Overlapping executions of an idempotent run are allowed (it may run twice by its own word) and
 only counted.
 """
@@ -61,6 +71,7 @@ class Execution:
     start_ms: int
     end_ms: int | None
     pgid: int = 0  # the job's process group, which it also wrote into its log
+    worker: str | None = None  # the worker whose state directory its output went to
 
 
 @dataclass(frozen=True)
@@ -94,12 +105,13 @@ class Findings:
 def check(runs: list[Run], attempts: list[Attempt], terminal_events: list[tuple[str, str]],
           executions: list[Execution], chunks: list[Chunk], *, killed_at_ms: dict[str, int],
           horizon_ms: int, waiting_why: dict[str, str] | None = None,
-          logs: dict[str, bytes] | None = None) -> Findings:
+          logs: dict[str, bytes] | None = None, slots: int | None = None) -> Findings:
     """Every invariant over the whole soak. `terminal_events`: (run_id, type) of each terminal
     event; `killed_at_ms`: attempt id -> when the soak killed its process group (a host death),
     the latest its execution can have lasted; `horizon_ms`: the end of the soak (the bound of
     an execution that never ended and has no other); `waiting_why`: run id -> what `status`
-    says a run still waits for; `logs`: attempt id -> its log's bytes (checked when given)."""
+    says a run still waits for; `logs`: attempt id -> its log's bytes (checked when given);
+    `slots`: each worker's slots (`slots_exceeded` checked when given)."""
     found = Findings(attempts=len(attempts), executions=len(executions))
     by_run_attempts: dict[str, list[Attempt]] = defaultdict(list)
     for a in attempts:
@@ -111,6 +123,9 @@ def check(runs: list[Run], attempts: list[Attempt], terminal_events: list[tuple[
     for run in runs:
         _no_concurrent_attempts(found, run, by_run_exec.get(run.run_id, []))
     _succeeded_ran_and_logged(found, runs, by_run_attempts, executions, chunks, logs)
+    _not_lost_while_it_ran(found, runs_by_id, attempt_of, executions, killed_at_ms, horizon_ms)
+    if slots is not None:
+        _within_slots(found, executions, attempt_of, killed_at_ms, horizon_ms, slots)
     found.runs_by_state = dict(Counter(r.status for r in runs))
     per_task: dict[str, Counter] = defaultdict(Counter)
     for r in runs:
@@ -221,3 +236,51 @@ def log_problem(final_offset: int | None, chunks: list[Chunk]) -> str | None:
     if at != final_offset:
         return f"chunks end at {at}, the final offset is {final_offset}"
     return None
+
+
+def _not_lost_while_it_ran(found: Findings, runs: dict[str, Run], attempt_of: dict[str, Attempt],
+                           executions: list[Execution], killed_at_ms: dict[str, int], horizon_ms: int) -> None:
+    """A `lost` attempt of a run of unknown safety: no execution of it went on past the moment it
+    was marked lost, and none had ended on its own before it (the job's outcome was there)."""
+    for e in executions:
+        attempt = attempt_of.get(e.attempt_id)
+        run = runs.get(attempt.run_id) if attempt is not None else None
+        if run is None or run.idempotent or attempt.status != "lost":
+            continue
+        if e.end_ms is None:
+            continue
+        lost_at = attempt.finished_at_ms if attempt.finished_at_ms is not None else horizon_ms
+        killed = killed_at_ms.get(e.attempt_id)
+        if e.start_ms <= lost_at < e.end_ms:
+            found.add("lost_while_running", run.run_id,
+                      f"attempt {e.attempt_id} marked lost at {lost_at}, its job ran {e.start_ms}..{e.end_ms} "
+                      "to its end")
+        elif e.end_ms <= lost_at and (killed is None or killed < e.end_ms):
+            found.add("lost_after_its_end", run.run_id,
+                      f"attempt {e.attempt_id} marked lost at {lost_at}, its job ran to its end at {e.end_ms}")
+
+
+def _within_slots(found: Findings, executions: list[Execution], attempt_of: dict[str, Attempt],
+                  killed_at_ms: dict[str, int], horizon_ms: int, slots: int) -> None:
+    """At no moment did a worker run more jobs than its slots (a sweep over each worker's
+    executions, an end counted before a start at the same millisecond)."""
+    marks: dict[str, list[tuple[int, int, str]]] = defaultdict(list)
+    for e in executions:
+        attempt = attempt_of.get(e.attempt_id)
+        if e.worker is None or attempt is None:
+            continue
+        end = _end_bound(e, attempt, killed_at_ms, horizon_ms)
+        marks[e.worker] += [(e.start_ms, 1, e.attempt_id), (end, 0, e.attempt_id)]
+    for worker, points in sorted(marks.items()):
+        running: set[str] = set()
+        worst: tuple[int, int, list[str]] | None = None
+        for at, is_start, attempt_id in sorted(points):
+            if is_start:
+                running.add(attempt_id)
+                if len(running) > slots and (worst is None or len(running) > worst[1]):
+                    worst = (at, len(running), sorted(running))
+            else:
+                running.discard(attempt_id)
+        if worst is not None:
+            found.add("slots_exceeded", None,
+                      f"worker {worker} ran {worst[1]} jobs at {worst[0]} ({slots} slots): {', '.join(worst[2])}")

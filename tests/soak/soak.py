@@ -34,17 +34,22 @@ from invariants import Attempt, Chunk, Run, check  # noqa: E402
 from ledger import JOB, parse  # noqa: E402
 from pg_private import PrivatePostgres, available  # noqa: E402
 
-TIMINGS = dict(heartbeat_ms=1_000, session_lease_ms=10_000, run_lease_ms=3_000,
+# heartbeat 5 s: the replicas' ZMTP heartbeat follows it (a connection closed 15 s after an
+# unanswered PING), so a `replica_delay` of up to 12 s keeps the connection and the late answers
+# arrive, as on a slow path; the run lease is the least it allows (2 heartbeats).
+TIMINGS = dict(heartbeat_ms=5_000, session_lease_ms=10_000, run_lease_ms=10_000,
                recovery_grace_ms=40_000, cadence_tick_ms=200, db_timeout_ms=800,
                request_timeout_ms=1_500)
 SLOTS = 4
 IDEMPOTENT = ("--retry-on-lost", "--max-attempts", "3", "--safety", "idempotent", "--backoff", "1")
 # name, sleep (s), options, weight among manual submissions (0: cron only)
 TASKS = (
-    ("short-idem", "0.3", IDEMPOTENT, 35),
-    ("short-unsafe", "0.8", (), 30),
+    ("short-idem", "0.3", IDEMPOTENT, 30),
+    ("short-unsafe", "0.8", (), 33),
     ("long-idem", "8", IDEMPOTENT, 12),
-    ("long-unsafe", "14", (), 10),
+    ("long-unsafe", "14", (), 8),
+    ("longer-unsafe", "22", (), 6),  # outlive a replica_delay or replica_freeze (issue 17)
+    ("longer-idem", "17", IDEMPOTENT, 4),
     ("timeout-unsafe", "20", ("--timeout", "4"), 7),
     ("tick", "0.2", ("--cron", "*/2 * * * * *", "--tz", "UTC", "--max-concurrent", "2"), 0),
     ("tock", "6", ("--cron", "*/20 * * * * *", "--tz", "UTC", *IDEMPOTENT), 0),
@@ -147,7 +152,10 @@ def soak(cluster, pg, rng: random.Random, seed: int, args) -> dict:
         concurrent = () if "--max-concurrent" in options else ("--max-concurrent", "8")
         cluster.cli("task", "add", name, *concurrent, *options, "--env", f"SOAK_TAG={tag}", "--",
                     "sh", "-c", JOB.format(ledger=ledger, sleep=sleep))
-    faults = Faults(cluster, pg, rng, tag, session_lease_s=TIMINGS["session_lease_ms"] / 1000, slots=SLOTS)
+    # Every worker reaches every replica through a proxy of its own (replica_delay holds one back).
+    proxies = {name: cluster.route_through_proxies(name) for name in ("w1", "w2")}
+    faults = Faults(cluster, pg, rng, tag, session_lease_s=TIMINGS["session_lease_ms"] / 1000, slots=SLOTS,
+                    proxies=proxies)
     for name in ("w1", "w2"):
         cluster.start_worker(name, slots=SLOTS)
     began_ms = now_ms()
@@ -221,7 +229,7 @@ def judge(cluster, faults: Faults, ledger: Path, *, horizon_ms: int) -> dict:
     if any(r.status not in TERMINAL for r in runs):
         waiting = {w["run_id"]: w["why"] for w in cluster.cli_json("status").get("unresolved_recoveries", [])}
     found = check(runs, attempts, events, executions, chunks, killed_at_ms=faults.killed_at_ms,
-                  horizon_ms=horizon_ms, waiting_why=waiting, logs=logs)
+                  horizon_ms=horizon_ms, waiting_why=waiting, logs=logs, slots=SLOTS)
     for line in unreadable:
         found.add("ledger_unreadable", None, line[:200])
     _cli_logs_agree(cluster, found, runs, attempts, logs)

@@ -127,3 +127,56 @@ def test_a_run_failed_with_a_nonzero_exit_is_a_stop_recorded_as_the_job_s_failur
     assert _kinds(_check(parts)) == ["stop_as_failure"]
     lost = Run("r1", "t", "failed", False, "RUN_LOST_RETRY_DISABLED")
     assert _check([(lost, attempt, ("r1", "run.failed"), Execution("a1", 1_000, None), [])]).violations == []
+
+
+def _lost_unsafe(execution, *, idempotent=False, lost_at=10_000):
+    run = Run("r1", "t", "failed", idempotent, "RUN_LOST_RETRY_DISABLED")
+    attempt = Attempt("a1", "r1", 1, "lost", lost_at, None)
+    return [(run, attempt, ("r1", "run.failed"), execution, [])]
+
+
+def test_an_unknown_safety_attempt_marked_lost_while_its_job_ran_is_a_violation():
+    # ran to its end after it was marked lost (the runs)
+    assert _kinds(_check(_lost_unsafe(Execution("a1", 1_000, 20_000)))) == ["lost_while_running"]
+    # no end line (killed with its host, or stopped): bounded by the recorded finish, not judged
+    assert _check(_lost_unsafe(Execution("a1", 1_000, None)), killed={"a1": 5_000}).violations == []
+    assert _check(_lost_unsafe(Execution("a1", 1_000, None))).violations == []
+    # an idempotent run's attempt may be lost while it runs (it may run twice by its own word)
+    assert _check(_lost_unsafe(Execution("a1", 1_000, 20_000), idempotent=True)).violations == []
+    # an execution that began after the attempt was marked lost is not this invariant's
+    assert _check(_lost_unsafe(Execution("a1", 11_000, 12_000))).violations == []
+
+
+def test_an_unknown_safety_attempt_marked_lost_after_its_job_ended_on_its_own_is_a_violation():
+    assert _kinds(_check(_lost_unsafe(Execution("a1", 1_000, 5_000)))) == ["lost_after_its_end"]
+    # killed with its host just after it wrote its end: its outcome may have died with it
+    assert _check(_lost_unsafe(Execution("a1", 1_000, 5_000)), killed={"a1": 5_000}).violations == []
+
+
+def test_a_worker_running_more_jobs_than_its_slots_is_a_violation():
+    def runs(n, *, worker="w1", overlap=True):
+        parts = []
+        for i in range(n):
+            run, attempt, event, _e, chunks = _ok_run(f"r{i}")
+            start = 1_000 + (0 if overlap else 1_000 * i)
+            parts.append((run, attempt, event, Execution(attempt.attempt_id, start, start + 500, worker=worker),
+                          chunks))
+        return parts
+
+    def check_slots(parts, slots=2):
+        from invariants import check as check_
+        runs_ = [p[0] for p in parts]
+        return check_(runs_, [p[1] for p in parts], [p[2] for p in parts], [p[3] for p in parts],
+                      [c for p in parts for c in p[4]], killed_at_ms={}, horizon_ms=99_000, slots=slots)
+
+    found = check_slots(runs(3))
+    assert _kinds(found) == ["slots_exceeded"]
+    assert "worker w1 ran 3 jobs at 1000 (2 slots)" in found.violations[0].detail
+    assert check_slots(runs(2)).violations == []
+    assert check_slots(runs(3, overlap=False)).violations == []  # one after another
+    assert check_slots(runs(2) + runs(2, worker="w2")[:0]).violations == []
+    # back to back (one ends at the millisecond the next starts) is within the slots
+    parts = runs(2)
+    run, attempt, event, _e, chunks = _ok_run("r9")
+    parts.append((run, attempt, event, Execution(attempt.attempt_id, 1_500, 1_900, worker="w1"), chunks))
+    assert check_slots(parts).violations == []
