@@ -108,8 +108,12 @@ class Executor(OwedReports, SessionReports, Adoption, Draining, RuntimeActor):
     def started(self) -> None:
         """Register: the Register an earlier instance sent and got no answer to, again (the same
         register id gets the same session), when it still says what this one would (same boot,
-        capacity and labels: a Register from before a reboot would hide the reboot); else anew."""
+        capacity and labels: a Register from before a reboot would hide the reboot); else anew.
+        A Leave an earlier instance's drain left owed is moot: that drain is over, and sent now it
+        would drain the session this start resumes."""
         for owed in self.ctx.journal.owed():
+            if owed.kind == m.Leave.KIND:
+                self.ctx.journal.settle(owed.request_id)
             if owed.kind != m.Register.KIND:
                 continue
             earlier = codec.decode([codec.HEADER, owed.body])
