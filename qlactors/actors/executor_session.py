@@ -99,6 +99,7 @@ class SessionReports:
             for pulled in stale:
                 tokens.update(pulled.pairs)
                 self.ctx.journal.clear_pull(pulled.pull_id)
+        self.answered_pairs.update(tokens)  # a late Offers answer to one of them: declined
         for lease in welcome.unactivated:
             if lease.attempt_id in self.live:
                 continue  # held here: it goes on
@@ -180,6 +181,8 @@ class SessionReports:
                 self.ctx.bridge.cancel_timer("heartbeat")
                 return
             self.session = None
+            if self.pending_pull is not None:  # an answer to it that comes late is declined with them
+                self.answered_pairs.update(self.pending_pull[1])
             self.pending_pull = self.pull_message = None  # its pairs were the old session's
             self.ctx.bridge.cancel_timer("heartbeat")
             self._register(resume=False)
