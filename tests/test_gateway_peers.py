@@ -11,6 +11,7 @@ import logging
 from qlactors.actors import gateway
 from qlactors.actors.base import now_ms
 from qlactors.actors.signals import ToWorkers
+from qlactors.ids import new_id
 from qlactors.wire import messages as m
 
 from test_executor_drain import cluster_gateway, leave_of  # noqa: F401 - the fixture
@@ -18,7 +19,7 @@ from test_executor_reattest import LEASES
 
 
 def _heartbeat(session, seq: int = 1) -> m.Heartbeat:
-    return m.Heartbeat(worker_id=session.worker_id, session_id=session.session_id,
+    return m.Heartbeat(request_id=new_id(), worker_id=session.worker_id, session_id=session.session_id,
                        session_generation=session.generation, seq=seq, free_slots=1,
                        worker_clock_ms=now_ms(), renewals=[])
 
