@@ -6,6 +6,7 @@ journal and checked to be one of this soak's jobs first; 127.0.0.1 only."""
 from __future__ import annotations
 
 import os
+import re
 import random
 import signal
 import sqlite3
@@ -29,6 +30,7 @@ DELAY_HELD_S = (5, 15)
 # (the first frame at least this big, ~650 bytes and up; its Nudges and Acks are under 300), so
 # the Activates that answer them meet the fault; at once if none passes within OFFERS_WAIT_S.
 OFFERS_MIN_BYTES = 600
+_ATTEMPT_IN_PATH = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}(?=\.fifo)")
 OFFERS_WAIT_S = 5
 
 
@@ -85,18 +87,43 @@ class Faults:
         proc = self.cluster.workers[name]
         proc.popen.send_signal(signal.SIGSTOP)
         groups = self._job_groups(name)
+        launchers = self._launchers(name)
         self.cluster.stop(proc, signal.SIGKILL)
         at = now_ms()
         for attempt_id, pgid in groups:
             try:
                 os.killpg(pgid, signal.SIGKILL)
             except ProcessLookupError:
-                continue
+                pass
             self.killed_at_ms[attempt_id] = at
+        for attempt_id, pid in launchers:  # a launcher still publishing its job's receipt dies too
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+            self.killed_at_ms.setdefault(attempt_id, at)
         down = self.rng.uniform(5, 20)
         time.sleep(down)
         self.restart_worker(name)
         return name, f"{len(groups)} job groups killed, down {down:.1f} s"
+
+    def _launchers(self, name: str) -> list[tuple[str, int]]:
+        """(attempt id, launcher pid) of the worker's journal rows whose launcher is this soak's."""
+        journal = self.cluster.root / f"state-{name}" / "journal.sqlite"
+        conn = sqlite3.connect(f"file:{journal}?mode=ro", uri=True, timeout=10)
+        try:
+            rows = conn.execute("SELECT attempt_id, pid FROM executor_journal WHERE pid IS NOT NULL").fetchall()
+        finally:
+            conn.close()
+        mark = f"SOAK_TAG={self.tag}".encode()
+        found = []
+        for attempt_id, pid in rows:
+            try:
+                if mark in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                    found.append((attempt_id, pid))
+            except OSError:
+                continue
+        return found
 
     def _job_groups(self, name: str) -> list[tuple[str, int]]:
         """(attempt id, process group) of the worker's journal rows whose group leader is one of
@@ -117,6 +144,27 @@ class Faults:
                 continue
             if mark in environ.split(b"\0"):
                 ours.append((attempt_id, pgid))
+        # A job spawned just before the freeze whose identity the journal does not hold yet dies
+        # with its host too (a real host death spares none): found by its tag and its output,
+        # which goes to a file in that worker's state directory.
+        known = {pgid for _a, pgid in ours}
+        state = f"/state-{name}/"
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                if mark not in (entry / "environ").read_bytes().split(b"\0"):
+                    continue
+                output = os.readlink(entry / "fd" / "1")
+                if state not in output:
+                    continue
+                pgid = os.getpgid(int(entry.name))
+            except OSError:
+                continue
+            if pgid not in known:
+                known.add(pgid)
+                named = _ATTEMPT_IN_PATH.search(output)  # the log-cap FIFO is named by its attempt
+                ours.append((named.group(0) if named else f"unjournalled:{pgid}", pgid))
         return ours
 
     def worker_freeze(self) -> tuple[str, str]:
