@@ -82,7 +82,8 @@ def test_each_overlap_policy_with_a_job_that_outlives_its_period(home, overlap):
         assert len(skipped) >= 2, events
         assert not {e["scheduled_for_ms"] for e in skipped} & {r["scheduled_for_ms"] for r in runs}
     else:
-        assert len(runs) >= 4 and events == []
+        # Replace never skips a fire; a loaded machine may fold a late second into `missed`.
+        assert len(runs) >= 4 and not [e for e in events if e["type"] != "missed"], events
         replaced = [r for r in runs if r["cancel_reason"] == "policy"]
         assert len(replaced) >= 2, [(r["status"], r["cancel_reason"]) for r in runs]
         assert all(r["status"] == "cancelled" for r in replaced[:-1]), [r["status"] for r in replaced]
