@@ -258,3 +258,20 @@ def clear_store_outage(home: Path) -> None:
 def read_store_outage(home: Path) -> dict | None:
     """The current database outage, or None (no file, or one that cannot be read)."""
     return _read_json(home, STORE_OUTAGE_FILE)
+
+
+CYCLE_FAILURE_FILE = "cycle-failure.json"  # written while the cadence's cycles fail, read by `status`
+
+
+def write_cycle_failure(home: Path, *, step: str, error: str, since_ms: int) -> None:
+    """Publish that the cadence fails at `step` (nothing is offered meanwhile), and since when."""
+    _write_json(home, CYCLE_FAILURE_FILE, {"step": step, "error": error, "since_ms": since_ms})
+
+
+def clear_cycle_failure(home: Path) -> None:
+    (Path(home) / CYCLE_FAILURE_FILE).unlink(missing_ok=True)
+
+
+def read_cycle_failure(home: Path) -> dict | None:
+    """The cadence's current failure, or None (no file, or one that cannot be read)."""
+    return _read_json(home, CYCLE_FAILURE_FILE)

@@ -17,6 +17,7 @@ closes the store and kills every process group the test spawned or learnt of.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -125,9 +126,19 @@ class Peer:
         self.router = router
         self.identity: bytes | None = None  # ROUTER: the bridge DEALER's identity, once heard
         self.pending: list[Any] = []  # decoded messages received while `expect` waited for another kind
+        self.last_register: m.Register | None = None  # the Register heard last (a Welcome answers it)
 
     def send(self, message: Any) -> None:
+        """Send `message`; a Welcome that names no request answers the Register heard last."""
+        if isinstance(message, m.Welcome) and not message.answer_to and self.last_register is not None:
+            message = dataclasses.replace(message, answer_to=self.last_register.request_id)
         self.send_frames(codec.encode(message))
+
+    def _decode(self, frames: list[bytes]) -> Any:
+        message = codec.decode(frames)
+        if isinstance(message, m.Register):
+            self.last_register = message
+        return message
 
     def send_frames(self, frames: list[bytes]) -> None:
         if self.router:
@@ -150,7 +161,7 @@ class Peer:
         frames = self.recv_frames(timeout)
         if frames is None:
             raise AssertionError(f"no message from the other side within {timeout} s")
-        return codec.decode(frames)
+        return self._decode(frames)
 
     def expect(self, kind: type, timeout: float = WAIT_S, *, strict: bool = True) -> Any:
         """The next message of `kind`. strict: it must be the very next one; else others are set
@@ -163,7 +174,7 @@ class Peer:
             frames = self.recv_frames(max(0.0, deadline - time.monotonic()))
             if frames is None:
                 raise AssertionError(f"no {kind.__name__} within {timeout} s; set aside: {self.pending!r}")
-            message = codec.decode(frames)
+            message = self._decode(frames)
             if isinstance(message, kind):
                 return message
             assert not strict, f"expected {kind.__name__}, got {message!r}"

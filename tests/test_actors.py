@@ -415,7 +415,7 @@ def test_gateway_completed_with_an_invalid_receipt_is_refused(sup):
     offer, _, token, _ = sup.activated()
     ack = sup.completed(offer, token, 300)  # exit codes are 0..255
     assert (ack.of, ack.result) == ("completed", "refused")
-    assert "invalid receipt" in ack.detail
+    assert "invalid_receipt" in ack.detail
     assert sup.repo.runs.get(offer.run_id).state == "dispatching"
     assert sup.alive()
 
@@ -818,7 +818,7 @@ class ExecutorRig:
                                             started.start_ticks)
         assert outcome.result == "applied", outcome
         self.peer.send(ack_message("started", started.run_id, started.attempt_id, "applied",
-                                   offer_id=started.offer_id))
+                                   offer_id=started.offer_id, answer_to=started.request_id))
 
     def ack_completed(self, completed: m.Completed) -> str:
         receipt = Receipt(schema_version=completed.schema_version, run_id=completed.run_id,
@@ -1011,7 +1011,7 @@ def test_executor_a_fenced_started_stops_the_process_by_identity(make_exe):
     identity = read_identity(started.pid, boot_id=BOOT_ID)
     job_running(rig)
     rig.peer.send(ack_message("started", offer.run_id, offer.attempt_id, "fenced", "lease_token",
-                              offer_id=offer.offer_id))
+                              offer_id=offer.offer_id, answer_to=started.request_id))
     completed = rig.peer.expect(m.Completed, strict=False)
     assert completed.exit_code == 143
     wait_until(lambda: probe(identity, current_boot_id=BOOT_ID) is not Liveness.RUNNING, what="group gone")
@@ -1035,7 +1035,7 @@ def test_executor_refused_activation_clears_the_journal_and_frees_the_slot(make_
     act = rig.peer.expect(m.Activate)
     assert rig.ctx.journal.get(act.attempt_id) is not None
     rig.peer.send(ack_message("activate", act.run_id, act.attempt_id, "refused", "cancel_requested",
-                              offer_id=act.offer_id))
+                              offer_id=act.offer_id, answer_to=act.request_id))
     again = rig.peer.expect(m.Pull)  # the slot is free: it pulls again, never spawns
     assert again.offers[0].offer_id != pull.offers[0].offer_id and len(again.offers) == 1
     assert rig.ctx.journal.get(act.attempt_id) is None
@@ -1189,16 +1189,18 @@ class ReceiptRig:
             os.close(fd)
         return path
 
-    def answer(self, completed: m.Completed, result: str | None = None) -> str:
-        """Answer as the Supervisor would (the real CompletionService), or with a forced `result`."""
+    def answer(self, completed: m.Completed, result: str | None = None, detail: str = "") -> str:
+        """Answer as the Supervisor would (the real CompletionService, its refusal's reason as the
+        detail), or with a forced `result` and `detail`."""
         if result is None:
             receipt = Receipt(schema_version=completed.schema_version, run_id=completed.run_id,
                               attempt_id=completed.attempt_id, callback_sequence=completed.callback_sequence,
                               token=completed.token, started_at_ms=completed.started_at_ms,
                               finished_at_ms=completed.finished_at_ms, exit_code=completed.exit_code)
-            result = self.ctx.completion.complete(completed.run_id, completed.attempt_id, receipt,
-                                                  completed.log_dropped_bytes).result
-        self.peer.send(ack_message("completed", completed.run_id, completed.attempt_id, result))
+            outcome = self.ctx.completion.complete(completed.run_id, completed.attempt_id, receipt,
+                                                   completed.log_dropped_bytes)
+            result, detail = outcome.result, outcome.reason or ""
+        self.peer.send(ack_message("completed", completed.run_id, completed.attempt_id, result, detail))
         return result
 
 

@@ -165,6 +165,41 @@ def test_a_send_to_a_gone_peer_is_logged_and_the_bridge_keeps_serving(control, w
     assert control.bridge.is_alive() and not control.exited
 
 
+def test_sends_to_a_gone_peer_are_logged_once_per_peer_per_interval(control, w1, caplog, monkeypatch):
+    """A departed peer costs one log line per PEER_FAILURE_LOG_S, not one per nudge, and the
+    next line says how many failures went unlogged."""
+    from qlactors.wire import peer_failures
+
+    caplog.set_level(logging.WARNING, logger="qlactors.bridge")
+    outbox = Outbox(control.ctx, control.bridge.outbox_endpoint)
+    client = control.client(w1)
+
+    def round_trip() -> None:  # one outbox: every send before it has been tried
+        client.send(heartbeat("w1", free_slots=4))
+        outbox.to_peer(control.got.get().peer, Nudge())
+        assert client.receive() == Nudge()
+
+    def failures() -> list[str]:
+        return [r.getMessage() for r in caplog.records if "peer_send_failed" in r.getMessage()]
+
+    try:
+        for _ in range(5):
+            outbox.to_peer(b"\x00gone-one", Nudge())
+        for _ in range(3):
+            outbox.to_peer(b"\x00gone-two", Nudge())
+        round_trip()
+        one, two = b"\x00gone-one".hex()[:16], b"\x00gone-two".hex()[:16]
+        assert [f.split(" error=")[0] for f in failures()] == [
+            f"event=peer_send_failed peer={one}", f"event=peer_send_failed peer={two}"]
+        monkeypatch.setattr(peer_failures, "PEER_FAILURE_LOG_S", 0.0)  # the interval is over
+        outbox.to_peer(b"\x00gone-one", Nudge())
+        round_trip()
+    finally:
+        outbox.close()
+    assert len(failures()) == 3 and failures()[-1].endswith("unlogged_since=4"), failures()
+    assert control.bridge.is_alive() and not control.exited
+
+
 def test_tcp_is_not_served_without_curve():
     with zmq.Context() as ctx:
         with pytest.raises(BadInput, match="CurveZMQ only"):

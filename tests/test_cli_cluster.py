@@ -299,6 +299,29 @@ def test_status_exits_0_only_while_a_replica_is_up(cluster):
     assert (replicas_up(cluster.repo.store, 60_000), replicas_up(cluster.repo.store, 1_000)) == (1, 0)
 
 
+def test_status_shows_a_replicas_failing_cadence_step_until_a_cycle_gets_through(cluster):
+    """A replica whose cycles fail at a step offers nothing: `status` names the step, its error
+    and since when, from the replica's heartbeat, until a cycle gets through."""
+    from qlactors.actors.cycle_health import CycleFailure
+    from qlactors.store.health import ErrorTally
+    from qlactors.store.replicas import Replicas
+
+    replicas = Replicas(cluster.repo.store)
+    replica_id = replicas.register("ctl-1", 4242, "tcp://0.0.0.0:5710")
+    failure = CycleFailure("recovery", "RuntimeError('head candidate 01ab')", 1_767_225_600_000)
+    replicas.heartbeat(replica_id, ErrorTally(0, None, None), failure)
+    [replica] = json.loads(cluster.ok("status", "--json").stdout)["replicas"]
+    assert replica["up"] and replica["cycle_failure"] == {
+        "step": "recovery", "error": "RuntimeError('head candidate 01ab')", "since_ms": 1_767_225_600_000}
+    text = cluster.ok("status").stdout
+    assert (f"  replica {replica_id} cadence: failing since 2026-01-01 00:00:00.000Z at step recovery: "
+            "RuntimeError('head candidate 01ab'); nothing is offered until a cycle gets through") in text, text
+    replicas.heartbeat(replica_id, ErrorTally(0, None, None), None)  # the next cycle got through
+    [replica] = json.loads(cluster.ok("status", "--json").stdout)["replicas"]
+    assert replica["cycle_failure"] is None
+    assert "cadence:" not in cluster.ok("status").stdout
+
+
 def test_run_wait_on_a_cluster_with_no_replica_says_so_and_times_out(cluster):
     cluster.ok("task", "add", "t1", "--", "true")
     done = cluster.ql("run", "t1", "--wait", "--wait-timeout", "0.5")

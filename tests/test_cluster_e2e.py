@@ -390,3 +390,42 @@ def test_a_worker_below_its_disk_reserve_pulls_nothing_until_space_comes_back(cl
     free.write_text(str(1 << 40))
     assert cluster.wait_terminal([run_id], timeout=60)[run_id]["state"] == "succeeded"
     assert "event=disk_reserve_released" in worker.log()
+
+
+def test_a_replica_whose_retry_step_breaks_says_so_in_status_until_a_cycle_gets_through(cluster):
+    """A head candidate that breaks a cadence step (a lost run whose policy snapshot no
+    RetryPolicy accepts, as a corrupt row would): every cycle fails, nothing is offered, and
+    `status` names the step, its error and since when; once the run is cancelled the next cycle
+    gets through, the line goes, and work is offered again."""
+    import psycopg
+
+    cluster.cli("task", "add", "t", "--", "true")
+    broken = _run(cluster, "t")  # no worker yet: it waits, queued
+    with psycopg.connect(cluster.database_url.replace("+psycopg", "")) as conn:
+        conn.execute("ALTER TABLE run_retry_policies DROP CONSTRAINT ck_run_retry_policies_safety")
+        conn.execute("UPDATE runs SET status = 'lost' WHERE id = %s", (broken,))
+        conn.execute("UPDATE run_attempts SET status = 'lost' WHERE run_id = %s", (broken,))
+        conn.execute("INSERT INTO run_retry_policies (run_id, max_attempts, retry_on_lost, safety, backoff_base_ms, "
+                     "backoff_max_ms, version, created_at_ms, updated_at_ms) VALUES (%s, 1, false, 'bogus', 0, 0, "
+                     "0, 0, 0) ON CONFLICT (run_id) DO UPDATE SET safety = 'bogus'", (broken,))
+
+    def failing_step():  # polled in the database; the real command is run once it is there
+        return cluster.sql("SELECT cycle_failed_step FROM control_replicas")[0][0]
+
+    def failure():
+        return cluster.cli_json("status")["replicas"][0]["cycle_failure"]
+
+    wait_until(failing_step, 30, "the failing step in the replica's status row")
+    shown = failure()
+    assert shown["step"] == "retry" and "bogus" in shown["error"] and shown["since_ms"] > 0, shown
+    text = cluster.cli("status").stdout.decode()
+    assert "cadence: failing since" in text and "at step retry:" in text, text
+    cluster.cli("cancel", broken)
+    wait_until(lambda: failing_step() is None, 30, "the failure cleared by a cycle that got through")
+    assert failure() is None
+    assert "cadence:" not in cluster.cli("status").stdout.decode()
+    cluster.new_key("w1")
+    cluster.allow("w1")
+    cluster.start_worker("w1", slots=1)
+    second = _run(cluster, "t")
+    assert cluster.wait_terminal([second], timeout=60)[second]["state"] == "succeeded"

@@ -86,3 +86,50 @@ def test_keys_new_command(tmp_path):
     again = subprocess.run([*QLACTORS, "keys", "new", "control", "--dir", str(tmp_path / "k")],
                            capture_output=True, text=True, timeout=60)
     assert again.returncode == 2 and "already exists" in again.stderr
+
+
+@pytest.mark.parametrize("mode, how", [(0o644, "readable"), (0o640, "readable"), (0o604, "readable"),
+                                       (0o620, "writable"), (0o602, "writable")])
+def test_a_secret_key_others_may_read_or_write_is_refused_like_ssh(tmp_path, mode, how):
+    _public, secret = new_key_pair(tmp_path, "w1")
+    secret.chmod(mode)
+    with pytest.raises(BadInput) as err:
+        load_key_pair(secret)
+    assert str(err.value) == f"{secret} is {how} by others (mode {mode:04o}); run: chmod 600 {secret}"
+    secret.chmod(0o600)  # what the line says to run
+    assert len(load_key_pair(secret)[1]) == 40
+    secret.chmod(0o400)  # the owner's alone, read-only: as good
+    assert len(load_key_pair(secret)[1]) == 40
+
+
+def test_a_secret_key_behind_a_symlink_is_judged_by_the_file_it_names(tmp_path):
+    _public, secret = new_key_pair(tmp_path, "w1")
+    link = tmp_path / "current.key_secret"
+    link.symlink_to(secret)
+    secret.chmod(0o644)
+    with pytest.raises(BadInput, match="readable by others"):
+        load_key_pair(link)
+
+
+@pytest.mark.parametrize("profile", ["control", "worker"])
+def test_control_and_worker_refuse_to_start_with_a_secret_key_others_can_read(tmp_path, profile):
+    """The real command: one line with the chmod to run, exit 2 (bad input: nothing started, and
+    trying again without the chmod cannot help), nothing written beside the config and keys."""
+    keys = tmp_path / "keys"
+    _control_public, control_secret = new_key_pair(keys, "control")
+    _worker_public, worker_secret = new_key_pair(keys, "worker")
+    config = tmp_path / f"{profile}.toml"
+    if profile == "control":
+        config.write_text('profile = "control"\n[database]\nurl = "postgresql+psycopg://q@127.0.0.1:1/q"\n')
+        secret = control_secret
+    else:
+        config.write_text(f'profile = "worker"\n[worker]\nstate_dir = "{tmp_path / "state"}"\n')
+        secret = worker_secret
+    secret.chmod(0o644)
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    done = subprocess.run([*QLACTORS, profile, "--config", str(config)], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr == f"qlactors: {secret} is readable by others (mode 0644); run: chmod 600 {secret}\n"
+    assert done.stdout == ""
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before

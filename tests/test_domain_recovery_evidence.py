@@ -27,6 +27,7 @@ def test_every_kind_has_its_own_code():
         "never_launched": ErrorCode.RECOVERY_NEVER_LAUNCHED,
         "rebooted": ErrorCode.RECOVERY_HOST_REBOOTED,
         "retired": ErrorCode.RECOVERY_WORKER_RETIRED,
+        "confirmed_stopped": ErrorCode.RECOVERY_CONFIRMED_STOPPED,
         "session_ended": ErrorCode.RECOVERY_SESSION_ENDED,
     }
     assert len(set(codes.values())) == len(codes)
@@ -73,3 +74,19 @@ def test_a_drained_session_says_so_and_that_the_drain_grace_counts():
     unknown = waiting(facts(session_drained=True), NOW, GRACE)
     assert "drained its session" in unknown.reason and unknown.eligible_at_ms is None
     assert "drained" not in waiting(facts(safety="idempotent"), NOW, GRACE).reason
+
+
+def test_a_fact_about_another_lease_generation_waits_and_says_so():
+    why = waiting(facts(evidence="stopped", evidence_lease_generation=1, lease_generation=2), NOW, GRACE)
+    assert "waiting for evidence: the recorded `stopped` is about lease generation 1, not the current 2" in why.reason
+    old = waiting(facts(evidence="never_launched", lease_generation=3), NOW, GRACE)
+    assert "the recorded `never_launched` names no lease generation, not the current 3" in old.reason
+    assert "lease generation" not in waiting(facts(evidence="launch_unknown", evidence_lease_generation=2,
+                                                   lease_generation=2), NOW, GRACE).reason
+
+
+def test_unknown_safety_names_the_one_attempt_confirm_for_its_run():
+    why = waiting(facts(run_id="r-1"), NOW, GRACE)
+    assert why.reason.endswith("unknown safety: waits for the worker or `qlactors worker retire w1 "
+                               "--confirm-stopped`; this attempt alone: `qlactors confirm-stopped r-1`")
+    assert "confirm-stopped r-1" not in waiting(facts(run_id="r-1", safety="idempotent"), NOW, GRACE).reason

@@ -24,7 +24,7 @@ from qlactors.wire import messages as m
 
 from actor_harness import ActorHarness, ack_message, attempt_row, leases, unique_endpoint
 from test_actors import spec
-from test_executor_reattest import LEASES, ClusterRig, held_job, make_rig, ready  # noqa: F401 (fixture)
+from test_executor_reattest import LEASES, RESUME_SECRET, ClusterRig, held_job, make_rig, ready  # noqa: F401 (fixture)
 from qlactors.ids import new_id
 
 
@@ -45,7 +45,7 @@ def second_offer(rig: ClusterRig, session) -> tuple[m.Offer, m.Activate]:
 
 def answer_leave(rig: ClusterRig, leave: m.Leave) -> m.Ack:
     result, detail = rig.control.leave(leave, rig.worker_id)
-    ack = ack_message("leave", "", "", result, detail)
+    ack = ack_message("leave", "", "", result, detail, answer_to=leave.request_id)
     rig.peer.send(ack)
     return ack
 
@@ -53,7 +53,7 @@ def answer_leave(rig: ClusterRig, leave: m.Leave) -> m.Ack:
 def answer_decline(rig: ClusterRig, decline: m.Decline) -> m.Ack:
     outcome = rig.ctx.dispatch.decline(fence_of(decline, decline.worker_id))
     ack = ack_message("decline", decline.run_id, decline.attempt_id, outcome.result, outcome.detail or "",
-                      offer_id=decline.offer_id)
+                      offer_id=decline.offer_id, answer_to=decline.request_id)
     rig.peer.send(ack)
     return ack
 
@@ -184,7 +184,8 @@ def cluster_gateway(tmp_path, store_url):
     endpoint = unique_endpoint("control")
     h = ActorHarness(tmp_path, control_bind=endpoint, database_url=store_url)
     try:
-        h.ctx.sessions = ClusterSessions(h.ctx.dispatch, None, h.ctx.control, **LEASES)
+        h.ctx.sessions = ClusterSessions(h.ctx.dispatch, None, h.ctx.control, **LEASES,
+                                         resume_secret=RESUME_SECRET)
         h.bridge.route_control(h.directory.named("gateway"))
         h.stub("recovery")
         h.stub("scheduler")

@@ -70,3 +70,25 @@ def test_a_worker_whose_heartbeats_are_answered_leaves_the_timeout_to_the_contro
     completed = rig.peer.expect(m.Completed, strict=False)
     assert (completed.exit_code, completed.stopped_by) == (0, "exit")
     assert "event=local_timeout" not in caplog.text and "event=stop_term" not in caplog.text
+
+
+def test_nudges_and_refusals_naming_no_request_do_not_keep_a_cut_off_worker_from_its_deadline(make_rig, caplog):  # noqa: F811
+    """Protocol 4 (§9 Exchange, §7): a revoked worker hears only refusals of frames its replicas
+    will not read, and Nudges: neither answers a request, so neither counts as hearing a replica,
+    and the worker still times its job out itself."""
+    from actor_harness import ack_message
+    from qlactors.wire.curve import REFUSED_KEY
+
+    caplog.set_level(logging.INFO, logger="qlactors")
+    rig = make_rig()
+    offer, _started, t0 = launch_with_timeout(rig)
+    while True:
+        message = rig.peer.recv(timeout=WAIT_S)
+        if isinstance(message, m.Completed):
+            break
+        # Every frame answered with what a replica sends a key it no longer knows, and a Nudge.
+        rig.peer.send(ack_message("unknown", "", "", "refused", REFUSED_KEY))
+        rig.peer.send(m.Nudge())
+    assert (message.attempt_id, message.stopped_by) == (offer.attempt_id, "term")
+    assert time.monotonic() - t0 >= TIMEOUT_MS / 1000
+    assert "event=local_timeout" in caplog.text

@@ -10,6 +10,7 @@ the harness's store; the test peer plays the control side with the real store de
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
@@ -21,6 +22,7 @@ from qlactors.actors.receipts import ReceiptConsumer
 from qlactors.actors.session_policy import ClusterSessions
 from qlactors.actors.signals import Consume, HeartbeatDue, NoReceipt, Resume
 from qlactors.domain.receipt import token_hash
+from qlactors.domain.resume_secret import resume_secret
 from qlactors.ids import new_id
 from qlactors.process.identity import Liveness
 from qlactors.wire import messages as m
@@ -31,6 +33,7 @@ from actor_harness import ActorHarness, attempt_row, leases, unique_endpoint, wa
 from test_actors import BOOT_ID, ExecutorRig, new_token, spec
 
 LEASES = dict(heartbeat_ms=600_000, session_lease_ms=60_000, run_lease_ms=60_000)  # no timer fires
+RESUME_SECRET = functools.partial(resume_secret, b"r" * 40)  # the replicas' key, for ClusterSessions
 
 
 class ClusterRig(ExecutorRig):
@@ -39,7 +42,7 @@ class ClusterRig(ExecutorRig):
 
     def __init__(self, h: ActorHarness, ref, peer, register: m.Register) -> None:
         super().__init__(h, ref, peer, register)
-        self.control = ClusterSessions(h.ctx.dispatch, None, h.ctx.control, **LEASES)
+        self.control = ClusterSessions(h.ctx.dispatch, None, h.ctx.control, **LEASES, resume_secret=RESUME_SECRET)
         self.worker_id = h.ctx.session.worker_id
 
     def new_session(self):
@@ -191,7 +194,12 @@ def test_a_re_register_gives_back_an_accepted_offer_that_was_never_launched(make
     attest = rig.peer.expect(m.Attest, strict=False)
     assert (attest.attempt_id, attest.fact, attest.lease.offer_id, attest.lease_session_id) == (
         offer.attempt_id, "never_launched", offer.offer_id, s1.session_id)
-    assert rig.answer_attest(attest).result == "applied"
+    answer = rig.answer_attest(attest)
+    assert (answer.result, answer.detail) == ("applied", "released")
+    # The claim is given back at once (SEMANTICS.md §10), not held until its offer expires.
+    (lease,) = leases(rig.repo, offer.run_id)
+    assert (lease["status"], lease["release_reason"], lease["version"]) == ("released", "declined", 2)
+    assert attempt_row(rig.repo, offer.attempt_id).evidence is None
     assert rig.ctx.journal.get(offer.attempt_id) is None
     rig.peer.expect(m.Pull, strict=False)  # its slot is free again
     # A late Activated for the old session's offer launches nothing.
@@ -384,6 +392,16 @@ def test_an_activate_left_unanswered_is_sent_again_and_the_job_launches_once(mak
     assert runs.read_text() == "run\n"  # launched once
 
 
+def attest_from(rig: ClusterRig, session) -> m.Attest:
+    """The next Attest sent from `session`; those from older sessions are answered on the way
+    (`fenced` for their session: the worker re-makes them from the current one)."""
+    while True:
+        attest = rig.peer.expect(m.Attest, strict=False)
+        if attest.session_id == session.session_id:
+            return attest
+        assert rig.answer_attest(attest).result == "fenced"
+
+
 def _offered(rig: ClusterRig, session) -> m.Activate:
     rig.welcome_to(session)
     pull = rig.peer.expect(m.Pull, strict=False)
@@ -405,12 +423,12 @@ def test_an_activation_fenced_for_its_session_is_given_back_by_the_next_session(
                                           act.log_artifact_id)  # the first copy, committed
     assert committed.result == "applied"
     rig.peer.send(ack_message("activate", act.run_id, act.attempt_id, "fenced", "session_expired",
-                              offer_id=act.offer_id))  # the answer to the re-sent copy
+                              offer_id=act.offer_id, answer_to=act.request_id))  # the answer to the re-sent copy
     rig.peer.send(m.Activated(answer_to=act.request_id, run_id=act.run_id, attempt_id=act.attempt_id, offer_id=act.offer_id,
                               lease_version=committed.lease_version, deadline_at_ms=None))  # late
     s2 = end_session_by_heartbeat(rig)
     rig.welcome_to(s2)
-    attest = rig.peer.expect(m.Attest, strict=False)
+    attest = attest_from(rig, s2)  # the give-back sent from the ended session is re-made from this one
     assert (attest.attempt_id, attest.fact, attest.lease.offer_id) == (act.attempt_id, "never_launched", act.offer_id)
     assert rig.answer_attest(attest).result == "applied"
     assert attempt_row(rig.repo, act.attempt_id).evidence == "never_launched"
@@ -424,8 +442,8 @@ def test_an_activation_fenced_for_its_lease_is_given_back_at_once(make_rig):
     rig = make_rig()
     act = _offered(rig, rig.new_session())
     rig.peer.send(ack_message("activate", act.run_id, act.attempt_id, "fenced", "lease_expired",
-                              offer_id=act.offer_id))
+                              offer_id=act.offer_id, answer_to=act.request_id))
     attest = rig.peer.expect(m.Attest, strict=False)
     assert (attest.attempt_id, attest.fact) == (act.attempt_id, "never_launched")
-    assert rig.ctx.journal.get(act.attempt_id) is None
+    wait_until(lambda: rig.ctx.journal.get(act.attempt_id) is None, what="the row cleared (kept, hidden, while owed)")
     rig.peer.expect(m.Pull, strict=False)  # the slot is free again

@@ -118,3 +118,46 @@ def test_schema_3_database_upgrades_to_4_keeping_its_rows(store, monkeypatch):
     with pytest.raises(IntegrityError, match="release_reason"):
         with store.write() as conn:
             conn.execute(run_dispatch_leases.update().values(release_reason="whatever"))
+
+
+def test_schema_8_database_upgrades_to_9_keeping_its_attempts_and_their_evidence(store, monkeypatch):
+    """Schema 9 rebuilds run_attempts on SQLite (a CHECK cannot be altered there): its rows and
+    their references survive; a fact recorded before names no lease generation; the new fact
+    `confirmed_stopped` is accepted and anything else still refused."""
+    import qlactors.store.migrations as migrations
+    from qlactors.store.schema import run_attempts, run_events, runs, task_revisions, tasks
+
+    shipped = available(store.dialect_name)
+    monkeypatch.setattr(migrations, "available", lambda dialect: shipped[:8])
+    assert migrate(store) == 8
+    monkeypatch.undo()
+    t = 1_700_000_000_000
+    with store.write() as conn:
+        conn.execute(tasks.insert().values(id="t1", name="old", current_revision=1, version=1, enabled=True,
+                                           created_at_ms=t, updated_at_ms=t))
+        conn.execute(task_revisions.insert().values(
+            task_id="t1", revision=1, command_json='{"argv": ["true"]}', cwd=None, env_json="{}",
+            timeout_ms=None, stop_grace_ms=1000, max_concurrent=1, retry_on_lost=False, max_attempts=1,
+            safety="unknown", backoff_base_ms=1000, backoff_max_ms=300000, labels_json="[]", created_at_ms=t))
+        conn.execute(runs.insert().values(id="r1", task_id="t1", task_revision=1, trigger_type="manual",
+                                          status="running", version=3, event_sequence=1,
+                                          created_at_ms=t, queued_at_ms=t, updated_at_ms=t))
+        conn.execute(run_attempts.insert().values(
+            id="a1", run_id="r1", number=1, status="running", executor_type="cluster", callback_sequence=0,
+            callback_token_hash="0" * 64, lease_generation=2, evidence="stopped", evidence_at_ms=t,
+            created_at_ms=t, updated_at_ms=t))
+        conn.execute(run_events.insert().values(id="e1", run_id="r1", sequence=1, type="started",
+                                                actor_type="executor", attempt_id="a1", payload_json="{}",
+                                                created_at_ms=t))
+    assert migrate(store) == latest_version(store.dialect_name) >= 9
+    with store.write() as conn:
+        row = conn.execute(run_attempts.select()).one()
+        assert (row.id, row.status, row.lease_generation, row.evidence, row.evidence_at_ms) == (
+            "a1", "running", 2, "stopped", t)
+        assert (row.evidence_lease_generation, row.evidence_by) == (None, None)
+        assert conn.execute(run_events.select()).one().attempt_id == "a1"
+        conn.execute(run_attempts.update().values(evidence="confirmed_stopped", evidence_by="alice",
+                                                  evidence_lease_generation=2))
+    with pytest.raises(IntegrityError, match="evidence"):
+        with store.write() as conn:
+            conn.execute(run_attempts.update().values(evidence="whatever"))

@@ -36,8 +36,10 @@ def now_ms(repo) -> int:
 
 
 def set_evidence(repo, attempt_id, fact):
+    """Record `fact` about the attempt's current lease generation."""
     with repo.store.write() as conn:
-        conn.execute(update(run_attempts).where(run_attempts.c.id == attempt_id).values(evidence=fact))
+        conn.execute(update(run_attempts).where(run_attempts.c.id == attempt_id).values(
+            evidence=fact, evidence_lease_generation=run_attempts.c.lease_generation))
 
 
 def set_session(repo, session_id, **values):
@@ -79,7 +81,8 @@ def resolve_one(cases, flight):
     ("never_launched", ErrorCode.RECOVERY_NEVER_LAUNCHED),
 ])
 def test_an_attested_fact_marks_the_expired_attempt_lost_with_its_code(repo, dispatch, cases, worker, fact, code):
-    flight = launch(repo, dispatch, worker)
+    # `never_launched` only for an activated attempt whose start never landed (refused after one)
+    flight = launch(repo, dispatch, worker, started=fact != "never_launched")
     assert attest(dispatch, worker, flight, worker, fact).result == "applied"
     assert page_ids(cases) == []  # the lease is live: evidence alone is not enough
     expire_lease(repo, flight.quote.attempt_id)

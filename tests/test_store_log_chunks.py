@@ -151,3 +151,57 @@ def test_retention_deletes_a_runs_chunks_with_it(repo, chunks, flight, tmp_path)
     assert stored(repo, attempt_id) == 0 and chunks.acked_offset(attempt_id) == 0
     with repo.store.read() as conn:
         assert conn.execute(select(run_attempts).where(run_attempts.c.id == attempt_id)).first() is None
+
+
+def _capped_flight(repo, dispatch, cap: int):
+    """A started attempt of worker w1 offered with a log cap of `cap` bytes."""
+    session = dispatch.register_session(WORKER, 4)
+    repo.tasks.add(spec())
+    repo.runs.request("job")
+    lease_hash = new_hash()
+    offer = dispatch.offer(WORKER, session.session_id, session.generation, "o1", lease_hash, log_cap_bytes=cap)
+    assert offer.log_cap_bytes == cap
+    token = secrets.token_urlsafe(32)
+    assert dispatch.activate(offer.fence(lease_hash), token_hash(token), "log").result == "applied"
+    return offer.run_id, offer.attempt_id, token
+
+
+def test_a_chunk_past_the_final_offset_is_refused_and_stores_nothing(repo, chunks, flight):
+    run_id, attempt_id, token = flight
+    send(chunks, flight, 0, b"first\n")
+    receipt = Receipt(schema_version=1, run_id=run_id, attempt_id=attempt_id, callback_sequence=1,
+                      token=token, started_at_ms=1, finished_at_ms=2, exit_code=0)
+    CompletionService(repo.store).complete(run_id, attempt_id, receipt, 0, worker_id=WORKER, final_log_offset=12)
+    result = send(chunks, flight, 6, b"second and more")  # ends at 21, past the final 12
+    assert (result.result, result.acked_offset, result.detail) == ("refused", 6, "past_final_offset")
+    assert stored(repo, attempt_id) == 1 and chunks.read(attempt_id, 0, 100) == b"first\n"
+    assert send(chunks, flight, 6, b"second").acked_offset == 12  # up to the final offset: kept
+    assert send(chunks, flight, 12, b"x").detail == "past_final_offset"  # not one byte after it
+    assert chunks.read(attempt_id, 0, 100) == b"first\nsecond"
+
+
+def test_a_chunk_past_the_log_cap_the_offer_carried_is_refused_and_stores_nothing(repo, dispatch, chunks):
+    capped = _capped_flight(repo, dispatch, cap=10)
+    attempt_id = capped[1]
+    with repo.store.read() as conn:
+        assert conn.execute(select(run_attempts.c.log_cap_bytes).where(
+            run_attempts.c.id == attempt_id)).scalar_one() == 10
+    assert send(chunks, capped, 0, b"0123").result == "applied"
+    result = send(chunks, capped, 4, b"456789ab")  # ends at 12, past the cap of 10
+    assert (result.result, result.acked_offset, result.detail) == ("refused", 4, "past_log_cap")
+    assert stored(repo, attempt_id) == 1
+    assert send(chunks, capped, 4, b"456789").acked_offset == 10  # exactly the cap: kept
+    assert send(chunks, capped, 10, b"!").detail == "past_log_cap"
+    assert chunks.read(attempt_id, 0, 100) == b"0123456789"
+
+
+def test_a_repeated_pull_offers_the_cap_first_recorded(repo, dispatch):
+    """The same Pull again (its answer was lost) through a replica with another `log_cap_bytes`
+    is answered with the cap the attempt's chunks are judged by."""
+    session = dispatch.register_session(WORKER, 4)
+    repo.tasks.add(spec())
+    repo.runs.request("job")
+    lease_hash = new_hash()
+    first = dispatch.offer(WORKER, session.session_id, session.generation, "o1", lease_hash, log_cap_bytes=100)
+    again = dispatch.offer(WORKER, session.session_id, session.generation, "o1", lease_hash, log_cap_bytes=999)
+    assert (again.attempt_id, again.log_cap_bytes) == (first.attempt_id, 100)

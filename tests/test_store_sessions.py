@@ -176,7 +176,7 @@ def test_resume_is_refused_and_changes_nothing(repo, dispatch, case):
         quoted = new_hash()
     elif case == "superseded":
         register(dispatch, "w1")
-    elif case == "offline":  # ended otherwise than by its own drain (as `worker revoke` does)
+    elif case == "offline":  # ended otherwise than by its own drain (as an older release's revoke left it)
         with repo.store.write() as conn:
             conn.execute(update(worker_sessions).where(worker_sessions.c.session_id == session_id)
                          .values(status="offline", ended_at_ms=2))
@@ -238,10 +238,13 @@ def test_end_session_from_a_superseded_or_foreign_session_is_fenced_and_changes_
 
 
 def test_end_session_of_a_revoked_session_is_fenced(repo, dispatch, worker):
-    with repo.store.write() as conn:  # ended as `worker revoke` ends it: offline, not drained
-        conn.execute(update(worker_sessions).where(worker_sessions.c.session_id == worker.session_id)
-                     .values(status="offline", ended_at_ms=2))
+    from qlactors.store.worker_keys import WorkerKeys
+
+    keys = WorkerKeys(repo.store)
+    keys.allow("w1", "k" * 40)
+    assert keys.revoke("w1").sessions_ended == 1  # offline, not drained, ended by `revoked`
     before = session_row(repo, worker.session_id)
+    assert (before.status, before.ended_by, before.drained_at_ms) == ("offline", "revoked", None)
     outcome = dispatch.end_session("w1", worker.session_id, 1, status="offline")
     assert (outcome.result, outcome.detail) == ("fenced", "session_offline")
     assert session_row(repo, worker.session_id) == before
@@ -483,7 +486,8 @@ def test_attest_evidence_is_recorded_on_the_attempt_only(repo, dispatch, worker)
     assert attempt["evidence"] == "stopped" and attempt["evidence_at_ms"] is not None
     assert (run, leases, events) == (run_before, leases_before, events_before)
     changed = {k for k in attempt if attempt[k] != attempts_before[0][k]}
-    assert changed == {"evidence", "evidence_at_ms", "updated_at_ms"}
+    assert changed == {"evidence", "evidence_at_ms", "evidence_lease_generation", "updated_at_ms"}
+    assert attempt["evidence_lease_generation"] == 1  # the generation of the lease it quoted
     # the same fact again keeps its first time; a released lease fences further attestations
     attest(dispatch, restarted, flight, worker, "stopped")
     assert db_state(repo, flight.quote.run_id)[1][0]["evidence_at_ms"] == attempt["evidence_at_ms"]

@@ -1,18 +1,25 @@
 """`worker retire WORKER --confirm-stopped` in the store (both dialects): the worker's live
 sessions end (its reports are fenced, its key stays allowed) and its `starting|running`
 attempts get the `retired` evidence recovery trusts (SEMANTICS.md §9 Drain, §10 step 1), in
-one transaction; other workers' attempts and proofs already given are left alone."""
+one transaction; other workers' attempts and proofs already given are left alone. Revoked and
+retired (§9): `worker revoke` and `worker retire` end drained sessions too, none is resumed, and
+a resume checks the allow-list."""
 
 from __future__ import annotations
 
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import delete, select, update
 
 from qlactors.errors import NotFound
-from qlactors.store.schema import run_attempts, worker_sessions
+from qlactors.store.cluster_recovery import ClusterRecoveryCases
+from qlactors.store.records import Fenced
+from qlactors.store.schema import run_attempts, worker_keys, worker_sessions
+from qlactors.store.worker_keys import WorkerKeys
 from qlactors.store.worker_retirement import WorkerRetirement
+from store_helpers import new_hash
 
-from test_store_sessions import beat, launch, register, session_row
+from test_store_cluster_recovery import DRAIN_MS, GRACE_MS, IDEMPOTENT, page_ids
+from test_store_sessions import beat, expire_lease, launch, register, session_row
 
 
 def _evidence(repo, attempt_id):
@@ -51,7 +58,8 @@ def test_retire_keeps_a_proof_already_given_and_replaces_an_unknown_launch(repo,
     with repo.store.write() as conn:
         for flight, fact in ((stopped, "stopped"), (unknown, "launch_unknown")):
             conn.execute(update(run_attempts).where(run_attempts.c.id == flight.quote.attempt_id)
-                         .values(evidence=fact, evidence_at_ms=5))
+                         .values(evidence=fact, evidence_at_ms=5,
+                                 evidence_lease_generation=run_attempts.c.lease_generation))
     done = WorkerRetirement(repo.store).retire("w1")
     assert done.attempts == (unknown.quote.attempt_id,)
     assert _evidence(repo, stopped.quote.attempt_id) == ("stopped", 5)
@@ -69,3 +77,86 @@ def test_retire_twice_is_harmless_and_an_unknown_worker_is_refused(repo, dispatc
         WorkerRetirement(repo.store).retire("ghost")
     with repo.store.read() as conn:
         assert conn.execute(select(worker_sessions.c.status)).scalars().all() == ["offline"]
+
+
+# -- Revoked and retired (SEMANTICS.md §9): every session ends, drained ones included -----------
+
+def _drain(dispatch, session, *, offline):
+    assert dispatch.end_session("w1", session.session_id, session.generation, status="draining").result == "applied"
+    if offline:
+        assert dispatch.end_session("w1", session.session_id, session.generation).result == "applied"
+
+
+def _resume(dispatch, session, secret, **kw):
+    return dispatch.resume_session("w1", session.session_id, session.generation, secret, new_hash(), "boot-1",
+                                   capacity=4, labels=(), session_lease_ms=60_000, **kw)
+
+
+def _end(repo, how):
+    if how == "revoked":
+        keys = WorkerKeys(repo.store)
+        keys.allow("w1", "k" * 40)
+        done = keys.revoke("w1")
+        keys.allow("w1", "k" * 40)  # allowed again: the old session still never comes back
+        return done.sessions_ended
+    return WorkerRetirement(repo.store).retire("w1").sessions_ended
+
+
+@pytest.mark.parametrize("how", ["revoked", "retired"])
+@pytest.mark.parametrize("offline", [True, False], ids=["offline_after_drain", "draining"])
+def test_revoke_and_retire_end_a_drained_session_which_is_never_resumed(repo, dispatch, how, offline):
+    secret = new_hash()
+    session = register(dispatch, "w1", secret)
+    flight = launch(repo, dispatch, session, **IDEMPOTENT)  # kept running across the planned restart
+    _drain(dispatch, session, offline=offline)
+    drained = session_row(repo, session.session_id)
+
+    assert _end(repo, how) == 1
+
+    row = session_row(repo, session.session_id)
+    assert (row.status, row.ended_by, row.version) == ("offline", how, drained.version + 1)
+    # Recovery's clock for the idempotent rule is not moved: the drain's end (or, for a session
+    # still draining, the operator's end of it) plus the drain grace.
+    assert row.drained_at_ms == drained.drained_at_ms
+    if offline:
+        assert row.ended_at_ms == drained.ended_at_ms
+    else:
+        assert row.ended_at_ms is not None
+    expire_lease(repo, flight.quote.attempt_id)
+    cases = ClusterRecoveryCases(repo.store, recovery_grace_ms=GRACE_MS, drain_grace_ms=DRAIN_MS)
+    if how == "revoked":  # no word on its processes: its idempotent attempt waits out the drain grace
+        assert page_ids(cases) == []
+        waiting = cases.waiting_for(flight.quote.attempt_id)
+        assert waiting.eligible_at_ms == row.ended_at_ms + DRAIN_MS + GRACE_MS
+    else:  # the operator's word that nothing runs: trusted at once
+        assert page_ids(cases) == [flight.quote.attempt_id]
+    before = session_row(repo, session.session_id)
+    with pytest.raises(Fenced, match=f"^{how}"):
+        _resume(dispatch, session, secret)
+    assert session_row(repo, session.session_id) == before
+    assert beat(dispatch, session, 9).session_ended
+    assert _end(repo, how) == 0  # ended once; a second revoke or retire finds nothing to end
+
+
+def test_a_resume_of_a_worker_off_the_allow_list_is_refused_and_changes_nothing(repo, dispatch):
+    secret = new_hash()
+    session = register(dispatch, "w1", secret)
+    with repo.store.write() as conn:  # the key is gone, as a replica with a stale cache would not see
+        conn.execute(delete(worker_keys).where(worker_keys.c.worker_id == "w1"))
+    before = session_row(repo, session.session_id)
+    with pytest.raises(Fenced, match="^revoked: .*not on the allow-list"):
+        _resume(dispatch, session, secret, require_key=True)
+    assert session_row(repo, session.session_id) == before
+    WorkerKeys(repo.store).allow("w1", "k" * 40)
+    assert _resume(dispatch, session, secret, require_key=True).session_id == session.session_id
+
+
+def test_a_resume_after_revoke_is_refused(repo, dispatch):
+    keys = WorkerKeys(repo.store)
+    keys.allow("w1", "k" * 40)
+    secret = new_hash()
+    session = register(dispatch, "w1", secret)
+    keys.revoke("w1")
+    with pytest.raises(Fenced, match="^revoked"):
+        _resume(dispatch, session, secret, require_key=True)
+    assert session_row(repo, session.session_id).ended_by == "revoked"

@@ -197,7 +197,7 @@ def test_journal_file_is_private_and_holds_only_the_journal_tables(tmp_path):
     store.close()
     with sqlite3.connect(path) as conn:
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        assert tables == {"executor_journal", "executor_pulls", "executor_session"}
+        assert tables == {"executor_journal", "executor_pulls", "executor_session", "executor_owed"}
         assert conn.execute("PRAGMA user_version").fetchone()[0] == JOURNAL_VERSION
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
@@ -230,3 +230,55 @@ def test_a_foreign_database_is_refused(tmp_path):
         conn.execute("CREATE TABLE runs (id TEXT)")
     with pytest.raises(SchemaError, match="not a qlactors worker journal"):
         open_journal_file(tmp_path)
+
+
+def test_an_owed_report_is_kept_until_settled_and_its_rows_row_waits_for_it(journal):
+    attempt_id = accept(journal, lease())
+    journal.owe("req-1", "started", attempt_id, b"\x81\xa4kind\xa7started")
+    journal.owe("req-1", "started", attempt_id, b"\x81\xa4kind\xa7started")  # the same again: a no-op
+    journal.owe("req-2", "attest", attempt_id, b"\x81\xa4kind\xa6attest")
+    assert [(r.request_id, r.kind, r.attempt_id) for r in journal.owed()] == [
+        ("req-1", "started", attempt_id), ("req-2", "attest", attempt_id)]
+    assert not journal.clear(attempt_id)  # owed: hidden, not deleted
+    assert journal.get(attempt_id) is None and journal.list() == [] and list(journal.walk()) == []
+    assert journal.settle("req-1").request_id == "req-1"
+    assert journal.settle("req-1") is None  # a second answer finds nothing owed
+    assert journal.owes("req-2") is not None
+    assert journal.settle("req-2").kind == "attest"
+    assert journal.owed() == []
+    # The last answer took the hidden row with it: the attempt can be journalled afresh.
+    assert journal.accept(attempt_id, new_id(), "/l", "/r", token_hash("d" * 43), lease())
+    assert journal.get(attempt_id).state == "accepted"
+
+
+def test_a_re_offer_takes_back_a_row_waiting_for_its_give_back(journal):
+    attempt_id = accept(journal, lease())
+    journal.owe("give-back", "attest", attempt_id, b"\x80")
+    journal.clear(attempt_id)
+    assert journal.get(attempt_id) is None
+    again = lease(generation=2)
+    assert journal.accept(attempt_id, new_id(), "/l", "/r", token_hash("e" * 43), again)
+    assert journal.get(attempt_id).lease == again
+    journal.settle("give-back")  # the old lease's give-back answered: the re-offered row stays
+    assert journal.get(attempt_id).lease == again
+
+
+def test_a_version_1_journal_file_is_upgraded_in_place_keeping_its_rows(tmp_path):
+    path = tmp_path / JOURNAL_FILE
+    store = open_journal_file(tmp_path)
+    attempt_id = accept(Journal(store), lease())
+    store.close()
+    with sqlite3.connect(path) as conn:  # as version 1 left it: no owed reports, no clear_pending
+        conn.execute("DROP TABLE executor_owed")
+        conn.execute("ALTER TABLE executor_journal DROP COLUMN clear_pending")
+        conn.execute("PRAGMA user_version = 1")
+    store = open_journal_file(tmp_path)
+    try:
+        journal = Journal(store)
+        assert journal.get(attempt_id).state == "accepted"
+        journal.owe("r", "attest", attempt_id, b"\x80")
+        assert [r.request_id for r in journal.owed()] == ["r"]
+    finally:
+        store.close()
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == JOURNAL_VERSION == 2

@@ -120,3 +120,15 @@ def test_reread_refuses_bytes_that_changed(tmp_path):
     path.write_bytes(b"HELLO world")
     with pytest.raises(ValueError, match="append-only"):
         reread(chunk, path)
+
+
+def test_chunks_to_send_stop_at_the_final_offset(tmp_path):
+    """Bytes an escaped writer adds after the job's end are past the final offset: never sent
+    (the control side refuses a chunk that passes it)."""
+    path = tmp_path / "a.log"
+    path.write_bytes(b"the job's log\n" + b"written after its end")
+    shipper = LogShipper(window=4)
+    sent = chunks_to_send(shipper, path, max_bytes=8, end=14)
+    assert [(c.offset, d) for c, d in sent] == [(0, b"the job'"), (8, b"s log\n")]
+    assert chunks_to_send(shipper, path, end=14) == []
+    assert shipper.sent_offset == 14

@@ -7,6 +7,10 @@ attempts whose lease is missing or expired and for which evidence exists (marked
 by their cancel intent: store/cluster_recovery.py). Attempts still waiting for evidence are not
 on that page at all (`status` lists them). A full page asks the Scheduler for another cycle at
 once; a failure ends the cycle, so nothing is offered while authority is unknown.
+
+A claim its worker gives back (`never_launched` for an attempt never activated) is not this
+actor's: the store released its lease (`declined`) in the attestation's own transaction
+(store/attestations.py), and the cycle the Gateway asks for offers the attempt again.
 """
 
 from __future__ import annotations
@@ -41,7 +45,8 @@ class ClusterRecovery(RuntimeActor):
         return {"released": released, "resolved": resolved}
 
     def on_ended(self, msg: AttemptEnded, _peer: bytes) -> None:
-        # The Gateway asked for a cycle too: the evidence is judged on its page.
+        # Nothing to do here: the attestation's transaction recorded the evidence (judged on the
+        # page of the cycle the Gateway asked for) or already released a given-back claim.
         log.info("event=attested_not_running run=%s attempt=%s", msg.run_id, msg.attempt_id)
 
     def on_page(self, msg: StepRequest, _peer: bytes) -> None:

@@ -23,12 +23,15 @@ from ..store.engine import StoreUnavailable
 from ..wire import codec
 from ..wire import messages as m
 from ..wire.bridge import Inbound, ProcessExited
+from ..wire.curve import REFUSED_KEY
 from ..worker.journal_records import LeaseFacts
 from .base import RuntimeActor
 from .executor_adopt import Adoption, Rebinding
 from .executor_drain import Draining
+from .executor_owed import OwedReports, session_fence
 from .executor_session import SessionReports, wall_ms
-from .signals import Consume, DrainSession, HeartbeatDue, NoReceipt, SessionOpen, ShipLog, StopCheck
+from .signals import (Consume, DrainSession, HeartbeatDue, NoReceipt, OwedDue, RegisterDue, SessionOpen, ShipLog,
+                      StopCheck)
 
 log = logging.getLogger("qlactors.executor")
 
@@ -58,7 +61,7 @@ class Local:
     activate_request_id: str = ""  # the Activate of this offer, the same on every copy
 
 
-class Executor(SessionReports, Adoption, Draining, RuntimeActor):
+class Executor(OwedReports, SessionReports, Adoption, Draining, RuntimeActor):
     name = "executor"
     uses_outbox = True
 
@@ -79,6 +82,10 @@ class Executor(SessionReports, Adoption, Draining, RuntimeActor):
         self.unprobed: set[str] = set()  # journal rows whose /proc was unreadable: probed again
         self.drain_waits: set[str] = set()  # a SIGTERM drain's unanswered requests (executor_drain)
         self.pull_sent_at = 0.0  # monotonic
+        # The pairs of the last answered Pulls (offer id -> lease token): an Offers answer that
+        # comes again or late is declined at once with them, never left to expire.
+        self.answered_pairs: dict[str, str] = {}
+        self.owed_sent_at: dict[str, float] = {}  # executor_owed.py
         self.answered_at = time.monotonic()  # the last message from the control side (any replica)
 
     def handlers(self):
@@ -88,6 +95,7 @@ class Executor(SessionReports, Adoption, Draining, RuntimeActor):
             m.HeartbeatAck: self.on_heartbeat_ack, m.StopRequested: self.on_stop_requested,
             ProcessExited: self.on_exited, StopCheck: self.on_stop_check, NoReceipt: self.on_no_receipt,
             Consume: self.on_consume, HeartbeatDue: self.on_heartbeat_due, DrainSession: self.on_drain_session,
+            OwedDue: self.on_owed_due, RegisterDue: self.on_register_due,
         }
 
     def on_receive(self, message: Any) -> Any:
@@ -98,13 +106,26 @@ class Executor(SessionReports, Adoption, Draining, RuntimeActor):
         return super().on_receive(message)
 
     def started(self) -> None:
+        """Register: the Register an earlier instance sent and got no answer to, again (the same
+        register id gets the same session), when it still says what this one would (same boot,
+        capacity and labels: a Register from before a reboot would hide the reboot); else anew."""
+        for owed in self.ctx.journal.owed():
+            if owed.kind != m.Register.KIND:
+                continue
+            earlier = codec.decode([codec.HEADER, owed.body])
+            if (earlier.boot_id, earlier.capacity, earlier.labels) == (self.ctx.boot_id(), self.slots, self.labels):
+                self.register_request = owed.request_id
+                self.out.to_control(earlier)
+                self._schedule_register()
+                return
+            self.ctx.journal.settle(owed.request_id)
         self._register(resume=True)
 
     def _register(self, *, resume: bool) -> None:
         """Open a session; on a worker restarted within its session lease, resume the saved one."""
         saved = self.ctx.journal.saved_session() if resume else None
         register_id = new_id()
-        self.out.to_control(m.Register(
+        self._send_register(m.Register(
             request_id=register_id, register_id=register_id, worker_id=self.worker_id, capacity=self.slots, boot_id=self.ctx.boot_id(), labels=self.labels,
             protocol_min=codec.PROTOCOL_MIN, protocol_max=codec.PROTOCOL_MAX,
             worker_clock_ms=wall_ms(), resume_session_id=saved.session_id if saved else None,
@@ -122,6 +143,9 @@ class Executor(SessionReports, Adoption, Draining, RuntimeActor):
     # -- offers -------------------------------------------------------------------------------
 
     def on_welcome(self, msg: m.Welcome, _peer: bytes) -> None:
+        if not self._welcomed(msg):
+            return  # the answer to an earlier Register (a session since replaced), or a copy's
+        welcomed_at = time.monotonic()
         self.session = msg
         self.worker_id = msg.worker_id
         if msg.session_lease_ms is not None:  # a cluster session: kept for a resume, heartbeats on
@@ -132,6 +156,7 @@ class Executor(SessionReports, Adoption, Draining, RuntimeActor):
         self._decline_unknown(msg)
         self._reattest_held(msg)  # held attempts first: `_adopt` attests the rows it adopts
         self._adopt()
+        self._resend_owed(welcomed_at)  # what was owed before: the old session's come back fenced, re-made
         self._pull()
 
     def on_nudge(self, _msg: m.Nudge, _peer: bytes) -> None:
@@ -166,11 +191,8 @@ class Executor(SessionReports, Adoption, Draining, RuntimeActor):
         self.out.to_control(self.pull_message)
 
     def on_offers(self, msg: m.Offers, _peer: bytes) -> None:
-        if not self.pending_pull or self.pending_pull[0] != msg.pull_id:
-            for offer in msg.offers:
-                log.warning("event=offer_unexpected offer=%s attempt=%s", offer.offer_id, offer.attempt_id)
-                if offer.attempt_id not in self.live:  # a pull of an instance that died: nobody holds it
-                    self._give_back(offer.run_id, offer.attempt_id)
+        if not self.pending_pull or self.pending_pull[0] != msg.pull_id or msg.answer_to != msg.pull_id:
+            self._decline_unexpected(msg)
             return
         if self.drain_done is not None:  # SIGTERM since this Pull was sent: nothing is accepted
             self._decline_drained_offers(msg)
@@ -189,10 +211,33 @@ class Executor(SessionReports, Adoption, Draining, RuntimeActor):
         # handled again (base.py), and its retry must still find this Pull waiting.
         if self._cluster():
             self.ctx.journal.clear_pull(msg.pull_id)
+        self.answered_pairs = dict(list(self.answered_pairs.items())[-4 * self.slots:] + list(pairs.items()))
         self.pending_pull = self.pull_message = None
         if len(msg.offers) == len(pairs):
             self._pull()  # every slot asked for was filled: there may be more work
         # Fewer offers than pairs: nothing more to offer now; a Nudge brings the next pull.
+
+    def _decline_unexpected(self, msg: m.Offers) -> None:
+        """Offers for a Pull this executor no longer waits for (a copy's answer, a late one): any
+        it does not hold is declined at once (SEMANTICS.md §9 Pull once), with the pair its Pull
+        journalled; one whose pair is unknown here is left to expire (its token cannot be quoted).
+        Edge (leases live with the process, nothing expires): given back, judged by its records."""
+        for offer in msg.offers:
+            held = self.live.get(offer.attempt_id)
+            if held is not None and held.offer is not None and held.offer.offer_id == offer.offer_id:
+                continue  # the same offer again: held
+            if held is not None:
+                continue  # another offer of an attempt held here: its own lease decides
+            if not self._cluster():
+                log.warning("event=offer_unexpected offer=%s attempt=%s action=give_back", offer.offer_id,
+                            offer.attempt_id)
+                self._give_back(offer.run_id, offer.attempt_id)
+                continue
+            token = self.answered_pairs.get(offer.offer_id)
+            log.warning("event=offer_unexpected offer=%s attempt=%s action=%s", offer.offer_id, offer.attempt_id,
+                        "decline" if token else "expire")
+            if token is not None:
+                self._decline(offer, token, msg.session_id, msg.session_generation, "not_waited_for")
 
     def _accept(self, offer: m.Offer, lease_token: str, batch: m.Offers) -> None:
         held = self.live.get(offer.attempt_id)
@@ -241,7 +286,7 @@ class Executor(SessionReports, Adoption, Draining, RuntimeActor):
         local = self.live.get(msg.attempt_id)
         if local is None or local.offer is None or local.identity is not None:
             return  # not ours (an instance that died asked for it), or already launched
-        if local.offer.offer_id != msg.offer_id:
+        if local.offer.offer_id != msg.offer_id or msg.answer_to != local.activate_request_id:
             return  # the answer to an earlier offer of the same attempt
         if local.activation_refused:
             return  # a late answer to an earlier copy: refused since, given back (never launched)
@@ -309,50 +354,99 @@ class Executor(SessionReports, Adoption, Draining, RuntimeActor):
                 offer.run_id, offer.attempt_id, token_hash(local.token),
                 str(self.ctx.logs.path_for(offer.run_id, offer.attempt_id)), worker_id=self.worker_id))
         i = local.identity
-        self.out.to_control(m.Started(**self._fence(local, msg.lease_version), request_id=new_id(), boot_id=i.boot_id,
-                                      pid=i.pid, pgid=i.pgid, start_ticks=i.start_ticks))
+        self._owe(m.Started(**self._fence(local, msg.lease_version), request_id=new_id(), boot_id=i.boot_id,
+                            pid=i.pid, pgid=i.pgid, start_ticks=i.start_ticks), offer.attempt_id)
         log.info("event=launched run=%s attempt=%s pid=%d", offer.run_id, offer.attempt_id, pid)
 
     def _start_failed(self, local: Local, activated: m.Activated, reason: str) -> None:
-        """Nothing was spawned: report the start failure, give the slot back."""
-        self.out.to_control(m.StartFailed(**self._fence(local, activated.lease_version), request_id=new_id(),
-                                          reason=reason))
+        """Nothing was spawned: report the start failure (owed: the row stays until it is answered),
+        give the slot back."""
+        self._owe(m.StartFailed(**self._fence(local, activated.lease_version), request_id=new_id(), reason=reason),
+                  local.attempt_id)
         self.ctx.journal.clear(local.attempt_id)
         del self.live[local.attempt_id]
         self._pull()
 
     def on_ack(self, msg: m.Ack, _peer: bytes) -> None:
-        if self._drain_ack(msg):
+        """An Ack acts only as the first answer to the request it names (SEMANTICS.md §9 Exchange):
+        an owed report still owed, or the Activate of the offer held now, not yet launched. Any
+        other Ack (a copy's second answer, a late one about an older lease) is logged, ignored."""
+        if msg.of == "unknown":  # the refusal of a frame the control side could not read
+            if msg.detail == REFUSED_KEY:
+                self._key_refused(msg.detail)
+            else:
+                log.warning("event=frame_refused_by_control detail=%s", msg.detail)
             return
-        local = self.live.get(msg.attempt_id)
-        if msg.result in ("applied", "already_terminal") or local is None:
+        if msg.of == "register":
+            if msg.answer_to == self.register_request:
+                self._register_refused(msg)
+            return
+        if msg.of == "activate":
+            self._activate_answered(msg)
+            return
+        report = self._owed_answered(msg.answer_to)
+        if report is None:
+            if msg.result not in ("applied", "already_terminal"):
+                log.info("event=answer_ignored of=%s attempt=%s result=%s detail=%s (not the answer waited for)",
+                         msg.of, msg.attempt_id, msg.result, msg.detail)
+            return
+        if self._drain_ack(msg, report):
+            return
+        if msg.result == "fenced" and session_fence(msg.detail):
+            self._fenced_by_session(report, msg)
+            return
+        self._settle(report)
+        if msg.result in ("applied", "already_terminal"):
             return
         log.warning("event=report_%s of=%s attempt=%s detail=%s", msg.result, msg.of, msg.attempt_id, msg.detail)
-        if msg.of == "activate" and (local.offer is None or local.offer.offer_id != msg.offer_id):
-            pass  # about an earlier offer of this attempt: the current one is still waiting
-        elif msg.of == "activate":  # fenced or refused: no spawn
-            self._activation_refused(local, msg)
-        elif msg.of == "started" and local.identity is not None:
-            # The start was not accepted: stop the process by its exact identity.
+        local = self.live.get(msg.attempt_id)
+        if msg.of == "started" and local is not None and local.identity is not None \
+                and self._holds_lease_of(local, report) and local.stop_phase is None:
+            # The start was not accepted under the lease it ran under, and it is still that lease
+            # here: stop the process by its exact identity. (About an older lease: nothing.)
             self._begin_stop(local, "refused")
+
+    def _holds_lease_of(self, local: Local, report: Any) -> bool:
+        """Whether `local` still holds the lease the owed report was about (offer id, generation)."""
+        sent = codec.decode([codec.HEADER, report.body])
+        lease = local.lease
+        return lease is not None and (lease.offer_id, lease.lease_generation) == (sent.offer_id,
+                                                                                  sent.lease_generation)
+
+    def _activate_answered(self, msg: m.Ack) -> None:
+        local = self.live.get(msg.attempt_id)
+        if msg.result in ("applied", "already_terminal"):
+            return
+        if local is None or local.offer is None or local.offer.offer_id != msg.offer_id \
+                or msg.answer_to != local.activate_request_id:
+            log.info("event=answer_ignored of=activate attempt=%s result=%s (about another offer)",
+                     msg.attempt_id, msg.result)
+            return
+        if local.identity is not None or local.activation_refused:
+            # Launched from another copy's `Activated` (or given back already): a late refusal
+            # never undoes a launch (SEMANTICS.md §9 Exchange).
+            log.warning("event=answer_ignored of=activate attempt=%s result=%s detail=%s (already %s)",
+                        msg.attempt_id, msg.result, msg.detail,
+                        "launched" if local.identity is not None else "given back")
+            return
+        log.warning("event=report_%s of=activate attempt=%s detail=%s", msg.result, msg.attempt_id, msg.detail)
+        self._activation_refused(local, msg)
 
     def _activation_refused(self, local: Local, msg: m.Ack) -> None:
         """Never launch it; and since an earlier copy of this Activate (the link re-sends what a
         replica left unanswered) may have been committed, leave the evidence that nothing ran:
         `never_launched`, which recovery trusts, not silence (a `starting` attempt nobody
-        attests waits for ever). Fenced for its session (expired, superseded): the session is
-        about to be replaced, and the new one's Welcome gives it back (`_reattest_held`) from a
-        session that can speak; meanwhile it is held, never launched. Otherwise at once. Edge:
-        the slot is freed, nothing more."""
+        attests waits for ever). The give-back is owed: if the session it is sent from has
+        ended, it is re-made from the next one. Edge: the slot is freed, nothing more."""
         local.activate_sent_at = None
         local.activation_refused = True
+        if self.session is None:
+            return  # between sessions: held, never launched; the next Welcome gives it back
         cluster = self._cluster()  # edge's Activate goes to the Gateway in-process: no copies
-        if cluster and (msg.detail.startswith("session") or msg.detail in ("unknown_session", "superseded")):
-            return
-        self.ctx.journal.clear(local.attempt_id)
         del self.live[local.attempt_id]
         if cluster:
             self._give_back(local.run_id, local.attempt_id, local.lease)
+        self.ctx.journal.clear(local.attempt_id)  # kept (hidden) while the give-back is owed
         self._pull()
 
     # -- stop ---------------------------------------------------------------------------------

@@ -35,12 +35,12 @@ from ..process.identity import Liveness, probe
 from ..wire import messages as m
 from ..worker import evidence as ev
 from ..worker.journal_records import IN_FLIGHT, JournalEntry, LeaseFacts
+from .executor_owed import session_fence
 from .signals import Consume
 
 log = logging.getLogger("qlactors.executor")
 
 PROBE_PAGE = 64
-SESSION_FENCES = ("unknown_session", "session_")  # details of a fence by the session attested from
 
 
 @dataclass
@@ -174,6 +174,15 @@ class Adoption:
     # -- the answers ------------------------------------------------------------------------------
 
     def on_attested(self, msg: m.Attested, _peer: bytes) -> None:
+        report = self._owed_answered(msg.answer_to)
+        if report is None:  # a second answer to an attestation settled already, or a stray one
+            log.info("event=answer_ignored of=attest attempt=%s fact=%s result=%s (not the answer waited for)",
+                     msg.attempt_id, msg.fact, msg.result)
+            return
+        if msg.fact != ev.RUNNING and msg.result == "fenced" and session_fence(msg.detail):
+            self._fenced_by_session(report, msg)  # re-made from the current session
+            return
+        self._settle(report)
         local = self.live.get(msg.attempt_id)
         pending = self.rebinding.get(msg.attempt_id)
         if msg.fact != ev.RUNNING or pending is None or local is None:
@@ -196,7 +205,7 @@ class Adoption:
             if local.identity is not None and local.stop_phase is None:
                 log.warning("event=superseded_process_stopped attempt=%s detail=%s", msg.attempt_id, msg.detail)
                 self._begin_stop(local, "superseded")
-        elif msg.result == "fenced" and (msg.detail or "").startswith(SESSION_FENCES):
+        elif msg.result == "fenced" and session_fence(msg.detail):
             # The session attested from is no longer current: its next heartbeat finds it ended,
             # and the Welcome after the re-register attests again. Its renewals stay held.
             log.warning("event=rebind_fenced_by_session attempt=%s detail=%s action=reattest_next_session",

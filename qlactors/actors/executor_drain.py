@@ -60,14 +60,19 @@ class Draining:
             self.drain_done.set()
             return
         self.drain_phase = status
-        self.out.to_control(m.Leave(request_id=new_id(), worker_id=self.worker_id, session_id=s.session_id,
-                                    session_generation=s.session_generation, status=status))
+        self._owe(m.Leave(request_id=new_id(), worker_id=self.worker_id, session_id=s.session_id,
+                          session_generation=s.session_generation, status=status))
 
     def _send_decline(self, offer: m.Offer, lease_token: str, session_id: str, generation: int) -> None:
-        self.out.to_control(m.Decline(
-            request_id=new_id(), worker_id=self.worker_id, session_id=session_id, session_generation=generation, run_id=offer.run_id,
-            attempt_id=offer.attempt_id, offer_id=offer.offer_id, lease_generation=offer.lease_generation,
-            lease_token=lease_token, lease_version=offer.lease_version, reason=DECLINE_REASON))
+        self._decline(offer, lease_token, session_id, generation, DECLINE_REASON)
+
+    def _decline(self, lease: Any, lease_token: str, session_id: str, generation: int, reason: str) -> None:
+        """An owed Decline of the lease `lease` names (an Offer, or Welcome's Unactivated)."""
+        self._owe(m.Decline(
+            request_id=new_id(), worker_id=self.worker_id, session_id=session_id, session_generation=generation,
+            run_id=lease.run_id, attempt_id=lease.attempt_id, offer_id=lease.offer_id,
+            lease_generation=lease.lease_generation, lease_token=lease_token,
+            lease_version=getattr(lease, "lease_version", 1), reason=reason), lease.attempt_id)
 
     def _decline_drained_offers(self, msg: m.Offers) -> None:
         """The answer to the Pull pending when the drain began: every offer in it declined."""
@@ -80,11 +85,13 @@ class Draining:
         self.ctx.journal.clear_pull(msg.pull_id)
         self.pending_pull = self.pull_message = None
 
-    def _drain_ack(self, msg: m.Ack) -> bool:
-        """Handle the answer to a drain's Leave or Decline; False for any other Ack."""
+    def _drain_ack(self, msg: m.Ack, report: Any) -> bool:
+        """Handle the answer to a drain's Leave or Decline (the owed `report` it answers, settled
+        here); False for any other Ack."""
         if self.drain_done is None:
             return False
         if msg.of == "leave":
+            self._settle(report)
             if msg.result != "applied":
                 log.warning("event=leave_%s status=%s detail=%s", msg.result, self.drain_phase, msg.detail)
             if self.drain_phase == "offline":
@@ -96,6 +103,7 @@ class Draining:
             return True
         if msg.of != "decline" or msg.attempt_id not in self.drain_waits:
             return False
+        self._settle(report)
         self.drain_waits.discard(msg.attempt_id)
         local: Any = self.live.get(msg.attempt_id)
         if local is not None and local.identity is None:

@@ -111,11 +111,7 @@ class SessionReports:
                             lease.attempt_id, lease.offer_id)
                 continue
             log.warning("event=unactivated_lease_declined attempt=%s offer=%s", lease.attempt_id, lease.offer_id)
-            self.out.to_control(m.Decline(
-                request_id=new_id(), worker_id=self.worker_id, session_id=welcome.session_id,
-                session_generation=welcome.session_generation, run_id=lease.run_id,
-                attempt_id=lease.attempt_id, offer_id=lease.offer_id, lease_generation=lease.lease_generation,
-                lease_token=token, lease_version=1, reason="unknown_after_restart"))
+            self._decline(lease, token, welcome.session_id, welcome.session_generation, "unknown_after_restart")
 
     def _repeat_pull(self) -> None:
         """A Pull unanswered for a heartbeat interval went astray (an answer lost on the way, a
@@ -131,10 +127,10 @@ class SessionReports:
         self.out.to_control(self.pull_message)
 
     def _repeat_activates(self) -> None:
-        """An Activate unanswered for a heartbeat interval went astray (a replica that answered a
-        later frame died before it committed this one: the link took that frame as the answer):
-        send it again, the same fence and token hash; the store answers a repeat `applied`
-        (`already_starting`) and the launch happens once, on the first `Activated` that comes.
+        """An Activate unanswered for a heartbeat interval went astray (lost on the way, or its
+        replica died before it committed it): send it again, the same request, fence and token
+        hash; a repeat gets the first answer, and the launch happens once, on the first
+        `Activated` that comes.
         Not while draining: those offers are declined (executor_drain.py), never launched."""
         if self.drain_done is not None:
             return
@@ -160,7 +156,7 @@ class SessionReports:
             entry = None if held is not None and held.lease is not None else self.ctx.journal.get(attempt_id)
             lease = held.lease if entry is None and held is not None else getattr(entry, "lease", None)
         i = identity
-        self.out.to_control(m.Attest(
+        self._owe(m.Attest(
             request_id=new_id(), worker_id=self.worker_id, session_id=s.session_id, session_generation=s.session_generation,
             run_id=run_id, attempt_id=attempt_id,
             lease=None if lease is None else m.LeaseRef(
@@ -171,7 +167,7 @@ class SessionReports:
             fact=fact, stopped_by=stopped_by,
             new_slot=None if slot is None else m.OfferSlot(offer_id=slot[0], lease_token=slot[1]),
             boot_id=getattr(i, "boot_id", None), pid=getattr(i, "pid", None), pgid=getattr(i, "pgid", None),
-            start_ticks=getattr(i, "start_ticks", None)))
+            start_ticks=getattr(i, "start_ticks", None)), attempt_id)
 
     def on_heartbeat_ack(self, msg: m.HeartbeatAck, _peer: bytes) -> None:
         """Renewed leases go on; a fenced one's process is stopped by its exact identity (and attested

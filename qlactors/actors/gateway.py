@@ -13,6 +13,7 @@ frame's User-Id through the allow-list); the bridge refuses a message naming ano
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from ..domain.receipt import Receipt, ReceiptError, token_hash
@@ -41,6 +42,7 @@ class _Flush:
 _FLUSH = _Flush()
 
 log = logging.getLogger("qlactors.gateway")
+_clock = time.monotonic  # when a peer was last heard from (a test moves it on)
 
 
 def fence_of(report: Any, worker_id: str):
@@ -62,6 +64,7 @@ class Gateway(RuntimeActor):
         super().__init__(ctx)
         self.sessions = ctx.sessions
         self.peers: dict[str, bytes] = {}  # worker id -> its ROUTER identity, as last heard
+        self.heard: dict[str, float] = {}  # worker id -> when (`_clock`) its peer was last heard
         self.worker_id = ""  # the sender of the message being handled (authenticated on a cluster)
         self.pending: list[Inbound] = []  # reports waiting for the next group commit
         self.nudges: set[bytes] | None = None  # during a flush: the peers a completion freed a slot of
@@ -170,16 +173,19 @@ class Gateway(RuntimeActor):
         if isinstance(answer, str):
             log.warning("event=register_refused worker=%s reason=%s", self.worker_id, answer)
             self._ack(peer, "register", msg, "refused", answer)
+            self._forget(self.worker_id)
             return
-        self.peers[answer.worker_id] = peer
+        self._remember(answer.worker_id, peer)
         log.info("event=session_open worker=%s session=%s generation=%d resumed=%s", answer.worker_id,
                  answer.session_id, answer.session_generation, answer.resumed)
         self.out.to_peer(peer, answer)
 
     def on_heartbeat(self, msg: m.Heartbeat, peer: bytes) -> None:
         answer, stops = self.sessions.heartbeat(msg, self.worker_id)
-        if not answer.session_ended:
-            self.peers[self.worker_id] = peer
+        if answer.session_ended:  # superseded, expired, revoked or left: nothing more to send it
+            self._forget(self.worker_id)
+        else:
+            self._remember(self.worker_id, peer)
         if answer.renewed and drop_point("gateway_drop_heartbeat_ack"):
             log.warning("event=fault_heartbeat_ack_dropped seq=%d renewed=%d", msg.seq, len(answer.renewed))
         else:
@@ -193,6 +199,29 @@ class Gateway(RuntimeActor):
         log.info("event=session_%s worker=%s session=%s generation=%d result=%s detail=%s", msg.status,
                  self.worker_id, msg.session_id, msg.session_generation, result, detail or "-")
         self._ack(peer, "leave", msg, result, detail)
+        if result == "applied" and msg.status == "offline":
+            self._forget(self.worker_id)
+
+    def _remember(self, worker_id: str, peer: bytes) -> None:
+        self.peers[worker_id] = peer
+        self.heard[worker_id] = _clock()
+
+    def _forget(self, worker_id: str) -> None:
+        """Its session ended: no more nudges or stops to its peer (a new session is heard anew)."""
+        self.peers.pop(worker_id, None)
+        self.heard.pop(worker_id, None)
+
+    def _forget_the_silent(self) -> None:
+        """A cluster peer not heard from for a whole session lease: its session has expired (or
+        its worker was revoked, whose frames the bridge refuses), or it talks to another replica,
+        which reaches it. Its stops reach it with a later heartbeat's answer (`pending_stops`)."""
+        lease_ms = getattr(self.sessions, "session_lease_ms", None)  # edge: its own, for good
+        if lease_ms is None:
+            return
+        oldest = _clock() - lease_ms / 1000
+        for worker_id in [w for w, at in self.heard.items() if at < oldest]:
+            log.info("event=peer_forgotten worker=%s reason=silent_past_session_lease", worker_id)
+            self._forget(worker_id)
 
     # -- offers and fenced reports ---------------------------------------------------------------
 
@@ -217,7 +246,7 @@ class Gateway(RuntimeActor):
             except Fenced as err:
                 self._ack(peer, "pull", msg, "fenced", str(err))
                 return
-        self.peers[self.worker_id] = peer
+        self._remember(self.worker_id, peer)
         if views and drop_point("gateway_drop_offers"):
             log.warning("event=fault_offers_dropped pull=%s offers=%d", msg.pull_id, len(views))
             return
@@ -299,7 +328,7 @@ class Gateway(RuntimeActor):
                               started_at_ms=msg.started_at_ms, finished_at_ms=msg.finished_at_ms,
                               exit_code=msg.exit_code, output_open=msg.output_open)
         except ReceiptError as err:
-            self._ack(peer, "completed", msg, "refused", f"invalid receipt: {err.reason}")
+            self._ack(peer, "completed", msg, "refused", f"invalid_receipt: {err.reason}")
             return None
         facts = self.sessions.completion_facts(self.worker_id, msg)
 
@@ -335,6 +364,7 @@ class Gateway(RuntimeActor):
 
     def on_to_workers(self, msg: ToWorkers, _peer: bytes) -> None:
         """After a cycle: the stop orders it committed, and a nudge when queued work waits."""
+        self._forget_the_silent()
         for order in msg.stops:
             peer = self.peers.get(self.sessions.worker_of(order))
             if peer is not None:  # else: its worker hears it with its next heartbeat's answer

@@ -124,7 +124,7 @@ class LogSender(RuntimeActor):
     def _send(self, item: _Shipping) -> None:
         limit = item.final_offset
         try:
-            chunks = chunks_to_send(item.shipper, item.path)
+            chunks = chunks_to_send(item.shipper, item.path, end=limit)
         except (OSError, UnsafeLogPath, ValueError) as err:
             log.warning("event=log_read_failed attempt=%s error=%s", item.attempt_id, err)
             return

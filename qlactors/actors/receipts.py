@@ -34,6 +34,19 @@ LOCAL_LOG_KEEP_MS = 3_600_000
 # the answer: a replica killed after it answered an earlier request, before it committed this
 # completion, leaves it lost, and nothing else would report that run.
 RESEND_COMPLETED_S = 10.0
+# The refusals of a `Completed` that are the receipt's own fault (SEMANTICS.md §5), by the
+# detail's first word: it fails the codec (the Gateway's `invalid_receipt: ...`; one naming
+# another run or attempt) or the token, or its sequence is not the next one: sending it again
+# can never land it, so it is quarantined. Any other refusal (an attempt the database does not
+# know or that is not running, another worker's, a value the store refused) is not the
+# receipt's: it stays where it is with its journal row, for the next try, as a `fenced` one does.
+QUARANTINE_REFUSALS = frozenset({"invalid_receipt", "receipt_mismatch", "no_token", "bad_token",
+                                 "wrong_sequence"})
+
+
+def quarantines(detail: str) -> bool:
+    """Whether a refused Completed's `detail` says the receipt itself is bad (QUARANTINE_REFUSALS)."""
+    return (detail or "").split(":", 1)[0].strip() in QUARANTINE_REFUSALS
 
 
 @dataclass
@@ -189,12 +202,13 @@ class ReceiptConsumer(RuntimeActor):
                 self.ctx.journal.final_offset(msg.attempt_id, final_offset)
                 files.finish(msg.attempt_id, keep_log_until_ms=now_ms() + LOCAL_LOG_KEEP_MS)
                 self.ctx.directory.tell("logs", LogFinal(msg.attempt_id, final_offset))
-        elif msg.result == "refused":
+        elif msg.result == "refused" and quarantines(msg.detail):
             log.warning("event=receipt_refused attempt=%s detail=%s", msg.attempt_id, msg.detail)
             files.quarantine(msg.attempt_id)
             self.ctx.directory.tell("executor", NoReceipt(run_id, msg.attempt_id, quarantined=True))
-        else:  # fenced: leave the receipt where it is; the cleanup pass tries again
-            log.warning("event=receipt_fenced attempt=%s detail=%s", msg.attempt_id, msg.detail)
+        else:  # fenced, or refused but not for the receipt's fault: leave it; the cleanup pass tries again
+            event = "receipt_fenced" if msg.result == "fenced" else "receipt_refused_kept"
+            log.warning("event=%s attempt=%s detail=%s", event, msg.attempt_id, msg.detail)
             # Only now is the row marked `completed` (the cleanup pass lists those): on the fast
             # path an unmarked row costs nothing, and after a crash re-adoption finds it anyway.
             if self.ctx.journal.get(msg.attempt_id) is not None:

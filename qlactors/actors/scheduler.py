@@ -55,14 +55,14 @@ class Scheduler(RuntimeActor):
             try:
                 self.busy = self._cron_page() or self.busy
             except Exception as err:  # a database error ends the cycle like a failed step
-                self._finish(ok=False, detail=f"cron: {err!r}")
+                self._finish(ok=False, step="cron", detail=repr(err))
                 return
             self._run_step(index + 1)
             return
         self.ctx.bridge.call_at("scheduler-step", time.monotonic() + STEP_DEADLINE_S, self.me,
                                 StepTimeout(self.cycle, name))
         if not self.ctx.directory.tell(name, StepRequest(self.cycle)):
-            self._finish(ok=False, detail=f"{name} is not running")
+            self._finish(ok=False, step=name, detail="the step's actor is not running")
 
     def _cron_page(self) -> bool:
         """Admit one page of due schedules at one observed time; True when any was due."""
@@ -104,18 +104,18 @@ class Scheduler(RuntimeActor):
         if msg.more:
             self.pending = True  # more candidates than a page: another cycle at once, as for cron
         if not msg.ok:
-            self._finish(ok=False, detail=f"{msg.step}: {msg.detail}")
+            self._finish(ok=False, step=msg.step, detail=msg.detail)
             return
         self._run_step(self.step + 1)
 
     def on_step_timeout(self, msg: StepTimeout, _peer: bytes) -> None:
         if self.step is None or msg.cycle != self.cycle or msg.step != STEPS[self.step]:
             return
-        self._finish(ok=False, detail=f"{msg.step} did not answer within {STEP_DEADLINE_S:g} s")
+        self._finish(ok=False, step=msg.step, detail=f"did not answer within {STEP_DEADLINE_S:g} s")
         self.ctx.directory.tell("supervisor", ActorFailed(msg.step, "silent past its step deadline",
                                                           step_timeout=True))
 
-    def _finish(self, *, ok: bool, detail: str = "") -> None:
+    def _finish(self, *, ok: bool, step: str = "", detail: str = "") -> None:
         self.ctx.bridge.cancel_timer("scheduler-step")
         stops: tuple = ()
         work = False
@@ -134,14 +134,19 @@ class Scheduler(RuntimeActor):
                 next_due = min(due) if due else None
                 idle = not (stops or work or self.busy or control.active_run_ids(1))
             except Exception as err:  # a database error ends the cycle like a failed step
-                ok, detail = False, f"stops/admission: {err}"
+                ok, step, detail = False, "stops/admission", str(err)
         if ok:
             idle = not self._retire() and idle
+        health = getattr(self.ctx, "cycle_health", None)  # for `status`: which step, since when
         if ok:
             self.ctx.authority.set()
+            if health is not None:
+                health.passed()
         else:
             self.ctx.authority.clear()  # the Gateway offers nothing until a cycle gets through
-            log.warning("event=cycle_failed cycle=%d detail=%s", self.cycle, detail)
+            log.warning("event=cycle_failed cycle=%d step=%s detail=%s", self.cycle, step, detail)
+            if health is not None:
+                health.failed(step, detail, now_ms())
         self.step = None
         self.ctx.directory.tell("supervisor", CycleDone(ok=ok, next_due_ms=next_due, stops=stops,
                                                         work_waiting=work, idle=idle))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import secrets
-from typing import Any
+from typing import Any, Callable
 
 from ..domain.receipt import token_hash
 from ..store.records import AttestResult, Fenced, Outcome
@@ -24,7 +24,7 @@ log = logging.getLogger("qlactors.gateway")
 def _protocol_refusal(msg: m.Register) -> str | None:
     if msg.protocol_min <= codec.VERSION <= msg.protocol_max:
         return None
-    return (f"this control side speaks protocol {codec.VERSION}; the worker speaks "
+    return (f"protocol mismatch: this control side speaks protocol {codec.VERSION}; the worker speaks "
             f"{msg.protocol_min}..{msg.protocol_max}: upgrade one of them")
 
 
@@ -93,11 +93,17 @@ class LocalSessions:
 
 class ClusterSessions:
     """A cluster replica: workers authenticated by their keys, every session, lease, renewal,
-    completion and log chunk decided by the database (SEMANTICS.md §9, §13)."""
+    completion and log chunk decided by the database (SEMANTICS.md §9, §13).
+
+    `resume_secret(worker_id, register_id)` gives the secret a Welcome carries
+    (`domain.resume_secret` keyed with the replicas' shared secret key): derived, not drawn, so
+    every copy of one Register, on any replica, is answered with the same secret.
+    """
 
     def __init__(self, dispatch: Any, log_chunks: Any, control: Any, *, heartbeat_ms: int,
-                 session_lease_ms: int, run_lease_ms: int) -> None:
+                 session_lease_ms: int, run_lease_ms: int, resume_secret: Callable[[str, str], str]) -> None:
         self.dispatch = dispatch
+        self.resume_secret = resume_secret
         self.log_chunks = log_chunks
         self.control = control
         self.heartbeat_ms = heartbeat_ms
@@ -110,18 +116,28 @@ class ClusterSessions:
     # -- sessions -----------------------------------------------------------------------------
 
     def register(self, msg: m.Register, worker_id: str) -> m.Welcome | str:
+        """Resume the quoted session or open a new one (SEMANTICS.md §9 Sessions, Register once).
+
+        Idempotent by `msg.register_id`: a repeat (a re-sent copy, or the copy another replica
+        got) is answered with the session the first copy resumed or opened, with the same
+        secret; it never rotates the secret again, never falls back to a generation + 1 and
+        never ends that session. A resume the store refuses (past its lease, rebooted,
+        superseded, revoked or retired) falls back to a new session under the same register id.
+        """
         refusal = _protocol_refusal(msg)
         if refusal:
             return refusal
-        secret = secrets.token_urlsafe(32)
+        if not msg.register_id:
+            return "a Register carries a register_id"
+        secret = self.resume_secret(worker_id, msg.register_id)
         labels = tuple(sorted(set(msg.labels)))
         if msg.resume_session_id is not None and msg.resume_generation is not None and msg.resume_secret:
             try:
                 session = self.dispatch.resume_session(
                     worker_id, msg.resume_session_id, msg.resume_generation, token_hash(msg.resume_secret),
                     token_hash(secret), msg.boot_id, capacity=msg.capacity, labels=labels,
-                    session_lease_ms=self.session_lease_ms)
-            except Fenced as err:  # past its lease, after a reboot, or superseded: a new session
+                    session_lease_ms=self.session_lease_ms, require_key=True, register_id=msg.register_id)
+            except Fenced as err:  # past its lease, after a reboot, superseded, revoked, retired
                 log.info("event=resume_refused worker=%s session=%s reason=%s", worker_id,
                          msg.resume_session_id, err)
             else:
@@ -130,7 +146,8 @@ class ClusterSessions:
         try:
             session = self.dispatch.register_session(
                 worker_id, msg.capacity, boot_id=msg.boot_id, labels=labels,
-                session_lease_ms=self.session_lease_ms, resume_secret_hash=token_hash(secret), require_key=True)
+                session_lease_ms=self.session_lease_ms, resume_secret_hash=token_hash(secret), require_key=True,
+                register_id=msg.register_id)
         except Fenced as err:  # revoked after this replica's allow-list cache was read
             return str(err)
         return self._welcome(msg, session, secret, resumed=False, unactivated=[])

@@ -165,6 +165,16 @@ class HeartbeatDue:
 
 
 @dataclass(frozen=True, slots=True)
+class OwedDue:
+    """The Executor's timer: send again the reports it still owes (executor_owed.py)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RegisterDue:
+    """The Executor's timer: its Register is still unanswered (executor_owed.py)."""
+
+
+@dataclass(frozen=True, slots=True)
 class SessionOpen:
     """Executor -> ReceiptConsumer: the session the worker's reports now name."""
 

@@ -13,7 +13,7 @@ from .parser import build
 EXIT_OK, EXIT_RUNTIME, EXIT_USAGE = 0, 1, 2
 # The commands that act on a cluster database when one is named (ARCHITECTURE.md "Command line").
 CLUSTER_COMMANDS = frozenset({"task", "run", "runs", "show", "logs", "cancel", "retry", "status",
-                              "workers", "worker"})
+                              "workers", "worker", "confirm-stopped"})
 
 
 def _split_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
@@ -37,7 +37,7 @@ def _handler(args) -> Callable:
     if args.command != "task":
         return {"run": runtime_commands.run, "runs": commands.runs, "show": commands.show,
                 "cancel": commands.cancel, "retry": commands.retry, "edge": runtime_commands.edge,
-                "workers": cluster_commands.workers,
+                "workers": cluster_commands.workers, "confirm-stopped": cluster_commands.confirm_stopped,
                 "status": cluster_commands.status if on_cluster else runtime_commands.status,
                 "logs": cluster_commands.logs if on_cluster else runtime_commands.logs}[args.command]
     return {
@@ -107,6 +107,9 @@ def _on_store(args) -> int:
     if args.command == "worker":
         raise BadInput(f"`worker {args.worker_command}`: workers and their allow-list live in a cluster "
                        "database: give --config control.toml or set $QLACTORS_DATABASE_URL")
+    if args.command == "confirm-stopped":
+        raise BadInput("`confirm-stopped` is for a cluster (give --config control.toml or set "
+                       "$QLACTORS_DATABASE_URL): on edge, recovery reads the process itself; nothing was changed")
     return _on_home(args)
 
 

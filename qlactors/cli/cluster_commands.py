@@ -66,6 +66,31 @@ def worker_retire(repo: Repository, args: argparse.Namespace) -> int:
     return 0
 
 
+def confirm_stopped(repo: Repository, args: argparse.Namespace) -> int:
+    """`confirm-stopped RUN [--by NAME]`: the operator's word that the run's current attempt runs
+    nowhere (SEMANTICS.md §10), for one stuck attempt instead of a whole worker's retire."""
+    from ..store.evidence import ConfirmStopped
+
+    by = args.by if args.by is not None else operator_name()
+    view = repo.runs.get(args.run_id)  # an unknown or retired run, in its own words
+    done = ConfirmStopped(repo.store).confirm_stopped(view.id, by)
+    if done.result != "applied":
+        raise BadInput(render.confirm_refusal(done))
+    print(render.confirm_line(done))
+    return 0
+
+
+def operator_name() -> str:
+    """Who says it, for the record: the login name (`$USER` and the like, else the account)."""
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no name in the environment and none for this uid
+        raise BadInput("cannot tell who you are (no $USER, and no account for this uid): give "
+                       "--by NAME; nothing was changed") from None
+
+
 def workers(repo: Repository, args: argparse.Namespace) -> int:
     listed = Workers(repo.store).list()
     if args.json:
@@ -152,6 +177,8 @@ def status(repo: Repository, args: argparse.Namespace) -> int:
         if r.up and r.last_db_error is not None:
             print(f"  replica {r.replica_id}: {r.db_errors} transient database error(s) retried, the last "
                   f"at {render.when(r.last_db_error_at_ms)} (the replica's clock): {r.last_db_error}")
+        if r.up and r.cycle_failure is not None:
+            print("  " + render.cycle_failure_line(r.cycle_failure, f"replica {r.replica_id} cadence"))
     serving = sum(1 for w in listed.workers if w.serving)
     print(f"workers: {serving} serving of {len(listed.workers)}")
     render.table(render.worker_rows(listed.workers), render.WORKER_HEADER, indent="  ")

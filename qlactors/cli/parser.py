@@ -133,6 +133,12 @@ def _cluster_commands(sub) -> None:
                         help="required: you have made sure none of its jobs runs (its host is down, "
                              "or its processes are gone)")
 
+    confirm = sub.add_parser("confirm-stopped", help="the operator's word that RUN's current attempt runs "
+                                                      "nowhere: recovery ends it (lost, then its retry policy)")
+    confirm.add_argument("run_id", type=utf8, metavar="RUN")
+    confirm.add_argument("--by", type=utf8, metavar="NAME",
+                         help="who says it, for the record (default: your login name)")
+
     workers = sub.add_parser("workers", help="each worker's current session: generation, status, "
                                              "free slots, last heartbeat, clock skew, labels")
     workers.add_argument("--json", action="store_true")

@@ -214,3 +214,39 @@ def placement(labels: tuple[str, ...], qualifying: list[str] | None, out: TextIO
         out.write(f"{'workers:':<16}edge: runs here only if the task requires no label ({verdict})\n")
     else:
         out.write(f"{'workers now:':<16}{', '.join(qualifying) or 'none online qualifies'}\n")
+
+
+def cycle_failure_line(failure: dict, prefix: str = "cadence") -> str:
+    """`status`'s line for a cadence whose cycles fail (a home's file or a replica's row, as JSON)."""
+    return (f"{prefix}: failing since {when(failure.get('since_ms'))} at step {failure.get('step')}: "
+            f"{failure.get('error')}; nothing is offered until a cycle gets through")
+
+
+def confirm_line(c) -> str:
+    """`confirm-stopped`: what was recorded (a store/evidence.py Confirmation, applied)."""
+    attempt = f"run {c.run_id} attempt {c.attempt_number} ({c.attempt_id})"
+    if c.detail is not None and c.detail.startswith("already_"):
+        fact = c.detail.removeprefix("already_")
+        who = f" by {c.by}" if c.by else ""
+        return (f"{attempt}: already recorded as `{fact}`{who} for lease generation {c.lease_generation}; "
+                "nothing written: recovery ends it `lost` on its next page")
+    return (f"{attempt}: recorded as stopped by {c.by} for lease generation {c.lease_generation}; recovery "
+            "ends it `lost` (RECOVERY_CONFIRMED_STOPPED) on its next page, then its retry policy applies")
+
+
+def confirm_refusal(c) -> str:
+    """`confirm-stopped` refused (nothing written): why, and what to do instead, in one line."""
+    run = f"run {c.run_id}"
+    attempt = f"attempt {c.attempt_number}" if c.attempt_number is not None else "its attempt"
+    if c.detail == "lease_live":
+        until = "never expires" if c.lease_expires_at_ms is None else f"expires {when(c.lease_expires_at_ms)}"
+        return (f"{run}: {attempt} holds a live lease (worker {c.worker_id or '?'} renews it; it {until}), so its "
+                f"worker still runs it: stop it there, or `qlactors cancel {c.run_id}`; nothing was changed")
+    if c.detail == "attempt_changed":
+        return f"{run}: its current attempt changed meanwhile; look again (`qlactors show {c.run_id}`); nothing was changed"
+    if c.detail is not None and c.detail.startswith("attempt_"):
+        state = c.detail.removeprefix("attempt_")
+        why = ("never activated: nothing of it runs, and recovery offers it again once its offer expires"
+               if state == "claimed" else f"{state}: no live attempt to confirm")
+        return f"{run} ({c.run_status}): {attempt} is {why}; nothing was changed"
+    return f"{run} is {c.run_status}: no live attempt to confirm; nothing was changed"

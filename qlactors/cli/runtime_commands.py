@@ -12,7 +12,8 @@ from pathlib import Path
 from ..domain.model import seconds_to_ms
 from ..domain.states import RUN_TERMINAL, AttemptStatus, RunStatus
 from ..errors import BadInput, NotFound
-from ..home import holder_pid, nudge, read_disk_hold, read_recovery_status, read_store_outage, runtime_is_up
+from ..home import (holder_pid, nudge, read_cycle_failure, read_disk_hold, read_recovery_status, read_store_outage,
+                    runtime_is_up)
 from ..ids import new_id
 from ..store.engine import StoreUnavailable
 from ..store.repository import Repository
@@ -198,10 +199,12 @@ def status(repo: Repository, args: argparse.Namespace) -> int:
     unresolved = read_recovery_status(home) if up else []
     hold = read_disk_hold(home) if up else None  # a file left by a runtime that died says nothing
     outage = read_store_outage(home) if up else None
+    cycle = read_cycle_failure(home) if up else None
     quarantined = _count_quarantined(args.cfg.receipts_dir)
     report = {"up": up, "pid": holder_pid(home) if up else None, "home": str(home),
               "runs": counts, "active_runs": active, "unresolved_recoveries": unresolved,
-              "quarantined_receipts": quarantined, "disk_reserve_hold": hold, "store_outage": outage}
+              "quarantined_receipts": quarantined, "disk_reserve_hold": hold, "store_outage": outage,
+              "cycle_failure": cycle}
     if args.json:
         render.dump_json(report)
     else:
@@ -219,6 +222,8 @@ def status(repo: Repository, args: argparse.Namespace) -> int:
             print(f"database: failing since {render.when(outage.get('since_ms'))} ({outage.get('failures')} "
                   f"failed transactions, last: {outage.get('error')}); retrying, the runtime stops if it "
                   f"lasts {_seconds(outage.get('stop_after_ms'))}")
+        if cycle is not None:
+            print(render.cycle_failure_line(cycle))
     return 0 if up else EXIT_DOWN
 
 

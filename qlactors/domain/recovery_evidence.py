@@ -17,11 +17,16 @@ from .transitions import ErrorCode
 # The facts recorded in `run_attempts.evidence` that are trusted not-running evidence: what the
 # worker attested (it stopped the process; the process ended, with or without a receipt; it was
 # never launched), what Register derived (the host rebooted since the attempt's identity or its
-# session's boot) and what `worker retire --confirm-stopped` wrote. `launch_unknown` is recorded
-# but never trusted: the launch may have happened.
+# session's boot), what `worker retire --confirm-stopped` wrote and what `confirm-stopped RUN`
+# wrote (the operator's word for one attempt). `launch_unknown` is recorded but never trusted:
+# the launch may have happened. Every fact is recorded with the lease generation it speaks of,
+# and trusted only while that generation is the attempt's current one (a fact about generation
+# N never decides generation N + 1).
 ATTESTED_TRUSTED = ("stopped", "ended", "ended_with_receipt", "never_launched")
+NEVER_LAUNCHED = "never_launched"
 REBOOTED, RETIRED, LAUNCH_UNKNOWN = "rebooted", "retired", "launch_unknown"
-TRUSTED_FACTS = (*ATTESTED_TRUSTED, REBOOTED, RETIRED)
+CONFIRMED_STOPPED = "confirmed_stopped"
+TRUSTED_FACTS = (*ATTESTED_TRUSTED, REBOOTED, RETIRED, CONFIRMED_STOPPED)
 # Not a recorded fact: the lease's session ended longer ago than the recovery grace, and the task
 # declared a duplicate harmless.
 SESSION_ENDED = "session_ended"
@@ -36,6 +41,7 @@ _CODES = {
     "never_launched": ErrorCode.RECOVERY_NEVER_LAUNCHED,
     REBOOTED: ErrorCode.RECOVERY_HOST_REBOOTED,
     RETIRED: ErrorCode.RECOVERY_WORKER_RETIRED,
+    CONFIRMED_STOPPED: ErrorCode.RECOVERY_CONFIRMED_STOPPED,
     SESSION_ENDED: ErrorCode.RECOVERY_SESSION_ENDED,
 }
 
@@ -65,6 +71,12 @@ class WaitingFacts:
     session_drained: bool = False
     """The lease's session was drained (its worker's SIGTERM, SEMANTICS.md §9 Drain): a planned
     restart is expected to re-attest the attempt."""
+    evidence_lease_generation: int | None = None
+    """The lease generation the recorded fact speaks of."""
+    lease_generation: int | None = None
+    """The attempt's current lease generation: a fact about another one is void."""
+    run_id: str | None = None
+    """The attempt's run, for the one-attempt `qlactors confirm-stopped RUN`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +97,12 @@ def waiting(facts: WaitingFacts, now_ms: int, recovery_grace_ms: int) -> Waiting
     parts = [head]
     if facts.session_drained:
         parts.append(f"worker {worker} drained its session (SIGTERM): its restart re-attests it")
-    if facts.evidence == LAUNCH_UNKNOWN:
+    if facts.evidence is not None and facts.evidence_lease_generation != facts.lease_generation:
+        about = ("names no lease generation" if facts.evidence_lease_generation is None
+                 else f"is about lease generation {facts.evidence_lease_generation}")
+        parts.append(f"waiting for evidence: the recorded `{facts.evidence}` {about}, "
+                     f"not the current {facts.lease_generation}")
+    elif facts.evidence == LAUNCH_UNKNOWN:
         parts.append("waiting for evidence: launch outcome unknown")
     else:
         parts.append("waiting for evidence")
@@ -99,8 +116,9 @@ def waiting(facts: WaitingFacts, now_ms: int, recovery_grace_ms: int) -> Waiting
             grace = "the drain grace and the recovery grace have" if facts.session_drained else "the grace has"
             parts.append(f"{facts.safety}: lost at {_when(eligible)} once {grace} passed")
     else:
+        alone = f"; this attempt alone: `qlactors confirm-stopped {facts.run_id}`" if facts.run_id else ""
         parts.append(f"unknown safety: waits for the worker or "
-                     f"`qlactors worker retire {worker} --confirm-stopped`")
+                     f"`qlactors worker retire {worker} --confirm-stopped`{alone}")
     return Waiting("; ".join(parts), eligible)
 
 

@@ -29,6 +29,7 @@ from typing import Any, Callable
 import zmq
 
 from ..actors.base import Directory, Fatal
+from ..actors.cycle_health import CycleHealth
 from ..config import Config
 from ..process.identity import read_boot_id
 from ..process.logs import LogStore
@@ -105,6 +106,10 @@ class ControlContext(SharedContext):
     cleared by the Scheduler when a step failed or stayed silent, and set again by the next cycle
     that gets through. The Gateway offers nothing while it is clear: no new work is dispatched
     while recovery's or retry's authority is unknown (SEMANTICS.md §10)."""
+    cycle_health: CycleHealth = field(default_factory=CycleHealth)
+    """The step the last cycle failed at, its error and since when (None once a cycle gets
+    through), written by the Scheduler with `authority`, for `status`: a replica's heartbeat
+    copies it into its row; edge's publishes it in the home (`on_change`)."""
     recovery_grace_ms: int | None = None
     drain_grace_ms: int | None = None
     """A replica's windows for ClusterRecovery's idempotent rule (SEMANTICS.md §10 step 1): how long

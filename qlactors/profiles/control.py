@@ -12,6 +12,7 @@ stops, exit 1), then refreshes the allow-list cache and the replica's row.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import socket
@@ -32,6 +33,7 @@ from ..actors.signals import Drain
 from ..actors.supervisor import Supervisor
 from ..cluster_config import ControlConfig
 from ..config import Config
+from ..domain.resume_secret import resume_secret
 from ..store.completion import CompletionService
 from ..store.control import Control
 from ..store.cron_admission import CronAdmission
@@ -107,10 +109,12 @@ class ControlRuntime(Runner):
             allow.replace(keys.all())
 
         def replica_heartbeat() -> None:
-            replicas.heartbeat(self.replica_id, store.health.tally())
+            replicas.heartbeat(self.replica_id, store.health.tally(), self.ctx.cycle_health.current)
 
         sessions = ClusterSessions(dispatch, LogChunks(store), control, heartbeat_ms=cfg.heartbeat_ms,
-                                   session_lease_ms=cfg.session_lease_ms, run_lease_ms=cfg.run_lease_ms)
+                                   session_lease_ms=cfg.session_lease_ms, run_lease_ms=cfg.run_lease_ms,
+                                   # every replica loads the same key pair: one secret per Register
+                                   resume_secret=functools.partial(resume_secret, secret))
         ctx = ControlContext(
             config=self.config, zmq=zctx, bridge=bridge, directory=directory, fatal=fatal,
             admitting=threading.Event(), repo=repo, dispatch=dispatch,

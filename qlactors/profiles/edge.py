@@ -20,6 +20,7 @@ from ..actors.base import Directory, Fatal
 from ..actors.disk_reserve import DiskReserve
 from ..actors.executor import Executor
 from ..actors.gateway import Gateway
+from ..actors.cycle_health import CycleHealth, published_in
 from ..actors.outage import watch_store
 from ..worker.receipts import LocalReceipts
 from ..actors.receipts import ReceiptConsumer
@@ -102,7 +103,8 @@ class EdgeRuntime(Runner):
             sessions=LocalSessions(session, self.config.runtime.cadence_tick_ms,
                                    DiskReserve(self.config, self.free_bytes)),
             journal=journal, receipts=receipts, logs=logs, local_receipts=local_receipts, session=session,
-            boot_id=self.boot_id, launcher_shell=self.launcher_shell)
+            boot_id=self.boot_id, launcher_shell=self.launcher_shell,
+            cycle_health=CycleHealth(on_change=published_in(self.config.home)))
         self.ctx = ctx
         watch_store(ctx)
         bridge.route_control(directory.named("gateway"))

@@ -115,6 +115,7 @@ class WorkerRuntime(Runner):
         bridge = Bridge(zctx, control_links=links)
         directory = Directory()
         fatal = Fatal(on_trip=self._poke)
+        bridge.on_version_mismatch = lambda why: fatal.trip(f"the control side speaks another protocol: {why}")
         admitting = threading.Event()
         local_receipts = LocalReceipts(receipts, journal, self.config.runtime.quarantine_retention_ms)
         ctx = WorkerContext(

@@ -4,9 +4,14 @@ from its current session, what it knows about each attempt in its journal, quoti
 
 `running` re-binds that lease to the current session under a new lease generation (and makes a
 `starting` attempt whose Started never landed `running`, the one transition an attestation
-makes); every other fact is recorded as the attempt's evidence (`run_attempts.evidence`,
-database time) for recovery to decide from (§10), and changes nothing else: no event, since an
-event bumps the run's version and evidence is not a transition of the run.
+makes; the new lease clears any evidence). `never_launched` for a `claimed` attempt (an offer
+accepted, never activated) gives the claim back at once: its lease ends `released`
+(`declined`, version + 1) and the attempt is offered again, as a Decline does; once a start was
+recorded (a Started or a `running` re-bind landed: the identity is known) it is `refused`.
+Every other fact is recorded as the attempt's evidence (`run_attempts.evidence`, database time)
+with the generation of the lease it quotes (`evidence_lease_generation`: recovery trusts it
+only while that lease is the attempt's current one, §10), and changes nothing else: no event,
+since an event bumps the run's version and evidence is not a transition of the run.
 
 Lock order, as for every report: the attempt's advisory lock, the session row, the run row, the
 lease row, then database time once.
@@ -18,10 +23,12 @@ from typing import Any
 
 from sqlalchemy import and_, bindparam
 
+from ..domain.recovery_evidence import NEVER_LAUNCHED
 from ..domain.states import AttemptStatus, LeaseReleaseReason, LeaseStatus
 from ..domain.transitions import plan_started
 from ..errors import BadInput, Conflict
 from .dispatch_queries import LEASE_BY_OFFER, LEASE_LOCKED, MAX_GENERATION, SESSION_SHARED
+from .evidence import NO_EVIDENCE
 from .plans import apply_plan, attempt_snapshot, current_attempt, end_lease, load_attempt, load_run, run_snapshot
 from .records import (
     APPLIED,
@@ -65,9 +72,12 @@ class Attestations:
         `new_lease_token_hash` and `new_offer_id`: the quoted lease ends `released`
         (`lease_expired`) and a new lease (generation + 1, version 1, expiring at database time +
         `run_lease_ms`) binds the attempt to the current session. Repeated with the same new
-        offer id and token, it answers the same lease again. The other facts (`stopped`, `ended`,
-        `never_launched`, `launch_unknown`, `ended_with_receipt`) record the evidence; a repeat of
-        the same fact keeps the first time.
+        offer id and token, it answers the same lease again. `never_launched` for a `claimed`
+        attempt releases the quoted lease (`declined`; `applied`, detail `released`, also for a
+        repeat once it is released so), and is `refused` (`started`, nothing changed) once the
+        attempt's start was recorded. The other facts (`stopped`, `ended`, `never_launched`,
+        `launch_unknown`, `ended_with_receipt`) record the evidence for the quoted lease's
+        generation; a repeat of the same fact about the same lease keeps the first time.
 
         `answer` names the request for the ledger (a cluster replica): looked up under the locks
         above, a repeat gets its first answer; a first answer is kept in this transaction.
@@ -132,12 +142,21 @@ class Attestations:
             replay = conn.execute(LEASE_BY_OFFER, {"offer_id": new_offer_id}).first()
             if replay is not None:
                 return _replayed(replay, attempt.id, session, new_lease_token_hash)
+        if fact == NEVER_LAUNCHED and _given_back(lease):  # the answer to the first copy was lost
+            return AttestResult(APPLIED, "released", lease.lease_generation, lease.version, lease.expires_at_ms)
         if lease.status != LeaseStatus.LEASED.value:
             return AttestResult(FENCED, f"lease_{lease.status}")
+        if fact == NEVER_LAUNCHED:
+            if attempt.pid is not None:  # a Started (or a `running` re-bind) landed: it was launched
+                return AttestResult(REFUSED, "started")
+            if attempt.status == AttemptStatus.CLAIMED.value:
+                version = end_lease(conn, attempt.id, now, LeaseStatus.RELEASED, LeaseReleaseReason.DECLINED)
+                return AttestResult(APPLIED, "released", lease.lease_generation, version, lease.expires_at_ms)
         if fact != RUNNING:
-            if attempt.evidence != fact:
-                conn.execute(_EVIDENCE, dict(evidence=fact, evidence_at_ms=now, updated_at_ms=now,
-                                             w_id=attempt.id))
+            if (attempt.evidence, attempt.evidence_lease_generation) != (fact, lease.lease_generation):
+                conn.execute(_EVIDENCE, dict(NO_EVIDENCE, evidence=fact, evidence_at_ms=now,
+                                             evidence_lease_generation=lease.lease_generation,
+                                             updated_at_ms=now, w_id=attempt.id))
             return AttestResult(APPLIED, None, lease.lease_generation, lease.version, lease.expires_at_ms)
         return self._rebind(conn, run, attempt, lease, session, identity, new_offer_id,
                             new_lease_token_hash, now + run_lease_ms, now)
@@ -167,7 +186,7 @@ class Attestations:
         projection = dict(offer_id=offer_id, lease_generation=new_generation, lease_version=1,
                           lease_expires_at_ms=expires, worker_id=session.worker_id,
                           session_id=session.session_id, session_generation=session.generation,
-                          evidence=None, evidence_at_ms=None)
+                          **NO_EVIDENCE)
         if stored is None:
             apply_plan(conn, plan_started(run_snapshot(run), attempt_snapshot(attempt)), now,
                        actor_type=ACTOR, expected_callback_sequence=attempt.callback_sequence,
@@ -179,6 +198,12 @@ class Attestations:
                                         w_generation=lease.lease_generation)).rowcount != 1:
             raise Conflict(f"attempt {attempt.id} changed meanwhile")
         return AttestResult(APPLIED, "rebound", new_generation, 1, expires)
+
+
+def _given_back(lease) -> bool:
+    """The quoted lease was released by a give-back (this `never_launched`, or a Decline)."""
+    return (lease.status == LeaseStatus.RELEASED.value
+            and lease.release_reason == LeaseReleaseReason.DECLINED.value)
 
 
 def _replayed(lease, attempt_id: str, session, token_hash: str) -> AttestResult:

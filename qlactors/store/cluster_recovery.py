@@ -8,7 +8,10 @@ by the page, by `waiting` and by the re-check under the locks:
 
 - a trusted recorded fact (`run_attempts.evidence`, domain/recovery_evidence.py TRUSTED_FACTS:
   what the worker attested, `rebooted` written at Register, `retired` written by
-  `worker retire --confirm-stopped`); `launch_unknown` is never trusted;
+  `worker retire --confirm-stopped`, `confirmed_stopped` written by `confirm-stopped RUN`) about
+  the attempt's current lease generation (`evidence_lease_generation` equals the
+  `lease_generation` projection): a fact about an older lease never ends a newer one;
+  `launch_unknown` is never trusted;
 - `session_ended`: the run's safety is `idempotent|deduplicated` and the session named by the
   attempt's lease ended longer ago than the recovery grace (database time). A session ends when
   its lease expires, when a later generation supersedes it or `worker revoke` ends it
@@ -70,13 +73,15 @@ _SESSION_END = case(
     (_S.c.status == "offline", _S.c.ended_at_ms),
     else_=_S.c.lease_expires_at_ms)
 _KIND = case(
-    (_A.c.evidence.in_(_words(*TRUSTED_FACTS)), _A.c.evidence),
+    (and_(_A.c.evidence.in_(_words(*TRUSTED_FACTS)), _A.c.evidence_lease_generation == _A.c.lease_generation),
+     _A.c.evidence),
     (and_(_P.c.safety.in_(_words(*GRACE_SAFETIES)), _SESSION_END <= _NOW - bindparam("grace_ms", type_=BigInteger)),
      literal_column(repr(SESSION_ENDED))),
     else_=null())
 _BASE = (
     select(_A.c.run_id, _A.c.id.label("attempt_id"), _A.c.status, _A.c.worker_id, _A.c.session_id,
-           _A.c.session_generation, _A.c.evidence,
+           _A.c.session_generation, _A.c.evidence, _A.c.evidence_lease_generation,
+           _A.c.lease_generation.label("attempt_lease_generation"),
            _L.c.lease_generation, _L.c.expires_at_ms.label("lease_expires_at_ms"), _P.c.safety,
            _S.c.status.label("session_status"), _S.c.lease_expires_at_ms.label("session_expires_at_ms"),
            _S.c.drained_at_ms.label("session_drained_at_ms"),
@@ -121,7 +126,7 @@ class WaitingAttempt:
     lease_expires_at_ms: int | None
     """None: the attempt holds no live lease."""
     evidence: str | None
-    """The recorded fact, if any (an untrusted one)."""
+    """The recorded fact, if any (an untrusted one, or one about an older lease generation)."""
     reason: str
     eligible_at_ms: int | None
     """When recovery marks it lost (idempotent runs whose session has ended), else None."""
@@ -177,7 +182,9 @@ class ClusterRecoveryCases:
                                                      and row.session_expires_at_ms <= now)
         ended = row.session_end_ms if over else None  # as the rule counts it: maybe plus the drain grace
         why: Waiting = waiting(WaitingFacts(row.worker_id, row.lease_expires_at_ms, row.evidence, row.safety,
-                                            ended, row.session_drained_at_ms is not None),
+                                            ended, row.session_drained_at_ms is not None,
+                                            row.evidence_lease_generation, row.attempt_lease_generation,
+                                            row.run_id),
                                now, self.recovery_grace_ms)
         return WaitingAttempt(row.run_id, row.attempt_id, row.status, row.worker_id, row.session_generation,
                               row.lease_expires_at_ms, row.evidence, why.reason, why.eligible_at_ms)

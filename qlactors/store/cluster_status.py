@@ -30,12 +30,16 @@ class ReplicaView:
     """Transient database errors the replica met (and retried) since it started."""
     last_db_error: str | None
     last_db_error_at_ms: int | None
+    cycle_failure: dict[str, Any] | None = None
+    """The cadence step its last cycle failed at: {"step", "error", "since_ms"} (the replica's
+    clock); None while its cycles get through (nothing is offered by it meanwhile)."""
 
     def to_json(self) -> dict[str, Any]:
         return {"replica_id": self.replica_id, "host": self.host, "pid": self.pid, "bind": self.bind,
                 "started_at_ms": self.started_at_ms, "heartbeat_at_ms": self.heartbeat_at_ms,
                 "stopped_at_ms": self.stopped_at_ms, "up": self.up, "db_errors": self.db_errors,
-                "last_db_error": self.last_db_error, "last_db_error_at_ms": self.last_db_error_at_ms}
+                "last_db_error": self.last_db_error, "last_db_error_at_ms": self.last_db_error_at_ms,
+                "cycle_failure": self.cycle_failure}
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +68,12 @@ def replicas_up(store: Store, cadence_tick_ms: int) -> int:
             control_replicas.c.heartbeat_at_ms >= now - _up_window_ms(cadence_tick_ms)))).scalar_one()
 
 
+def _cycle_failure(row) -> dict[str, Any] | None:
+    if row.cycle_failed_step is None:
+        return None
+    return {"step": row.cycle_failed_step, "error": row.cycle_error, "since_ms": row.cycle_failed_since_ms}
+
+
 def read_cluster_status(store: Store, cadence_tick_ms: int, *, recovery_grace_ms: int,
                         drain_grace_ms: int) -> ClusterStatus:
     """Replicas (up: not stopped, heartbeat within 3 ticks + 5 s), then, in a second read, the
@@ -75,7 +85,7 @@ def read_cluster_status(store: Store, cadence_tick_ms: int, *, recovery_grace_ms
     window = _up_window_ms(cadence_tick_ms)
     replicas = tuple(ReplicaView(r.replica_id, r.host, r.pid, r.bind, r.started_at_ms, r.heartbeat_at_ms,
                                  r.stopped_at_ms, r.stopped_at_ms is None and r.heartbeat_at_ms >= now - window,
-                                 r.db_errors, r.last_db_error, r.last_db_error_at_ms)
+                                 r.db_errors, r.last_db_error, r.last_db_error_at_ms, _cycle_failure(r))
                      for r in rows)
     cases = ClusterRecoveryCases(store, recovery_grace_ms=recovery_grace_ms, drain_grace_ms=drain_grace_ms)
     _at, waiting = cases.waiting()

@@ -25,10 +25,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..domain.recovery_evidence import NEVER_LAUNCHED
 from ..domain.states import AttemptStatus, LeaseReleaseReason, LeaseStatus, RunStatus
 from ..domain.transitions import plan_activate, plan_end_by_intent, plan_start_failed, plan_started
 from ..errors import BadInput
 from .engine import Store
+from .evidence import NO_EVIDENCE
 from .report_batch import alone
 from .report_locks import HeldRows, LockRequest
 from .session_rules import session_mismatch
@@ -155,9 +157,10 @@ class FencedReports:
         revision = rows.revisions.get((run.task_id, run.task_revision)) or pinned_revision(conn, run)
         timeout_ms = revision.timeout_ms
         deadline = held.now + timeout_ms if timeout_ms is not None else None
+        # An activation clears the evidence: nothing known before it speaks of the process it starts.
         apply_plan(conn, plan_activate(run_snapshot(run), attempt_snapshot(attempt)), held.now,
                    actor_type=ACTOR, expected_callback_sequence=attempt.callback_sequence,
-                   attempt_values=dict(callback_token_hash=callback_token_hash,
+                   attempt_values=dict(NO_EVIDENCE, callback_token_hash=callback_token_hash,
                                        log_artifact_id=log_artifact_id, deadline_at_ms=deadline))
         return ActivateResult(APPLIED, deadline, lease.version)
 
@@ -187,10 +190,13 @@ class FencedReports:
         if status is not _A.STARTING:
             return Outcome(REFUSED, f"attempt_{status.value}", run.status)
         plan = plan_started(run_snapshot(run), attempt_snapshot(attempt))
+        # A launch proves a `never_launched` recorded before it wrong (SEMANTICS.md §9 Exchange:
+        # a late answer must never undo a launch): it is void; any other fact still holds.
+        void = NO_EVIDENCE if attempt.evidence == NEVER_LAUNCHED else {}
         apply_plan(conn, plan, now, actor_type=ACTOR,
                    expected_callback_sequence=attempt.callback_sequence,
                    run_values={"started_at_ms": now} if run.started_at_ms is None else None,
-                   attempt_values=dict(boot_id=identity.boot_id, pid=identity.pid, pgid=identity.pgid,
+                   attempt_values=dict(void, boot_id=identity.boot_id, pid=identity.pid, pgid=identity.pgid,
                                        start_ticks=identity.start_ticks, started_at_ms=now))
         return Outcome(APPLIED, None, plan.run_to.value)
 

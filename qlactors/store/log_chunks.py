@@ -44,7 +44,8 @@ class ChunkResult:
     """`applied` (the chunk is stored, now or by an identical earlier send) or `refused`;
     `acked_offset`: the end of the stored log, where the worker resumes (0 when unauthenticated);
     `detail`: why it was refused (unknown_attempt, wrong_worker, no_token, bad_token, empty,
-    too_large, checksum, conflict, gap) or `repeated` for an identical repeat."""
+    too_large, checksum, past_final_offset, past_log_cap, conflict, gap) or `repeated` for an
+    identical repeat."""
 
     result: str
     acked_offset: int
@@ -86,6 +87,9 @@ class LogChunks:
         problem = _invalid(data, checksum)
         if problem is not None:
             return ChunkResult(REFUSED, end, problem)
+        problem = _out_of_bounds(attempt, offset + len(data))
+        if problem is not None:
+            return ChunkResult(REFUSED, end, problem)
         if offset > end:
             return ChunkResult(REFUSED, end, "gap")
         if offset < end:
@@ -119,6 +123,16 @@ class LogChunks:
         """The final offset the completion recorded (None before it, or on edge)."""
         with self.store.read() as conn:
             return conn.execute(_FINAL, {"attempt_id": attempt_id}).scalar()
+
+
+def _out_of_bounds(attempt, chunk_end: int) -> str | None:
+    """A chunk ending past the final offset its completion recorded, or past the log cap its
+    offer carried (0 or NULL: none recorded), is no part of the job's log (SEMANTICS.md §13)."""
+    if attempt.log_final_offset is not None and chunk_end > attempt.log_final_offset:
+        return "past_final_offset"
+    if attempt.log_cap_bytes and chunk_end > attempt.log_cap_bytes:
+        return "past_log_cap"
+    return None
 
 
 def _invalid(data: bytes, checksum: str) -> str | None:

@@ -35,6 +35,7 @@ from .dispatch_queries import (
     dispatchable,
 )
 from .engine import Store
+from .evidence import NO_EVIDENCE
 from .postgres import NOW_SQL, keep_time
 from .session_rules import session_mismatch
 from .offer_queries import KINDS, candidate_tasks, claim_candidates, labels_param
@@ -280,7 +281,8 @@ class _Batch:
         expires = now + self.lease_ttl_ms if self.lease_ttl_ms is not None else None
         projection = dict(offer_id=offer_id, lease_generation=generation, lease_version=1,
                           lease_expires_at_ms=expires, worker_id=session.worker_id,
-                          session_id=session.session_id, session_generation=session.generation)
+                          session_id=session.session_id, session_generation=session.generation,
+                          log_cap_bytes=self.log_cap_bytes)  # its log chunks are bounded by it (§13)
         try:  # exactly the offer the lease below would grant
             view = build_view(conn, run, attempt, projection, self.log_cap_bytes, self.revisions)
             if self.check is not None:
@@ -303,13 +305,14 @@ class _Batch:
             if self.budget is not None:
                 self.used -= cost
             return _TAKEN
+        # A new lease: whatever was known about an earlier one says nothing about it.
         if run.status == _R.QUEUED.value:
             apply_plan(conn, plan_offer(run_snapshot(run), attempt_snapshot(attempt)), now,
                        actor_type=ACTOR, expected_callback_sequence=attempt.callback_sequence,
-                       attempt_values=projection)
+                       attempt_values=dict(projection, **NO_EVIDENCE))
         else:  # a re-offer of a declined claim: the run is already `dispatching`, no status change
             changed = conn.execute(CLAIMED_ATTEMPT_UPDATE, dict(
-                projection, updated_at_ms=now, w_id=attempt.id)).rowcount
+                projection, **NO_EVIDENCE, updated_at_ms=now, w_id=attempt.id)).rowcount
             if changed != 1:
                 raise Conflict(f"attempt {attempt.id} changed meanwhile")
         return view
@@ -339,8 +342,8 @@ class _Batch:
         run = load_run(self.conn, lease.run_id)
         if attempt.status != _A.CLAIMED.value or run.cancel_reason is not None:
             return None
-        return build_view(self.conn, run, attempt, {n: getattr(attempt, n) for n in _PROJECTION},
-                          self.log_cap_bytes)
+        cap = attempt.log_cap_bytes if attempt.log_cap_bytes is not None else self.log_cap_bytes
+        return build_view(self.conn, run, attempt, {n: getattr(attempt, n) for n in _PROJECTION}, cap)
 
 
 def build_view(conn: Connection, run, attempt, projection: dict, log_cap_bytes: int,

@@ -1,7 +1,10 @@
 """Control replicas write their row for `status` (store/cluster_status.py reads it): at start,
-every cycle (with the tally of their transient database errors), and at stop."""
+every cycle (with the tally of their transient database errors and the cadence's failing step,
+if any), and at stop."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from ..ids import new_id
 from .engine import Store
@@ -22,13 +25,19 @@ class Replicas:
                 heartbeat_at_ms=now, stopped_at_ms=None, db_errors=0))
         return replica_id
 
-    def heartbeat(self, replica_id: str, errors: ErrorTally) -> None:
-        """Alive now, and the replica's transient database errors so far: the failures of an
-        outage reach the row with the first heartbeat after it (none gets through during it)."""
+    def heartbeat(self, replica_id: str, errors: ErrorTally, cycle_failure: Any = None) -> None:
+        """Alive now, the replica's transient database errors so far (the failures of an outage
+        reach the row with the first heartbeat after it: none gets through during it), and the
+        cadence step its last cycle failed at (a CycleFailure: step, error, since_ms on the
+        replica's clock), or None, which clears it."""
+        failure = cycle_failure
         with self.store.write() as conn:
             conn.execute(control_replicas.update().where(control_replicas.c.replica_id == replica_id)
                          .values(heartbeat_at_ms=self.store.now_ms(conn), db_errors=errors.failures,
-                                 last_db_error=errors.last_error, last_db_error_at_ms=errors.last_error_at_ms))
+                                 last_db_error=errors.last_error, last_db_error_at_ms=errors.last_error_at_ms,
+                                 cycle_failed_step=None if failure is None else failure.step,
+                                 cycle_error=None if failure is None else failure.error,
+                                 cycle_failed_since_ms=None if failure is None else failure.since_ms))
 
     def stopped(self, replica_id: str) -> None:
         with self.store.write() as conn:

@@ -22,6 +22,7 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
+    false,
     text,
 )
 
@@ -295,6 +296,14 @@ run_attempts = Table(
     # Re-attest), and when (database time); recovery's evidence predicate reads it (§10).
     Column("evidence", String(32)),
     Column("evidence_at_ms", MS),
+    # Schema 9 (issue 17, SEMANTICS.md §10): the lease generation the evidence speaks of (recovery
+    # trusts only the attempt's current one; every new lease and every activation clears all
+    # three), and who said it, for `confirm-stopped` (the operator's name).
+    Column("evidence_lease_generation", Integer),
+    Column("evidence_by", String(128)),
+    # Schema 12: the log cap the offer carried (the replica's `log_cap_bytes`); a log chunk past
+    # it, or past `log_final_offset`, is refused (SEMANTICS.md §13). NULL on edge.
+    Column("log_cap_bytes", BigInteger),
     UniqueConstraint("run_id", "number"),
     CheckConstraint("number >= 1", name="number_positive"),
     CheckConstraint(_one_of("status", AttemptStatus), name="status"),
@@ -303,8 +312,12 @@ run_attempts = Table(
     CheckConstraint("signal IS NULL OR (signal >= 1 AND signal <= 64)", name="signal_range"),
     CheckConstraint("log_dropped_bytes IS NULL OR log_dropped_bytes >= 0", name="log_dropped_nonneg"),
     CheckConstraint("log_final_offset IS NULL OR log_final_offset >= 0", name="log_final_offset_nonneg"),
+    CheckConstraint("log_cap_bytes IS NULL OR log_cap_bytes >= 0", name="log_cap_bytes_nonneg"),
     CheckConstraint("evidence IS NULL OR evidence IN ('stopped', 'ended', 'ended_with_receipt', "
-                    "'never_launched', 'launch_unknown', 'rebooted', 'retired')", name="evidence"),
+                    "'never_launched', 'launch_unknown', 'rebooted', 'retired', 'confirmed_stopped')",
+                    name="evidence"),
+    CheckConstraint("evidence_lease_generation IS NULL OR evidence_lease_generation >= 1",
+                    name="evidence_lease_generation_positive"),
     CheckConstraint("pid IS NULL OR pid > 0", name="pid_positive"),
     # An attempt without a callback token never activated: still claimed, cancelled or lost
     # before activation, or failed because no offer could carry it (OFFER_UNENCODABLE).
@@ -392,6 +405,10 @@ executor_journal = Table(
     Column("activated_at_ms", MS),
     Column("local_deadline_ms", MS),
     Column("timeout_intent_at_ms", MS),
+    # Schema 13 (protocol 4, SEMANTICS.md §9 Owed reports): cleared while a report about the
+    # attempt was still owed; the row goes when the last of them is answered, and until then no
+    # reader but the owed reports sees it.
+    Column("clear_pending", Boolean, nullable=False, server_default=false()),
     CheckConstraint(_one_of("state", ("accepted", "launching", "started", "completed", "quarantined")),
                     name="state"),
     CheckConstraint("shipped_offset >= 0", name="offsets"),
@@ -430,8 +447,16 @@ worker_sessions = Table(
     # Schema 8: when the session was drained (`end_session`: a planned stop); recovery counts a
     # drained session as ended only `drain_grace_ms` after it ended (SEMANTICS.md §9 Drain).
     Column("drained_at_ms", MS),
+    # Schema 10 (SEMANTICS.md §9 Register once, Revoked and retired): the `register_id` of the
+    # Register that opened the session and of the resume that last rotated its secret (a repeat
+    # of either gets the same answer), and `revoked` / `retired` when the operator ended it
+    # (such a session is never resumed, drained or not).
+    Column("register_id", String(64)),
+    Column("resume_register_id", String(64)),
+    Column("ended_by", String(16)),
     UniqueConstraint("worker_id", "generation"),
     CheckConstraint(_one_of("status", ("online", "draining", "offline")), name="status"),
+    CheckConstraint(_one_of("ended_by", ("revoked", "retired")), name="ended_by"),
     CheckConstraint("generation >= 1 AND version >= 0", name="counters"),
     CheckConstraint("capacity >= 0 AND free_slots >= 0 AND free_slots <= capacity", name="slots"),
     CheckConstraint("heartbeat_seq >= 0", name="heartbeat_seq_nonneg"),
@@ -538,7 +563,12 @@ control_replicas = Table(
     Column("db_errors", Integer, nullable=False),
     Column("last_db_error", Text),
     Column("last_db_error_at_ms", MS),
-    *_ms("started_at_ms", "heartbeat_at_ms", "stopped_at_ms", "last_db_error_at_ms"),
+    # Schema 12: the cadence step that failed or stayed silent in the replica's last cycle, its
+    # error, and since when (the first failed cycle of a run); NULL once a cycle gets through.
+    Column("cycle_failed_step", Text),
+    Column("cycle_error", Text),
+    Column("cycle_failed_since_ms", MS),
+    *_ms("started_at_ms", "heartbeat_at_ms", "stopped_at_ms", "last_db_error_at_ms", "cycle_failed_since_ms"),
 )
 
 # Executor-local (like executor_journal): the (offer id, lease token) pairs of a Pull, journalled
@@ -553,6 +583,21 @@ executor_pulls = Table(
     *_ms("created_at_ms"),
 )
 Index("ix_executor_pulls_pull_id", executor_pulls.c.pull_id)
+
+# Executor-local (schema 13, SEMANTICS.md §9 Owed reports): every report the executor owes the
+# control side, written before it is first sent and kept, re-sent unchanged, until its own answer.
+executor_owed = Table(
+    "executor_owed",
+    metadata,
+    Column("request_id", ID, primary_key=True),
+    Column("kind", String(32), nullable=False),
+    Column("attempt_id", ID),  # the attempt it is about; None for Register and Leave
+    Column("body", LargeBinary, nullable=False),  # the message as encoded (codec.encode's body)
+    Column("created_at_ms", MS, nullable=False),
+    *_ms("created_at_ms"),
+)
+Index("ix_executor_owed_attempt_id", executor_owed.c.attempt_id)
+Index("ix_executor_owed_created_at_ms", executor_owed.c.created_at_ms, executor_owed.c.request_id)
 
 # Executor-local: this executor's current session and its resume secret (one row per worker id).
 executor_session = Table(

@@ -19,9 +19,13 @@ MAX_CAPACITY = 4096
 MAX_QUOTES = MAX_CAPACITY
 _LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
 
-# Why a resume is refused (the `Fenced` message starts with the word).
+# Why a resume is refused (the `Fenced` message starts with the word); a session the operator
+# ended is refused with its `ended_by` word (REVOKED, RETIRED), a worker off the allow-list with
+# REVOKED.
 UNKNOWN_SESSION, SUPERSEDED, OFFLINE, EXPIRED, REBOOTED, WRONG_SECRET = (
     "unknown_session", "superseded", "offline", "expired", "rebooted", "wrong_secret")
+REVOKED, RETIRED = "revoked", "retired"
+ENDED_BY = (REVOKED, RETIRED)
 
 # What an attestation may say about a process (SEMANTICS.md §9 Re-attest); `running` re-binds the
 # lease, the others are recorded as the attempt's evidence for recovery (§10).
@@ -99,11 +103,15 @@ def resume_refusal(session, worker_id: str, generation: int, latest_generation: 
     """Why the worker may not resume `session` at `now`, or None: it must be the worker's current
     session, `online` or ended by its own drain (`drained_at_ms`: a planned restart, SEMANTICS.md
     §9 Drain), unexpired, on the same boot, and the secret's hash must match (constant time). A
-    session ended otherwise (revoked, retired) is never resumed."""
+    session ended otherwise is never resumed: one the operator ended (`ended_by`: `worker
+    revoke`, `worker retire`, drained before or not) is refused with that word, any other
+    `offline` one with OFFLINE."""
     if session is None or session.worker_id != worker_id or session.generation != generation:
         return UNKNOWN_SESSION
     if latest_generation > session.generation:
         return SUPERSEDED
+    if session.ended_by is not None:
+        return session.ended_by
     if session.status != "online" and session.drained_at_ms is None:
         return OFFLINE
     if session.lease_expires_at_ms is not None and session.lease_expires_at_ms <= now:

@@ -5,11 +5,20 @@ Every method is one short transaction and every expiry is judged on database tim
 (`Store.now_ms`). A session's generation is the worker's last + 1, taken under the advisory lock
 `worker:<id>`, so two registrations never compute the same one; the new generation ends the
 older sessions and with them every fence they could still quote. A resume is checked and
-applied under the session row lock.
+applied under the same lock and the session row lock.
+
+Register once (SEMANTICS.md §9): a Register carries a `register_id`, stored on the session it
+opened (`register_id`) or rotated by a resume (`resume_register_id`); a repeat of it — a re-sent
+copy, or the same Register reaching another replica — is answered with that session as it is,
+under the same locks, so it never opens a generation + 1, never rotates the secret again and
+never ends the session the first copy opened or resumed. The control side derives the resume
+secret from the register id (actors/session_policy.py), so the repeat's Welcome carries the same
+secret while only its hash is stored.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -29,6 +38,7 @@ from .request_answers import AnswerKey, first_answers, keep_answers
 from .schema import run_attempts, run_dispatch_leases, worker_keys, worker_sessions
 from .session_rows import LATEST_GENERATION, update_session
 from .session_rules import (
+    REVOKED,
     check_capacity,
     check_ms,
     ended_at,
@@ -53,10 +63,11 @@ class Unactivated:
 
 
 _OLD_BOOT = select(_WS.c.boot_id).where(_WS.c.session_id == run_attempts.c.session_id).scalar_subquery()
-_REBOOTED = run_attempts.update().where(and_(
+_REBOOTED = run_attempts.update().values(evidence_lease_generation=run_attempts.c.lease_generation).where(and_(
     run_attempts.c.worker_id == bindparam("w_worker_id"),
     run_attempts.c.status.in_(sql_states(AttemptStatus.STARTING, AttemptStatus.RUNNING)),
-    or_(run_attempts.c.evidence.is_(None), run_attempts.c.evidence == LAUNCH_UNKNOWN),
+    or_(run_attempts.c.evidence.is_(None), run_attempts.c.evidence == LAUNCH_UNKNOWN,
+        run_attempts.c.evidence_lease_generation.is_distinct_from(run_attempts.c.lease_generation)),
     or_(run_attempts.c.boot_id != bindparam("w_boot_id"),
         and_(run_attempts.c.boot_id.is_(None), _OLD_BOOT != bindparam("w_boot_id")))))
 
@@ -65,12 +76,26 @@ def _record_reboot(conn, worker_id: str, boot_id: str, now: int) -> None:
     """The host rebooted since these attempts started (SEMANTICS.md §10): the worker registers on
     another boot than the one in the attempt's identity or, with no identity recorded yet, than
     its lease session's. Recorded as the attempts' evidence (`rebooted`), under the worker's lock,
-    so the candidate query stays a plain column test; at most the worker's capacity of rows."""
-    conn.execute(_REBOOTED, dict(evidence=REBOOTED, evidence_at_ms=now, updated_at_ms=now,
+    so the candidate query stays a plain column test; at most the worker's capacity of rows.
+    Recorded for each attempt's current lease generation, replacing a fact about an older one."""
+    conn.execute(_REBOOTED, dict(evidence=REBOOTED, evidence_at_ms=now, evidence_by=None, updated_at_ms=now,
                                  w_worker_id=worker_id, w_boot_id=boot_id))
 
 
 _KEY_OF = select(worker_keys.c.worker_id).where(worker_keys.c.worker_id == bindparam("worker_id"))
+
+
+def _check_register_id(register_id: str | None) -> None:
+    if register_id is not None:
+        check_id("register id", register_id, 64)
+
+
+def _as_session(row) -> Session:
+    """The session as its row stands: the answer to a repeat of the Register that opened or
+    resumed it."""
+    return Session(row.session_id, row.worker_id, row.generation, row.capacity,
+                   lease_expires_at_ms=row.lease_expires_at_ms, labels=tuple(json.loads(row.labels_json)),
+                   boot_id=row.boot_id, heartbeat_seq=row.heartbeat_seq)
 
 
 class Sessions(Heartbeats, Attestations):
@@ -81,9 +106,14 @@ class Sessions(Heartbeats, Attestations):
 
     def register_session(self, worker_id: str, capacity: int, *, boot_id: str | None = None,
                          labels: Iterable[str] = (), session_lease_ms: int | None = None,
-                         resume_secret_hash: str | None = None, require_key: bool = False) -> Session:
+                         resume_secret_hash: str | None = None, require_key: bool = False,
+                         register_id: str | None = None) -> Session:
         """A new `online` session, generation = previous + 1; older sessions of the worker go `offline`
         (`ended_at_ms` set, unless they had already ended).
+
+        `register_id` (a cluster worker's Register): when a session of this worker was opened by
+        that id already, it is returned as it stands and nothing changes (a repeat gets the first
+        answer, even if that session has ended since; the allow-list is still checked first).
 
         `require_key` (a cluster worker): `Fenced` unless the worker is still on the allow-list,
         checked under the worker's lock that `worker revoke` takes too, so a Register that a
@@ -102,6 +132,7 @@ class Sessions(Heartbeats, Attestations):
         if resume_secret_hash is not None:
             check_hash("resume secret hash", resume_secret_hash)
         check_ms("session_lease_ms", session_lease_ms, optional=True)
+        _check_register_id(register_id)
         labels = normal_labels(labels)
         with self.store.write() as conn:
             # Two registrations of one worker would both compute the same next generation.
@@ -109,6 +140,10 @@ class Sessions(Heartbeats, Attestations):
             if require_key and conn.execute(_KEY_OF, {"worker_id": worker_id}).first() is None:
                 raise Fenced(f"worker {worker_id!r} is not on the allow-list (revoked)")
             previous = conn.execute(select(_WS).where(_WS.c.worker_id == worker_id).with_for_update()).all()
+            if register_id is not None:
+                for row in previous:
+                    if row.register_id == register_id:
+                        return _as_session(row)
             now = self.store.now_ms(conn)
             generation = max((s.generation for s in previous), default=0) + 1
             for old in previous:
@@ -124,23 +159,30 @@ class Sessions(Heartbeats, Attestations):
                     lease_expires_at_ms=expires, created_at_ms=now, updated_at_ms=now, boot_id=boot_id,
                     resume_secret_hash=resume_secret_hash, heartbeat_seq=0, heartbeat_answer=None,
                     labels_json=labels_json(labels), clock_skew_ms=None, ended_at_ms=None,
-                    drained_at_ms=None)):
+                    drained_at_ms=None, register_id=register_id, resume_register_id=None, ended_by=None)):
                 raise Conflict(f"worker {worker_id!r} registered generation {generation} meanwhile")
             return Session(session_id, worker_id, generation, capacity, lease_expires_at_ms=expires,
                            labels=labels, boot_id=boot_id)
 
     def resume_session(self, worker_id: str, session_id: str, generation: int, resume_secret_hash: str,
                        new_resume_secret_hash: str, boot_id: str, *, capacity: int,
-                       labels: Iterable[str], session_lease_ms: int) -> Session:
+                       labels: Iterable[str], session_lease_ms: int, require_key: bool = False,
+                       register_id: str | None = None) -> Session:
         """Resume the worker's current session after a restart within its lease, on the same boot.
         A session its worker drained (`end_session`) is resumed too: it is `online` again, no
-        longer ended nor drained.
+        longer ended nor drained; one the operator ended (`worker revoke`, `worker retire`) never.
 
         Raises `Fenced` whose message starts with the reason word (`unknown_session`,
-        `superseded`, `offline`, `expired`, `rebooted`, `wrong_secret`): the worker registers
-        anew. On success the secret rotates (the old one is refused from now on), the lease is
-        renewed from database time and capacity and labels are the worker's current ones; the
-        Session's `heartbeat_seq` is the last heartbeat number stored, to number on from.
+        `superseded`, `revoked`, `retired`, `offline`, `expired`, `rebooted`, `wrong_secret`):
+        the worker registers anew. `require_key` (a cluster worker): `revoked` when the worker is
+        no longer on the allow-list, checked under the `worker:<id>` lock as a Register is.
+
+        On success the secret rotates (the old one is refused from now on) and the session records
+        `register_id`: a repeat of that resume (same session, generation and register id) gets the
+        session as it stands, with no second rotation and no check of the rotated secret, as long
+        as no later resume rotated it again. The lease is renewed from database time and capacity
+        and labels are the worker's current ones; the Session's `heartbeat_seq` is the last
+        heartbeat number stored, to number on from.
         """
         check_id("worker id", worker_id, 128)
         check_id("session id", session_id)
@@ -149,9 +191,18 @@ class Sessions(Heartbeats, Attestations):
         check_id("boot id", boot_id, 64)
         check_capacity(capacity)
         check_ms("session_lease_ms", session_lease_ms)
+        _check_register_id(register_id)
         labels = normal_labels(labels)
         with self.store.write() as conn:
+            # The lock order of a registration: the worker's, then its session rows.
+            self.store.advisory_lock(conn, f"worker:{worker_id}")
+            if require_key and conn.execute(_KEY_OF, {"worker_id": worker_id}).first() is None:
+                raise Fenced(f"{REVOKED}: worker {worker_id!r} is not on the allow-list; session "
+                             f"{session_id} cannot be resumed")
             session = conn.execute(SESSION_LOCKED, {"session_id": session_id}).first()
+            if (register_id is not None and session is not None and session.worker_id == worker_id
+                    and session.generation == generation and session.resume_register_id == register_id):
+                return _as_session(session)
             latest = conn.execute(LATEST_GENERATION, {"worker_id": worker_id}).scalar_one()
             now = self.store.now_ms(conn)
             refusal = resume_refusal(session, worker_id, generation, latest, boot_id, resume_secret_hash, now)
@@ -161,7 +212,7 @@ class Sessions(Heartbeats, Attestations):
             expires = now + session_lease_ms
             update_session(conn, session, now, resume_secret_hash=new_resume_secret_hash,
                            lease_expires_at_ms=expires, capacity=capacity, status="online",
-                           ended_at_ms=None, drained_at_ms=None,
+                           ended_at_ms=None, drained_at_ms=None, resume_register_id=register_id,
                            free_slots=min(session.free_slots, capacity), labels_json=labels_json(labels))
             return Session(session_id, worker_id, generation, capacity, lease_expires_at_ms=expires,
                            labels=labels, boot_id=boot_id, heartbeat_seq=session.heartbeat_seq)

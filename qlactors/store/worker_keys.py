@@ -29,7 +29,7 @@ def check_worker_id(worker_id: object) -> str:
 @dataclass(frozen=True, slots=True)
 class Revocation:
     worker_id: str
-    sessions_ended: int  # sessions that were online or draining and are offline now
+    sessions_ended: int  # sessions that were live or resumable (drained) and are ended by it now
 
 
 class WorkerKeys:
@@ -69,13 +69,14 @@ class WorkerKeys:
                        "try again")
 
     def revoke(self, worker_id: str) -> Revocation:
-        """Remove the worker's key and end its sessions (`session_rows.end_live_sessions`), in
-        one transaction: every report from them is fenced from then on."""
+        """Remove the worker's key and end its sessions (`session_rows.end_live_sessions`: drained
+        ones included, none of them ever resumed), in one transaction: every report from them is
+        fenced from then on."""
         check_worker_id(worker_id)
         with self.store.write() as conn:
             # The same serialisation as a registration of this worker (store/sessions.py).
             self.store.advisory_lock(conn, f"worker:{worker_id}")
-            ended = end_live_sessions(conn, worker_id, self.store.now_ms(conn))
+            ended = end_live_sessions(conn, worker_id, self.store.now_ms(conn), "revoked")
             removed = conn.execute(delete(worker_keys).where(worker_keys.c.worker_id == worker_id)).rowcount
             if not removed and not ended:
                 raise NotFound(f"worker {worker_id} is not on the allow-list; nothing to revoke")

@@ -35,6 +35,7 @@ from . import codec, endpoints
 from .curve import REFUSED_KEY, AuthenticatorDown, CurveServer, server_socket_options, wrong_worker_claim
 from .links import ReplicaLinks
 from .messages import Ack
+from .peer_failures import PeerFailures
 from .timers import Timers
 
 log = logging.getLogger("qlactors.bridge")
@@ -108,9 +109,14 @@ class Bridge(threading.Thread):
         self._ready = threading.Event()
         self._failure: BaseException | None = None
         self.rejected_frames = 0
+        self._peer_failures = PeerFailures()
         # Called (in the bridge thread) with a one-line reason when the loop ends without
         # `close()`: the edge profile trips its Fatal, which stops the runtime.
         self.on_exit: Callable[[str], None] | None = None
+        # Executor side: called (in the bridge thread) with the text of a VersionMismatch from the
+        # control side. Retrying cannot help a worker on another protocol version (SEMANTICS.md
+        # §9 Register once): a worker profile stops with it (exit 1), so its supervisor shows why.
+        self.on_version_mismatch: Callable[[str], None] | None = None
 
     # -- wiring (before start) --------------------------------------------------------------
 
@@ -327,7 +333,7 @@ class Bridge(threading.Thread):
             try:
                 router.send_multipart(frames[1:], zmq.NOBLOCK)
             except zmq.ZMQError as err:  # the peer is gone; its session will be fenced
-                log.warning("event=peer_send_failed error=%s", err)
+                self._peer_failures.failed(frames[1], err)
         elif route != ROUTE_WAKE:
             log.error("event=outbox_unroutable route=%r", route)
 
@@ -388,6 +394,8 @@ class Bridge(threading.Thread):
         except codec.DecodeError as err:
             self.rejected_frames += 1
             log.warning("event=frame_rejected reason=%s detail=%s", err.reason, str(err)[:200])
+            if reply is None and isinstance(err, codec.VersionMismatch) and self.on_version_mismatch is not None:
+                self.on_version_mismatch(err.reason)
             if reply is not None:
                 reply(Ack(answer_to="", of="unknown", run_id="", attempt_id="", offer_id="", result="refused",
                           detail=str(err)[:500]))

@@ -7,6 +7,7 @@ which is what the CURVE socket options take and what the allow-list stores.
 from __future__ import annotations
 
 import os
+import stat
 import struct
 import re
 import shutil
@@ -75,13 +76,27 @@ def load_public_key(path: str | os.PathLike) -> bytes:
 
 
 def load_key_pair(secret_path: str | os.PathLike) -> tuple[bytes, bytes]:
-    """(public, secret), both Z85, from a NAME.key_secret file."""
+    """(public, secret), both Z85, from a NAME.key_secret file that only its owner can read or
+    write (like ssh: a secret key file group or others may read or write is refused, with the
+    `chmod 600` that fixes it; `keys new` writes it 0600)."""
     path = Path(secret_path)
     public, secret = _load(path)
     if secret is None:
         raise BadInput(f"key file {path} holds no secret key: give the NAME.key_secret file "
                        "(NAME.key is the public half)")
+    check_private(path)
     return public, secret
+
+
+def check_private(path: Path) -> None:
+    """BadInput unless group and others have no access to `path` (the file a symlink names)."""
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except OSError as err:
+        raise BadInput(f"key file {path}: {err.strerror}") from None
+    if mode & 0o077:
+        how = "readable" if mode & 0o044 else "writable"
+        raise BadInput(f"{path} is {how} by others (mode {mode:04o}); run: chmod 600 {path}")
 
 
 def _load(path: Path) -> tuple[bytes, bytes | None]:

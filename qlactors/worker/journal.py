@@ -3,8 +3,13 @@
 On edge the tables live in the same SQLite file as everything else; on a cluster worker in a
 local SQLite file of its own (worker/journal_file.py). The control plane's state never
 references these paths. Beside the attempt rows: the (offer id, lease token) pairs of each Pull,
-journalled before it is sent, and the worker's current session (SEMANTICS.md §9 Journal).
-Every write is committed before the action it records.
+journalled before it is sent, the worker's current session (SEMANTICS.md §9 Journal), and the
+reports it owes the control side, each kept until its own answer (§9 Owed reports). Every write
+is committed before the action it records.
+
+A row cleared while a report about its attempt is still owed is not deleted: it is marked
+`clear_pending`, invisible to every reader (`get`, `list`, `walk`), and deleted in the
+transaction that settles the last report owed about it.
 """
 
 from __future__ import annotations
@@ -12,25 +17,33 @@ from __future__ import annotations
 import builtins
 from typing import Any, Iterable, Iterator, Sequence
 
-from sqlalchemy import and_, bindparam, select
+from sqlalchemy import and_, bindparam, func, select
 from sqlalchemy.engine import Connection
 
 from ..errors import BadInput, Conflict
 from ..store.engine import Store
 from ..store.records import Identity, check_hash, check_id
-from ..store.schema import executor_journal, executor_pulls, executor_session
+from ..store.schema import executor_journal, executor_owed, executor_pulls, executor_session
 from .journal_records import (
     ACCEPTED, COMPLETED, IN_FLIGHT, LEASE_FACTS, MAX_PAGE, MAX_WORKER_ID, QUARANTINED, JournaledPull,
-    JournalEntry, LeaseFacts, SavedSession, limit_checked, ms_checked, offset_checked, path_checked,
+    JournalEntry, LeaseFacts, OwedReport, SavedSession, limit_checked, ms_checked, offset_checked, path_checked,
     positive_checked, secret_checked, state_checked,
 )
 
 _J = executor_journal
+_O = executor_owed
+_VISIBLE = _J.c.clear_pending.is_(False)
 # Built once (see store/plans.py): the executor writes its journal several times per job.
-_ROW = select(_J).where(_J.c.attempt_id == bindparam("attempt_id"))
+_ROW = select(_J).where(_J.c.attempt_id == bindparam("attempt_id")).where(_VISIBLE)
 _UPDATE = _J.update().where(_J.c.attempt_id == bindparam("w_attempt_id")).returning(*_J.c)
 _UPDATE_FROM = _UPDATE.where(_J.c.state == bindparam("w_state"))
 _DELETE = _J.delete().where(_J.c.attempt_id == bindparam("attempt_id"))
+_MARK_CLEARED = _J.update().where(_J.c.attempt_id == bindparam("w_attempt_id")).values(clear_pending=True)
+_OWED_ABOUT = select(func.count()).select_from(_O).where(_O.c.attempt_id == bindparam("attempt_id"))
+_OWED_ONE = select(_O).where(_O.c.request_id == bindparam("request_id"))
+_OWED_PAGE = select(_O).order_by(_O.c.created_at_ms, _O.c.request_id).limit(bindparam("limit"))
+_SETTLE = _O.delete().where(_O.c.request_id == bindparam("request_id"))
+_DELETE_CLEARED = _J.delete().where(and_(_J.c.attempt_id == bindparam("attempt_id"), _J.c.clear_pending.is_(True)))
 # A shipped offset moves forward only, never past a recorded final offset; the first timeout
 # intent sticks.
 _SHIP_FORWARD = _UPDATE.where(_J.c.shipped_offset < bindparam("w_offset")).where(
@@ -70,7 +83,7 @@ class Journal:
                 return True
             again = conn.execute(_UPDATE_FROM, dict(
                 callback_token_hash=callback_token_hash, updated_at_ms=now, w_attempt_id=attempt_id,
-                w_state=ACCEPTED, **facts)).first()
+                w_state=ACCEPTED, clear_pending=False, **facts)).first()
             return again is not None
 
     def rebind(self, attempt_id: str, lease_generation: int, offer_id: str, lease_token: str,
@@ -163,8 +176,13 @@ class Journal:
             return self._update(conn, attempt_id, {"state": QUARANTINED, "purge_after_ms": purge_after_ms}, None)
 
     def clear(self, attempt_id: str) -> bool:
-        """Delete the row (after its completion committed and its receipt was removed)."""
+        """Delete the row (after its completion committed and its receipt was removed); True when
+        it is gone now. While a report about the attempt is owed the row only waits (hidden) for
+        the answer to the last one (`settle`), so it is never lost before that answer."""
         with self.store.write(durable=False) as conn:
+            if conn.execute(_OWED_ABOUT, {"attempt_id": attempt_id}).scalar_one():
+                conn.execute(_MARK_CLEARED, {"w_attempt_id": attempt_id})
+                return False
             return conn.execute(_DELETE, {"attempt_id": attempt_id}).rowcount == 1
 
     def get(self, attempt_id: str) -> JournalEntry | None:
@@ -179,7 +197,7 @@ class Journal:
         `unretained`: only rows not handed to retention yet (no `purge_after_ms`): a `completed`
         row with one is a cluster worker's finished attempt whose log is kept a while.
         """
-        query = select(_J)
+        query = select(_J).where(_VISIBLE)
         if unretained:
             query = query.where(_J.c.purge_after_ms.is_(None))
         if states is not None:
@@ -206,7 +224,7 @@ class Journal:
         """Quarantined rows whose retention ended by `now_ms`, oldest first."""
         if type(now_ms) is not int:
             raise BadInput("now_ms must be an integer")
-        query = (select(_J).where(and_(_J.c.state == QUARANTINED, _J.c.purge_after_ms.is_not(None),
+        query = (select(_J).where(and_(_VISIBLE, _J.c.state == QUARANTINED, _J.c.purge_after_ms.is_not(None),
                                        _J.c.purge_after_ms <= now_ms))
                  .order_by(_J.c.purge_after_ms, _J.c.attempt_id).limit(limit_checked(limit)))
         with self.store.read() as conn:
@@ -227,7 +245,7 @@ class Journal:
         """`completed` rows whose log was acknowledged to its final offset and whose retention
         ended by `now_ms`, oldest first (worker/retention.py)."""
         ms_checked("now_ms", now_ms)
-        query = (select(_J).where(and_(_J.c.state == COMPLETED, _J.c.final_offset.is_not(None),
+        query = (select(_J).where(and_(_VISIBLE, _J.c.state == COMPLETED, _J.c.final_offset.is_not(None),
                                        _J.c.shipped_offset >= _J.c.final_offset,
                                        _J.c.purge_after_ms.is_not(None), _J.c.purge_after_ms <= now_ms))
                  .order_by(_J.c.purge_after_ms, _J.c.attempt_id).limit(limit_checked(limit)))
@@ -276,6 +294,43 @@ class Journal:
         """Forget one pair of a pull once its offer was answered (journalled, or declined)."""
         with self.store.write(durable=False) as conn:
             return conn.execute(_P.delete().where(_P.c.offer_id == offer_id)).rowcount == 1
+
+    # -- owed reports (§9 Owed reports) -------------------------------------------------------
+
+    def owe(self, request_id: str, kind: str, attempt_id: str | None, body: bytes) -> None:
+        """Journal a report before it is first sent (its encoded body, re-sent unchanged until its
+        own answer); the same request again is a no-op."""
+        check_id("request id", request_id)
+        if attempt_id is not None:
+            check_id("attempt id", attempt_id)
+        if type(body) is not bytes or not body:
+            raise BadInput("an owed report's body is the encoded message")
+        with self.store.write() as conn:
+            self.store.insert_new(conn, _O, dict(request_id=request_id, kind=kind, attempt_id=attempt_id,
+                                                 body=body, created_at_ms=self.store.now_ms(conn)))
+
+    def settle(self, request_id: str) -> OwedReport | None:
+        """The report's own answer came: forget it (and delete its attempt's row if that was cleared
+        meanwhile and nothing more is owed about it). None when it was not owed (any more)."""
+        with self.store.write(durable=False) as conn:
+            row = conn.execute(_OWED_ONE, {"request_id": request_id}).first()
+            if row is None:
+                return None
+            conn.execute(_SETTLE, {"request_id": request_id})
+            if row.attempt_id is not None and not conn.execute(
+                    _OWED_ABOUT, {"attempt_id": row.attempt_id}).scalar_one():
+                conn.execute(_DELETE_CLEARED, {"attempt_id": row.attempt_id})
+            return OwedReport.from_row(row)
+
+    def owed(self, limit: int = MAX_PAGE) -> builtins.list[OwedReport]:
+        """The reports still owed, oldest first (re-sent at every heartbeat and after a Welcome)."""
+        with self.store.read() as conn:
+            return [OwedReport.from_row(r) for r in conn.execute(_OWED_PAGE, {"limit": limit_checked(limit)})]
+
+    def owes(self, request_id: str) -> OwedReport | None:
+        with self.store.read() as conn:
+            row = conn.execute(_OWED_ONE, {"request_id": request_id}).first()
+        return None if row is None else OwedReport.from_row(row)
 
     # -- the session (§9 Sessions) ------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 """A cluster worker's own journal: `<state_dir>/journal.sqlite`, private, holding only its tables.
 
-It holds `executor_journal`, `executor_pulls` and `executor_session` (made from the schema.py
+It holds `executor_journal`, `executor_pulls`, `executor_session` and `executor_owed` (made from the schema.py
 tables, so the journal code runs on it exactly as on the edge file) and nothing else: a worker
 has no database credentials and keeps none of the control side's facts. The file and its
 -wal/-shm are 0600 (SQLite gives those the database file's mode); the journal's own version is
@@ -18,11 +18,16 @@ from sqlalchemy import inspect
 from ..errors import SchemaError
 from ..store import sqlite
 from ..store.engine import Store
-from ..store.schema import executor_journal, executor_pulls, executor_session, metadata
+from ..store.schema import executor_journal, executor_owed, executor_pulls, executor_session, metadata
 
 JOURNAL_FILE = "journal.sqlite"
-JOURNAL_VERSION = 1
-TABLES = (executor_journal, executor_pulls, executor_session)
+# 2: the owed reports (protocol 4, SEMANTICS.md §9 Owed reports). A version 1 journal is upgraded
+# in place at open: its rows keep their meaning.
+JOURNAL_VERSION = 2
+TABLES = (executor_journal, executor_pulls, executor_session, executor_owed)
+_UPGRADES = {
+    1: ("ALTER TABLE executor_journal ADD COLUMN clear_pending BOOLEAN NOT NULL DEFAULT 0",),
+}
 
 
 def open_journal_file(state_dir: Path | str) -> Store:
@@ -62,8 +67,16 @@ def _prepare(store: Store, path: Path) -> None:
         if version == 0:
             metadata.create_all(conn, tables=list(TABLES))
             conn.exec_driver_sql(f"PRAGMA user_version = {JOURNAL_VERSION}")
-        elif not wanted <= present:
-            raise SchemaError(f"{path} is a worker journal without its tables "
-                              f"{', '.join(sorted(wanted - present))}; it was left untouched: move it aside")
+        else:
+            had = {t.name for t in TABLES[:3]} if version == 1 else wanted  # version 1 had three
+            if not had <= present:
+                raise SchemaError(f"{path} is a worker journal without its tables "
+                                  f"{', '.join(sorted(had - present))}; it was left untouched: move it aside")
+            for old in range(version, JOURNAL_VERSION):
+                for statement in _UPGRADES.get(old, ()):
+                    conn.exec_driver_sql(statement)
+            if version < JOURNAL_VERSION:
+                metadata.create_all(conn, tables=list(TABLES))  # creates only the missing ones
+                conn.exec_driver_sql(f"PRAGMA user_version = {JOURNAL_VERSION}")
     with store.engine.connect() as conn:  # outside a transaction: SQLite refuses it inside one
         conn.connection.driver_connection.execute(sqlite.WAL)

@@ -98,6 +98,21 @@ class JournaledPull:
 
 
 @dataclass(frozen=True, slots=True)
+class OwedReport:
+    """A report the executor owes the control side, as journalled before it was first sent."""
+
+    request_id: str
+    kind: str
+    attempt_id: str | None
+    body: bytes
+    created_at_ms: int
+
+    @classmethod
+    def from_row(cls, row: Any) -> "OwedReport":
+        return cls(row.request_id, row.kind, row.attempt_id, bytes(row.body), row.created_at_ms)
+
+
+@dataclass(frozen=True, slots=True)
 class SavedSession:
     """This executor's current session, to resume it after a restart on the same boot (§9)."""
 

@@ -114,12 +114,17 @@ class LogShipper:
         return final_offset is not None and self.acked_offset >= final_offset
 
 
-def chunks_to_send(shipper: LogShipper, path: Path | str,
-                   max_bytes: int = MAX_CHUNK_BYTES) -> list[tuple[Chunk, bytes]]:
-    """Read and record new chunks while the window has room and the log has new bytes."""
+def chunks_to_send(shipper: LogShipper, path: Path | str, max_bytes: int = MAX_CHUNK_BYTES,
+                   end: int | None = None) -> list[tuple[Chunk, bytes]]:
+    """Read and record new chunks while the window has room and the log has new bytes, none
+    past `end` (the final offset, once known: what an escaped writer adds after the job's end is
+    not the job's, and the control side refuses it)."""
     out: list[tuple[Chunk, bytes]] = []
     while shipper.has_room():
-        data, digest = next_chunk(path, shipper.sent_offset, max_bytes)
+        room = max_bytes if end is None else min(max_bytes, end - shipper.sent_offset)
+        if room <= 0:
+            break
+        data, digest = next_chunk(path, shipper.sent_offset, room)
         if not data:
             break
         out.append((shipper.sent(shipper.sent_offset, len(data), digest), data))

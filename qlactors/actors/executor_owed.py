@@ -1,0 +1,196 @@
+"""The Executor's owed reports (SEMANTICS.md §9 Owed reports, Register once): every report it owes
+the control side is journalled before it is first sent and kept until its own answer.
+
+- Owed: Register (while the worker has no session), Started, StartFailed, Decline, every Attest
+  and Leave. (`Completed` has its own journal: the receipt file, kept and re-sent by the
+  ReceiptConsumer until answered, under one request id per attempt.) Activate and Pull are not
+  owed: they are repeated on their own cadence until answered, and a late answer to them is
+  judged against what the Executor holds.
+- Each is re-sent unchanged (same `request_id`) at every heartbeat interval while it waits, and
+  at once after every new Welcome, to whichever replica is current.
+- An answer settles the report it names (`answer_to`) once: a second answer to it (a copy's, a
+  replica's late one) finds nothing owed and is logged and ignored. A report answered `fenced`
+  for its session when that session is no longer the current one is not lost: it is re-made as
+  an Attest from the current session (Started: the Welcome's re-attestation already did it).
+- Register: a worker without a session re-sends the same Register (same `register_id`, so every
+  copy and every replica give the same session) with backoff, 1 s doubling to its heartbeat; a
+  key the replicas refuse (not yet allowed) is tried again up to every 30 s and logged once a
+  minute, so a later `worker allow` takes effect without a restart; a refusal for its protocol
+  version stops the worker (exit 1) with the refusal's text, as retrying cannot help.
+
+A mixin of `Executor` (actors/executor.py), as `SessionReports` is.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import replace
+from typing import Any
+
+from ..ids import new_id
+from ..wire import codec
+from ..wire import messages as m
+from ..worker.journal_records import LeaseFacts, OwedReport
+from .signals import OwedDue, RegisterDue
+
+log = logging.getLogger("qlactors.executor")
+
+REGISTER_FIRST_S = 1.0  # the first repeat of an unanswered Register; doubles up to the heartbeat
+REGISTER_MAX_S = 10.0  # the default heartbeat; the last Welcome's interval once there was one
+REFUSED_KEY_MAX_S = 30.0  # a key not (yet) allowed: tried again at most this far apart
+REFUSED_LOG_EVERY_S = 60.0
+OWED_RESEND_S = 1.0  # while no session says its heartbeat: how often owed reports go out again
+SESSION_FENCES = ("unknown_session", "session_")  # details of a fence by the session reported from
+PROTOCOL_REFUSAL = "protocol"  # the first word of a Register refused for its protocol version
+
+
+def session_fence(detail: str | None) -> bool:
+    """Whether a `fenced` answer is about the session the report was sent from."""
+    return (detail or "").startswith(SESSION_FENCES)
+
+
+class OwedReports:
+    """Journal, re-send and settle what an Executor owes (see the module docstring)."""
+
+    owed_sent_at: dict[str, float]  # request id -> when this instance last sent it (monotonic)
+    owed_round_at: float = 0.0  # when the owed timer was last set (monotonic)
+    register_request: str | None = None  # the Register waited for (no session yet)
+    register_backoff_s: float = REGISTER_FIRST_S
+    register_cap_s: float = REGISTER_MAX_S
+    key_refused_logged_at: float | None = None
+
+    # -- owing ----------------------------------------------------------------------------------
+
+    def _owe(self, message: Any, attempt_id: str | None = None) -> None:
+        """Journal `message` as owed, then send it."""
+        body = codec.encode(message)[1]
+        self.ctx.journal.owe(message.request_id, message.KIND, attempt_id, body)
+        self.owed_sent_at[message.request_id] = time.monotonic()
+        self.out.to_control(message)
+        self._schedule_owed()
+
+    def _resend_owed(self, due_before: float) -> None:
+        """Every owed report again, unchanged, oldest first: those this instance has not sent since
+        `due_before` (monotonic: the Welcome, the last round). A Register is re-sent by its own
+        backoff, and a report waits while there is no session."""
+        if self.session is None:
+            return
+        for report in self.ctx.journal.owed():
+            if report.kind == m.Register.KIND:
+                self.ctx.journal.settle(report.request_id)  # a session is open: this one is moot
+                continue
+            if self.owed_sent_at.get(report.request_id, float("-inf")) > due_before:
+                continue  # sent just now (this Welcome's re-attestations, a fresh report)
+            self.owed_sent_at[report.request_id] = time.monotonic()
+            self.out.to_control(_decoded(report))
+
+    def _schedule_owed(self) -> None:
+        if self.ctx.bridge.timer_due("owed") is None:
+            every = self.session.heartbeat_ms / 1000 if self.session is not None else OWED_RESEND_S
+            self.owed_round_at = time.monotonic()
+            self.ctx.bridge.call_at("owed", self.owed_round_at + every, self.me, OwedDue())
+
+    def on_owed_due(self, _msg: OwedDue, _peer: bytes) -> None:
+        """A heartbeat interval went by: what was sent before it and is still owed goes out again."""
+        if self.session is None:
+            return  # the Register's own backoff repeats it; the rest waits for a Welcome
+        if self.ctx.journal.owed(1):
+            self._resend_owed(self.owed_round_at)
+            self._schedule_owed()
+
+    def _owed_answered(self, answer_to: str) -> OwedReport | None:
+        """The owed report an answer names (still owed: `_settle` it once acted on); None when it
+        names none (an answer to a request that is not owed, or a second answer to a settled one)."""
+        return self.ctx.journal.owes(answer_to) if answer_to else None
+
+    def _settle(self, report: OwedReport | None) -> None:
+        if report is not None:
+            self.ctx.journal.settle(report.request_id)
+            self.owed_sent_at.pop(report.request_id, None)
+
+    def _fenced_by_session(self, report: OwedReport, answer: Any) -> None:
+        """A report answered `fenced` for the session it was sent from. While that session is still
+        the current one here it stays owed (this worker is about to learn its session ended, and
+        sends it again from the next one); otherwise it is settled and re-made as an Attest from
+        the current session, so nothing it reported is lost."""
+        original = _decoded(report)
+        s = self.session
+        if s is not None and (original.session_id, original.session_generation) == (s.session_id,
+                                                                                   s.session_generation):
+            return
+        self._settle(report)
+        log.warning("event=report_fenced_by_session kind=%s attempt=%s detail=%s action=attest_from_current",
+                    report.kind, report.attempt_id, getattr(answer, "detail", ""))
+        if s is None:
+            return
+        if isinstance(original, (m.StartFailed, m.Decline)):
+            # Nothing runs for it here: the evidence, from a session that can speak.
+            self._give_back(original.run_id, original.attempt_id, _lease_of(original))
+        elif isinstance(original, m.Attest):
+            self._owe(replace(original, request_id=new_id(), session_id=s.session_id,
+                              session_generation=s.session_generation), original.attempt_id)
+        # Started: the Welcome's re-attestation of the held attempt (`running`) did it already.
+        # Leave: the session it drained is gone anyway.
+
+    # -- Register once --------------------------------------------------------------------------
+
+    def _send_register(self, message: m.Register) -> None:
+        self.register_request = message.request_id
+        self.register_backoff_s = REGISTER_FIRST_S
+        self._owe(message)
+        self._schedule_register()
+
+    def _schedule_register(self) -> None:
+        self.ctx.bridge.call_at("register", time.monotonic() + self.register_backoff_s, self.me, RegisterDue())
+
+    def on_register_due(self, _msg: RegisterDue, _peer: bytes) -> None:
+        if self.session is not None or self.register_request is None:
+            return
+        report = self.ctx.journal.owes(self.register_request)
+        if report is None:
+            return
+        log.info("event=register_repeated register=%s next_in_s=%.0f", self.register_request,
+                 self.register_backoff_s)
+        self.out.to_control(_decoded(report))
+        cap = REFUSED_KEY_MAX_S if self.key_refused_logged_at is not None else self.register_cap_s
+        self.register_backoff_s = min(cap, self.register_backoff_s * 2)
+        self._schedule_register()
+
+    def _welcomed(self, msg: m.Welcome) -> bool:
+        """Whether `msg` answers the Register this worker waits for (settled now)."""
+        if self.register_request is None or msg.answer_to != self.register_request:
+            log.warning("event=welcome_unexpected session=%s answer_to=%s", msg.session_id, msg.answer_to or "-")
+            return False
+        self._settle(self._owed_answered(msg.answer_to))
+        self.register_request = None
+        self.register_cap_s = max(REGISTER_FIRST_S, msg.heartbeat_ms / 1000)
+        self.key_refused_logged_at = None
+        self.ctx.bridge.cancel_timer("register")
+        return True
+
+    def _register_refused(self, msg: m.Ack) -> None:
+        """A Register refused: for its protocol version the worker stops (retrying cannot help);
+        otherwise (an unknown or revoked key) it keeps trying, and says so once a minute."""
+        if msg.detail.startswith(PROTOCOL_REFUSAL):
+            log.error("event=register_refused reason=protocol detail=%s", msg.detail)
+            self.ctx.fatal.trip(f"the control side refused this worker's protocol: {msg.detail}")
+            return
+        self._key_refused(msg.detail)
+
+    def _key_refused(self, detail: str) -> None:
+        now = time.monotonic()
+        if self.key_refused_logged_at is None or now - self.key_refused_logged_at >= REFUSED_LOG_EVERY_S:
+            log.error("event=worker_key_refused detail=%s (put this worker's key on the allow-list: qlactors "
+                      "worker allow NAME KEYFILE; it keeps trying, at most every %.0f s)", detail,
+                      REFUSED_KEY_MAX_S)
+            self.key_refused_logged_at = now
+
+
+def _decoded(report: OwedReport) -> Any:
+    return codec.decode([codec.HEADER, report.body])
+
+
+def _lease_of(report: Any) -> LeaseFacts:
+    return LeaseFacts(report.offer_id, report.lease_generation, report.lease_token, report.session_id,
+                      report.session_generation)

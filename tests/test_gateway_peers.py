@@ -1,0 +1,72 @@
+"""The Gateway forgets a worker's peer when its session ends, so it stops sending it nudges (and
+the bridge stops logging `peer_send_failed` for it every cycle): a heartbeat answered
+`session_ended` (superseded, expired, revoked), a Leave `offline`, or silence for a whole
+session lease. A cluster replica's Gateway (`ClusterSessions`) on SQLite and PostgreSQL; the
+worker is a DEALER the test drives."""
+
+from __future__ import annotations
+
+import logging
+
+from qlactors.actors import gateway
+from qlactors.actors.base import now_ms
+from qlactors.actors.signals import ToWorkers
+from qlactors.wire import messages as m
+
+from test_executor_drain import cluster_gateway, leave_of  # noqa: F401 - the fixture
+from test_executor_reattest import LEASES
+
+
+def _heartbeat(session, seq: int = 1) -> m.Heartbeat:
+    return m.Heartbeat(worker_id=session.worker_id, session_id=session.session_id,
+                       session_generation=session.generation, seq=seq, free_slots=1,
+                       worker_clock_ms=now_ms(), renewals=[])
+
+
+def _heard(h, peer, session) -> None:
+    """The worker heartbeats; a nudge after a cycle then reaches it (the Gateway knows its peer)."""
+    peer.send(_heartbeat(session))
+    assert not peer.expect(m.HeartbeatAck).session_ended
+    h.directory.tell("gateway", ToWorkers(nudge=True))
+    peer.expect(m.Nudge)
+
+
+def test_a_worker_that_left_offline_is_nudged_no_more(cluster_gateway):  # noqa: F811
+    h, peer = cluster_gateway
+    session = h.ctx.dispatch.register_session("w1", 2, boot_id="b", session_lease_ms=60_000)
+    _heard(h, peer, session)
+    peer.send(leave_of(session, "draining"))
+    assert peer.expect(m.Ack).result == "applied"
+    h.directory.tell("gateway", ToWorkers(nudge=True))
+    peer.expect(m.Nudge)  # draining: still reached (its stops, its running jobs)
+    peer.send(leave_of(session, "offline"))
+    assert peer.expect(m.Ack).result == "applied"
+    h.directory.tell("gateway", ToWorkers(nudge=True))
+    peer.quiet()
+
+
+def test_a_worker_whose_heartbeat_says_its_session_ended_is_nudged_no_more(cluster_gateway):  # noqa: F811
+    h, peer = cluster_gateway
+    old = h.ctx.dispatch.register_session("w1", 2, boot_id="b", session_lease_ms=60_000)
+    _heard(h, peer, old)
+    h.ctx.dispatch.register_session("w1", 2, boot_id="b", session_lease_ms=60_000)  # supersedes it
+    peer.send(_heartbeat(old, seq=2))
+    assert peer.expect(m.HeartbeatAck).session_ended
+    h.directory.tell("gateway", ToWorkers(nudge=True))
+    peer.quiet()
+
+
+def test_a_worker_not_heard_for_a_session_lease_is_forgotten(cluster_gateway, monkeypatch, caplog):  # noqa: F811
+    h, peer = cluster_gateway
+    caplog.set_level(logging.INFO, logger="qlactors.gateway")
+    session = h.ctx.dispatch.register_session("w1", 2, boot_id="b", session_lease_ms=60_000)
+    _heard(h, peer, session)
+    start = gateway._clock()
+    monkeypatch.setattr(gateway, "_clock", lambda: start + LEASES["session_lease_ms"] / 1000 - 1)
+    h.directory.tell("gateway", ToWorkers(nudge=True))
+    peer.expect(m.Nudge)  # within its session lease: still its peer
+    monkeypatch.setattr(gateway, "_clock", lambda: start + LEASES["session_lease_ms"] / 1000 + 1)
+    h.directory.tell("gateway", ToWorkers(nudge=True))
+    peer.quiet()
+    assert any("event=peer_forgotten worker=w1" in r.getMessage() for r in caplog.records)
+    _heard(h, peer, session)  # heard again: its peer again
