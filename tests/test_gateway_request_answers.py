@@ -19,8 +19,7 @@ from qlactors.wire import messages as m
 
 from actor_harness import ActorHarness, unique_endpoint
 from store_helpers import db_state, spec
-
-LEASES = dict(heartbeat_ms=600_000, session_lease_ms=60_000, run_lease_ms=60_000)  # no timer fires
+from test_executor_reattest import LEASES, RESUME_SECRET
 W = "w1"
 
 
@@ -28,7 +27,8 @@ def start_gateway(tmp_path, store_url):
     endpoint = unique_endpoint("control")
     h = ActorHarness(tmp_path, control_bind=endpoint, database_url=store_url)
     try:
-        h.ctx.sessions = ClusterSessions(h.ctx.dispatch, None, h.ctx.control, **LEASES)
+        h.ctx.sessions = ClusterSessions(h.ctx.dispatch, None, h.ctx.control, **LEASES,
+                                         resume_secret=RESUME_SECRET)
         h.bridge.route_control(h.directory.named("gateway"))
         for name in ("recovery", "scheduler", "supervisor"):
             h.stub(name)
