@@ -18,8 +18,11 @@ from typing import Any
 
 from ..domain.receipt import Receipt, ReceiptError, token_hash
 from ..faults import crash_point, drop_point
+from ..store.completion import CompletionOutcome
+from ..store.records import ActivateResult, Outcome
 from ..store.report_batch import Report, ReportBatch, groups
 from ..store.report_locks import LockRequest
+from ..store.request_answers import AnswerKey, PullAnswer
 from ..wire import messages as m
 from ..wire.bridge import Inbound
 from ..wire.offers import BATCH_BUDGET_BYTES, check_offer, offers_message
@@ -66,7 +69,8 @@ class Gateway(RuntimeActor):
         self.pending: list[Inbound] = []  # reports waiting for the next group commit
         self.nudges: set[bytes] | None = None  # during a flush: the peers a completion freed a slot of
         self.flush_told = False
-        self.batch = ReportBatch(ctx.dispatch.store)
+        # A cluster keeps every answer for its repeats (the answer ledger); edge has none.
+        self.batch = ReportBatch(ctx.dispatch.store, ledger=self.sessions.ledger is not None)
 
     def handlers(self):
         return {
@@ -237,7 +241,8 @@ class Gateway(RuntimeActor):
                     log_cap_bytes=self.ctx.config.runtime.log_cap_bytes,
                     lease_ttl_ms=self.sessions.run_lease_ms,
                     check=check_offer,  # an offer the wire cannot carry ends OFFER_UNENCODABLE
-                    size=check_offer, budget_bytes=BATCH_BUDGET_BYTES)
+                    size=check_offer, budget_bytes=BATCH_BUDGET_BYTES,
+                    answer=self._answer_key(msg, PullAnswer))
             except Fenced as err:
                 self._ack(peer, "pull", msg, "fenced", str(err))
                 return
@@ -255,9 +260,16 @@ class Gateway(RuntimeActor):
             report, answer = item
             answer(self.batch.apply([report])[0])
 
+    def _answer_key(self, msg: Any, result_type: type) -> AnswerKey | None:
+        """The request as the answer ledger knows it; None without a ledger (edge)."""
+        if self.sessions.ledger is None:
+            return None
+        return AnswerKey(self.worker_id, msg.request_id, msg.KIND, result_type)
+
     def _report_of(self, msg: Any, peer: bytes):
         """The store Report for a report message and what answers its result; None when it was
-        answered already (a receipt that does not decode; a log chunk on edge)."""
+        answered already (a receipt that does not decode; a log chunk on edge). The answer to a
+        repeat is built from the result its first copy got (the ledger), by the same code."""
         d, worker = self.ctx.dispatch, self.worker_id
         if isinstance(msg, m.LogChunk):
             chunks = self.sessions.log_chunks
@@ -276,16 +288,20 @@ class Gateway(RuntimeActor):
         locks = LockRequest(msg.attempt_id, msg.run_id, fence, revision=isinstance(msg, m.Activate))
         if isinstance(msg, m.Activate):
             return (Report(locks, lambda conn, rows: d.activate_in(conn, rows, fence, msg.callback_token_hash,
-                                                                    msg.log_artifact_id)),
+                                                                    msg.log_artifact_id),
+                           answer=self._answer_key(msg, ActivateResult)),
                     lambda result: self._answer_activate(msg, peer, result))
+        answer = self._answer_key(msg, Outcome)
         if isinstance(msg, m.Started):
             return (Report(locks, lambda conn, rows: d.started_in(conn, rows, fence, msg.boot_id, msg.pid,
-                                                                   msg.pgid, msg.start_ticks), durable=False),
+                                                                   msg.pgid, msg.start_ticks), durable=False,
+                           answer=answer),
                     lambda outcome: self._ack(peer, "started", msg, outcome.result, outcome.detail))
         if isinstance(msg, m.StartFailed):
-            return (Report(locks, lambda conn, rows: d.start_failed_in(conn, rows, fence, msg.reason)),
+            return (Report(locks, lambda conn, rows: d.start_failed_in(conn, rows, fence, msg.reason),
+                           answer=answer),
                     lambda outcome: self._ack(peer, "start_failed", msg, outcome.result, outcome.detail))
-        return (Report(locks, lambda conn, rows: d.decline_in(conn, rows, fence)),
+        return (Report(locks, lambda conn, rows: d.decline_in(conn, rows, fence), answer=answer),
                 lambda outcome: self._answer_decline(msg, peer, outcome))
 
     def _answer_activate(self, msg: m.Activate, peer: bytes, result: Any) -> None:
@@ -321,7 +337,8 @@ class Gateway(RuntimeActor):
             return self.ctx.completion.complete_in(conn, rows, msg.run_id, msg.attempt_id, receipt,
                                                    msg.log_dropped_bytes, msg.stopped_by, **facts)
 
-        return (Report(LockRequest(msg.attempt_id, msg.run_id, live_lease=True), apply),
+        return (Report(LockRequest(msg.attempt_id, msg.run_id, live_lease=True), apply,
+                       answer=self._answer_key(msg, CompletionOutcome)),
                 lambda outcome: self._answer_completed(msg, peer, outcome))
 
     def _answer_completed(self, msg: m.Completed, peer: bytes, outcome: Any) -> None:

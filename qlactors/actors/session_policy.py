@@ -13,7 +13,8 @@ import secrets
 from typing import Any, Callable
 
 from ..domain.receipt import token_hash
-from ..store.records import Fenced
+from ..store.records import AttestResult, Fenced, Outcome
+from ..store.request_answers import AnswerKey, RequestAnswers
 from ..wire import codec
 from ..wire import messages as m
 
@@ -33,6 +34,7 @@ class LocalSessions:
 
     run_lease_ms: int | None = None
     log_chunks = None  # logs stay in local files: a LogChunk is answered by `log_chunk`
+    ledger = None  # one in-process executor sends no copies: no answer ledger, no statement for it
 
     def __init__(self, session: Any, heartbeat_ms: int, disk_reserve: Any = None) -> None:
         self.session = session
@@ -107,6 +109,9 @@ class ClusterSessions:
         self.heartbeat_ms = heartbeat_ms
         self.session_lease_ms = session_lease_ms
         self.run_lease_ms = run_lease_ms
+        # The answer ledger: a repeated request gets its first answer (SEMANTICS.md §9 Owed reports);
+        # the replica prunes it every few cycles (`RequestAnswers.prune_due`).
+        self.ledger = RequestAnswers(dispatch.store)
 
     # -- sessions -----------------------------------------------------------------------------
 
@@ -179,7 +184,8 @@ class ClusterSessions:
     def leave(self, msg: m.Leave, worker_id: str) -> tuple[str, str]:
         """A worker's drain (SEMANTICS.md §9 Drain): its session `draining`, then `offline`, from
         the authenticated worker's session only (`end_session` fences any other)."""
-        outcome = self.dispatch.end_session(worker_id, msg.session_id, msg.session_generation, status=msg.status)
+        outcome = self.dispatch.end_session(worker_id, msg.session_id, msg.session_generation, status=msg.status,
+                                            answer=AnswerKey(worker_id, msg.request_id, msg.KIND, Outcome))
         return outcome.result, outcome.detail or ""
 
     def may_offer(self) -> bool:
@@ -222,7 +228,8 @@ class ClusterSessions:
             msg.lease_session_id, msg.lease_session_generation, msg.fact,
             new_lease_token_hash=token_hash(msg.new_slot.lease_token) if msg.new_slot else None,
             new_offer_id=msg.new_slot.offer_id if msg.new_slot else None,
-            identity=identity, run_lease_ms=self.run_lease_ms)
+            identity=identity, run_lease_ms=self.run_lease_ms,
+            answer=AnswerKey(worker_id, msg.request_id, msg.KIND, AttestResult))
         if result.result == "applied" and msg.fact == "running":
             return m.Attested(answer_to=msg.request_id, run_id=msg.run_id, attempt_id=msg.attempt_id, fact=msg.fact, result="applied",
                               offer_id=msg.new_slot.offer_id, lease_generation=result.lease_generation,

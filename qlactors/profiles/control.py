@@ -111,16 +111,16 @@ class ControlRuntime(Runner):
         def replica_heartbeat() -> None:
             replicas.heartbeat(self.replica_id, store.health.tally(), self.ctx.cycle_health.current)
 
+        sessions = ClusterSessions(dispatch, LogChunks(store), control, heartbeat_ms=cfg.heartbeat_ms,
+                                   session_lease_ms=cfg.session_lease_ms, run_lease_ms=cfg.run_lease_ms,
+                                   # every replica loads the same key pair: one secret per Register
+                                   resume_secret=functools.partial(resume_secret, secret))
         ctx = ControlContext(
             config=self.config, zmq=zctx, bridge=bridge, directory=directory, fatal=fatal,
             admitting=threading.Event(), repo=repo, dispatch=dispatch,
             completion=CompletionService(store), control=control, lost_retry=LostRetry(store),
-            cron=CronAdmission(store), retention=Retention(store, None, None),
-            sessions=ClusterSessions(dispatch, LogChunks(store), control, heartbeat_ms=cfg.heartbeat_ms,
-                                     session_lease_ms=cfg.session_lease_ms, run_lease_ms=cfg.run_lease_ms,
-                                     # every replica loads the same key pair: one secret per Register
-                                     resume_secret=functools.partial(resume_secret, secret)),
-            each_cycle=(authenticator_running, refresh_allow_list, replica_heartbeat),
+            cron=CronAdmission(store), retention=Retention(store, None, None), sessions=sessions,
+            each_cycle=(authenticator_running, refresh_allow_list, replica_heartbeat, sessions.ledger.prune_due),
             recovery_grace_ms=cfg.recovery_grace_ms, drain_grace_ms=cfg.drain_grace_ms)
         self.ctx = ctx
         watch_store(ctx)

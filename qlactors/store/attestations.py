@@ -42,6 +42,7 @@ from .records import (
     check_id,
     same_hash,
 )
+from .request_answers import AnswerKey, first_answers, keep_answers
 from .schema import run_attempts, run_dispatch_leases
 from .session_rules import EVIDENCE_FACTS, RUNNING, check_ms, check_quote, session_mismatch
 
@@ -59,7 +60,7 @@ class Attestations:
     def attest(self, worker_id: str, session_id: str, generation: int, quote: LeaseQuote,
                quote_session_id: str, quote_session_generation: int, fact: str, *,
                new_lease_token_hash: str | None = None, new_offer_id: str | None = None,
-               identity: Any = None, run_lease_ms: int) -> AttestResult:
+               identity: Any = None, run_lease_ms: int, answer: AnswerKey | None = None) -> AttestResult:
         """Apply one attestation from the worker's current session (worker, session, generation).
 
         `fenced` (nothing changed) when that session is not current, or the quoted lease does not
@@ -77,6 +78,9 @@ class Attestations:
         attempt's start was recorded. The other facts (`stopped`, `ended`, `never_launched`,
         `launch_unknown`, `ended_with_receipt`) record the evidence for the quoted lease's
         generation; a repeat of the same fact about the same lease keeps the first time.
+
+        `answer` names the request for the ledger (a cluster replica): looked up under the locks
+        above, a repeat gets its first answer; a first answer is kept in this transaction.
         """
         check_id("worker id", worker_id, 128)
         check_id("session id", session_id)
@@ -99,49 +103,63 @@ class Attestations:
             lease = conn.execute(LEASE_LOCKED, {"attempt_id": quote.attempt_id,
                                                  "generation": quote.lease_generation}).first()
             now = self.store.now_ms(conn)
-            detail = session_mismatch(session, worker_id, generation, now, online_only=False)
-            if detail is not None:
-                return AttestResult(FENCED, detail)
-            if run is None or attempt is None or attempt.run_id != run.id:
-                return AttestResult(FENCED, "unknown_attempt")
-            if lease is None or lease.run_id != run.id:
-                return AttestResult(FENCED, "lease_generation")
-            if lease.worker_id != worker_id:
-                return AttestResult(REFUSED, "lease_worker")
-            if (lease.session_id, lease.session_generation) != (quote_session_id, quote_session_generation):
-                return AttestResult(FENCED, "lease_session")
-            if lease.offer_id != quote.offer_id:
-                return AttestResult(FENCED, "offer_id")
-            if not same_hash(lease.token_hash, quote.lease_token_hash):
-                return AttestResult(FENCED, "lease_token")
-            # The worker proved it held this lease: tell it when its process has nothing to run for.
-            status = AttemptStatus(attempt.status)
-            if status.terminal:
-                return AttestResult(SUPERSEDED, f"attempt_{status.value}")
-            if current_attempt(conn, run.id).id != attempt.id:
-                return AttestResult(SUPERSEDED, "later_attempt")
-            if fact == RUNNING:
-                replay = conn.execute(LEASE_BY_OFFER, {"offer_id": new_offer_id}).first()
-                if replay is not None:
-                    return _replayed(replay, attempt.id, session, new_lease_token_hash)
-            if fact == NEVER_LAUNCHED and _given_back(lease):  # the answer to the first copy was lost
-                return AttestResult(APPLIED, "released", lease.lease_generation, lease.version, lease.expires_at_ms)
-            if lease.status != LeaseStatus.LEASED.value:
-                return AttestResult(FENCED, f"lease_{lease.status}")
-            if fact == NEVER_LAUNCHED:
-                if attempt.pid is not None:  # a Started (or a `running` re-bind) landed: it was launched
-                    return AttestResult(REFUSED, "started")
-                if attempt.status == AttemptStatus.CLAIMED.value:
-                    version = end_lease(conn, attempt.id, now, LeaseStatus.RELEASED, LeaseReleaseReason.DECLINED)
-                    return AttestResult(APPLIED, "released", lease.lease_generation, version, lease.expires_at_ms)
-            if fact != RUNNING:
-                if (attempt.evidence, attempt.evidence_lease_generation) != (fact, lease.lease_generation):
-                    conn.execute(_EVIDENCE, dict(NO_EVIDENCE, evidence=fact, evidence_at_ms=now,
-                                                 evidence_lease_generation=lease.lease_generation,
-                                                 updated_at_ms=now, w_id=attempt.id))
-                return AttestResult(APPLIED, None, lease.lease_generation, lease.version, lease.expires_at_ms)
-            return self._rebind(conn, run, attempt, lease, session, identity, new_offer_id,
-                                new_lease_token_hash, now + run_lease_ms, now)
+            if answer is not None and (first := first_answers(conn, [answer]).get(answer.id)) is not None:
+                return first  # a repeat of this request: its first answer, nothing applied again
+            result = self._judge(conn, worker_id, generation, quote, quote_session_id, quote_session_generation,
+                                 fact, new_lease_token_hash, new_offer_id, identity, run_lease_ms, session, run,
+                                 attempt, lease, now)
+            if answer is not None:
+                keep_answers(conn, [(answer, result)], now)
+            return result
+
+    def _judge(self, conn, worker_id: str, generation: int, quote: LeaseQuote, quote_session_id: str,
+               quote_session_generation: int, fact: str, new_lease_token_hash: str | None,
+               new_offer_id: str | None, identity: Any, run_lease_ms: int, session, run, attempt,
+               lease, now: int) -> AttestResult:
+        """`attest` under its locks, with the rows they read."""
+        detail = session_mismatch(session, worker_id, generation, now, online_only=False)
+        if detail is not None:
+            return AttestResult(FENCED, detail)
+        if run is None or attempt is None or attempt.run_id != run.id:
+            return AttestResult(FENCED, "unknown_attempt")
+        if lease is None or lease.run_id != run.id:
+            return AttestResult(FENCED, "lease_generation")
+        if lease.worker_id != worker_id:
+            return AttestResult(REFUSED, "lease_worker")
+        if (lease.session_id, lease.session_generation) != (quote_session_id, quote_session_generation):
+            return AttestResult(FENCED, "lease_session")
+        if lease.offer_id != quote.offer_id:
+            return AttestResult(FENCED, "offer_id")
+        if not same_hash(lease.token_hash, quote.lease_token_hash):
+            return AttestResult(FENCED, "lease_token")
+        # The worker proved it held this lease: tell it when its process has nothing to run for.
+        status = AttemptStatus(attempt.status)
+        if status.terminal:
+            return AttestResult(SUPERSEDED, f"attempt_{status.value}")
+        if current_attempt(conn, run.id).id != attempt.id:
+            return AttestResult(SUPERSEDED, "later_attempt")
+        if fact == RUNNING:
+            replay = conn.execute(LEASE_BY_OFFER, {"offer_id": new_offer_id}).first()
+            if replay is not None:
+                return _replayed(replay, attempt.id, session, new_lease_token_hash)
+        if fact == NEVER_LAUNCHED and _given_back(lease):  # the answer to the first copy was lost
+            return AttestResult(APPLIED, "released", lease.lease_generation, lease.version, lease.expires_at_ms)
+        if lease.status != LeaseStatus.LEASED.value:
+            return AttestResult(FENCED, f"lease_{lease.status}")
+        if fact == NEVER_LAUNCHED:
+            if attempt.pid is not None:  # a Started (or a `running` re-bind) landed: it was launched
+                return AttestResult(REFUSED, "started")
+            if attempt.status == AttemptStatus.CLAIMED.value:
+                version = end_lease(conn, attempt.id, now, LeaseStatus.RELEASED, LeaseReleaseReason.DECLINED)
+                return AttestResult(APPLIED, "released", lease.lease_generation, version, lease.expires_at_ms)
+        if fact != RUNNING:
+            if (attempt.evidence, attempt.evidence_lease_generation) != (fact, lease.lease_generation):
+                conn.execute(_EVIDENCE, dict(NO_EVIDENCE, evidence=fact, evidence_at_ms=now,
+                                             evidence_lease_generation=lease.lease_generation,
+                                             updated_at_ms=now, w_id=attempt.id))
+            return AttestResult(APPLIED, None, lease.lease_generation, lease.version, lease.expires_at_ms)
+        return self._rebind(conn, run, attempt, lease, session, identity, new_offer_id,
+                            new_lease_token_hash, now + run_lease_ms, now)
 
     def _rebind(self, conn, run, attempt, lease, session, identity: Identity, offer_id: str,
                 token_hash: str, expires: int, now: int) -> AttestResult:

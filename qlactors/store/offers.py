@@ -49,6 +49,7 @@ from .plans import (
     run_snapshot,
 )
 from .records import Fenced, OfferView, check_hash, check_id, same_hash
+from .request_answers import FIRST_PULL_ANSWER, AnswerKey, PullAnswer, decode, keep_answers
 from .schema import run_dispatch_leases
 from .views import cwd_from_column
 
@@ -70,12 +71,14 @@ _TAKEN = object()  # the pair's offer id was used meanwhile by a concurrent pull
 _PROJECTION = ("offer_id", "lease_generation", "lease_version", "worker_id", "session_id",
                "session_generation")
 _SESSION_TIMED = SESSION.add_columns(literal_column(NOW_SQL).label("db_now_ms"))
-# The session's live leases (its capacity taken) and the leases of the Pull's offer ids (a repeated
-# Pull), in one statement read under the session row lock: one row at least, with the count and no
-# lease, else one row per lease found, each with the count.
+# The session's live leases (its capacity taken), the leases of the Pull's offer ids (a repeated
+# Pull) and the Pull's first answer in the ledger (a repeat of it; NULL without a ledger), in one
+# statement read under the session row lock: one row at least, with the count and no lease, else
+# one row per lease found, each with the count.
 _ONE_ROW = select(literal_column("1").label("one")).subquery()
 _LEASES_AND_TAKEN = (
-    select(LEASED_COUNT.correlate(None).scalar_subquery().label("taken_slots"), run_dispatch_leases)
+    select(LEASED_COUNT.correlate(None).scalar_subquery().label("taken_slots"),
+           FIRST_PULL_ANSWER.label("first_answer"), run_dispatch_leases)
     .select_from(_ONE_ROW.outerjoin(run_dispatch_leases, run_dispatch_leases.c.offer_id.in_(
         bindparam("offer_ids", expanding=True)))))
 
@@ -110,6 +113,7 @@ class Offers:
         check: Callable[[OfferView], None] | None = None,
         budget_bytes: int | None = None,
         size: Callable[[OfferView], int] | None = None,
+        answer: AnswerKey | None = None,
     ) -> list[OfferView]:
         """Up to `len(pairs)` offers for this session, in pair order, from one transaction.
 
@@ -132,6 +136,10 @@ class Offers:
         ends `failed` (OFFER_UNENCODABLE) in this transaction and the next candidate is looked
         at. With `budget_bytes`, the batch stops before the sum of `size(view)` would pass it;
         the first offer always goes (the frame's limit for one offer is `check`'s business).
+
+        `answer` names the Pull's request for the ledger (a cluster replica): a Pull whose first
+        answer is kept replays exactly that answer's offers that are still live (by `_replay`)
+        and claims nothing, whatever pairs the first left unused; a first answer is kept.
         """
         check_id("worker id", worker_id, 128)
         check_id("session id", session_id)
@@ -146,18 +154,19 @@ class Offers:
             raise BadInput("budget_bytes is an integer and needs size()")
         with self.store.write(durable=False) as conn, events_together(conn):
             return _Batch(self.store, conn, worker_id, session_id, session_generation, pairs,
-                          log_cap_bytes, lease_ttl_ms, check, budget_bytes, size).run()
+                          log_cap_bytes, lease_ttl_ms, check, budget_bytes, size, answer=answer).run()
 
 
 class _Batch:
     """One offer_batch transaction's state: the session, the pairs left, the picks and the budget."""
 
     def __init__(self, store, conn, worker_id, session_id, generation, pairs, log_cap_bytes,
-                 lease_ttl_ms, check, budget_bytes, size) -> None:
+                 lease_ttl_ms, check, budget_bytes, size, *, answer: AnswerKey | None = None) -> None:
         self.store, self.conn = store, conn
         self.worker_id, self.session_id, self.generation = worker_id, session_id, generation
         self.pairs, self.log_cap_bytes, self.lease_ttl_ms = pairs, log_cap_bytes, lease_ttl_ms
         self.check, self.budget, self.size = check, budget_bytes, size
+        self.answer = answer  # the Pull's request, for the ledger (None: edge, no ledger)
         self.used = 0
         self.offers: dict[str, OfferView] = {}
         # Read once per batch: a task's dispatched runs (only this batch adds to them while it
@@ -187,9 +196,17 @@ class _Batch:
         self._fenced(session, now)
         # Read under the session row lock, which serialises this session's pulls: the same Pull
         # sent to two replicas at once (a failover repeat) then finds the leases the first wrote.
+        key = self.answer
         rows = conn.execute(_LEASES_AND_TAKEN, {"offer_ids": [o for o, _ in self.pairs],
-                                                "session_id": self.session_id}).all()
+                                                "session_id": self.session_id,
+                                                "ledger_worker_id": key.worker_id if key else None,
+                                                "ledger_request_id": key.request_id if key else None}).all()
         existing = {r.offer_id: r for r in rows if r.offer_id is not None}
+        if key is not None and rows[0].first_answer is not None:  # a repeat: its first answer again
+            hashes = dict(self.pairs)
+            first = decode(PullAnswer, rows[0].first_answer).offer_ids
+            views = (self._replay(existing[o], hashes.get(o)) for o in first if o in existing)
+            return [view for view in views if view is not None]
         fresh = [(o, h) for o, h in self.pairs if o not in existing]
         for offer_id, token_hash in self.pairs:
             if offer_id in existing:
@@ -199,7 +216,10 @@ class _Batch:
         free = session.capacity - rows[0].taken_slots
         if fresh and tasks != [] and free > 0:
             self._claim_fresh(session, fresh[:free], labels_param(session.labels_json), tasks, now)
-        return [self.offers[o] for o, _ in self.pairs if o in self.offers]
+        answered = [self.offers[o] for o, _ in self.pairs if o in self.offers]
+        if key is not None:
+            keep_answers(conn, [(key, PullAnswer(tuple(v.offer_id for v in answered)))], now)
+        return answered
 
     def _claim_fresh(self, session, fresh, labels, tasks, now) -> None:
         skip_runs: list[str] = []

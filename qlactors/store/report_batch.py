@@ -8,6 +8,11 @@ statements (`report_locks.hold`), then applies the reports in their arrival orde
 events with one INSERT and commits once: a group commit, whose answers go out after it. Rows
 are read once per transaction, so `groups` splits the arrivals so that no attempt or run has
 two row-changing reports in one transaction, keeping each attempt's reports in their order.
+
+With a ledger (a cluster replica, `request_answers.py`), a report that names its request
+(`Report.answer`) is first looked up under those locks: a repeat gets its first answer and
+applies nothing; every other answer is kept, in the same transaction, for its repeats. The
+batch's look-up is one statement and so is its keeping.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from sqlalchemy.engine import Connection
 from .engine import Store
 from .plans import events_together
 from .report_locks import HeldRows, LockRequest, hold
+from .request_answers import AnswerKey, first_answers, keep_answers
 
 # Most reports of one transaction (a bound on its locks and on the answers it holds back).
 MAX_BATCH = 64
@@ -32,19 +38,23 @@ class Report:
     `changes_rows` is False for a log chunk (it adds chunks and changes no run, attempt or lease
     row); `durable` is False for a report whose commit may skip the fsync on SQLite (a Started,
     docs/semantics.md "Durability of commits"); a batch is durable if any of its reports is.
+    `answer` names the request, for the ledger: a repeat of it gets its first answer.
     """
 
     locks: LockRequest
     apply: Callable[[Connection, HeldRows], Any]
     changes_rows: bool = True
     durable: bool = True
+    answer: AnswerKey | None = None
 
 
 class ReportBatch:
-    """Applies reports together, one transaction per group."""
+    """Applies reports together, one transaction per group; `ledger` True keeps and replays the
+    answers of reports that name their request (a cluster replica; edge has none)."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, *, ledger: bool = False) -> None:
         self.store = store
+        self.ledger = ledger
 
     def apply(self, reports: Sequence[Report]) -> list[Any]:
         """Every report of one group (see `groups`) in one transaction; their results in order.
@@ -53,7 +63,20 @@ class ReportBatch:
         """
         with self.store.write(durable=any(r.durable for r in reports)) as conn, events_together(conn):
             rows = hold(self.store, conn, [r.locks for r in reports])
-            return [r.apply(conn, rows) for r in reports]
+            keys = [r.answer for r in reports if r.answer is not None] if self.ledger else []
+            if not keys:
+                return [r.apply(conn, rows) for r in reports]
+            first = first_answers(conn, keys)  # under the locks: a racing copy committed before us
+            results, fresh = [], []
+            for r in reports:
+                if r.answer is not None and r.answer.id in first:
+                    results.append(first[r.answer.id])
+                    continue
+                results.append(r.apply(conn, rows))
+                if r.answer is not None:
+                    fresh.append((r.answer, results[-1]))
+            keep_answers(conn, fresh, rows.now)
+            return results
 
 
 def alone(store: Store, locks: LockRequest, apply: Callable[[Connection, HeldRows], Any], *,

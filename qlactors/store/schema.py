@@ -612,3 +612,26 @@ executor_session = Table(
     CheckConstraint("generation >= 1", name="generation_positive"),
     *_ms("updated_at_ms"),
 )
+
+
+# --- schema 11: the answer ledger (SEMANTICS.md §9 Owed reports, Pull once) --------------------
+
+# The first answer to each worker request, by its request id: a repeat (a re-sent copy, a copy
+# that reached another replica) gets it again instead of being judged anew. The result is the
+# store operation's own (an Outcome's fields as JSON; a Pull's offer ids), never wire bytes.
+# Written in the transaction of the request's effect; rows older than the retention are pruned.
+REQUEST_KINDS = ("pull", "activate", "started", "start_failed", "decline", "completed", "attest", "leave")
+worker_requests = Table(
+    "worker_requests",
+    metadata,
+    Column("worker_id", String(128), nullable=False),
+    Column("request_id", String(64), nullable=False),  # the wire's id (at most 64 characters)
+    Column("kind", String(16), nullable=False),
+    Column("result_json", Text, nullable=False),
+    Column("created_at_ms", MS, nullable=False),
+    PrimaryKeyConstraint("worker_id", "request_id"),
+    CheckConstraint(_one_of("kind", REQUEST_KINDS), name="kind"),
+    *_ms("created_at_ms"),
+)
+# Pruning takes the oldest rows first.
+Index("ix_worker_requests_created_at_ms", worker_requests.c.created_at_ms)

@@ -34,6 +34,7 @@ from .engine import Store
 from .heartbeats import Heartbeats
 from .plans import sql_states
 from .records import APPLIED, FENCED, REFUSED, Fenced, Outcome, Session, check_hash, check_id
+from .request_answers import AnswerKey, first_answers, keep_answers
 from .schema import run_attempts, run_dispatch_leases, worker_keys, worker_sessions
 from .session_rows import LATEST_GENERATION, update_session
 from .session_rules import (
@@ -231,7 +232,7 @@ class Sessions(Heartbeats, Attestations):
             return [Unactivated(*row) for row in conn.execute(query)]
 
     def end_session(self, worker_id: str, session_id: str, generation: int, *,
-                    status: str = "offline") -> Outcome:
+                    status: str = "offline", answer: AnswerKey | None = None) -> Outcome:
         """Its worker drains the session (SEMANTICS.md §9 Drain, the wire's `Leave`): `draining`
         (no more offers to it; its reports still count) then `offline`.
 
@@ -241,7 +242,8 @@ class Sessions(Heartbeats, Attestations):
         current one (unknown, another worker's or generation, superseded by a later generation,
         or ended without a drain: revoked, retired). Repeats are `applied` with detail
         `already_draining` / `already_offline` (a `draining` arriving after `offline` too);
-        `draining` is `refused` for a session whose lease has expired.
+        `draining` is `refused` for a session whose lease has expired. `answer` names the
+        request for the ledger (a cluster replica): a repeat of it gets its first answer.
         """
         if status not in _END_STATUSES:
             raise BadInput(f"a session ends {' or '.join(_END_STATUSES)}")
@@ -250,22 +252,31 @@ class Sessions(Heartbeats, Attestations):
         with self.store.write() as conn:
             session = conn.execute(SESSION_LOCKED, {"session_id": session_id}).first()
             now = self.store.now_ms(conn)
-            detail = session_mismatch(session, worker_id, generation, now, online_only=False)
-            if detail in ("unknown_session", "session_worker", "session_generation"):
-                return Outcome(FENCED, detail)
-            if conn.execute(LATEST_GENERATION, {"worker_id": worker_id}).scalar_one() > generation:
-                return Outcome(FENCED, "superseded")
-            if session.status == "offline":
-                if session.drained_at_ms is None:
-                    return Outcome(FENCED, "session_offline")  # revoked or retired: not its to end
-                return Outcome(APPLIED, "already_offline")
-            if status == "draining":
-                if session.status == "draining":
-                    return Outcome(APPLIED, "already_draining")
-                if detail is not None:
-                    return Outcome(REFUSED, detail)
-                update_session(conn, session, now, status="draining", drained_at_ms=now)
-            else:
-                update_session(conn, session, now, status="offline", ended_at_ms=ended_at(session, now),
-                               drained_at_ms=session.drained_at_ms or now)
-            return Outcome(APPLIED)
+            if answer is not None and (first := first_answers(conn, [answer]).get(answer.id)) is not None:
+                return first  # a repeat of this Leave: its first answer, nothing applied again
+            result = self._end(conn, session, worker_id, generation, status, now)
+            if answer is not None:
+                keep_answers(conn, [(answer, result)], now)
+            return result
+
+    def _end(self, conn, session, worker_id: str, generation: int, status: str, now: int) -> Outcome:
+        """`end_session` under the session row lock."""
+        detail = session_mismatch(session, worker_id, generation, now, online_only=False)
+        if detail in ("unknown_session", "session_worker", "session_generation"):
+            return Outcome(FENCED, detail)
+        if conn.execute(LATEST_GENERATION, {"worker_id": worker_id}).scalar_one() > generation:
+            return Outcome(FENCED, "superseded")
+        if session.status == "offline":
+            if session.drained_at_ms is None:
+                return Outcome(FENCED, "session_offline")  # revoked or retired: not its to end
+            return Outcome(APPLIED, "already_offline")
+        if status == "draining":
+            if session.status == "draining":
+                return Outcome(APPLIED, "already_draining")
+            if detail is not None:
+                return Outcome(REFUSED, detail)
+            update_session(conn, session, now, status="draining", drained_at_ms=now)
+        else:
+            update_session(conn, session, now, status="offline", ended_at_ms=ended_at(session, now),
+                           drained_at_ms=session.drained_at_ms or now)
+        return Outcome(APPLIED)
