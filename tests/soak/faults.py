@@ -109,12 +109,21 @@ class Faults:
 
     def _launchers(self, name: str) -> list[tuple[str, int]]:
         """(attempt id, launcher pid) of the worker's journal rows whose launcher is this soak's."""
+        return self._tagged(self._journalled(name, "pid"))
+
+    def _journalled(self, name: str, column: str) -> list[tuple[str, int]]:
+        """(attempt id, `column`) of the worker's journal rows that hold one (pid or pgid)."""
         journal = self.cluster.root / f"state-{name}" / "journal.sqlite"
         conn = sqlite3.connect(f"file:{journal}?mode=ro", uri=True, timeout=10)
         try:
-            rows = conn.execute("SELECT attempt_id, pid FROM executor_journal WHERE pid IS NOT NULL").fetchall()
+            return conn.execute(f"SELECT attempt_id, {column} FROM executor_journal "
+                                f"WHERE {column} IS NOT NULL").fetchall()
         finally:
             conn.close()
+
+    def _tagged(self, rows: list[tuple[str, int]]) -> list[tuple[str, int]]:
+        """The rows whose process (pid or group leader) is one of this soak's: its environment
+        carries the tag, never another process that got the same id."""
         mark = f"SOAK_TAG={self.tag}".encode()
         found = []
         for attempt_id, pid in rows:
@@ -126,24 +135,10 @@ class Faults:
         return found
 
     def _job_groups(self, name: str) -> list[tuple[str, int]]:
-        """(attempt id, process group) of the worker's journal rows whose group leader is one of
-        this soak's jobs (its environment carries the tag): never another process that got the
-        same id."""
-        journal = self.cluster.root / f"state-{name}" / "journal.sqlite"
-        conn = sqlite3.connect(f"file:{journal}?mode=ro", uri=True, timeout=10)
-        try:
-            rows = conn.execute("SELECT attempt_id, pgid FROM executor_journal WHERE pgid IS NOT NULL").fetchall()
-        finally:
-            conn.close()
+        """(attempt id, process group) of the worker's jobs: its journal rows whose group leader is
+        one of this soak's jobs, and those spawned too recently for the journal to hold them."""
+        ours = self._tagged(self._journalled(name, "pgid"))
         mark = f"SOAK_TAG={self.tag}".encode()
-        ours = []
-        for attempt_id, pgid in rows:
-            try:
-                environ = Path(f"/proc/{pgid}/environ").read_bytes()
-            except OSError:
-                continue
-            if mark in environ.split(b"\0"):
-                ours.append((attempt_id, pgid))
         # A job spawned just before the freeze whose identity the journal does not hold yet dies
         # with its host too (a real host death spares none): found by its tag and its output,
         # which goes to a file in that worker's state directory.
