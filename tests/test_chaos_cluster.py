@@ -99,7 +99,9 @@ def test_a_worker_killed_with_20_running_jobs_and_started_again_finishes_each_ex
     try:
         worker = _worker(c, "w1", slots=20)
         ledger = tmp_path / "ledger"
-        _task(c, "quick", ledger, sleep=1, max_concurrent=10)
+        # 3 s: the 20 launches of a loaded machine take a second or two, and all 20 must be
+        # seen running at once before the kill.
+        _task(c, "quick", ledger, sleep=3, max_concurrent=10)
         _task(c, "slow", ledger, sleep=10, max_concurrent=10)
         quick, slow = _request(c, "quick", 10), _request(c, "slow", 10)
         every = quick + slow
