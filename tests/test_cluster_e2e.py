@@ -55,6 +55,7 @@ def test_an_unknown_key_cannot_register_and_runs_wait(cluster):
         cluster.stop(proc)
 
 
+@pytest.mark.timeout(360)  # a hang guard: 1,000 jobs through two replicas took 150 s on a loaded machine
 def test_two_replicas_two_workers_run_500_jobs_each_exactly_once(tmp_path):
     """500 queued runs of three short jobs on two replicas and two workers: every run terminal
     with its own exit code, each job ran once (one ledger line per run), logs exact, and neither
