@@ -76,14 +76,18 @@ class OwedReports:
         backoff, and a report waits while there is no session."""
         if self.session is None:
             return
+        still_owed = False
         for report in self.ctx.journal.owed():
             if report.kind == m.Register.KIND:
                 self.ctx.journal.settle(report.request_id)  # a session is open: this one is moot
                 continue
+            still_owed = True
             if self.owed_sent_at.get(report.request_id, float("-inf")) > due_before:
                 continue  # sent just now (this Welcome's re-attestations, a fresh report)
             self.owed_sent_at[report.request_id] = time.monotonic()
             self.out.to_control(_decoded(report))
+        if still_owed:
+            self._schedule_owed()  # and again an interval later, until each is answered
 
     def _schedule_owed(self) -> None:
         if self.ctx.bridge.timer_due("owed") is None:
@@ -93,11 +97,12 @@ class OwedReports:
 
     def on_owed_due(self, _msg: OwedDue, _peer: bytes) -> None:
         """A heartbeat interval went by: what was sent before it and is still owed goes out again."""
-        if self.session is None:
-            return  # the Register's own backoff repeats it; the rest waits for a Welcome
-        if self.ctx.journal.owed(1):
-            self._resend_owed(self.owed_round_at)
-            self._schedule_owed()
+        due_before = self.owed_round_at
+        if self.session is None:  # the Register's own backoff repeats it; the rest waits for a Welcome
+            if self.ctx.journal.owed(1):
+                self._schedule_owed()
+            return
+        self._resend_owed(due_before)
 
     def _owed_answered(self, answer_to: str) -> OwedReport | None:
         """The owed report an answer names (still owed: `_settle` it once acted on); None when it
