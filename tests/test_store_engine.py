@@ -103,3 +103,35 @@ def test_sqlite_uses_the_local_clock(sqlite_store, monkeypatch):
     monkeypatch.setattr(time, "time_ns", lambda: 42_000_000)
     with sqlite_store.read() as conn:
         assert sqlite_store.now_ms(conn) == 42
+
+
+def test_sqlite_switch_to_wal_waits_out_a_busy_file_then_gives_up(tmp_path):
+    """Two processes opening a fresh home at once: one's WAL switch meets the other's lock.
+
+    SQLite answers such a switch "database is locked" at once when waiting could deadlock; a
+    zero busy timeout stands in for that here. The switch retries until the lock is gone, and
+    raises as it came once its patience runs out.
+    """
+    import sqlite3
+
+    from qlactors.store import sqlite
+
+    path = tmp_path / "fresh.db"
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("CREATE TABLE t (x INTEGER)")
+    switcher = sqlite3.connect(path, isolation_level=None)
+    switcher.execute("PRAGMA busy_timeout=0")
+
+    holder.execute("BEGIN EXCLUSIVE")
+    with pytest.raises(sqlite3.OperationalError, match="locked"):
+        switcher.execute(sqlite.WAL)  # what the migration did before: one try
+    with pytest.raises(sqlite3.OperationalError, match="locked"):
+        sqlite.switch_to_wal(switcher, patience_s=0.2)
+    release = threading.Timer(0.5, lambda: holder.execute("COMMIT"))
+    release.start()
+    sqlite.switch_to_wal(switcher)
+    release.join()
+    assert switcher.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    sqlite.switch_to_wal(switcher, patience_s=0)  # already WAL: nothing to wait for
+    holder.close()
+    switcher.close()

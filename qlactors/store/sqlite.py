@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sqlite3
 import time
 from pathlib import Path
 
@@ -31,6 +32,11 @@ NOT_DURABLE = "PRAGMA synchronous=NORMAL"
 # once, by the migration that accepted the file: never on a foreign or newer database.
 WAL = "PRAGMA journal_mode=WAL"
 
+# How long switching to WAL retries a busy file. The switch needs the file to itself, and two
+# processes opening a fresh file at once each hold a read lock the other's switch waits on:
+# SQLite answers one of them "database is locked" at once (its busy handler would deadlock).
+WAL_SWITCH_PATIENCE_S = 10.0
+
 READ_ONLY_OPTION = "qlactors_read_only"
 
 def configure(engine: Engine) -> None:
@@ -53,6 +59,27 @@ def configure(engine: Engine) -> None:
             conn.exec_driver_sql("BEGIN")
         else:
             conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def switch_to_wal(dbapi_conn, *, patience_s: float = WAL_SWITCH_PATIENCE_S) -> None:
+    """Put the file in WAL mode on a driver connection outside any transaction.
+
+    Nothing to do when it already is (the usual case); a busy refusal is retried with a short
+    sleep until `patience_s` runs out, then raised as it came.
+    """
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            if dbapi_conn.execute("PRAGMA journal_mode").fetchone()[0].lower() == "wal":
+                return
+            dbapi_conn.execute(WAL)
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) and "busy" not in str(exc):
+                raise
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.05)
 
 
 def now_ms(_conn) -> int:
