@@ -90,3 +90,16 @@ def test_unknown_safety_names_the_one_attempt_confirm_for_its_run():
     assert why.reason.endswith("unknown safety: waits for the worker or `qlactors worker retire w1 "
                                "--confirm-stopped`; this attempt alone: `qlactors confirm-stopped r-1`")
     assert "confirm-stopped r-1" not in waiting(facts(run_id="r-1", safety="idempotent"), NOW, GRACE).reason
+
+
+def test_a_pending_stop_is_named_and_the_idempotent_end_is_its_intent_s_outcome():
+    why = waiting(facts(safety="idempotent", session_ended_at_ms=NOW - 20_000, cancel_reason="timeout"), NOW, GRACE)
+    assert "; timeout stop pending: worker w1 has not reported the job stopped (it may still run); " in why.reason
+    assert why.reason.endswith("idempotent: ends timed_out (no exit code) at 2027-01-15 08:01:40Z once the grace "
+                               "has passed")
+    user = waiting(facts(safety="deduplicated", cancel_reason="user"), NOW, GRACE)
+    assert "user stop pending" in user.reason and "deduplicated: ends cancelled (no exit code) once " in user.reason
+    unknown = waiting(facts(cancel_reason="timeout"), NOW, GRACE)
+    assert "timeout stop pending" in unknown.reason and unknown.reason.endswith(
+        "unknown safety: waits for the worker or `qlactors worker retire w1 --confirm-stopped`")
+    assert "stop pending" not in waiting(facts(), NOW, GRACE).reason

@@ -171,6 +171,10 @@ def run_detail(run: RunView, out: TextIO = sys.stdout) -> None:
                    ("exit code", exit_of(run)), ("error", run.error_code or "-"),
                    ("cancel", run.cancel_reason or "-"), ("retry of", run.retry_of_run_id or "-")):
         out.write(f"{k + ':':<15}{val}\n")
+    pending = run.stop_pending
+    if pending is not None:
+        out.write(f"{'stop pending:':<15}{pending[0]} (requested at {when(pending[1])}): "
+                  "the job runs until its worker stops it\n")
     out.write("\nattempts:\n")
     table([(str(a.number), a.state, "-" if a.exit_code is None else str(a.exit_code), when(a.started_at_ms),
             when(a.finished_at_ms), a.error_code or "-") for a in run.attempts],

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from .states import RetrySafety
-from .transitions import ErrorCode
+from .states import CancelReason, RetrySafety
+from .transitions import ErrorCode, outcome_of_cancel
 
 # The facts recorded in `run_attempts.evidence` that are trusted not-running evidence: what the
 # worker attested (it stopped the process; the process ended, with or without a receipt; it was
@@ -77,6 +77,9 @@ class WaitingFacts:
     """The attempt's current lease generation: a fact about another one is void."""
     run_id: str | None = None
     """The attempt's run, for the one-attempt `qlactors confirm-stopped RUN`."""
+    cancel_reason: str | None = None
+    """The run's committed cancel intent (`timeout`, ...): its stop waits for the worker, and
+    evidence ends the run as the intent says instead of `lost`."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +98,9 @@ def waiting(facts: WaitingFacts, now_ms: int, recovery_grace_ms: int) -> Waiting
     else:
         head = f"lease of worker {worker} expired {_ago(now_ms - facts.lease_expires_at_ms)} ago"
     parts = [head]
+    if facts.cancel_reason is not None:
+        parts.append(f"{facts.cancel_reason} stop pending: worker {worker} has not reported the job "
+                     "stopped (it may still run)")
     if facts.session_drained:
         parts.append(f"worker {worker} drained its session (SIGTERM): its restart re-attests it")
     if facts.evidence is not None and facts.evidence_lease_generation != facts.lease_generation:
@@ -108,13 +114,15 @@ def waiting(facts: WaitingFacts, now_ms: int, recovery_grace_ms: int) -> Waiting
         parts.append("waiting for evidence")
     eligible = None
     if facts.safety in GRACE_SAFETIES:
+        ends = ("lost" if facts.cancel_reason is None
+                else f"ends {outcome_of_cancel(CancelReason(facts.cancel_reason))[0].value} (no exit code)")
         if facts.session_ended_at_ms is None:
-            parts.append(f"{facts.safety}: lost once the session of worker {worker} has ended and "
+            parts.append(f"{facts.safety}: {ends} once the session of worker {worker} has ended and "
                          f"the recovery grace ({_ago(recovery_grace_ms)}) has passed")
         else:
             eligible = facts.session_ended_at_ms + recovery_grace_ms
             grace = "the drain grace and the recovery grace have" if facts.session_drained else "the grace has"
-            parts.append(f"{facts.safety}: lost at {_when(eligible)} once {grace} passed")
+            parts.append(f"{facts.safety}: {ends} at {_when(eligible)} once {grace} passed")
     else:
         alone = f"; this attempt alone: `qlactors confirm-stopped {facts.run_id}`" if facts.run_id else ""
         parts.append(f"unknown safety: waits for the worker or "

@@ -84,7 +84,7 @@ _BASE = (
            _A.c.lease_generation.label("attempt_lease_generation"),
            _L.c.lease_generation, _L.c.expires_at_ms.label("lease_expires_at_ms"), _P.c.safety,
            _S.c.status.label("session_status"), _S.c.lease_expires_at_ms.label("session_expires_at_ms"),
-           _S.c.drained_at_ms.label("session_drained_at_ms"),
+           _S.c.drained_at_ms.label("session_drained_at_ms"), runs.c.cancel_reason,
            _SESSION_END.label("session_end_ms"), _KIND.label("kind"))
     .select_from(_A.join(runs, runs.c.id == _A.c.run_id)
                  .outerjoin(_L, and_(_L.c.attempt_id == _A.c.id, _L.c.status == LeaseStatus.LEASED.value))
@@ -184,7 +184,7 @@ class ClusterRecoveryCases:
         why: Waiting = waiting(WaitingFacts(row.worker_id, row.lease_expires_at_ms, row.evidence, row.safety,
                                             ended, row.session_drained_at_ms is not None,
                                             row.evidence_lease_generation, row.attempt_lease_generation,
-                                            row.run_id),
+                                            row.run_id, row.cancel_reason),
                                now, self.recovery_grace_ms)
         return WaitingAttempt(row.run_id, row.attempt_id, row.status, row.worker_id, row.session_generation,
                               row.lease_expires_at_ms, row.evidence, why.reason, why.eligible_at_ms)

@@ -10,6 +10,7 @@ from ..domain import posix
 from ..domain.model import Command, TaskSpec, env_from_json, env_to_json
 from ..domain.retention import RetentionPolicy, TaskRetention
 from ..domain.retry import RetryPolicy
+from ..domain.states import RUN_CANCEL_REQUESTED, RunStatus
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,7 +219,20 @@ class RunView:
         if detail:
             data["attempts"] = [a.to_json() for a in self.attempts]
             data["events"] = [e.to_json() for e in self.events]
+            pending = self.stop_pending
+            if pending is not None:
+                data["stop_pending"] = {"reason": pending[0], "requested_at_ms": pending[1]}
         return data
+
+    @property
+    def stop_pending(self) -> tuple[str, int | None] | None:
+        """A committed cancel intent (user, policy, timeout, shutdown) whose stop has not ended the
+        run yet: its job still runs until its worker stops it, e.g. a worker frozen or cut off.
+        (reason, when it was committed: its `run.cancel_requested` event), else None."""
+        if self.cancel_reason is None or RunStatus(self.state).terminal:
+            return None
+        at = next((e.at_ms for e in reversed(self.events) if e.type == RUN_CANCEL_REQUESTED), None)
+        return self.cancel_reason, at
 
 
 @dataclass(frozen=True, slots=True)
