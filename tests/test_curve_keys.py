@@ -83,6 +83,8 @@ def test_keys_new_command(tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert made.returncode == 0, made.stderr
     assert f"{tmp_path / 'k' / 'control.key_secret'}" in made.stdout
+    # The replicas share one pair (docs/cluster.md step 2): the secret is not one host's alone.
+    assert "(0600: copy it only to the hosts that use it, keeping the mode)" in made.stdout
     again = subprocess.run([*QLACTORS, "keys", "new", "control", "--dir", str(tmp_path / "k")],
                            capture_output=True, text=True, timeout=60)
     assert again.returncode == 2 and "already exists" in again.stderr

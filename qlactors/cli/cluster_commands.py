@@ -27,7 +27,7 @@ FOLLOW_POLL_S = 0.2
 def keys_new(args: argparse.Namespace) -> int:
     public, secret = new_key_pair(args.dir, args.name)
     print(f"public key: {public}")
-    print(f"secret key: {secret} (0600: keep it on this host only)")
+    print(f"secret key: {secret} (0600: copy it only to the hosts that use it, keeping the mode)")
     return 0
 
 
