@@ -283,3 +283,29 @@ def test_resolving_twice_changes_nothing_the_second_time(repo, dispatch, cases, 
     after = db_state(repo, flight.quote.run_id)
     assert cases.resolve(page[0]).result == "already_terminal"
     assert db_state(repo, flight.quote.run_id) == after
+
+
+def test_a_safety_without_a_retry_policy_is_judged_unknown(repo, dispatch, cases, worker):
+    """A run keeps its task's safety with its retry policy only (`--retry-on-lost`): without one an
+    idempotent task's run waits for its worker or `worker retire` like any other (docs/cli.md)."""
+    flight = launch(repo, dispatch, worker, retry=RetryPolicy(safety=RetrySafety.IDEMPOTENT))
+    expire_lease(repo, flight.quote.attempt_id)
+    set_session(repo, worker.session_id, lease_expires_at_ms=now_ms(repo) - GRACE_MS - 1_000)
+    assert page_ids(cases) == []
+    assert "unknown safety: waits for the worker" in cases.waiting_for(flight.quote.attempt_id).reason
+
+
+def test_a_pending_stop_is_named_and_an_idempotent_run_ends_by_its_intent_after_the_grace(repo, dispatch, cases,
+                                                                                          worker):
+    flight = launch(repo, dispatch, worker, **IDEMPOTENT)
+    assert repo.runs.cancel(flight.quote.run_id).outcome == "requested"
+    expire_lease(repo, flight.quote.attempt_id)
+    ended = now_ms(repo) - GRACE_MS + 60_000
+    set_session(repo, worker.session_id, lease_expires_at_ms=ended)
+    why = cases.waiting_for(flight.quote.attempt_id).reason
+    assert "; user stop pending: worker w1 has not reported the job stopped (it may still run); " in why
+    assert "idempotent: ends cancelled (no exit code) at " in why
+    set_session(repo, worker.session_id, lease_expires_at_ms=now_ms(repo) - GRACE_MS - 1_000)
+    assert resolve_one(cases, flight).run_state == "cancelled"
+    shown = repo.runs.get(flight.quote.run_id)
+    assert (shown.state, shown.attempts[-1].exit_code, shown.stop_pending) == ("cancelled", None, None)
