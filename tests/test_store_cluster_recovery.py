@@ -299,6 +299,8 @@ def test_a_pending_stop_is_named_and_an_idempotent_run_ends_by_its_intent_after_
                                                                                           worker):
     flight = launch(repo, dispatch, worker, **IDEMPOTENT)
     assert repo.runs.cancel(flight.quote.run_id).outcome == "requested"
+    pending = repo.runs.get(flight.quote.run_id).stop_pending
+    assert pending[0] == "user" and abs(pending[1] - now_ms(repo)) < 60_000
     expire_lease(repo, flight.quote.attempt_id)
     ended = now_ms(repo) - GRACE_MS + 60_000
     set_session(repo, worker.session_id, lease_expires_at_ms=ended)
