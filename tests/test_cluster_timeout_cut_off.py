@@ -114,7 +114,7 @@ def test_a_killed_worker_s_timed_out_jobs_wait_as_their_safety_says_and_stop_whe
         c.new_key("w1")
         c.allow("w1")
         w1 = c.start_worker("w1", slots=2)
-        # Its safety is pinned on its runs with its retry policy (no policy: never retried, unknown).
+        # Its safety is pinned on its runs at admission (a task with no --safety: unknown).
         c.cli("task", "add", "idem", "--retry-on-lost", "--max-attempts", "2", "--safety", "idempotent",
               "--timeout", "6", *SLEEPER)
         c.cli("task", "add", "plain", "--timeout", "6", *SLEEPER)

@@ -11,6 +11,7 @@ from qlactors.domain.retry import RetryPolicy
 from qlactors.domain.states import RetrySafety
 from qlactors.domain.transitions import ErrorCode
 from qlactors.store.cluster_recovery import ClusterRecoveryCases
+from qlactors.store.lost_retry import LostRetry
 from qlactors.store.schema import run_attempts, worker_sessions
 from store_helpers import db_state
 from test_store_sessions import attest, beat, expire_lease, expire_session, launch, register
@@ -285,14 +286,19 @@ def test_resolving_twice_changes_nothing_the_second_time(repo, dispatch, cases, 
     assert db_state(repo, flight.quote.run_id) == after
 
 
-def test_a_safety_without_a_retry_policy_is_judged_unknown(repo, dispatch, cases, worker):
-    """A run keeps its task's safety with its retry policy only (`--retry-on-lost`): without one an
-    idempotent task's run waits for its worker or `worker retire` like any other (docs/cli.md)."""
+def test_a_safety_without_retry_on_lost_is_still_trusted_and_the_run_is_not_retried(repo, dispatch, cases,
+                                                                                    worker):
+    """`--safety idempotent` without `--retry-on-lost`: the run's policy row keeps the safety (never
+    retried), so a gone worker's run ends `lost` after the grace instead of waiting for a retire."""
     flight = launch(repo, dispatch, worker, retry=RetryPolicy(safety=RetrySafety.IDEMPOTENT))
     expire_lease(repo, flight.quote.attempt_id)
-    set_session(repo, worker.session_id, lease_expires_at_ms=now_ms(repo) - GRACE_MS - 1_000)
+    set_session(repo, worker.session_id, lease_expires_at_ms=now_ms(repo) - GRACE_MS + 60_000)
     assert page_ids(cases) == []
-    assert "unknown safety: waits for the worker" in cases.waiting_for(flight.quote.attempt_id).reason
+    assert "idempotent: lost at " in cases.waiting_for(flight.quote.attempt_id).reason
+    set_session(repo, worker.session_id, lease_expires_at_ms=now_ms(repo) - GRACE_MS - 1_000)
+    resolve_one(cases, flight)
+    assert_lost(repo, flight, ErrorCode.RECOVERY_SESSION_ENDED)
+    assert LostRetry(repo.store).resolve_lost(flight.quote.run_id).detail == ErrorCode.RUN_LOST_RETRY_DISABLED
 
 
 def test_a_pending_stop_is_named_and_an_idempotent_run_ends_by_its_intent_after_the_grace(repo, dispatch, cases,

@@ -13,7 +13,8 @@ from typing import Any, Sequence
 from sqlalchemy import and_, bindparam, or_, select
 from sqlalchemy.engine import Connection
 
-from ..domain.states import RUN_TERMINAL, CancelReason, LeaseReleaseReason, LeaseStatus, RunStatus, TriggerType
+from ..domain.states import (RUN_TERMINAL, CancelReason, LeaseReleaseReason, LeaseStatus, RetrySafety, RunStatus,
+                             TriggerType)
 from ..domain.transitions import plan_admission, plan_cancel
 from ..errors import BadInput, NotFound, Retired
 from ..ids import new_id
@@ -215,12 +216,17 @@ class Runs:
         return conn.execute(_BY_KEY, {"key": key}).first()
 
     def _snapshot_policy(self, conn: Connection, task_id: str, revision: int, run_id: str, now: int) -> None:
-        """Pin the revision's retry policy at admission; no row means never retried automatically."""
+        """Pin the revision's retry policy at admission; no row means never retried automatically.
+
+        A task that declares a safety without `--retry-on-lost` gets a row too (`retry_on_lost`
+        false): the run is never retried, but recovery reads its safety from the row, so a dead
+        host's idempotent run still ends `lost` after the grace instead of waiting for a retire.
+        """
         rev = conn.execute(_REVISION_POLICY, {"task_id": task_id, "revision": revision}).one()
-        if not rev.retry_on_lost:
+        if not rev.retry_on_lost and rev.safety == RetrySafety.UNKNOWN.value:
             return
         conn.execute(run_retry_policies.insert().values(
-            run_id=run_id, max_attempts=rev.max_attempts, retry_on_lost=True, safety=rev.safety,
+            run_id=run_id, max_attempts=rev.max_attempts, retry_on_lost=bool(rev.retry_on_lost), safety=rev.safety,
             backoff_base_ms=rev.backoff_base_ms, backoff_max_ms=rev.backoff_max_ms,
             version=0, created_at_ms=now, updated_at_ms=now))
 
