@@ -95,15 +95,16 @@ class Cluster:
     """Two CURVE ROUTER replicas (one context, one authenticator) and a worker bridge on its own context."""
 
     def __init__(self, *, request_timeout_s: float, replicas_up: tuple[bool, ...] = (True, True),
-                 listed: bool = True) -> None:
+                 listed: bool = True, server_key: KeyPair | None = None) -> None:
         self.server, self.worker = KeyPair.new(), KeyPair.new()
         self.server_ctx = zmq.Context()
-        self.auth = start_authenticator(self.server_ctx, AllowList({self.worker.text: "w1"} if listed else {}))
+        self.allow_list = AllowList({self.worker.text: "w1"} if listed else {})
+        self.auth = start_authenticator(self.server_ctx, self.allow_list)
         self.endpoints = [tcp_endpoint() for _ in replicas_up]
         self.replicas = [Replica(self.server_ctx, ep, self.server) if up else None
                          for ep, up in zip(self.endpoints, replicas_up)]
         self.ctx = zmq.Context()
-        self.links = ReplicaLinks(self.ctx, self.endpoints, server_public=self.server.public,
+        self.links = ReplicaLinks(self.ctx, self.endpoints, server_public=(server_key or self.server).public,
                                   public=self.worker.public, secret=self.worker.secret,
                                   request_timeout_s=request_timeout_s, heartbeat_ms=1000)
         self.got = Collected()
@@ -225,6 +226,36 @@ def test_a_replica_that_refuses_the_workers_key_is_logged_and_never_connected(ma
     assert cluster.links.connected() == frozenset()
     refused = next(r.getMessage() for r in caplog.records if "link_refused" in r.getMessage())
     assert cluster.endpoints[0] in refused and "worker allow" in refused
+    assert f"key={cluster.worker.text}" in refused  # the key the replica's `curve_denied` names
+
+
+def test_a_key_allowed_after_a_refusal_connects_without_a_restart(make_cluster, caplog):
+    """libzmq gives a refused connection up for good; the link connects it again with backoff,
+    so a request waiting since before `worker allow` goes out once the key is allowed, and the
+    first handshake after the refusal is logged once."""
+    caplog.set_level(logging.INFO, logger="qlactors.links")
+    cluster = make_cluster(request_timeout_s=600.0, replicas_up=(True,), listed=False)
+    cluster.outbox.to_control(heartbeat("w1", free_slots=7))
+    wait_until(lambda: any("link_refused" in r.getMessage() for r in caplog.records), what="link_refused")
+    cluster.allow_list.replace({cluster.worker.text: "w1"})  # `worker allow`, as a replica's cache sees it
+    peer, request = cluster.replicas[0].receive(WAIT_S + 5)
+    assert request.free_slots == 7
+    accepted = [r.getMessage() for r in caplog.records if "link_accepted_after_refusal" in r.getMessage()]
+    assert len(accepted) == 1 and cluster.endpoints[0] in accepted[0]
+
+
+def test_a_wrong_server_key_is_logged_once_per_endpoint_by_the_events_name(make_cluster, caplog):
+    """libzmq retries a failed handshake ten times a second: one line, naming the event, and the
+    failures after it counted for the next line (at most every HANDSHAKE_LOG_S)."""
+    caplog.set_level(logging.ERROR, logger="qlactors.links")
+    cluster = make_cluster(request_timeout_s=600.0, replicas_up=(True,), server_key=KeyPair.new())
+    endpoint = cluster.endpoints[0]
+    wait_until(lambda: cluster.links._handshake_log._seen.get(endpoint, (0, 0))[1] >= 5,
+               what="five handshake failures after the first")
+    failed = [r.getMessage() for r in caplog.records if "link_handshake_failed" in r.getMessage()]
+    assert len(failed) == 1, failed
+    assert endpoint in failed[0] and "event=EVENT_HANDSHAKE_FAILED_NO_DETAIL" in failed[0]
+    assert "server_key" in failed[0]
 
 
 def test_links_refuse_no_endpoint_and_a_wildcard():

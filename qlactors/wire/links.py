@@ -21,6 +21,14 @@ Every request a worker sends is safe to repeat (SEMANTICS.md §9), so the rule i
 I/O, and watches each socket's monitor to log connections, disconnections and a replica that
 refuses this worker's key. Both belong to the bridge thread; `current()` and `connected()` may
 be read from any thread.
+
+A replica that refuses this worker's key at the CURVE handshake (not yet, or no longer, on the
+allow-list) makes libzmq give the connection up for good: no reconnect follows. The link
+connects that endpoint again itself, 1 s after the refusal, doubling to 30 s while it is
+refused, so a later `worker allow` takes effect without a restart; the first handshake that
+succeeds after a refusal is logged once (`event=link_accepted_after_refusal`). Refusals and
+other handshake failures (a wrong `server_key`: libzmq retries those itself, ten times a second)
+are logged once per endpoint, then at most every 5 minutes with a count.
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from ..errors import BadInput
 from . import curve, endpoints
+from .pacing import Backoff, LogLimit
 
 log = logging.getLogger("qlactors.links")
 
@@ -43,6 +52,10 @@ log = logging.getLogger("qlactors.links")
 MAX_UNANSWERED = 1024
 # How soon the ring is tried again when no replica's socket has a connection up.
 UNREACHABLE_RETRY_S = 0.25
+# A replica that refused this worker's key is connected again this long after, doubling up to the cap.
+REFUSED_RECONNECT_FIRST_S = 1.0
+REFUSED_RECONNECT_MAX_S = 30.0
+HANDSHAKE_LOG_S = 300.0  # a failed handshake is logged once per endpoint, then at most this often
 _EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
            | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
 
@@ -140,6 +153,12 @@ class ReplicaLinks:
         self._monitors: list[zmq.Socket] = []
         self._connected: frozenset[str] = frozenset()  # replaced whole: readers need no lock
         self._unreachable_logged = False
+        self._public_text = public.decode("ascii")  # named in a refusal: the replica logs the same key
+        # endpoint index -> its backoff while the replica refuses this worker's key, and when
+        # (clock time) to connect it again (`_reconnect_due`)
+        self._refused: dict[int, Backoff] = {}
+        self._reconnect_at: dict[int, float] = {}
+        self._handshake_log = LogLimit(HANDSHAKE_LOG_S)
 
     # -- any thread -----------------------------------------------------------------------------
 
@@ -201,17 +220,36 @@ class ReplicaLinks:
         return self._failover.answered(request_id)
 
     def due(self) -> float | None:
-        """When (clock time) the oldest unanswered request times out; None when all are answered."""
-        return self._failover.deadline
+        """When (clock time) the link must act next: the oldest unanswered request times out, or a
+        refused endpoint is connected again; None when nothing waits."""
+        times = [t for t in (self._failover.deadline, *self._reconnect_at.values()) if t is not None]
+        return min(times, default=None)
 
     def expire(self) -> None:
-        """Fail over when the oldest unanswered request has waited `request_timeout_s`."""
-        if self._failover.expired(self._clock()):
+        """Connect again the refused endpoints whose backoff is over; fail over when the oldest
+        unanswered request has waited `request_timeout_s`."""
+        now = self._clock()
+        for index in [i for i, at in self._reconnect_at.items() if now >= at]:
+            del self._reconnect_at[index]
+            self._reconnect(index)
+        if self._failover.expired(now):
             self._fail_over("no answer in time")
+
+    def _reconnect(self, index: int) -> None:
+        """libzmq never reconnects after a refused handshake: disconnect and connect again."""
+        if index >= len(self._sockets):
+            return  # closed meanwhile
+        sock, endpoint = self._sockets[index], self.endpoints[index].text
+        try:
+            sock.disconnect(endpoint)
+        except zmq.ZMQError:
+            pass  # nothing left to disconnect: the refused connection is gone already
+        sock.connect(endpoint)
 
     def on_monitor(self, monitor: zmq.Socket) -> None:
         """Read a link's monitor events: keep `connected()` true, log what an operator must see."""
-        endpoint = self.endpoints[self._monitors.index(monitor)].text
+        index = self._monitors.index(monitor)
+        endpoint = self.endpoints[index].text
         while True:
             try:
                 event = recv_monitor_message(monitor, zmq.NOBLOCK)["event"]
@@ -220,16 +258,37 @@ class ReplicaLinks:
             if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self._connected = self._connected | {endpoint}
                 log.info("event=link_connected endpoint=%s", endpoint)
+                refused = self._refused.pop(index, None)
+                self._reconnect_at.pop(index, None)
+                self._handshake_log.forget(endpoint)
+                if refused is not None:
+                    log.info("event=link_accepted_after_refusal endpoint=%s key=%s tries=%d (the replica "
+                                "accepts this worker's key now)", endpoint, self._public_text, refused.tries)
             elif event == zmq.EVENT_DISCONNECTED:
                 if endpoint in self._connected:
                     log.warning("event=link_disconnected endpoint=%s", endpoint)
                 self._connected = self._connected - {endpoint}
             elif event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
-                log.error("event=link_refused endpoint=%s reason=the replica does not accept this worker's "
-                          "key (put it on the allow-list: qlactors worker allow NAME KEYFILE)", endpoint)
+                self._on_refused(index, endpoint)
             else:
-                log.error("event=link_handshake_failed endpoint=%s event=%s (is server_key the replicas' "
-                          "public key, and is the replica's authenticator running?)", endpoint, event)
+                unlogged = self._handshake_log.admit(endpoint, self._clock())
+                if unlogged is not None:
+                    log.error("event=link_handshake_failed endpoint=%s event=%s unlogged_since=%d (is "
+                              "server_key the replicas' public key, and is the replica's authenticator "
+                              "running? logged at most every %.0f s)", endpoint, _event_name(event),
+                              unlogged, HANDSHAKE_LOG_S)
+
+    def _on_refused(self, index: int, endpoint: str) -> None:
+        """The replica refused this worker's key: connect it again after the backoff (libzmq will not)."""
+        backoff = self._refused.setdefault(index, Backoff(REFUSED_RECONNECT_FIRST_S, REFUSED_RECONNECT_MAX_S))
+        delay = backoff.next()
+        self._reconnect_at[index] = self._clock() + delay
+        unlogged = self._handshake_log.admit(endpoint, self._clock())
+        if unlogged is not None:
+            log.error("event=link_refused endpoint=%s key=%s unlogged_since=%d reason=the replica does not "
+                      "accept this worker's key (put it on the allow-list: qlactors worker allow NAME "
+                      "KEYFILE; tried again in %.0f s, then up to every %.0f s)", endpoint, self._public_text,
+                      unlogged, delay, REFUSED_RECONNECT_MAX_S)
 
     def _fail_over(self, why: str) -> None:
         """Move to the next replica that takes the unanswered requests, at most once around the ring."""
@@ -256,3 +315,11 @@ class ReplicaLinks:
         except zmq.Again:
             return False
         return True
+
+
+def _event_name(event: int) -> str:
+    """A monitor event's name (`EVENT_HANDSHAKE_FAILED_NO_DETAIL`), not its number."""
+    try:
+        return f"EVENT_{zmq.Event(event).name}"
+    except ValueError:
+        return str(event)
