@@ -148,28 +148,44 @@ def test_an_authenticator_that_stops_while_serving_stops_the_bridge_with_the_rea
     assert control.got.nothing()
 
 
-def test_a_send_to_a_gone_peer_is_logged_and_the_bridge_keeps_serving(control, w1, caplog):
-    caplog.set_level(logging.WARNING, logger="qlactors.bridge")
+def test_a_send_to_a_gone_peer_is_logged_by_its_worker_and_the_bridge_keeps_serving(control, w1, caplog):
+    caplog.set_level(logging.DEBUG, logger="qlactors.bridge")
     outbox = Outbox(control.ctx, control.bridge.outbox_endpoint)
     try:
-        outbox.to_peer(b"\x00gone-peer", Nudge())  # ROUTER_MANDATORY: EHOSTUNREACH, not silence
+        outbox.to_peer(b"\x00gone-peer", Nudge(), worker="w9")  # ROUTER_MANDATORY: EHOSTUNREACH, not silence
         client = control.client(w1)
         client.send(heartbeat("w1", free_slots=4))
         inbound = control.got.get()
-        outbox.to_peer(inbound.peer, Nudge())
+        outbox.to_peer(inbound.peer, Nudge(), worker="w1")
         assert client.receive() == Nudge()
     finally:
         outbox.close()
-    failures = [r.getMessage() for r in caplog.records if "peer_send_failed" in r.getMessage()]
-    assert len(failures) == 1 and "Host unreachable" in failures[0]
+    failures = [r for r in caplog.records if "peer_send_failed" in r.getMessage()]
+    assert len(failures) == 1 and failures[0].levelno == logging.WARNING
+    assert "worker=w9" in failures[0].getMessage() and "Host unreachable" in failures[0].getMessage()
     assert control.bridge.is_alive() and not control.exited
+
+
+def test_a_send_to_a_peer_of_no_live_session_is_no_warning(control, w1, caplog):
+    """A peer the Gateway knows no live session by (a worker that stopped, reconnected, or talks
+    to another replica now) is no news: debug level only."""
+    caplog.set_level(logging.DEBUG, logger="qlactors.bridge")
+    outbox = Outbox(control.ctx, control.bridge.outbox_endpoint)
+    client = control.client(w1)
+    try:
+        outbox.to_peer(b"\x00gone-peer", Nudge())
+        client.send(heartbeat("w1", free_slots=4))
+        outbox.to_peer(control.got.get().peer, Nudge())  # one outbox: the send before it was tried
+        assert client.receive() == Nudge()
+    finally:
+        outbox.close()
+    failures = [r for r in caplog.records if "peer_send_failed" in r.getMessage()]
+    assert [r.levelno for r in failures] == [logging.DEBUG]
 
 
 def test_sends_to_a_gone_peer_are_logged_once_per_peer_per_interval(control, w1, caplog, monkeypatch):
     """A departed peer costs one log line per PEER_FAILURE_LOG_S, not one per nudge, and the
     next line says how many failures went unlogged."""
-    from qlactors.wire import peer_failures
-
     caplog.set_level(logging.WARNING, logger="qlactors.bridge")
     outbox = Outbox(control.ctx, control.bridge.outbox_endpoint)
     client = control.client(w1)
@@ -184,15 +200,15 @@ def test_sends_to_a_gone_peer_are_logged_once_per_peer_per_interval(control, w1,
 
     try:
         for _ in range(5):
-            outbox.to_peer(b"\x00gone-one", Nudge())
+            outbox.to_peer(b"\x00gone-one", Nudge(), worker="w8")
         for _ in range(3):
-            outbox.to_peer(b"\x00gone-two", Nudge())
+            outbox.to_peer(b"\x00gone-two", Nudge(), worker="w9")
         round_trip()
         one, two = b"\x00gone-one".hex()[:16], b"\x00gone-two".hex()[:16]
         assert [f.split(" error=")[0] for f in failures()] == [
-            f"event=peer_send_failed peer={one}", f"event=peer_send_failed peer={two}"]
-        monkeypatch.setattr(peer_failures, "PEER_FAILURE_LOG_S", 0.0)  # the interval is over
-        outbox.to_peer(b"\x00gone-one", Nudge())
+            f"event=peer_send_failed worker=w8 peer={one}", f"event=peer_send_failed worker=w9 peer={two}"]
+        monkeypatch.setattr(control.bridge._peer_failures._limit, "every_s", 0.0)  # the interval is over
+        outbox.to_peer(b"\x00gone-one", Nudge(), worker="w8")
         round_trip()
     finally:
         outbox.close()

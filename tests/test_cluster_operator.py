@@ -3,6 +3,8 @@ allowed, a key revoked under running jobs, and two processes presenting one work
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from actor_harness import wait_until
@@ -16,6 +18,11 @@ def cluster(tmp_path):
     c = make_cluster(tmp_path, replicas=1)
     yield c
     c.close()
+
+
+def _statuses(cluster) -> set[str]:
+    time.sleep(0.2)  # a poll of the database, not a wait for a timing: paced to spare the machine
+    return {status for (status,) in cluster.sql("SELECT status FROM runs")}
 
 
 def _spawn_worker(cluster, name: str, *, slots: int = 1, state: str | None = None):
@@ -44,3 +51,29 @@ def test_a_worker_started_before_its_key_is_allowed_connects_once_it_is(cluster)
     cluster.cli("task", "add", "hello", "--", "true")
     run_id = cluster.cli("run", "hello").stdout.decode().strip()
     assert cluster.wait_terminal([run_id], timeout=30)[run_id]["state"] == "succeeded"
+
+
+def test_a_key_revoked_under_running_jobs_says_so_once_and_allowing_it_again_delivers_them(cluster):
+    """Revoked while two jobs run: they go on, their runs wait `running`; the worker says once,
+    as an ERROR, that its key was revoked and how many results wait; the replica logs the refused
+    worker once a minute, not per frame; `worker allow` again delivers both results."""
+    cluster.new_key("w1")
+    cluster.allow("w1")
+    worker = cluster.start_worker("w1", slots=2)
+    cluster.cli("task", "add", "slow", "--max-concurrent", "2", "--", "sh", "-c", "sleep 10; exit 4")
+    runs = [cluster.cli("run", "slow").stdout.decode().strip() for _ in range(2)]
+    wait_until(lambda: _statuses(cluster) == {"running"}, 40, "both jobs to run")
+    cluster.cli("worker", "revoke", "w1")
+    wait_until(lambda: "event=worker_key_revoked" in worker.log(), 30, "the worker to learn it was revoked")
+    journal_done = lambda: "event=completed_resent" in worker.log()  # noqa: E731 - both receipts wait
+    wait_until(journal_done, 40, "the jobs to end and their completions to wait")
+    assert _statuses(cluster) == {"running"}
+    log = worker.log()
+    revoked = [line for line in log.splitlines() if "event=worker_key_revoked" in line]
+    assert len(revoked) == 1 and " ERROR " in revoked[0] and "running=2" in revoked[0], revoked
+    replica = cluster.replicas[0].log()
+    assert replica.count("event=frame_refused") == 1, replica
+    cluster.allow("w1")
+    final = cluster.wait_terminal(runs, timeout=50)
+    assert {f["state"] for f in final.values()} == {"failed"}
+    assert sorted(cluster.sql("SELECT exit_code FROM run_attempts")) == [(4,), (4,)]

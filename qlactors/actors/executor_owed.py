@@ -17,6 +17,10 @@ the control side is journalled before it is first sent and kept until its own an
   key the replicas refuse (not yet allowed) is tried again up to every 30 s and logged once a
   minute, so a later `worker allow` takes effect without a restart; a refusal for its protocol
   version stops the worker (exit 1) with the refusal's text, as retrying cannot help.
+- Revoked: a key refused after this worker had a session was revoked (`worker revoke`). Said
+  once, as an ERROR naming how many jobs' results now wait (running, or ended with their
+  receipts on disk): they go on being re-sent, and are delivered once the key is allowed again
+  (or recorded lost by `worker retire`). Said again only after a new session.
 
 A mixin of `Executor` (actors/executor.py), as `SessionReports` is.
 """
@@ -59,6 +63,8 @@ class OwedReports:
     register_backoff_s: float = REGISTER_FIRST_S
     register_cap_s: float = REGISTER_MAX_S
     key_refused_logged_at: float | None = None
+    had_session: bool = False  # a Welcome came since this instance started: a refused key was revoked
+    revoked_logged: bool = False
 
     # -- owing ----------------------------------------------------------------------------------
 
@@ -171,6 +177,7 @@ class OwedReports:
         self.register_request = None
         self.register_cap_s = max(REGISTER_FIRST_S, msg.heartbeat_ms / 1000)
         self.key_refused_logged_at = None
+        self.had_session, self.revoked_logged = True, False
         self.ctx.bridge.cancel_timer("register")
         return True
 
@@ -185,9 +192,22 @@ class OwedReports:
 
     def _key_refused(self, detail: str) -> None:
         now = time.monotonic()
+        key = getattr(self.ctx, "public_key", "") or "-"
+        if self.had_session:  # allowed before: revoked since
+            if self.key_refused_logged_at is None:
+                self.key_refused_logged_at = now  # the Register, if any, backs off up to REFUSED_KEY_MAX_S
+            if not self.revoked_logged:
+                self.revoked_logged = True
+                waiting = sum(1 for _ in self.ctx.journal.walk(("launching", "started")))
+                log.error("event=worker_key_revoked key=%s running=%d detail=%s (this worker's key is no longer "
+                          "on the allow-list: its running jobs go on, but the results of these %d cannot be "
+                          "delivered until the key is allowed again (qlactors worker allow NAME KEYFILE) or "
+                          "the worker is retired (qlactors worker retire NAME --confirm-stopped: they are "
+                          "recorded lost); it keeps re-sending them)", key, waiting, detail, waiting)
+            return
         if self.key_refused_logged_at is None or now - self.key_refused_logged_at >= REFUSED_LOG_EVERY_S:
-            log.error("event=worker_key_refused detail=%s (put this worker's key on the allow-list: qlactors "
-                      "worker allow NAME KEYFILE; it keeps trying, at most every %.0f s)", detail,
+            log.error("event=worker_key_refused key=%s detail=%s (put this worker's key on the allow-list: "
+                      "qlactors worker allow NAME KEYFILE; it keeps trying, at most every %.0f s)", key, detail,
                       REFUSED_KEY_MAX_S)
             self.key_refused_logged_at = now
 

@@ -65,6 +65,7 @@ class Gateway(RuntimeActor):
         self.sessions = ctx.sessions
         self.peers: dict[str, bytes] = {}  # worker id -> its ROUTER identity, as last heard
         self.heard: dict[str, float] = {}  # worker id -> when (`_clock`) its peer was last heard
+        self.peer_workers: dict[bytes, str] = {}  # the reverse of `peers`: a peer of a live session -> its worker
         self.worker_id = ""  # the sender of the message being handled (authenticated on a cluster)
         self.pending: list[Inbound] = []  # reports waiting for the next group commit
         self.nudges: set[bytes] | None = None  # during a flush: the peers a completion freed a slot of
@@ -126,7 +127,7 @@ class Gateway(RuntimeActor):
         finally:
             nudges, self.nudges = self.nudges, None
         for peer in nudges:  # after every answer: one Pull then asks for all the slots freed
-            self.out.to_peer(peer, m.Nudge())
+            self._to_peer(peer, m.Nudge())
 
     def _apply_pending(self, pending: list[Inbound]) -> None:
         if len(pending) == 1:  # alone, as it came (a quiet runtime's every report)
@@ -161,7 +162,7 @@ class Gateway(RuntimeActor):
         self._ack(inbound.peer, report.KIND, report, "refused", str(err))
 
     def _ack(self, peer: bytes, of: str, msg: Any, result: str, detail: str = "") -> None:
-        self.out.to_peer(peer, m.Ack(answer_to=msg.request_id, of=of, run_id=getattr(msg, "run_id", ""),
+        self._to_peer(peer, m.Ack(answer_to=msg.request_id, of=of, run_id=getattr(msg, "run_id", ""),
                                      attempt_id=getattr(msg, "attempt_id", ""),
                                      offer_id=getattr(msg, "offer_id", ""), result=result,
                                      detail=(detail or "")[:500]))
@@ -178,7 +179,7 @@ class Gateway(RuntimeActor):
         self._remember(answer.worker_id, peer)
         log.info("event=session_open worker=%s session=%s generation=%d resumed=%s", answer.worker_id,
                  answer.session_id, answer.session_generation, answer.resumed)
-        self.out.to_peer(peer, answer)
+        self._to_peer(peer, answer)
 
     def on_heartbeat(self, msg: m.Heartbeat, peer: bytes) -> None:
         answer, stops = self.sessions.heartbeat(msg, self.worker_id)
@@ -189,7 +190,7 @@ class Gateway(RuntimeActor):
         if answer.renewed and drop_point("gateway_drop_heartbeat_ack"):
             log.warning("event=fault_heartbeat_ack_dropped seq=%d renewed=%d", msg.seq, len(answer.renewed))
         else:
-            self.out.to_peer(peer, answer)
+            self._to_peer(peer, answer)
         for order in stops:  # a stop committed by another replica reaches the worker here too
             self._send_stop(peer, order)
 
@@ -203,13 +204,23 @@ class Gateway(RuntimeActor):
             self._forget(self.worker_id)
 
     def _remember(self, worker_id: str, peer: bytes) -> None:
+        old = self.peers.get(worker_id)
+        if old is not None and old != peer:
+            self.peer_workers.pop(old, None)
         self.peers[worker_id] = peer
+        self.peer_workers[peer] = worker_id
         self.heard[worker_id] = _clock()
 
     def _forget(self, worker_id: str) -> None:
         """Its session ended: no more nudges or stops to its peer (a new session is heard anew)."""
-        self.peers.pop(worker_id, None)
+        peer = self.peers.pop(worker_id, None)
+        if peer is not None:
+            self.peer_workers.pop(peer, None)
         self.heard.pop(worker_id, None)
+
+    def _to_peer(self, peer: bytes, message: Any) -> None:
+        """Send to `peer`; a failed send is logged only when it is a live session's peer, by its worker."""
+        self.out.to_peer(peer, message, worker=self.peer_workers.get(peer, ""))
 
     def _forget_the_silent(self) -> None:
         """A cluster peer not heard from for a whole session lease: its session has expired (or
@@ -250,7 +261,7 @@ class Gateway(RuntimeActor):
         if views and drop_point("gateway_drop_offers"):
             log.warning("event=fault_offers_dropped pull=%s offers=%d", msg.pull_id, len(views))
             return
-        self.out.to_peer(peer, offers_message(_SessionName(self.worker_id, msg), msg, views))
+        self._to_peer(peer, offers_message(_SessionName(self.worker_id, msg), msg, views))
 
     # -- reports: applied in batches (`_flush`), or alone (`on_report`) --------------------------
 
@@ -274,14 +285,14 @@ class Gateway(RuntimeActor):
         if isinstance(msg, m.LogChunk):
             chunks = self.sessions.log_chunks
             if chunks is None:
-                self.out.to_peer(peer, self.sessions.log_chunk(msg, worker))
+                self._to_peer(peer, self.sessions.log_chunk(msg, worker))
                 return None
             return (Report(LockRequest(msg.attempt_id, log_end=True),
                            lambda conn, rows: chunks.append_in(conn, rows, worker, msg.attempt_id,
                                                                msg.callback_token_hash, msg.offset,
                                                                msg.data, msg.checksum),
                            changes_rows=False),
-                    lambda result: self.out.to_peer(peer, self.sessions.log_ack(msg, result)))
+                    lambda result: self._to_peer(peer, self.sessions.log_ack(msg, result)))
         if isinstance(msg, m.Completed):
             return self._completion_of(msg, peer)
         fence = fence_of(msg, worker)
@@ -306,7 +317,7 @@ class Gateway(RuntimeActor):
 
     def _answer_activate(self, msg: m.Activate, peer: bytes, result: Any) -> None:
         if result.result == "applied":
-            self.out.to_peer(peer, m.Activated(answer_to=msg.request_id, run_id=msg.run_id, attempt_id=msg.attempt_id,
+            self._to_peer(peer, m.Activated(answer_to=msg.request_id, run_id=msg.run_id, attempt_id=msg.attempt_id,
                                                offer_id=msg.offer_id, lease_version=result.lease_version,
                                                deadline_at_ms=result.deadline_at_ms))
             if result.deadline_at_ms is not None:
@@ -348,7 +359,7 @@ class Gateway(RuntimeActor):
             if self.nudges is not None:
                 self.nudges.add(peer)
             else:
-                self.out.to_peer(peer, m.Nudge())
+                self._to_peer(peer, m.Nudge())
 
     # -- attestations -------------------------------------------------------------------------
 
@@ -358,7 +369,7 @@ class Gateway(RuntimeActor):
             # Evidence for recovery, which judges it on its next page (now: a cycle is asked for).
             self.ctx.directory.tell("recovery", AttemptEnded(msg.run_id, msg.attempt_id))
             self.ctx.directory.tell("scheduler", Tick("attest"))
-        self.out.to_peer(peer, answer)
+        self._to_peer(peer, answer)
 
     # -- to workers ---------------------------------------------------------------------------
 
@@ -371,10 +382,10 @@ class Gateway(RuntimeActor):
                 self._send_stop(peer, order)
         if msg.nudge and self.ctx.admitting.is_set():
             for peer in self.peers.values():
-                self.out.to_peer(peer, m.Nudge())
+                self._to_peer(peer, m.Nudge())
 
     def _send_stop(self, peer: bytes, order: Any) -> None:
-        self.out.to_peer(peer, m.StopRequested(run_id=order.run_id, attempt_id=order.attempt_id,
+        self._to_peer(peer, m.StopRequested(run_id=order.run_id, attempt_id=order.attempt_id,
                                                reason=order.reason, grace_ms=order.grace_ms))
 
 

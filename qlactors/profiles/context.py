@@ -144,6 +144,9 @@ class WorkerContext(SharedContext):
     holds. None on edge, where the Gateway checks the same reserve before it offers."""
     completion_facts: Callable[[str, Any], tuple[int | None, bool | None]] = lambda _a, _r: (None, None)
     """What a Completed adds on a cluster worker: (final log offset, finished in time); edge: none."""
+    public_key: str = ""
+    """A cluster worker's public CURVE key (Z85 text), named in its refusal lines: the replicas'
+    `curve_denied` and `frame_refused` lines name the same text. Edge: none."""
 
     @property
     def health(self) -> Any:

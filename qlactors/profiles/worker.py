@@ -124,7 +124,7 @@ class WorkerRuntime(Runner):
             boot_id=self.boot_id, launcher_shell=self.config.launcher_shell, labels=tuple(cfg.labels),
             log_retention=LocalLogRetention(journal, logs, local_receipts),
             disk_reserve=DiskReserve(self.config, free_space_source(state.logs)),
-            completion_facts=WorkerFacts(journal, logs))
+            completion_facts=WorkerFacts(journal, logs), public_key=public.decode("ascii"))
         self.ctx = ctx
         watch_store(ctx)
         bridge.route_executor(EXECUTOR_KINDS, directory.named("executor"))

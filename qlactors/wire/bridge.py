@@ -35,15 +35,17 @@ from . import codec, endpoints
 from .curve import REFUSED_KEY, AuthenticatorDown, CurveServer, server_socket_options, wrong_worker_claim
 from .links import ReplicaLinks
 from .messages import Ack
+from .pacing import LogLimit
 from .peer_failures import PeerFailures
 from .timers import Timers
 
 log = logging.getLogger("qlactors.bridge")
 
 ROUTE_CONTROL = b"c"  # executor side -> control side
-ROUTE_PEER = b"p"  # control side -> one executor peer (next frame: its ROUTER identity)
+ROUTE_PEER = b"p"  # control side -> one executor peer (next frames: its worker id or b"", its ROUTER identity)
 ROUTE_WAKE = b"w"  # only wakes the poll loop
 IDLE_POLL_MS = 60_000
+REFUSED_LOG_S = 60.0  # a refused key's frames are logged once per key per this long, with a count
 
 
 class Target(Protocol):
@@ -110,6 +112,7 @@ class Bridge(threading.Thread):
         self._failure: BaseException | None = None
         self.rejected_frames = 0
         self._peer_failures = PeerFailures()
+        self._refusals = LogLimit(REFUSED_LOG_S)  # (reason, key or worker) -> its last `frame_refused` line
         # Called (in the bridge thread) with a one-line reason when the loop ends without
         # `close()`: the edge profile trips its Fatal, which stops the runtime.
         self.on_exit: Callable[[str], None] | None = None
@@ -329,11 +332,11 @@ class Bridge(threading.Thread):
             self._links.send(frames[1].decode("ascii", "replace"), frames[2:])
         elif route == ROUTE_CONTROL and dealer is not None and len(frames) > 2:
             dealer.send_multipart(frames[2:], zmq.NOBLOCK)
-        elif route == ROUTE_PEER and router is not None and len(frames) > 2:
+        elif route == ROUTE_PEER and router is not None and len(frames) > 3:
             try:
-                router.send_multipart(frames[1:], zmq.NOBLOCK)
+                router.send_multipart(frames[2:], zmq.NOBLOCK)
             except zmq.ZMQError as err:  # the peer is gone; its session will be fenced
-                self._peer_failures.failed(frames[1], err)
+                self._peer_failures.failed(frames[2], frames[1].decode("utf-8", "replace"), err)
         elif route != ROUTE_WAKE:
             log.error("event=outbox_unroutable route=%r", route)
 
@@ -355,7 +358,10 @@ class Bridge(threading.Thread):
             key, worker_id = self._curve.worker_of(frames[-1])
             if worker_id is None:  # never decode for a key the allow-list does not hold (any more)
                 self.rejected_frames += 1
-                log.warning("event=frame_refused reason=unknown_or_revoked_key key=%s", key)
+                unlogged = self._refusals.admit(("key", key), time.monotonic())
+                if unlogged is not None:
+                    log.warning("event=frame_refused reason=unknown_or_revoked_key key=%s unlogged_since=%d "
+                                "(logged at most every %.0f s per key)", key, unlogged, REFUSED_LOG_S)
                 refuse(Ack(answer_to="", of="unknown", run_id="", attempt_id="", offer_id="", result="refused", detail=REFUSED_KEY))
                 return
         message = self._decode(body, reply=refuse)
@@ -364,7 +370,10 @@ class Bridge(threading.Thread):
         wrong = None if worker_id is None else wrong_worker_claim(message, worker_id)
         if wrong is not None:
             self.rejected_frames += 1
-            log.warning("event=frame_refused reason=wrong_worker_id worker=%s detail=%s", worker_id, wrong.detail)
+            unlogged = self._refusals.admit(("worker", worker_id), time.monotonic())
+            if unlogged is not None:
+                log.warning("event=frame_refused reason=wrong_worker_id worker=%s detail=%s unlogged_since=%d",
+                            worker_id, wrong.detail, unlogged)
             refuse(wrong)
         elif self._control_target is not None:
             self._deliver(self._control_target, Inbound(peer, message, worker_id))
@@ -414,8 +423,10 @@ class Outbox:
         """Send a request; the bridge's links keep it by its `request_id` until an answer names it."""
         self._sock.send_multipart([ROUTE_CONTROL, message.request_id.encode("ascii"), *codec.encode(message)])
 
-    def to_peer(self, peer: bytes, message: Any) -> None:
-        self._sock.send_multipart([ROUTE_PEER, peer, *codec.encode(message)])
+    def to_peer(self, peer: bytes, message: Any, *, worker: str = "") -> None:
+        """Send to one executor peer. `worker`: the worker whose live session that peer is (its
+        failed send is logged naming it); "" for a peer no live session is known by (not logged)."""
+        self._sock.send_multipart([ROUTE_PEER, worker.encode(), peer, *codec.encode(message)])
 
     def close(self) -> None:
         self._sock.close(0)
