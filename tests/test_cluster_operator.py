@@ -9,6 +9,7 @@ import pytest
 
 from actor_harness import wait_until
 from cluster_harness import _online, make_cluster
+from qlactors.wire.curve_keys import load_public_key
 
 pytestmark = [pytest.mark.postgres, pytest.mark.timeout(120)]
 
@@ -39,8 +40,13 @@ def _spawn_worker(cluster, name: str, *, slots: int = 1, state: str | None = Non
 
 
 def test_a_worker_started_before_its_key_is_allowed_connects_once_it_is(cluster):
+    """Refused at the handshake, it connects again with backoff: `worker allow` takes effect
+    without a restart. (Beside it a worker never allowed: its refusal names its own key, as the
+    replica's `curve_denied` does, and stopped it says it had no session, not a drain.)"""
     cluster.new_key("w1")
+    cluster.new_key("stranger")
     worker = _spawn_worker(cluster, "w1")
+    stranger = _spawn_worker(cluster, "stranger")
     wait_until(lambda: "event=link_refused" in worker.log() or not worker.alive(), 30, "the refusal")
     assert worker.alive(), worker.log()
     cluster.allow("w1")
@@ -51,6 +57,11 @@ def test_a_worker_started_before_its_key_is_allowed_connects_once_it_is(cluster)
     cluster.cli("task", "add", "hello", "--", "true")
     run_id = cluster.cli("run", "hello").stdout.decode().strip()
     assert cluster.wait_terminal([run_id], timeout=30)[run_id]["state"] == "succeeded"
+    assert cluster.stop(stranger) == 0
+    key = load_public_key(cluster.keys / "stranger.key").decode()
+    refused = [line for line in stranger.log().splitlines() if "event=link_refused" in line]
+    assert refused and f"key={key}" in refused[0] and f"key={key}" in cluster.replicas[0].log()
+    assert "event=stopped_without_session" in stranger.log() and "session_drained" not in stranger.log()
 
 
 def test_a_key_revoked_under_running_jobs_says_so_once_and_allowing_it_again_delivers_them(cluster):

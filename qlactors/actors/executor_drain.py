@@ -39,6 +39,8 @@ class Draining:
     def on_drain_session(self, msg: DrainSession, _peer: bytes) -> None:
         s = self.session
         if not self._cluster() or s is None or self.drain_done is not None:
+            if s is None:
+                msg.no_session.set()
             msg.done.set()  # edge (the session lives with the process), or no session to leave
             return
         self.drain_done = msg.done

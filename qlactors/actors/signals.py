@@ -134,9 +134,11 @@ class Drain:
 @dataclass(frozen=True, slots=True)
 class DrainSession:
     """Worker profile -> Executor at SIGTERM: decline the offers never launched and leave the
-    session (`draining`, then `offline`); `done` is set once `offline` is answered."""
+    session (`draining`, then `offline`); `done` is set once `offline` is answered, and
+    `no_session` too when there was no session to leave (none was ever opened, or it had ended)."""
 
     done: threading.Event = field(compare=False)
+    no_session: threading.Event = field(default_factory=threading.Event, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

@@ -153,13 +153,17 @@ class WorkerRuntime(Runner):
     def _leave_session(ctx: WorkerContext, wait_s: float) -> None:
         """The Executor's drain (decline the unlaunched offers, leave the session), waited for at
         most `wait_s`: past it the worker stops anyway and its session expires on its own."""
-        done = threading.Event()
+        drain = DrainSession(threading.Event())
         started = time.monotonic()
-        if not ctx.directory.tell("executor", DrainSession(done)):
+        if not ctx.directory.tell("executor", drain):
             log.warning("event=session_not_left reason=executor_not_running")
             return
-        if done.wait(wait_s):
-            log.info("event=session_drained seconds=%.3f", time.monotonic() - started)
+        if drain.done.wait(wait_s):
+            if drain.no_session.is_set():
+                log.info("event=stopped_without_session (this worker had no session to leave: it never "
+                         "registered, or its session had ended)")
+            else:
+                log.info("event=session_drained seconds=%.3f", time.monotonic() - started)
         else:
             log.warning("event=session_not_left reason=no_answer waited_s=%.1f (the session expires "
                         "at its lease; its running jobs are re-attested after the restart)", wait_s)
