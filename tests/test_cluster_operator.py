@@ -88,3 +88,31 @@ def test_a_key_revoked_under_running_jobs_says_so_once_and_allowing_it_again_del
     final = cluster.wait_terminal(runs, timeout=50)
     assert {f["state"] for f in final.values()} == {"failed"}
     assert sorted(cluster.sql("SELECT exit_code FROM run_attempts")) == [(4,), (4,)]
+
+
+def test_a_second_process_with_the_same_key_is_named_and_exits_1_while_the_first_keeps_its_session(cluster):
+    """Two live processes presenting w1's key would take its session from each other every
+    heartbeat: the second takeover is caught, the first process takes the session back (noted in
+    `workers`), the second is refused at its next Register and exits 1 with the reason. The first
+    goes on, and a restart of it still takes its session over at once."""
+    import signal
+
+    cluster.new_key("w1")
+    cluster.allow("w1")
+    first = cluster.start_worker("w1", slots=1)
+    second = _spawn_worker(cluster, "w1", state="state-w1-copy")
+    assert second.popen.wait(40) == 1, second.log()
+    assert "event=register_refused reason=duplicate_worker" in second.log()
+    replica = cluster.replicas[0].log()
+    assert "event=duplicate_worker worker=w1" in replica and "event=duplicate_worker_refused worker=w1" in replica
+    [shown] = [w for w in cluster.cli_json("workers") if w["worker_id"] == "w1"]
+    assert (shown["state"], shown["note"]) == ("online (duplicate key)", "duplicate")
+    assert first.alive()
+    cluster.cli("task", "add", "hello", "--", "true")
+    run_id = cluster.cli("run", "hello").stdout.decode().strip()
+    assert cluster.wait_terminal([run_id], timeout=30)[run_id]["state"] == "succeeded"
+    [(generation,)] = cluster.sql("SELECT max(generation) FROM worker_sessions WHERE worker_id = 'w1'")
+    assert cluster.stop(first, signal.SIGKILL) == -signal.SIGKILL
+    again = cluster.start_worker("w1", slots=1)  # a restart takes its session over at once (resumed)
+    assert again.alive()
+    assert cluster.sql("SELECT max(generation) FROM worker_sessions WHERE worker_id = 'w1'") == [(generation,)]

@@ -161,3 +161,27 @@ def test_schema_8_database_upgrades_to_9_keeping_its_attempts_and_their_evidence
     with pytest.raises(IntegrityError, match="evidence"):
         with store.write() as conn:
             conn.execute(run_attempts.update().values(evidence="whatever"))
+
+
+def test_schema_13_database_upgrades_to_14_keeping_its_sessions_with_no_note(store, monkeypatch):
+    """Schema 14 adds a session's note (`duplicate`): a session written before it has none."""
+    import qlactors.store.migrations as migrations
+    from sqlalchemy import insert, select
+
+    from qlactors.store.schema import worker_sessions
+
+    shipped = available(store.dialect_name)
+    monkeypatch.setattr(migrations, "available", lambda dialect: [m for m in shipped if m.version <= 13])
+    assert migrate(store) == 13
+    monkeypatch.undo()
+    t = 1_700_000_000_000
+    with store.write() as conn:
+        conn.execute(text("INSERT INTO worker_sessions (session_id, worker_id, generation, status, version, "
+                          "capacity, free_slots, created_at_ms, updated_at_ms) VALUES "
+                          f"('s1', 'w1', 1, 'online', 1, 2, 2, {t}, {t})"))
+    assert migrate(store) == latest_version(store.dialect_name) >= 14
+    with store.write() as conn:
+        assert conn.execute(select(worker_sessions.c.session_id, worker_sessions.c.note)).all() == [("s1", None)]
+        conn.execute(insert(worker_sessions).values(session_id="s2", worker_id="w1", generation=2, status="online",
+                                                    version=1, capacity=2, free_slots=2, created_at_ms=t,
+                                                    updated_at_ms=t, note="duplicate"))

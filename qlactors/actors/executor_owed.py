@@ -16,7 +16,8 @@ the control side is journalled before it is first sent and kept until its own an
   copy and every replica give the same session) with backoff, 1 s doubling to its heartbeat; a
   key the replicas refuse (not yet allowed) is tried again up to every 30 s and logged once a
   minute, so a later `worker allow` takes effect without a restart; a refusal for its protocol
-  version stops the worker (exit 1) with the refusal's text, as retrying cannot help.
+  version, or as a second live process presenting the same key (`duplicate_worker`), stops the
+  worker (exit 1) with the refusal's text, as retrying cannot help.
 - Revoked: a key refused after this worker had a session was revoked (`worker revoke`). Said
   once, as an ERROR naming how many jobs' results now wait (running, or ended with their
   receipts on disk): they go on being re-sent, and are delivered once the key is allowed again
@@ -47,6 +48,7 @@ REFUSED_LOG_EVERY_S = 60.0
 OWED_RESEND_S = 1.0  # while no session says its heartbeat: how often owed reports go out again
 SESSION_FENCES = ("unknown_session", "session_")  # details of a fence by the session reported from
 PROTOCOL_REFUSAL = "protocol"  # the first word of a Register refused for its protocol version
+DUPLICATE_REFUSAL = "duplicate_worker"  # ... refused as a second live process presenting this key
 
 
 def session_fence(detail: str | None) -> bool:
@@ -187,6 +189,11 @@ class OwedReports:
         if msg.detail.startswith(PROTOCOL_REFUSAL):
             log.error("event=register_refused reason=protocol detail=%s", msg.detail)
             self.ctx.fatal.trip(f"the control side refused this worker's protocol: {msg.detail}")
+            return
+        if msg.detail.startswith(DUPLICATE_REFUSAL):  # retrying would take the session from the other
+            log.error("event=register_refused reason=duplicate_worker key=%s detail=%s",
+                      getattr(self.ctx, "public_key", "") or "-", msg.detail)
+            self.ctx.fatal.trip(f"the control side refused this worker: {msg.detail}")
             return
         self._key_refused(msg.detail)
 

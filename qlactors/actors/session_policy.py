@@ -15,6 +15,7 @@ from typing import Any, Callable
 from ..domain.receipt import token_hash
 from ..store.records import AttestResult, Fenced, Outcome
 from ..store.request_answers import AnswerKey, RequestAnswers
+from ..store.session_rules import DUPLICATE, DUPLICATE_WORKER
 from ..wire import codec
 from ..wire import messages as m
 
@@ -148,8 +149,16 @@ class ClusterSessions:
                 worker_id, msg.capacity, boot_id=msg.boot_id, labels=labels,
                 session_lease_ms=self.session_lease_ms, resume_secret_hash=token_hash(secret), require_key=True,
                 register_id=msg.register_id)
-        except Fenced as err:  # revoked after this replica's allow-list cache was read
+        except Fenced as err:  # revoked after this replica's allow-list cache was read, or a duplicate
+            if str(err).startswith(DUPLICATE_WORKER):
+                log.error("event=duplicate_worker_refused worker=%s boot=%s (a second live process presents "
+                          "this worker's key; it is refused and exits)", worker_id, msg.boot_id)
             return str(err)
+        if session.note == DUPLICATE:
+            log.error("event=duplicate_worker worker=%s generation=%d boot=%s (two live processes present this "
+                      "worker's key and took its session from each other: the one that held it before takes it "
+                      "back; the other is refused at its next Register and exits 1)", worker_id,
+                      session.generation, msg.boot_id)
         return self._welcome(msg, session, secret, resumed=False, unactivated=[])
 
     def _welcome(self, msg: m.Register, session: Any, secret: str, *, resumed: bool,

@@ -81,6 +81,7 @@ class Session:
     labels: tuple[str, ...] = ()
     boot_id: str | None = None
     heartbeat_seq: int = 0
+    note: str | None = None  # `duplicate`: opened by taking the key back from a second live process
 
 
 @dataclass(frozen=True, slots=True)

@@ -454,6 +454,9 @@ worker_sessions = Table(
     Column("register_id", String(64)),
     Column("resume_register_id", String(64)),
     Column("ended_by", String(16)),
+    # Schema 14: `duplicate` on a session opened by taking a worker's key back from a second live
+    # process presenting it (session_rules.duplicate_verdict); `workers` shows it.
+    Column("note", String(32)),
     UniqueConstraint("worker_id", "generation"),
     CheckConstraint(_one_of("status", ("online", "draining", "offline")), name="status"),
     CheckConstraint(_one_of("ended_by", ("revoked", "retired")), name="ended_by"),

@@ -27,6 +27,12 @@ UNKNOWN_SESSION, SUPERSEDED, OFFLINE, EXPIRED, REBOOTED, WRONG_SECRET = (
 REVOKED, RETIRED = "revoked", "retired"
 ENDED_BY = (REVOKED, RETIRED)
 
+# Two live processes presenting one worker's key (SEMANTICS.md §9 Sessions): a session opened by
+# taking the key back from the other is noted DUPLICATE; a Register refused as the other process
+# coming back is answered with a detail starting DUPLICATE_WORKER (the worker exits 1 with it).
+DUPLICATE = "duplicate"
+DUPLICATE_WORKER = "duplicate_worker"
+
 # What an attestation may say about a process (SEMANTICS.md §9 Re-attest); `running` re-binds the
 # lease, the others are recorded as the attempt's evidence for recovery (§10).
 RUNNING = "running"
@@ -120,6 +126,42 @@ def resume_refusal(session, worker_id: str, generation: int, latest_generation: 
         return REBOOTED
     if not same_hash(session.resume_secret_hash, secret_hash):
         return WRONG_SECRET
+    return None
+
+
+def _live(session, now: int) -> bool:
+    return (session.status in ("online", "draining") and session.ended_at_ms is None
+            and session.lease_expires_at_ms is not None and session.lease_expires_at_ms > now)
+
+
+def _took_over(previous, current) -> bool:
+    """Whether `current` was opened by a Register that ended `previous` while it was live (not
+    expired, not drained, not ended by the operator): a session taken from a process that may
+    still run."""
+    return (previous.generation == current.generation - 1 and previous.ended_at_ms == current.created_at_ms
+            and previous.ended_by is None and previous.drained_at_ms is None
+            and previous.lease_expires_at_ms is not None and previous.lease_expires_at_ms > previous.ended_at_ms)
+
+
+def duplicate_verdict(current, previous, now: int, session_lease_ms: int | None) -> str | None:
+    """What a new Register (not a repeat, not a resume) of a worker says about a second process
+    presenting its key, given its newest session `current` and the one before, `previous`.
+
+    A restart takes a session over once: the process that held it is gone. A Register that
+    finds the newest session live, younger than a session lease and itself opened by taking a
+    live session over, is the process that session was taken from, running still: two live
+    processes alternate. DUPLICATE: open the session anyway (the process that held the key
+    before keeps working) and note it. DUPLICATE_WORKER: the newest session is so noted and
+    younger than a session lease, so this is the other process coming back: refuse it. None: an
+    ordinary Register (first, after an expiry, a drain, or a restart)."""
+    if current is None or session_lease_ms is None or not _live(current, now):
+        return None
+    if now - current.created_at_ms >= session_lease_ms:
+        return None
+    if current.note == DUPLICATE:
+        return DUPLICATE_WORKER
+    if previous is not None and _took_over(previous, current):
+        return DUPLICATE
     return None
 
 

@@ -38,12 +38,14 @@ from .request_answers import AnswerKey, first_answers, keep_answers
 from .schema import run_attempts, run_dispatch_leases, worker_keys, worker_sessions
 from .session_rows import LATEST_GENERATION, update_session
 from .session_rules import (
+    DUPLICATE_WORKER,
     REVOKED,
     check_capacity,
     check_ms,
     ended_at,
     labels_json,
     normal_labels,
+    duplicate_verdict,
     resume_refusal,
     session_mismatch,
 )
@@ -95,7 +97,7 @@ def _as_session(row) -> Session:
     resumed it."""
     return Session(row.session_id, row.worker_id, row.generation, row.capacity,
                    lease_expires_at_ms=row.lease_expires_at_ms, labels=tuple(json.loads(row.labels_json)),
-                   boot_id=row.boot_id, heartbeat_seq=row.heartbeat_seq)
+                   boot_id=row.boot_id, heartbeat_seq=row.heartbeat_seq, note=row.note)
 
 
 class Sessions(Heartbeats, Attestations):
@@ -118,6 +120,11 @@ class Sessions(Heartbeats, Attestations):
         `require_key` (a cluster worker): `Fenced` unless the worker is still on the allow-list,
         checked under the worker's lock that `worker revoke` takes too, so a Register that a
         replica's not yet refreshed allow-list cache let through cannot outlive the revocation.
+
+        A second live process presenting the worker's key (`session_rules.duplicate_verdict`):
+        the session is opened noted `duplicate` when this Register takes the key back from it,
+        and `Fenced` (`duplicate_worker: ...`, nothing changed) when this Register is that other
+        process coming back within a session lease of it.
 
         The new generation invalidates every fence of the old sessions at once. `session_lease_ms`
         None (edge): the session lives as long as the process; otherwise it expires at database
@@ -146,6 +153,14 @@ class Sessions(Heartbeats, Attestations):
                         return _as_session(row)
             now = self.store.now_ms(conn)
             generation = max((s.generation for s in previous), default=0) + 1
+            by_generation = {s.generation: s for s in previous}
+            note = duplicate_verdict(by_generation.get(generation - 1), by_generation.get(generation - 2), now,
+                                     session_lease_ms)
+            if note == DUPLICATE_WORKER:
+                raise Fenced(f"{DUPLICATE_WORKER}: another live process presents the key of worker "
+                             f"{worker_id!r} and holds its session (generation {generation - 1}); two "
+                             "processes with one key take the session from each other: stop this one, "
+                             "or give it a key of its own (qlactors keys new, worker allow)")
             for old in previous:
                 if old.status != "offline":
                     update_session(conn, old, now, status="offline", ended_at_ms=ended_at(old, now))
@@ -159,10 +174,11 @@ class Sessions(Heartbeats, Attestations):
                     lease_expires_at_ms=expires, created_at_ms=now, updated_at_ms=now, boot_id=boot_id,
                     resume_secret_hash=resume_secret_hash, heartbeat_seq=0, heartbeat_answer=None,
                     labels_json=labels_json(labels), clock_skew_ms=None, ended_at_ms=None,
-                    drained_at_ms=None, register_id=register_id, resume_register_id=None, ended_by=None)):
+                    drained_at_ms=None, register_id=register_id, resume_register_id=None, ended_by=None,
+                    note=note)):
                 raise Conflict(f"worker {worker_id!r} registered generation {generation} meanwhile")
             return Session(session_id, worker_id, generation, capacity, lease_expires_at_ms=expires,
-                           labels=labels, boot_id=boot_id)
+                           labels=labels, boot_id=boot_id, note=note)
 
     def resume_session(self, worker_id: str, session_id: str, generation: int, resume_secret_hash: str,
                        new_resume_secret_hash: str, boot_id: str, *, capacity: int,

@@ -13,6 +13,7 @@ from sqlalchemy.engine import Connection
 from ..domain.labels import qualifies
 from .engine import Store
 from .schema import worker_keys, worker_sessions
+from .session_rules import DUPLICATE
 
 NEVER = "never"  # the status shown for an allowed worker that has no session yet
 
@@ -50,11 +51,14 @@ class WorkerView:
     labels: tuple[str, ...] = ()
     ended_at_ms: int | None = None  # when the session ended (offline), database time
     drained_at_ms: int | None = None  # when its worker drained it (SIGTERM), database time
+    note: str | None = None  # `duplicate`: the session was taken back from a second process with its key
 
     @property
     def state(self) -> str:
-        """online | draining | expired | offline (drained) | retired | offline | never."""
-        return worker_state(self.status, self.lease_expired, self.drained_at_ms is not None, self.allowed)
+        """online | draining | expired | offline (drained) | retired | offline | never; a session
+        taken back from a second live process presenting the same key adds `(duplicate key)`."""
+        state = worker_state(self.status, self.lease_expired, self.drained_at_ms is not None, self.allowed)
+        return f"{state} (duplicate key)" if self.note == DUPLICATE else state
 
     @property
     def serving(self) -> bool:
@@ -68,7 +72,7 @@ class WorkerView:
                 "heartbeat_at_ms": self.heartbeat_at_ms, "heartbeat_age_ms": self.heartbeat_age_ms,
                 "lease_expires_at_ms": self.lease_expires_at_ms, "lease_expired": self.lease_expired,
                 "clock_skew_ms": self.clock_skew_ms, "labels": list(self.labels),
-                "ended_at_ms": self.ended_at_ms, "drained_at_ms": self.drained_at_ms}
+                "ended_at_ms": self.ended_at_ms, "drained_at_ms": self.drained_at_ms, "note": self.note}
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,4 +118,4 @@ def _view(row, now: int, allowed: bool) -> WorkerView:
         heartbeat_age_ms=None if row.heartbeat_at_ms is None else max(0, now - row.heartbeat_at_ms),
         lease_expires_at_ms=expires, lease_expired=expires is not None and expires <= now,
         clock_skew_ms=row.clock_skew_ms, labels=tuple(json.loads(row.labels_json or "[]")),
-        ended_at_ms=row.ended_at_ms, drained_at_ms=row.drained_at_ms)
+        ended_at_ms=row.ended_at_ms, drained_at_ms=row.drained_at_ms, note=row.note)
