@@ -71,3 +71,26 @@ def test_a_worker_not_heard_for_a_session_lease_is_forgotten(cluster_gateway, mo
     peer.quiet()
     assert any("event=peer_forgotten worker=w1" in r.getMessage() for r in caplog.records)
     _heard(h, peer, session)  # heard again: its peer again
+
+
+def test_a_send_names_its_worker_only_while_that_peer_is_a_live_sessions(cluster_gateway, monkeypatch):  # noqa: F811
+    """What the bridge logs of a failed send: the worker of a live session's peer; nothing at
+    warning level for a peer whose session ended (its `peer_send_failed` would be noise)."""
+    from qlactors.wire.bridge import Outbox
+
+    sent: list[tuple[str, str]] = []
+    original = Outbox.to_peer
+
+    def spy(self, peer_id, message, *, worker=""):
+        sent.append((type(message).__name__, worker))
+        original(self, peer_id, message, worker=worker)
+
+    monkeypatch.setattr(Outbox, "to_peer", spy)
+    h, peer = cluster_gateway
+    old = h.ctx.dispatch.register_session("w1", 2, boot_id="b", session_lease_ms=60_000)
+    _heard(h, peer, old)
+    assert sent == [("HeartbeatAck", "w1"), ("Nudge", "w1")]
+    h.ctx.dispatch.register_session("w1", 2, boot_id="b", session_lease_ms=60_000)  # supersedes it
+    peer.send(_heartbeat(old, seq=2))
+    assert peer.expect(m.HeartbeatAck).session_ended
+    assert sent[-1] == ("HeartbeatAck", "")  # its session ended: forgotten before the answer
