@@ -213,13 +213,33 @@ def _parse(knob: dataclasses.Field, value: Any, where: str, base: Path) -> Any:
             raise BadInput(f"{where} = {value!r}: give a list of labels, e.g. [\"gpu\", \"zone=eu\"]")
         return check_labels(where, value)
     if kind == "url":
-        if not isinstance(value, str) or not value.startswith("postgresql+psycopg://"):
+        url = cluster_database_url(value)
+        if url is None:
             raise BadInput(f"{where} = {value!r}: a control replica needs PostgreSQL: "
-                           "postgresql+psycopg://USER@HOST:5432/DB")
-        return value
+                           "postgresql://USER@HOST:5432/DB")
+        return url
     if kind == "shell":
         return value  # checked with the rest of the worker (it must exist on this host)
     raise AssertionError(kind)
+
+
+# The schemes a cluster database URL may have; the bare ones mean psycopg 3, the one driver.
+_PSYCOPG_SCHEME = "postgresql+psycopg://"
+_BARE_SCHEMES = ("postgresql://", "postgres://")
+
+
+def cluster_database_url(value: Any) -> str | None:
+    """The URL qlactors opens for a cluster database URL as written (`postgresql://` and
+    `postgres://`, as libpq and most tools write them, become `postgresql+psycopg://`); None for
+    anything that is not PostgreSQL through psycopg."""
+    if not isinstance(value, str):
+        return None
+    if value.startswith(_PSYCOPG_SCHEME):
+        return value
+    for scheme in _BARE_SCHEMES:
+        if value.startswith(scheme):
+            return _PSYCOPG_SCHEME + value[len(scheme):]
+    return None
 
 
 def _endpoint(where: str, value: Any) -> str:

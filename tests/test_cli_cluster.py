@@ -173,6 +173,24 @@ def test_a_database_url_variable_that_is_not_postgresql_is_refused(tmp_path):
     assert not (tmp_path / "x.db").exists() and not (tmp_path / "h").exists()
 
 
+@pytest.mark.parametrize("scheme", ["postgresql://", "postgres://"])
+def test_a_bare_postgresql_url_reaches_the_cluster_database(cluster, scheme):
+    """As libpq and most tools write it: in $QLACTORS_DATABASE_URL and in control.toml alike."""
+    bare = cluster.url.replace("postgresql+psycopg://", scheme, 1)
+    cluster.ok("task", "add", "t1", "--", "true")
+    env = {**cluster.env, "QLACTORS_DATABASE_URL": bare}
+    listed = subprocess.run([*QLACTORS, "task", "list", "--json"], capture_output=True, text=True,
+                            env=env, timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    assert [t["name"] for t in json.loads(listed.stdout)] == ["t1"]
+    config = cluster.tmp / "bare.toml"
+    config.write_text(f'profile = "control"\n[database]\nurl = "{bare}"\n')
+    shown = subprocess.run([*QLACTORS, "--config", str(config), "task", "show", "t1"], capture_output=True,
+                           text=True, env=cluster.env, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    assert not (cluster.tmp / "edge-home").exists()
+
+
 def test_the_allow_list_needs_a_cluster_database(tmp_path):
     key, _ = new_key_pair(tmp_path, "w1")
     env = {k: v for k, v in os.environ.items() if k != "QLACTORS_DATABASE_URL"}

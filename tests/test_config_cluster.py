@@ -124,3 +124,17 @@ def test_either_config_module_may_be_imported_first():
     for first in ("qlactors.cluster_config", "qlactors.config"):
         code = f"import {first}; from qlactors.config import ControlConfig, WorkerConfig, load_config"
         assert subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60).returncode == 0
+
+
+@pytest.mark.parametrize("written", ["postgresql://qlactors@db.example:5432/qlactors",
+                                     "postgres://qlactors@db.example:5432/qlactors", PG])
+def test_a_bare_postgresql_url_means_psycopg(tmp_path, written):
+    loaded = config.load_config(_write(tmp_path, f'profile = "control"\n[database]\nurl = "{written}"\n'))
+    assert loaded.database.url == PG
+
+
+@pytest.mark.parametrize("written", ["postgresql+psycopg2://q@h/q", "mysql://q@h/q", "postgresql:q@h/q"])
+def test_a_postgresql_url_for_another_driver_is_refused(tmp_path, written):
+    with pytest.raises(BadInput) as caught:
+        config.load_config(_write(tmp_path, f'profile = "control"\n[database]\nurl = "{written}"\n'))
+    assert "a control replica needs PostgreSQL: postgresql://USER@HOST:5432/DB" in str(caught.value)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from ..cluster_config import ControlConfig, DatabaseSettings, file_profile, load_config
+from ..cluster_config import ControlConfig, DatabaseSettings, cluster_database_url, file_profile, load_config
 from ..domain.retention import RetentionPolicy
 from ..errors import BadInput, SchemaError
 
@@ -80,10 +80,11 @@ def cluster_target(config_path: str | None,
             return None
         cfg = load_config(config_path)
         return ClusterTarget(cfg.database, cfg, f"--config {config_path}")
-    url = environ.get(DATABASE_URL_VARIABLE)
-    if not url:
+    given = environ.get(DATABASE_URL_VARIABLE)
+    if not given:
         return None
-    if not url.startswith("postgresql+psycopg://"):
-        raise BadInput(f"${DATABASE_URL_VARIABLE} = {url!r}: the cluster database is PostgreSQL: "
-                       "postgresql+psycopg://USER@HOST:5432/DB (unset it to use the edge home)")
+    url = cluster_database_url(given)
+    if url is None:
+        raise BadInput(f"${DATABASE_URL_VARIABLE} = {given!r}: the cluster database is PostgreSQL: "
+                       "postgresql://USER@HOST:5432/DB (unset it to use the edge home)")
     return ClusterTarget(DatabaseSettings(url=url), None, f"${DATABASE_URL_VARIABLE}")
