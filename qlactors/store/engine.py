@@ -51,6 +51,7 @@ class Store:
         elif self.dialect_name == "postgresql":
             if parsed.get_driver_name() != "psycopg":
                 raise QlactorsError("PostgreSQL URLs must use psycopg 3: postgresql+psycopg://...")
+            postgres.require_driver()  # one line instead of SQLAlchemy's ModuleNotFoundError
             self._dialect = postgres
             size = pool_size if pool_size is not None else postgres.DEFAULT_POOL_SIZE
             self.engine = create_engine(parsed, echo=echo, isolation_level="READ COMMITTED",

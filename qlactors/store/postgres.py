@@ -50,6 +50,15 @@ _TRANSIENT = frozenset({
 })
 
 
+def require_driver() -> None:
+    """BadInput unless psycopg 3 imports: it is an extra (`qlactors[postgres]`), not a dependency."""
+    try:
+        import psycopg  # noqa: F401  (SQLAlchemy imports it again when the engine is made)
+    except ImportError as err:
+        why = "" if isinstance(err, ModuleNotFoundError) and err.name == "psycopg" else f" ({err})"
+        raise BadInput(f"the cluster profile needs psycopg{why}: pip install 'qlactors[postgres]'") from None
+
+
 def session_timeouts(**values: int | None) -> dict[str, int]:
     """The given timeouts as server settings (milliseconds); None leaves the server's own."""
     settings = {}

@@ -1,0 +1,70 @@
+"""Expected failures end in one stderr line `qlactors: ...` and their documented exit status,
+never a traceback: each failure docs/cli.md and docs/cluster.md name, run as a user would (a
+real `qlactors` subprocess each)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from qlactors.wire.curve_keys import new_key_pair
+
+_EXE = Path(sys.executable).parent / "qlactors"
+QLACTORS = [str(_EXE)] if _EXE.exists() else [sys.executable, "-m", "qlactors"]
+# The `qlactors` command in an interpreter where `import psycopg` fails as if it were not installed.
+WITHOUT_PSYCOPG = [sys.executable, "-c", "import sys; sys.modules['psycopg'] = None; "
+                   "from qlactors.cli import entry; entry()"]
+UNREACHABLE_PG = "postgresql+psycopg://qlactors@127.0.0.1:9/qlactors"  # port 9: nothing listens
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("QLACTORS_HOME", "XDG_DATA_HOME", "QLACTORS_DATABASE_URL")}
+    return {**env, **extra}
+
+
+def run(argv: list[str], *, cwd: Path, env: dict[str, str] | None = None,
+        timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, capture_output=True, text=True, cwd=cwd, timeout=timeout,
+                          env=clean_env(QLACTORS_HOME=str(cwd / "home")) if env is None else env)
+
+
+def assert_one_line(done: subprocess.CompletedProcess, status: int, words: str) -> None:
+    """Exactly one stderr line, `qlactors: ...` with `words` in it, and exit `status`."""
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("qlactors: "), done.stderr
+    assert words in lines[0], lines[0]
+    assert done.returncode == status, (done.returncode, done.stderr)
+
+
+def control_toml(tmp_path: Path, url: str = UNREACHABLE_PG, bind: str = "tcp://127.0.0.1:5710") -> Path:
+    new_key_pair(tmp_path / "keys", "control")
+    path = tmp_path / "control.toml"
+    path.write_text(f'profile = "control"\n[database]\nurl = "{url}"\n[control]\nbind = "{bind}"\n')
+    return path
+
+
+# -- the cluster profile without psycopg (issue 18 item 2) -----------------------------------
+
+NEEDS_PSYCOPG = "the cluster profile needs psycopg: pip install 'qlactors[postgres]'"
+
+
+@pytest.mark.parametrize("args", [
+    ["control", "--config", "control.toml"],
+    ["--config", "control.toml", "workers"],
+    ["--config", "control.toml", "runs"],
+], ids=["control", "workers", "runs"])
+def test_without_psycopg_the_cluster_profile_says_what_to_install(tmp_path, args):
+    control_toml(tmp_path)
+    assert_one_line(run([*WITHOUT_PSYCOPG, *args], cwd=tmp_path), 2, NEEDS_PSYCOPG)
+    assert not (tmp_path / "home").exists()
+
+
+def test_without_psycopg_the_database_url_variable_says_what_to_install(tmp_path):
+    env = clean_env(QLACTORS_HOME=str(tmp_path / "home"), QLACTORS_DATABASE_URL=UNREACHABLE_PG)
+    assert_one_line(run([*WITHOUT_PSYCOPG, "workers"], cwd=tmp_path, env=env), 2, NEEDS_PSYCOPG)
+    assert not (tmp_path / "home").exists()
