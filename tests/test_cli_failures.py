@@ -68,3 +68,29 @@ def test_without_psycopg_the_database_url_variable_says_what_to_install(tmp_path
     env = clean_env(QLACTORS_HOME=str(tmp_path / "home"), QLACTORS_DATABASE_URL=UNREACHABLE_PG)
     assert_one_line(run([*WITHOUT_PSYCOPG, "workers"], cwd=tmp_path, env=env), 2, NEEDS_PSYCOPG)
     assert not (tmp_path / "home").exists()
+
+
+# -- an unreachable database, and one that does not exist (issue 18 item 19) ------------------
+
+@pytest.mark.parametrize("args", [["runs"], ["workers"], ["status"], ["show", "r1"]])
+def test_a_read_only_command_on_an_unreachable_database_asks_whether_it_is_up(tmp_path, args):
+    control_toml(tmp_path)
+    done = run([*QLACTORS, "--config", "control.toml", *args], cwd=tmp_path)
+    assert_one_line(done, 1, "is unavailable: connection failed")
+    assert done.stderr.rstrip().endswith("is the database up? try again")
+    assert "nothing was changed" not in done.stderr  # a read changes nothing whatever happens
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("args", [["runs"], ["task", "add", "t", "--", "true"], ["control", "--config", "control.toml"]],
+                         ids=["runs", "task-add", "control"])
+def test_a_database_that_does_not_exist_is_named_with_how_to_create_it(tmp_path, args):
+    from conftest import PG_URL, _require_postgres
+
+    _require_postgres()
+    missing = "qlt_never_created_" + tmp_path.name[-8:].replace("-", "_").lower()
+    control_toml(tmp_path, url=PG_URL.split("?", 1)[0].rsplit("/", 1)[0] + "/" + missing)
+    cli = args if args[0] == "control" else ["--config", "control.toml", *args]
+    done = run([*QLACTORS, *cli], cwd=tmp_path)
+    assert_one_line(done, 2, f"the database {missing} does not exist")
+    assert f"create it (`createdb {missing}`" in done.stderr and "try again" not in done.stderr

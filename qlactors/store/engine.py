@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import threading
 from typing import Iterator
 
@@ -22,6 +23,18 @@ class StoreUnavailable(QlactorsError):
     reset): the runtime retries it with backoff, and stops only when `StoreHealth` says the
     outage has lasted longer than `store_outage_stop_ms`.
     """
+
+
+class DatabaseMissing(StoreUnavailable):
+    """The PostgreSQL server answered, but the database the URL names does not exist. Trying
+    again cannot fix it (exit status 2); a runtime that meets it retries as for any outage."""
+
+    exit_status = 2
+
+
+# The server's words for a database it does not have (psycopg gives no SQLSTATE for a refused
+# connection, so the text is all there is).
+_NO_SUCH_DATABASE = re.compile(r'database "(?P<name>[^"]+)" does not exist')
 
 
 class Store:
@@ -161,7 +174,7 @@ def translate_errors(store: Store, *, write: bool = True) -> Iterator[None]:
     try:
         yield
     except exc.DBAPIError as err:
-        message = str(getattr(err, "orig", err))
+        message = " ".join(str(getattr(err, "orig", err)).split())  # one line (libpq adds hints)
         if "file is not a database" in message or "malformed" in message:
             raise SchemaError(
                 f"{store.describe()} is not a readable qlactors database ({message}); it was left "
@@ -173,8 +186,15 @@ def translate_errors(store: Store, *, write: bool = True) -> Iterator[None]:
         if (isinstance(err, (exc.OperationalError, exc.InterfaceError)) or err.connection_invalidated
                 or postgres.transient(err.orig)):
             store.health.failed(message, write=write)
+            missing = _NO_SUCH_DATABASE.search(message)
+            if missing is not None:
+                name = missing.group("name")
+                raise DatabaseMissing(
+                    f"the database {name} does not exist on the server of {store.describe()}: create it "
+                    f"(`createdb {name}`, or CREATE DATABASE {name}) or correct the URL") from err
+            # A read changes nothing whatever happens: saying so would suggest it might have.
+            then = "nothing was changed, try again" if write else "is the database up? try again"
             raise StoreUnavailable(
-                f"database {store.describe()} is unavailable: {message.strip()}; nothing was changed, "
-                "try again") from err
+                f"database {store.describe()} is unavailable: {message}; {then}") from err
         raise
     store.health.succeeded(write=write)
