@@ -94,3 +94,15 @@ def test_a_database_that_does_not_exist_is_named_with_how_to_create_it(tmp_path,
     done = run([*QLACTORS, *cli], cwd=tmp_path)
     assert_one_line(done, 2, f"the database {missing} does not exist")
     assert f"create it (`createdb {missing}`" in done.stderr and "try again" not in done.stderr
+
+
+# -- a worker without the replicas' public key (issue 18 item 15) -----------------------------
+
+def test_a_missing_server_key_is_told_to_copy_the_replicas_key_not_to_make_a_pair(tmp_path):
+    new_key_pair(tmp_path / "keys", "w1")
+    (tmp_path / "w1.toml").write_text('profile = "worker"\n[worker]\nkey = "keys/w1.key_secret"\n')
+    done = run([*QLACTORS, "worker", "--config", "w1.toml"], cwd=tmp_path)
+    assert_one_line(done, 2, f"key file {tmp_path / 'keys' / 'control.key'} does not exist")
+    assert "[worker] server_key is the control replicas' public key: copy their control.key" in done.stderr
+    assert "make a pair" not in done.stderr
+    assert not (tmp_path / "state").exists()

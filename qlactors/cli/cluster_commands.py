@@ -14,7 +14,7 @@ from ..errors import BadInput, QlactorsError
 from ..store.cluster_status import read_cluster_status, replicas_up
 from ..store.repository import Repository
 from ..store.workers import Workers
-from ..wire.curve_keys import load_key_pair, load_public_key, new_key_pair
+from ..wire.curve_keys import COPY_THE_REPLICAS_KEY, load_key_pair, load_public_key, new_key_pair
 from . import render
 from .runtime_commands import not_started, pick_attempt, say
 
@@ -140,7 +140,7 @@ def control(args: argparse.Namespace) -> int:
 def worker(args: argparse.Namespace) -> int:
     """Validate worker.toml and its keys, then run the executor worker in the foreground."""
     cfg = _profile_config(args, "worker")
-    load_public_key(cfg.server_key)
+    load_public_key(cfg.server_key, missing=f"[worker] server_key {COPY_THE_REPLICAS_KEY}")
     load_key_pair(cfg.key)
     _logging(args)
     return _runtime_class("qlactors.profiles.worker", "WorkerRuntime")(cfg).run()

@@ -69,9 +69,19 @@ def new_key_pair(directory: str | os.PathLike, name: str) -> tuple[Path, Path]:
     return public, secret
 
 
-def load_public_key(path: str | os.PathLike) -> bytes:
-    """The public key (Z85) of a key file: NAME.key, or the public half of NAME.key_secret."""
-    public, _secret = _load(Path(path))
+# What to do about a missing key file, unless the caller knows better: make the pair it belongs to.
+MAKE_A_PAIR = "make a pair with `qlactors keys new NAME`"
+# A worker's `server_key` is the public half of the pair the replicas already share: a new pair
+# would never match their secret key.
+COPY_THE_REPLICAS_KEY = ("is the control replicas' public key: copy their control.key (beside "
+                         "control.key_secret on a replica host) here; a new pair from `keys new` "
+                         "would not match theirs")
+
+
+def load_public_key(path: str | os.PathLike, *, missing: str = MAKE_A_PAIR) -> bytes:
+    """The public key (Z85) of a key file: NAME.key, or the public half of NAME.key_secret.
+    `missing`: what the error tells to do when there is no such file."""
+    public, _secret = _load(Path(path), missing)
     return public
 
 
@@ -80,7 +90,7 @@ def load_key_pair(secret_path: str | os.PathLike) -> tuple[bytes, bytes]:
     write (like ssh: a secret key file group or others may read or write is refused, with the
     `chmod 600` that fixes it; `keys new` writes it 0600)."""
     path = Path(secret_path)
-    public, secret = _load(path)
+    public, secret = _load(path, MAKE_A_PAIR)
     if secret is None:
         raise BadInput(f"key file {path} holds no secret key: give the NAME.key_secret file "
                        "(NAME.key is the public half)")
@@ -99,12 +109,11 @@ def check_private(path: Path) -> None:
         raise BadInput(f"{path} is {how} by others (mode {mode:04o}); run: chmod 600 {path}")
 
 
-def _load(path: Path) -> tuple[bytes, bytes | None]:
+def _load(path: Path, missing: str) -> tuple[bytes, bytes | None]:
     import zmq.auth
 
     if not path.is_file():
-        raise BadInput(f"key file {path} does not exist (or is not a file): make a pair with "
-                       "`qlactors keys new NAME`")
+        raise BadInput(f"key file {path} does not exist (or is not a file): {missing}")
     try:
         public, secret = zmq.auth.load_certificate(path)
     except (ValueError, OSError, UnicodeDecodeError) as err:
