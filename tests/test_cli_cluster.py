@@ -196,10 +196,10 @@ def test_the_allow_list_needs_a_cluster_database(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "QLACTORS_DATABASE_URL"}
     done = subprocess.run([*QLACTORS, "--home", str(tmp_path / "h"), "worker", "allow", "w1", str(key)],
                           capture_output=True, text=True, env=env, timeout=60)
-    assert done.returncode == 2 and "live in a cluster database" in done.stderr
+    assert done.returncode == 2 and "no cluster database: pass --config control.toml" in done.stderr
     retire = subprocess.run([*QLACTORS, "--home", str(tmp_path / "h"), "worker", "retire", "w1", "--confirm-stopped"],
                             capture_output=True, text=True, env=env, timeout=60)
-    assert retire.returncode == 2 and "live in a cluster database" in retire.stderr
+    assert retire.returncode == 2 and "no cluster database: pass --config control.toml" in retire.stderr
     assert not (tmp_path / "h").exists()  # nothing written on the edge home
 
 

@@ -106,3 +106,30 @@ def test_a_missing_server_key_is_told_to_copy_the_replicas_key_not_to_make_a_pai
     assert "[worker] server_key is the control replicas' public key: copy their control.key" in done.stderr
     assert "make a pair" not in done.stderr
     assert not (tmp_path / "state").exists()
+
+
+# -- cluster-only commands without a cluster database (issue 18 item 9) ------------------------
+
+NO_CLUSTER = "no cluster database: pass --config control.toml or set QLACTORS_DATABASE_URL"
+
+
+@pytest.mark.parametrize("args", [
+    ["workers"], ["workers", "--json"], ["worker", "allow", "w1", "keys/w1.key"], ["worker", "revoke", "w1"],
+    ["worker", "retire", "w1", "--confirm-stopped"], ["--config", "edge.toml", "workers"],
+], ids=["workers", "workers-json", "allow", "revoke", "retire", "edge-config"])
+def test_cluster_only_commands_without_a_cluster_database_are_refused_and_create_nothing(tmp_path, args):
+    new_key_pair(tmp_path / "keys", "w1")
+    (tmp_path / "edge.toml").write_text('profile = "edge"\n')
+    assert_one_line(run([*QLACTORS, *args], cwd=tmp_path), 2, NO_CLUSTER)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["edge.toml", "keys"]  # no home, no database
+
+
+def test_edge_says_once_that_the_database_url_variable_is_ignored(home):
+    edge = home.start_edge(env={"QLACTORS_DATABASE_URL": UNREACHABLE_PG})
+    assert edge.terminate() == 0
+    log = edge.log()
+    warnings = [line for line in log.splitlines() if "QLACTORS_DATABASE_URL" in line]
+    assert warnings == [f"qlactors: warning: $QLACTORS_DATABASE_URL is ignored: `qlactors edge` runs on the "
+                        f"home {home.path} and its own database (a cluster's replicas run `qlactors control "
+                        "--config control.toml`)"], log
+    assert "event=edge_started" in log

@@ -14,6 +14,9 @@ EXIT_OK, EXIT_RUNTIME, EXIT_USAGE = 0, 1, 2
 # The commands that act on a cluster database when one is named (ARCHITECTURE.md "Command line").
 CLUSTER_COMMANDS = frozenset({"task", "run", "runs", "show", "logs", "cancel", "retry", "status",
                               "workers", "worker", "confirm-stopped"})
+# ...and those that mean nothing on an edge home: refused there, before the home is touched.
+CLUSTER_ONLY = frozenset({"workers", "worker"})
+NO_CLUSTER_DATABASE = "no cluster database: pass --config control.toml or set QLACTORS_DATABASE_URL"
 
 
 def _split_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
@@ -104,9 +107,9 @@ def _on_store(args) -> int:
             return handler(repo, args)  # no runtime socket to nudge: replicas act on their tick
         finally:
             repo.close()
-    if args.command == "worker":
-        raise BadInput(f"`worker {args.worker_command}`: workers and their allow-list live in a cluster "
-                       "database: give --config control.toml or set $QLACTORS_DATABASE_URL")
+    if args.command in CLUSTER_ONLY:
+        what = args.command if args.command == "workers" else f"worker {args.worker_command}"
+        raise BadInput(f"{NO_CLUSTER_DATABASE} (`{what}` acts on a cluster; nothing was created)")
     if args.command == "confirm-stopped":
         raise BadInput("`confirm-stopped` is for a cluster (give --config control.toml or set "
                        "$QLACTORS_DATABASE_URL): on edge, recovery reads the process itself; nothing was changed")

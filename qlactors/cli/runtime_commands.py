@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import sys
 import time
@@ -26,8 +27,13 @@ TERMINAL_STATES = frozenset(s.value for s in RUN_TERMINAL)
 
 def edge(repo: Repository, args: argparse.Namespace) -> int:
     from ..profiles.edge import EdgeRuntime  # the actor stack loads only for the runtime itself
+    from .target import DATABASE_URL_VARIABLE
 
     repo.close()  # the runtime opens its own connections
+    if os.environ.get(DATABASE_URL_VARIABLE):  # set for the commands of a cluster, perhaps
+        say(f"warning: ${DATABASE_URL_VARIABLE} is ignored: `qlactors edge` runs on the home "
+            f"{args.cfg.home} and its own database (a cluster's replicas run `qlactors control "
+            "--config control.toml`)")
     logging.basicConfig(stream=sys.stderr, level=getattr(logging, args.log_level),
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
     return EdgeRuntime(args.cfg, cancel_running=args.cancel_running,
