@@ -4,6 +4,7 @@ named by `--config control.toml` (`[database] url`) or else `$QLACTORS_DATABASE_
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
@@ -13,6 +14,10 @@ from ..domain.retention import RetentionPolicy
 from ..errors import BadInput, SchemaError
 
 DATABASE_URL_VARIABLE = "QLACTORS_DATABASE_URL"
+# How long a command waits for a control replica that is migrating the database, or for the
+# first one to create its schema (`qlactors control ... &` then a command at once, in a script).
+MIGRATION_WAIT_S = 10.0
+MIGRATION_POLL_S = 0.2
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,12 +46,13 @@ class ClusterTarget:
         """The cluster database, opened without migrating it (each replica migrates at start,
         under an advisory lock): a schema other than this qlactors's is refused."""
         from ..store.engine import Store
-        from ..store.migrations import current_version, latest_version
+        from ..store.migrations import latest_version
         from ..store.repository import Repository
 
         store = Store(self.database.url, **self.database.store_options(pool=False))
         try:
-            found, known = current_version(store), latest_version(store.dialect_name)
+            known = latest_version(store.dialect_name)
+            found = self._settled_version(store, known)
             if found is None or found < known:
                 raise BadInput(
                     f"the cluster database {self.describe()} (from {self.source}) has "
@@ -60,6 +66,30 @@ class ClusterTarget:
             store.close()
             raise
         return Repository(store)
+
+    def _settled_version(self, store, known: int) -> int | None:
+        """The schema version, once no replica is about to change it: while one holds the
+        migration lock, or while the database has no schema yet, wait up to MIGRATION_WAIT_S
+        for it (saying so on stderr once). An older schema no one migrates is final at once."""
+        from ..store.migrations import current_version, migration_in_progress
+        from .runtime_commands import say
+
+        deadline = time.monotonic() + MIGRATION_WAIT_S
+        said = False
+        while True:
+            found = current_version(store)
+            if found is not None and found >= known:
+                return found
+            migrating = migration_in_progress(store)
+            if (found is not None and not migrating) or time.monotonic() >= deadline:
+                return found
+            if not said:
+                say(f"the cluster database {self.describe()} is being migrated by a control replica: "
+                    f"waiting up to {MIGRATION_WAIT_S:g} s" if migrating else
+                    f"the cluster database {self.describe()} has no qlactors schema yet: waiting up to "
+                    f"{MIGRATION_WAIT_S:g} s for a control replica to create it")
+                said = True
+            time.sleep(MIGRATION_POLL_S)
 
 
 def cluster_target(config_path: str | None,

@@ -109,6 +109,10 @@ class Store:
         """Serialise on a key for the rest of the transaction (PostgreSQL); SQLite already has one writer."""
         self.advisory_locks(conn, [key])
 
+    def try_advisory_lock(self, conn: Connection, key: str) -> bool:
+        """`advisory_lock` without waiting: False when another transaction holds it (PostgreSQL)."""
+        return self._dialect.try_advisory_lock(conn, key)
+
     def advisory_locks(self, conn: Connection, keys: list[str]) -> None:
         """`advisory_lock` on each key in the order given, in one statement."""
         if keys:

@@ -25,6 +25,7 @@ _THEN_TASKS_OF_RUNS = text(
     "SELECT a.n + (SELECT count(pg_advisory_xact_lock(hashtextextended('task:' || t.task_id, 0))) "
     "FROM (SELECT task_id FROM runs WHERE id = ANY(CAST(:ids AS text[])) "
     f'GROUP BY task_id ORDER BY task_id COLLATE "C") AS t), {NOW_SQL} FROM a')
+_TRY_ADVISORY = text("SELECT pg_try_advisory_xact_lock(hashtextextended(:key, 0))")
 _TIME_KEY = "qlactors_transaction_time"
 
 
@@ -119,6 +120,11 @@ def advisory_locks(conn: Connection, keys: list[str]) -> None:
     """Serialise on each of `keys`, in their order, until the transaction ends (attempt, task
     and worker authority, SEMANTICS.md §9), in one statement."""
     keep_time(conn, conn.execute(_ADVISORY_MANY, {"keys": keys}).one()[1])
+
+
+def try_advisory_lock(conn: Connection, key: str) -> bool:
+    """Take `key`'s advisory lock until the transaction ends if no one holds it; whether it did."""
+    return bool(conn.execute(_TRY_ADVISORY, {"key": key}).scalar_one())
 
 
 def advisory_locks_then_tasks(conn: Connection, keys: list[str], run_ids: list[str]) -> None:

@@ -91,6 +91,11 @@ def advisory_locks(_conn, _keys) -> None:
     """SQLite has one writer: a write transaction already excludes every other."""
 
 
+def try_advisory_lock(_conn, _key) -> bool:
+    """SQLite has one writer: there is nothing more to lock (see `advisory_locks`)."""
+    return True
+
+
 def advisory_locks_then_tasks(_conn, _keys, _run_ids) -> None:
     """SQLite has one writer: nothing to lock."""
 insert = _insert

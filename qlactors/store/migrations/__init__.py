@@ -9,6 +9,7 @@ down; a database that has tables but no `qlactors_schema` row is someone else's 
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,6 +23,10 @@ from ..engine import Store, translate_errors
 from ..schema import schema_version
 
 _FILE = re.compile(r"^(\d{4})_[a-z0-9_]+\.(sqlite|postgresql)\.sql$")
+# The advisory lock a migration holds on PostgreSQL for its whole transaction.
+MIGRATE_LOCK = "qlactors:migrate"
+
+log = logging.getLogger("qlactors.store")
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +93,7 @@ def migrate(store: Store) -> int:
     with translate_errors(store), _transaction(store) as conn:
         if store.is_postgres:
             # Two processes migrating one database at once: the second waits, then finds work done.
-            store.advisory_lock(conn, "qlactors:migrate")
+            store.advisory_lock(conn, MIGRATE_LOCK)
         start = _recheck(conn)
         if start > newest:
             raise SchemaError(f"{store.describe()} was upgraded to schema {start} meanwhile; refusing")
@@ -100,7 +105,18 @@ def migrate(store: Store) -> int:
             conn.execute(schema_version.insert().values(id=1, version=newest, applied_at_ms=now))
         else:
             conn.execute(schema_version.update().values(version=newest, applied_at_ms=now))
+    if start < newest:  # committed: this process migrated it (not one it waited for)
+        log.info("event=schema_migrated from=%d to=%d database=%s", start, newest, store.describe())
     return newest
+
+
+def migration_in_progress(store: Store) -> bool:
+    """Whether another process is migrating the database now (holds MIGRATE_LOCK: PostgreSQL).
+    On SQLite a migration holds the write lock, which the busy timeout already waits for."""
+    if not store.is_postgres:
+        return False
+    with store.read() as conn:
+        return not store.try_advisory_lock(conn, MIGRATE_LOCK)
 
 
 @contextlib.contextmanager
