@@ -133,3 +133,17 @@ def test_edge_says_once_that_the_database_url_variable_is_ignored(home):
                         f"home {home.path} and its own database (a cluster's replicas run `qlactors control "
                         "--config control.toml`)"], log
     assert "event=edge_started" in log
+
+
+# -- a replica whose bind address is in use (issue 18 item 8) ----------------------------------
+
+def test_a_replica_whose_bind_is_in_use_says_so_in_one_line_before_it_opens_the_database(tmp_path):
+    import socket
+
+    with socket.socket() as listener:  # another replica, as far as the port goes
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        bind = f"tcp://127.0.0.1:{listener.getsockname()[1]}"
+        control_toml(tmp_path, bind=bind)  # its database is unreachable: it is never reached
+        done = run([*QLACTORS, "control", "--config", "control.toml"], cwd=tmp_path)
+    assert_one_line(done, 1, f"cannot bind {bind}: address already in use (another replica on this host?)")

@@ -131,8 +131,11 @@ def _runtime_class(module: str, name: str):
 
 def control(args: argparse.Namespace) -> int:
     """Validate control.toml and the replica's key pair, then run the replica in the foreground."""
+    from ..wire.endpoints import check_bindable, parse_endpoint
+
     cfg = _profile_config(args, "control")
     load_key_pair(cfg.key)
+    check_bindable(parse_endpoint(cfg.bind))  # in use: one line, before the database is opened
     _logging(args)
     return _runtime_class("qlactors.profiles.control", "ControlRuntime")(cfg).run()
 

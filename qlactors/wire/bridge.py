@@ -29,7 +29,7 @@ from typing import Any, Callable, Protocol
 
 import zmq
 
-from ..errors import BadInput
+from ..errors import BadInput, QlactorsError
 from ..faults import raise_point
 from . import codec, endpoints
 from .curve import REFUSED_KEY, AuthenticatorDown, CurveServer, server_socket_options, wrong_worker_claim
@@ -162,6 +162,8 @@ class Bridge(threading.Thread):
         """Wait until the sockets are bound (or raise what stopped the thread)."""
         if not self._ready.wait(timeout):
             raise RuntimeError("the bridge did not start in time")
+        if isinstance(self._failure, QlactorsError):  # said in one line (endpoints.bind)
+            raise self._failure
         if self._failure is not None:
             raise RuntimeError(f"the bridge failed to start: {self._failure}") from self._failure
 
@@ -204,7 +206,7 @@ class Bridge(threading.Thread):
                     self._curve.require_alive()  # before bind: never serve unauthenticated
                     security = server_socket_options(self._curve.secret_key)
                 endpoints.server_router(router, self._control_bind, heartbeat=self._heartbeat, security=security)
-                router.bind(self._control_bind.text)
+                endpoints.bind(router, self._control_bind)
             if self._control_connect:
                 dealer = make(zmq.DEALER)
                 endpoints.client_dealer(dealer, self._control_connect, heartbeat=self._heartbeat)
@@ -214,7 +216,7 @@ class Bridge(threading.Thread):
             if self._nudge_bind:
                 nudge = make(zmq.PULL)
                 endpoints.nudge_pull(nudge)
-                nudge.bind(self._nudge_bind)
+                endpoints.bind(nudge, endpoints.parse_endpoint(self._nudge_bind))
         except BaseException as err:  # report to ready() instead of dying silently
             self._failure = err
             self._ready.set()

@@ -8,14 +8,16 @@ keepalive, `IMMEDIATE`) are applied to `tcp://` only, so edge (inproc) sockets s
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import re
+import socket
 from dataclasses import dataclass
 from typing import Iterable, Literal
 
 import zmq
 
-from ..errors import BadInput
+from ..errors import BadInput, QlactorsError
 from .codec import MAX_FRAME_BYTES
 
 Transport = Literal["inproc", "ipc", "tcp"]
@@ -39,6 +41,16 @@ _INPROC_NAME = re.compile(r"[!-~]{1,256}")  # printable ASCII, no space
 
 class BadEndpoint(BadInput):
     """An endpoint string qlactors does not accept; the message says which rule it broke."""
+
+
+class BindFailed(QlactorsError):
+    """An endpoint could not be bound (in use, not an address of this host, no permission)."""
+
+
+# Who else holds an address a runtime binds, by transport: only a control replica binds tcp,
+# and an ipc endpoint is a home's nudge socket.
+_IN_USE_HINT = {"tcp": "another replica on this host?", "ipc": "another runtime for this home?",
+                "inproc": "bound twice in this process"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,3 +224,50 @@ def nudge_pull(sock: zmq.Socket) -> None:
     _base(sock)
     sock.setsockopt(zmq.RCVHWM, 16)
     sock.setsockopt(zmq.MAXMSGSIZE, 64)
+
+
+# -- binding ----------------------------------------------------------------------------------
+
+def bind(sock: zmq.Socket, endpoint: Endpoint) -> None:
+    """`sock.bind(endpoint)`, with a failure said in one line (BindFailed) instead of a ZMQError."""
+    try:
+        sock.bind(endpoint.text)
+    except zmq.ZMQError as err:
+        raise BindFailed(bind_failure(endpoint, err.errno, err.strerror)) from None
+
+
+def check_bindable(endpoint: Endpoint) -> None:
+    """BindFailed when a tcp endpoint cannot be bound now, before a runtime starts anything.
+
+    A probe socket is bound (never listened on, so it accepts no connection) and closed at once,
+    with SO_REUSEADDR as libzmq binds: a port some other process listens on is refused, one left
+    in TIME_WAIT is not. Only a hint, for a one-line refusal before any log line: the real bind
+    may still fail (the address taken meanwhile), and `bind` says so the same way.
+    """
+    if endpoint.transport != "tcp":
+        return
+    host = "0.0.0.0" if endpoint.is_wildcard else endpoint.host  # libzmq binds IPv4 unless told
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        address = socket.getaddrinfo(host, endpoint.port, family, socket.SOCK_STREAM)[0][4]
+    except socket.gaierror:
+        return  # a name that does not resolve: the real bind says so
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError as err:
+            raise BindFailed(bind_failure(endpoint, err.errno, err.strerror)) from None
+
+
+def bind_failure(endpoint: Endpoint, code: int | None, reason: str | None) -> str:
+    """The one line that says why `endpoint` could not be bound."""
+    if code == errno.EADDRINUSE:
+        why = f"address already in use ({_IN_USE_HINT[endpoint.transport]})"
+    elif code == errno.EADDRNOTAVAIL:
+        why = "not an address of this host (bind one of its own addresses, or tcp://*:PORT)"
+    elif code == errno.EACCES:
+        why = "permission denied (a port below 1024 needs privileges)"
+    else:
+        why = (reason or "failed").lower()
+    return f"cannot bind {endpoint.text}: {why}"
