@@ -442,3 +442,11 @@ def test_a_database_no_replica_ever_migrated_is_refused_after_the_wait_it_announ
     assert len(lines) == 2 and all(line.startswith("qlactors: ") for line in lines), done.stderr
     assert "has no qlactors schema yet: waiting up to 10 s for a control replica to create it" in lines[0]
     assert "has no qlactors schema, this qlactors needs" in lines[1] and done.returncode == 2
+
+
+def test_a_second_edge_runtime_on_a_home_is_refused_in_one_line(home):
+    """docs/cli.md exit status 1: `edge` when another runtime holds the home."""
+    first = home.start_edge()
+    second = run([*QLACTORS, "--home", str(home.path), "edge"], cwd=home.tmp)
+    assert first.terminate() == 0
+    assert_one_line(second, 1, f"a qlactors runtime (pid {first.pid}) already runs on {home.path}")
