@@ -197,7 +197,8 @@ def translate_errors(store: Store, *, write: bool = True) -> Iterator[None]:
                     f"the database {name} does not exist on the server of {store.describe()}: create it "
                     f"(`createdb {name}`, or CREATE DATABASE {name}) or correct the URL") from err
             # A read changes nothing whatever happens: saying so would suggest it might have.
-            then = "nothing was changed, try again" if write else "is the database up? try again"
+            then = ("nothing was changed, try again" if write else
+                    "is the database up? try again" if store.is_postgres else "try again")
             raise StoreUnavailable(
                 f"database {store.describe()} is unavailable: {message}; {then}") from err
         raise
