@@ -74,8 +74,9 @@ def test_a_command_waits_while_a_replica_holds_the_migration_lock(fresh):
                                    stderr=subprocess.PIPE, text=True)
         try:
             replica = start_replica_now(fresh)
-            wait_until(lambda: fresh.sql("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
-                                         "AND NOT granted")[0][0] == 1 or not replica.alive(),
+            wait_until(lambda: fresh.sql("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT "
+                                         "granted AND database = (SELECT oid FROM pg_database WHERE "
+                                         "datname = current_database())")[0][0] == 1 or not replica.alive(),
                        30, "the replica to queue on the migration lock")
             assert replica.alive(), replica.log()
             assert command.poll() is None, command.communicate()  # still waiting, not refused
