@@ -291,7 +291,9 @@ def test_a_worker_restarted_within_its_session_lease_resumes_and_its_job_finishe
     cluster.new_key("w1")
     cluster.allow("w1")
     worker = cluster.start_worker("w1", slots=1)
-    cluster.cli("task", "add", "slow", "--", "sh", "-c", "echo begin; sleep 4; echo end; exit 5")
+    go = cluster.root / "go"  # the job ends only once the restarted worker has re-bound it
+    cluster.cli("task", "add", "slow", "--", "sh", "-c",
+                f"echo begin; while [ ! -e {go} ]; do sleep 0.1; done; echo end; exit 5")
     run_id = _run(cluster, "slow")
     wait_until(lambda: cluster.sql("SELECT status FROM runs WHERE id = %s", run_id)[0][0] == "running", 30,
              "the job to run")
@@ -299,6 +301,8 @@ def test_a_worker_restarted_within_its_session_lease_resumes_and_its_job_finishe
     assert cluster.stop(worker) == 0
     again = cluster.start_worker("w1", slots=1)
     assert again.alive()
+    wait_until(lambda: "event=rebound" in again.log(), 60, "the survivor re-bound")
+    go.touch()
     final = cluster.wait_terminal([run_id], timeout=60)[run_id]
     assert final["state"] == "failed"
     assert cluster.sql("SELECT exit_code FROM run_attempts WHERE run_id = %s", run_id) == [(5,)]
