@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from sqlalchemy import and_, bindparam, or_, select
+from sqlalchemy import and_, bindparam, func, or_, select
 from sqlalchemy.engine import Connection
 
 from ..domain.states import (RUN_TERMINAL, CancelReason, LeaseReleaseReason, LeaseStatus, RetrySafety, RunStatus,
@@ -188,7 +188,8 @@ class Runs:
             if task is not None and conn.execute(select(tasks.c.id).where(tasks.c.name == task)).first() is None:
                 raise NotFound(f"no task named {task!r}, now or in the past: see `qlactors task list`")
             rows = conn.execute(query).all()
-            page = [self._view(conn, row, detail=False) for row in rows[:limit]]
+            last = _last_attempts(conn, [row.id for row in rows[:limit]])
+            page = [self._view(conn, row, detail=False, last=last.get(row.id)) for row in rows[:limit]]
         more = len(rows) > limit
         next_cursor = f"{page[-1].created_at_ms}.{page[-1].id}" if more else None
         return RunPage(tuple(page), next_cursor)
@@ -230,13 +231,16 @@ class Runs:
             backoff_base_ms=rev.backoff_base_ms, backoff_max_ms=rev.backoff_max_ms,
             version=0, created_at_ms=now, updated_at_ms=now))
 
-    def _view(self, conn: Connection, row, *, detail: bool = True) -> RunView:
+    def _view(self, conn: Connection, row, *, detail: bool = True, last=None) -> RunView:
+        """The run's read model; `detail` reads its attempts and events, else `last` is its newest
+        attempt's row (read for a whole page by `_last_attempts`)."""
         name = getattr(row, "task_name", None) or conn.execute(_TASK_NAME, {"task_id": row.task_id}).scalar_one()
         attempts: Sequence = ()
         events: Sequence = ()
         if detail:
-            attempts = conn.execute(_ATTEMPTS_OF, {"run_id": row.id}).all()
+            attempts = tuple(_attempt_view(a) for a in conn.execute(_ATTEMPTS_OF, {"run_id": row.id}))
             events = conn.execute(_EVENTS_OF, {"run_id": row.id}).all()
+        newest = attempts[-1] if attempts else None if last is None else _attempt_view(last)
         return RunView(
             id=row.id, task=name, task_revision=row.task_revision, state=row.status, version=row.version,
             trigger_type=row.trigger_type, scheduled_for_ms=row.scheduled_for_ms,
@@ -244,15 +248,30 @@ class Runs:
             error_code=row.error_code, retry_of_run_id=row.retry_of_run_id,
             created_at_ms=row.created_at_ms, started_at_ms=row.started_at_ms,
             finished_at_ms=row.finished_at_ms, not_before_ms=row.not_before_ms,
-            attempts=tuple(AttemptView(
-                id=a.id, number=a.number, state=a.status, exit_code=a.exit_code, signal=a.signal,
-                error_code=a.error_code, log_dropped_bytes=a.log_dropped_bytes,
-                deadline_at_ms=a.deadline_at_ms, created_at_ms=a.created_at_ms,
-                started_at_ms=a.started_at_ms, finished_at_ms=a.finished_at_ms) for a in attempts),
+            attempts=attempts, last_attempt=newest,
             events=tuple(EventView(seq=e.sequence, type=e.type, at_ms=e.created_at_ms,
                                    actor_type=e.actor_type, attempt_id=e.attempt_id,
                                    payload=json.loads(e.payload_json)) for e in events),
         )
+
+
+def _last_attempts(conn: Connection, run_ids: list[str]) -> dict[str, Any]:
+    """The newest attempt row of each run, in one read (a page of `runs`)."""
+    if not run_ids:
+        return {}
+    newest = (select(run_attempts.c.run_id, func.max(run_attempts.c.number).label("n"))
+              .where(run_attempts.c.run_id.in_(run_ids)).group_by(run_attempts.c.run_id).subquery())
+    rows = conn.execute(select(run_attempts).join(newest, and_(newest.c.run_id == run_attempts.c.run_id,
+                                                               newest.c.n == run_attempts.c.number))).all()
+    return {r.run_id: r for r in rows}
+
+
+def _attempt_view(a) -> AttemptView:
+    return AttemptView(
+        id=a.id, number=a.number, state=a.status, exit_code=a.exit_code, signal=a.signal,
+        error_code=a.error_code, log_dropped_bytes=a.log_dropped_bytes, deadline_at_ms=a.deadline_at_ms,
+        created_at_ms=a.created_at_ms, started_at_ms=a.started_at_ms, finished_at_ms=a.finished_at_ms,
+        worker_id=a.worker_id, session_generation=a.session_generation, pid=a.pid, boot_id=a.boot_id)
 
 
 def _decode_cursor(cursor: str) -> tuple[int, str]:

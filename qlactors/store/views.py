@@ -164,13 +164,20 @@ class AttemptView:
     created_at_ms: int
     started_at_ms: int | None
     finished_at_ms: int | None
+    # Where it ran: the worker its lease went to (`local` on edge), that session's generation,
+    # and the job's process id and its host's boot id once it started; None before.
+    worker_id: str | None = None
+    session_generation: int | None = None
+    pid: int | None = None
+    boot_id: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"id": self.id, "number": self.number, "state": self.state, "exit_code": self.exit_code,
                 "signal": self.signal, "error_code": self.error_code,
                 "log_dropped_bytes": self.log_dropped_bytes, "deadline_at_ms": self.deadline_at_ms,
                 "created_at_ms": self.created_at_ms, "started_at_ms": self.started_at_ms,
-                "finished_at_ms": self.finished_at_ms}
+                "finished_at_ms": self.finished_at_ms, "worker_id": self.worker_id,
+                "session_generation": self.session_generation, "pid": self.pid, "boot_id": self.boot_id}
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,6 +213,7 @@ class RunView:
     attempts: tuple[AttemptView, ...] = field(default=())
     events: tuple[EventView, ...] = field(default=())
     not_before_ms: int | None = None  # a cron run's random delay: not offered before this time
+    last_attempt: AttemptView | None = None  # its newest attempt (read for lists too, unlike `attempts`)
 
     def to_json(self, *, detail: bool = True) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -222,6 +230,8 @@ class RunView:
             pending = self.stop_pending
             if pending is not None:
                 data["stop_pending"] = {"reason": pending[0], "requested_at_ms": pending[1]}
+        else:
+            data["last_attempt"] = None if self.last_attempt is None else self.last_attempt.to_json()
         return data
 
     @property
