@@ -137,7 +137,8 @@ class ClusterSessions:
                 session = self.dispatch.resume_session(
                     worker_id, msg.resume_session_id, msg.resume_generation, token_hash(msg.resume_secret),
                     token_hash(secret), msg.boot_id, capacity=msg.capacity, labels=labels,
-                    session_lease_ms=self.session_lease_ms, require_key=True, register_id=msg.register_id)
+                    session_lease_ms=self.session_lease_ms, require_key=True, register_id=msg.register_id,
+                    worker_clock_ms=msg.worker_clock_ms)
             except Fenced as err:  # past its lease, after a reboot, superseded, revoked, retired
                 log.info("event=resume_refused worker=%s session=%s reason=%s", worker_id,
                          msg.resume_session_id, err)
@@ -148,7 +149,7 @@ class ClusterSessions:
             session = self.dispatch.register_session(
                 worker_id, msg.capacity, boot_id=msg.boot_id, labels=labels,
                 session_lease_ms=self.session_lease_ms, resume_secret_hash=token_hash(secret), require_key=True,
-                register_id=msg.register_id)
+                register_id=msg.register_id, worker_clock_ms=msg.worker_clock_ms)
         except Fenced as err:  # revoked after this replica's allow-list cache was read, or a duplicate
             if str(err).startswith(DUPLICATE_WORKER):
                 log.error("event=duplicate_worker_refused worker=%s boot=%s (a second live process presents "

@@ -100,6 +100,13 @@ def _as_session(row) -> Session:
                    boot_id=row.boot_id, heartbeat_seq=row.heartbeat_seq, note=row.note)
 
 
+def clock_skew(now_ms: int, worker_clock_ms: int | None) -> int | None:
+    """Database time minus the worker's clock (for `workers`; a value no clock gives is no skew)."""
+    if type(worker_clock_ms) is not int or worker_clock_ms < 0:
+        return None
+    return now_ms - worker_clock_ms
+
+
 class Sessions(Heartbeats, Attestations):
     """Register, resume and end worker sessions; heartbeat and attest (the base classes)."""
 
@@ -109,7 +116,7 @@ class Sessions(Heartbeats, Attestations):
     def register_session(self, worker_id: str, capacity: int, *, boot_id: str | None = None,
                          labels: Iterable[str] = (), session_lease_ms: int | None = None,
                          resume_secret_hash: str | None = None, require_key: bool = False,
-                         register_id: str | None = None) -> Session:
+                         register_id: str | None = None, worker_clock_ms: int | None = None) -> Session:
         """A new `online` session, generation = previous + 1; older sessions of the worker go `offline`
         (`ended_at_ms` set, unless they had already ended).
 
@@ -125,6 +132,9 @@ class Sessions(Heartbeats, Attestations):
         the session is opened noted `duplicate` when this Register takes the key back from it,
         and `Fenced` (`duplicate_worker: ...`, nothing changed) when this Register is that other
         process coming back within a session lease of it.
+
+        `worker_clock_ms` (the Register's): the worker's clock, so `workers` shows the clock skew
+        from the first moment, not only after the first heartbeat.
 
         The new generation invalidates every fence of the old sessions at once. `session_lease_ms`
         None (edge): the session lives as long as the process; otherwise it expires at database
@@ -173,7 +183,8 @@ class Sessions(Heartbeats, Attestations):
                     version=1, capacity=capacity, free_slots=capacity, heartbeat_at_ms=now,
                     lease_expires_at_ms=expires, created_at_ms=now, updated_at_ms=now, boot_id=boot_id,
                     resume_secret_hash=resume_secret_hash, heartbeat_seq=0, heartbeat_answer=None,
-                    labels_json=labels_json(labels), clock_skew_ms=None, ended_at_ms=None,
+                    labels_json=labels_json(labels), ended_at_ms=None,
+                    clock_skew_ms=clock_skew(now, worker_clock_ms),
                     drained_at_ms=None, register_id=register_id, resume_register_id=None, ended_by=None,
                     note=note)):
                 raise Conflict(f"worker {worker_id!r} registered generation {generation} meanwhile")
@@ -183,7 +194,7 @@ class Sessions(Heartbeats, Attestations):
     def resume_session(self, worker_id: str, session_id: str, generation: int, resume_secret_hash: str,
                        new_resume_secret_hash: str, boot_id: str, *, capacity: int,
                        labels: Iterable[str], session_lease_ms: int, require_key: bool = False,
-                       register_id: str | None = None) -> Session:
+                       register_id: str | None = None, worker_clock_ms: int | None = None) -> Session:
         """Resume the worker's current session after a restart within its lease, on the same boot.
         A session its worker drained (`end_session`) is resumed too: it is `online` again, no
         longer ended nor drained; one the operator ended (`worker revoke`, `worker retire`) never.
@@ -197,8 +208,8 @@ class Sessions(Heartbeats, Attestations):
         `register_id`: a repeat of that resume (same session, generation and register id) gets the
         session as it stands, with no second rotation and no check of the rotated secret, as long
         as no later resume rotated it again. The lease is renewed from database time and capacity
-        and labels are the worker's current ones; the Session's `heartbeat_seq` is the last
-        heartbeat number stored, to number on from.
+        and labels are the worker's current ones, and so is the clock skew given `worker_clock_ms`;
+        the Session's `heartbeat_seq` is the last heartbeat number stored, to number on from.
         """
         check_id("worker id", worker_id, 128)
         check_id("session id", session_id)
@@ -229,7 +240,8 @@ class Sessions(Heartbeats, Attestations):
             update_session(conn, session, now, resume_secret_hash=new_resume_secret_hash,
                            lease_expires_at_ms=expires, capacity=capacity, status="online",
                            ended_at_ms=None, drained_at_ms=None, resume_register_id=register_id,
-                           free_slots=min(session.free_slots, capacity), labels_json=labels_json(labels))
+                           free_slots=min(session.free_slots, capacity), labels_json=labels_json(labels),
+                           **({} if worker_clock_ms is None else {"clock_skew_ms": clock_skew(now, worker_clock_ms)}))
             return Session(session_id, worker_id, generation, capacity, lease_expires_at_ms=expires,
                            labels=labels, boot_id=boot_id, heartbeat_seq=session.heartbeat_seq)
 

@@ -11,8 +11,10 @@ from sqlalchemy import func, select
 from sqlalchemy.engine import Connection
 
 from ..domain.labels import qualifies
+from ..domain.states import LeaseStatus
+from .dispatch_queries import ACTIVE
 from .engine import Store
-from .schema import worker_keys, worker_sessions
+from .schema import run_attempts, run_dispatch_leases, worker_keys, worker_sessions
 from .session_rules import DUPLICATE
 
 NEVER = "never"  # the status shown for an allowed worker that has no session yet
@@ -42,7 +44,7 @@ class WorkerView:
     session_id: str | None = None
     generation: int | None = None
     capacity: int | None = None
-    free_slots: int | None = None
+    free_slots: int | None = None  # capacity minus the live leases the session holds (as offers count)
     heartbeat_at_ms: int | None = None
     heartbeat_age_ms: int | None = None  # database time minus the last heartbeat
     lease_expires_at_ms: int | None = None  # None: lives as long as its process (edge)
@@ -96,7 +98,9 @@ class Workers:
             now = self.store.now_ms(conn)
             sessions = _current_sessions(conn)
             allowed = set(conn.execute(select(worker_keys.c.worker_id)).scalars())
-        views = {row.worker_id: _view(row, now, row.worker_id in allowed) for row in sessions}
+            taken = _leased(conn, [row.session_id for row in sessions])
+        views = {row.worker_id: _view(row, now, row.worker_id in allowed, taken.get(row.session_id, 0))
+                 for row in sessions}
         for worker_id in allowed - set(views):
             views[worker_id] = WorkerView(worker_id=worker_id, allowed=True, status=NEVER)
         return WorkerList(now, tuple(views[k] for k in sorted(views)))
@@ -109,11 +113,24 @@ def _current_sessions(conn: Connection) -> list:
                                                      & (newest.c.g == worker_sessions.c.generation))).all()
 
 
-def _view(row, now: int, allowed: bool) -> WorkerView:
+def _leased(conn: Connection, session_ids: list[str]) -> dict[str, int]:
+    """Each session's slots taken: its live leases of attempts not yet ended, counted as an offer
+    counts them (store/dispatch_queries.py LEASED_COUNT), not as its last heartbeat said."""
+    if not session_ids:
+        return {}
+    query = (select(run_dispatch_leases.c.session_id, func.count())
+             .join(run_attempts, run_attempts.c.id == run_dispatch_leases.c.attempt_id)
+             .where(run_dispatch_leases.c.session_id.in_(session_ids),
+                    run_dispatch_leases.c.status == LeaseStatus.LEASED.value, run_attempts.c.status.in_(ACTIVE))
+             .group_by(run_dispatch_leases.c.session_id))
+    return {session_id: n for session_id, n in conn.execute(query)}
+
+
+def _view(row, now: int, allowed: bool, taken: int) -> WorkerView:
     expires = row.lease_expires_at_ms
     return WorkerView(
         worker_id=row.worker_id, allowed=allowed, status=row.status, session_id=row.session_id,
-        generation=row.generation, capacity=row.capacity, free_slots=row.free_slots,
+        generation=row.generation, capacity=row.capacity, free_slots=max(0, row.capacity - taken),
         heartbeat_at_ms=row.heartbeat_at_ms,
         heartbeat_age_ms=None if row.heartbeat_at_ms is None else max(0, now - row.heartbeat_at_ms),
         lease_expires_at_ms=expires, lease_expired=expires is not None and expires <= now,
