@@ -14,6 +14,7 @@ from .engine import Store
 from .schema import control_replicas
 
 REPLICA_SLACK_MS = 5_000  # a replica is up when it wrote its heartbeat within 3 ticks + this
+SILENT_KEPT_MS = 24 * 3600 * 1000  # a silent replica is counted (and listed) for a day after its heartbeat
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +54,13 @@ class ClusterStatus:
     @property
     def replicas_up(self) -> int:
         return sum(1 for r in self.replicas if r.up)
+
+    @property
+    def current(self) -> tuple[ReplicaView, ...]:
+        """The replicas `status` counts: up, or silent (not stopped) for at most a day; a stopped
+        one, or one silent for longer (killed, its host gone), is history (`status --all`)."""
+        return tuple(r for r in self.replicas if r.up or (
+            r.stopped_at_ms is None and self.at_ms - r.heartbeat_at_ms <= SILENT_KEPT_MS))
 
 
 def _up_window_ms(cadence_tick_ms: int) -> int:

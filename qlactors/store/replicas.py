@@ -1,12 +1,15 @@
 """Control replicas write their row for `status` (store/cluster_status.py reads it): at start,
 every cycle (with the tally of their transient database errors and the cadence's failing step,
-if any), and at stop."""
+if any), and at stop. A replica's first heartbeat replaces the rows of earlier replicas on its
+host and bind: it holds that bind now, so they are gone, whether stopped or killed."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from ..ids import new_id
+from sqlalchemy import and_, delete, select
+
 from .engine import Store
 from .health import ErrorTally
 from .schema import control_replicas
@@ -15,6 +18,7 @@ from .schema import control_replicas
 class Replicas:
     def __init__(self, store: Store) -> None:
         self.store = store
+        self._bound: set[str] = set()  # replicas whose first heartbeat replaced their predecessors
 
     def register(self, host: str, pid: int, bind: str) -> str:
         replica_id = new_id()
@@ -32,12 +36,27 @@ class Replicas:
         replica's clock), or None, which clears it."""
         failure = cycle_failure
         with self.store.write() as conn:
+            if replica_id not in self._bound:
+                self._replace_predecessors(conn, replica_id)
             conn.execute(control_replicas.update().where(control_replicas.c.replica_id == replica_id)
                          .values(heartbeat_at_ms=self.store.now_ms(conn), db_errors=errors.failures,
                                  last_db_error=errors.last_error, last_db_error_at_ms=errors.last_error_at_ms,
                                  cycle_failed_step=None if failure is None else failure.step,
                                  cycle_error=None if failure is None else failure.error,
                                  cycle_failed_since_ms=None if failure is None else failure.since_ms))
+        self._bound.add(replica_id)
+
+    @staticmethod
+    def _replace_predecessors(conn, replica_id: str) -> None:
+        """Delete the other rows of this host and bind. Called from the first heartbeat, which a
+        replica's cadence sends only once its socket is bound: a row that names the same bind on
+        the same host is an earlier replica's, which cannot be serving any more."""
+        own = conn.execute(select(control_replicas.c.host, control_replicas.c.bind)
+                           .where(control_replicas.c.replica_id == replica_id)).first()
+        if own is not None:
+            conn.execute(delete(control_replicas).where(and_(
+                control_replicas.c.host == own.host, control_replicas.c.bind == own.bind,
+                control_replicas.c.replica_id != replica_id)))
 
     def stopped(self, replica_id: str) -> None:
         with self.store.write() as conn:
