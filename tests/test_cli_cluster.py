@@ -300,8 +300,10 @@ def test_status_exits_0_only_while_a_replica_is_up(cluster):
     assert cluster.ql("status").returncode == 3
     _replica(cluster, age_ms=186_000)  # silent for longer than that
     _replica(cluster, age_ms=0, stopped=True)
-    down = cluster.ql("status", "--json")
+    down = cluster.ql("status", "--json", "--all")
     assert down.returncode == 3 and [r["up"] for r in json.loads(down.stdout)["replicas"]] == [False, False]
+    counted = json.loads(cluster.ql("status", "--json").stdout)["replicas"]  # a stopped one is history
+    assert [(r["up"], r["stopped_at_ms"]) for r in counted] == [(False, None)]
     live = _replica(cluster, age_ms=30_000)  # up with a 60 s tick, silent with the default 1 s
     cluster.ok("task", "add", "t1", "--", "true")
     cluster.ok("run", "t1")
@@ -310,7 +312,8 @@ def test_status_exits_0_only_while_a_replica_is_up(cluster):
     assert report["up"] is True and [r["replica_id"] for r in report["replicas"] if r["up"]] == [live]
     assert report["active_runs"] == {"queued": 1} and [w["worker_id"] for w in report["workers"]] == ["w1"]
     text = cluster.ok("status").stdout
-    assert "1 of 3 replica(s) up" in text and "active runs: queued 1" in text
+    assert "1 of 2 replica(s) up" in text and "active runs: queued 1" in text
+    assert "(1 stopped or long-silent not counted: `qlactors status --all`)" in text
     assert cluster.ql("status", env_url=True).returncode == 3  # the default 1 s tick: none is up
     from qlactors.store.cluster_status import replicas_up  # what `run --wait` asks on each poll
 

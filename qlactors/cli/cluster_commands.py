@@ -16,6 +16,7 @@ from ..store.repository import Repository
 from ..store.workers import Workers
 from ..wire.curve_keys import COPY_THE_REPLICAS_KEY, load_key_pair, load_public_key, new_key_pair
 from . import render
+from .placement import active_with_reasons
 from .runtime_commands import not_started, pick_attempt, say
 
 LOG_READ_LIMIT = 1024 * 1024  # bytes asked of the log store per read
@@ -162,21 +163,27 @@ def status(repo: Repository, args: argparse.Namespace) -> int:
     listed = Workers(repo.store).list()
     counts = {k: v for k, v in Control(repo.store).status_counts().runs.items() if v}
     active = {k: v for k, v in sorted(counts.items()) if not RunStatus(k).terminal}
+    listing, reasons = active_with_reasons(repo, [(w.worker_id, w.labels) for w in listed.workers if w.serving])
     up = cluster.replicas_up > 0
+    shown = cluster.replicas if args.all else cluster.current
+    hidden = len(cluster.replicas) - len(cluster.current)
     report = {"up": up, "profile": "cluster", "database": args.cluster.describe(),
-              "replicas": [r.to_json() for r in cluster.replicas],
+              "replicas": [r.to_json() for r in shown],
               "workers": [w.to_json() for w in listed.workers], "runs": counts, "active_runs": active,
+              "active_run_list": [r.to_json(reasons[r.run_id]) for r in listing],
               "unresolved_recoveries": [w.to_json() for w in cluster.waiting]}
     if args.json:
         render.dump_json(report)
         return 0 if up else EXIT_DOWN
-    print(f"cluster: {cluster.replicas_up} of {len(cluster.replicas)} replica(s) up  "
-          f"database: {args.cluster.describe()}")
+    print(f"cluster: {cluster.replicas_up} of {len(cluster.current)} replica(s) up  "
+          f"database: {args.cluster.describe()}"
+          + (f"  ({hidden} stopped or long-silent not counted: `qlactors status --all`)"
+             if hidden and not args.all else ""))
     render.table([(r.replica_id, "up" if r.up else "stopped" if r.stopped_at_ms else "silent", r.host,
                    str(r.pid), r.bind, render.age_of(cluster.at_ms, r.heartbeat_at_ms), str(r.db_errors))
-                  for r in cluster.replicas],
+                  for r in shown],
                  ("REPLICA", "STATE", "HOST", "PID", "BIND", "HEARTBEAT", "DB ERRORS"), indent="  ")
-    for r in cluster.replicas:
+    for r in shown:
         if r.up and r.last_db_error is not None:
             print(f"  replica {r.replica_id}: {r.db_errors} transient database error(s) retried, the last "
                   f"at {render.when(r.last_db_error_at_ms)} (the replica's clock): {r.last_db_error}")
@@ -186,6 +193,7 @@ def status(repo: Repository, args: argparse.Namespace) -> int:
     print(f"workers: {serving} serving of {len(listed.workers)}")
     render.table(render.worker_rows(listed.workers), render.WORKER_HEADER, indent="  ")
     print("active runs: " + (", ".join(f"{k} {v}" for k, v in active.items()) or "none"))
+    render.active_runs(listing, reasons, sum(active.values()))
     print(f"unresolved recoveries: {len(cluster.waiting)}")
     for w in cluster.waiting:
         print(f"  run {w.run_id} attempt {w.attempt_id} ({w.attempt_status}): {w.reason}")

@@ -151,7 +151,16 @@ def task_add(repo: Repository, args: argparse.Namespace, words: list[str] | None
         print(render.schedule_line(view))
     if not view.retention.is_default:
         print(render.retention_line(view, _global_retention(args)))
+    _warn_unplaced(repo, args, view)
     return 0
+
+
+def _warn_unplaced(repo: Repository, args: argparse.Namespace, view) -> None:
+    from .placement import warn_unplaced
+
+    warning = warn_unplaced(repo, args, view.name, view.spec.labels)
+    if warning is not None:
+        print(f"qlactors: {warning}", file=sys.stderr)
 
 
 def task_update(repo: Repository, args: argparse.Namespace, words: list[str] | None) -> int:
@@ -173,6 +182,8 @@ def task_update(repo: Repository, args: argparse.Namespace, words: list[str] | N
         print(render.schedule_line(view) if view.trigger is not None else "schedule removed")
     if retained:
         print(render.retention_line(view, _global_retention(args)))
+    if "labels" in changes:
+        _warn_unplaced(repo, args, view)
     return 0
 
 
@@ -237,18 +248,47 @@ def runs(repo: Repository, args: argparse.Namespace) -> int:
 def show(repo: Repository, args: argparse.Namespace) -> int:
     view = repo.runs.get(args.run_id)
     waiting = _recovery_waiting(repo, args, view)
+    placement = _placement_wait(repo, args, view)
     if args.json:
-        data = view.to_json()
-        if waiting is not None:
-            for attempt in data["attempts"]:
-                if attempt["id"] == waiting.attempt_id:
-                    attempt["recovery"] = {"waiting": waiting.reason, "eligible_at_ms": waiting.eligible_at_ms}
+        data = {**view.to_json(), "waiting": placement}
+        boot_id, host = this_host()
+        for attempt in data["attempts"]:
+            # Known only when the attempt ran on the host reading it: the database holds the job's
+            # boot id, not its host's name.
+            attempt["host"] = host if attempt["boot_id"] is not None and attempt["boot_id"] == boot_id else None
+            if waiting is not None and attempt["id"] == waiting.attempt_id:
+                attempt["recovery"] = {"waiting": waiting.reason, "eligible_at_ms": waiting.eligible_at_ms}
         render.dump_json(data)
     else:
         render.run_detail(view)
+        if placement is not None:
+            print(f"\nwaiting: {placement}")
         if waiting is not None:
             print(f"\nrecovery: attempt {view.attempts[-1].number} waits: {waiting.reason}")
     return 0
+
+
+def _placement_wait(repo: Repository, args: argparse.Namespace, view) -> str | None:
+    """Why the queued run waits for a worker (its labels, or no worker online), else None."""
+    if view.state != "queued":
+        return None
+    from ..store.active_runs import required_labels
+    from .placement import queued_reason, serving
+
+    return queued_reason(view.state, required_labels(repo.store, view.id), serving(repo, args))
+
+
+def this_host() -> tuple[str | None, str]:
+    """This host's boot id (None when it cannot be read) and name."""
+    import socket
+
+    from ..process.identity import boot_id_source
+
+    try:
+        boot_id: str | None = boot_id_source()()
+    except (OSError, ValueError):
+        boot_id = None
+    return boot_id, socket.gethostname()
 
 
 def _recovery_waiting(repo: Repository, args: argparse.Namespace, view) -> Any:

@@ -207,6 +207,8 @@ def build() -> Parser:
 
     status = sub.add_parser("status", help="exit 0 when the runtime for this home is up, 3 when not")
     status.add_argument("--json", action="store_true")
+    status.add_argument("--all", action="store_true",
+                        help="cluster: list every replica row, stopped and long-silent ones too")
 
     logs = sub.add_parser("logs", help="the job's output, byte for byte")
     logs.add_argument("run_id", type=utf8)

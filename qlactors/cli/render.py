@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from datetime import datetime, timezone
 from typing import Any, Iterable, TextIO
@@ -10,7 +11,7 @@ from typing import Any, Iterable, TextIO
 from ..domain import posix
 from ..domain.cron import CronError, load_zone
 from ..domain.retention import DAY_MS, HOUR_MS, RetentionPolicy
-from ..store.views import RunView, TaskView, TriggerView
+from ..store.views import AttemptView, RunView, TaskView, TriggerView
 
 
 def when(ms: int | None) -> str:
@@ -148,17 +149,53 @@ def _trigger_events(t: TriggerView, out: TextIO) -> None:
           ("TYPE", "SCHEDULED FOR", "COUNT", "REV", "AT", "RUN"), out, indent="  ")
 
 
+def signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:  # a real-time signal, say: no name of its own
+        return f"signal {number}"
+
+
+def exit_text(a: AttemptView | None) -> str:
+    """An attempt's exit code, with the signal the runtime's stop killed it with, if any."""
+    if a is None or a.exit_code is None:
+        return "-"
+    return str(a.exit_code) if a.signal is None else f"{a.exit_code} ({signal_name(a.signal)})"
+
+
 def exit_of(run: RunView) -> str:
-    last = run.attempts[-1] if run.attempts else None
-    return "-" if last is None or last.exit_code is None else str(last.exit_code)
+    """`show`'s exit code line: the code, and for a stopped job what the database holds of the
+    stop: the signal that killed it (`signal`) and why it was sent (the run's cancel reason).
+    A code of 128 + N with no signal recorded was the job's own exit status (a shell reports a
+    child killed by signal N so, or the job caught the stop and exited with it)."""
+    last = run.last_attempt
+    if last is None or last.exit_code is None:
+        return "-"
+    stop = f" (stop: {run.cancel_reason})" if run.cancel_reason else ""
+    if last.signal is not None:
+        return f"{last.exit_code}, killed by {signal_name(last.signal)}{stop}"
+    if 128 < last.exit_code <= 128 + 64 and run.cancel_reason:
+        return f"{last.exit_code} = 128 + {signal_name(last.exit_code - 128)}{stop}"
+    return str(last.exit_code)
+
+
+def worker_of(a) -> str:
+    """Which worker ran an attempt (an AttemptView, an ActiveRun's newest attempt): its id
+    (`local` on edge), session generation and job pid."""
+    if a is None or a.worker_id is None:
+        return "-"
+    parts = [f"gen {a.session_generation}"] if a.session_generation is not None else []
+    if a.pid is not None:
+        parts.append(f"pid {a.pid}")
+    return a.worker_id + (f" ({', '.join(parts)})" if parts else "")
 
 
 def run_rows(runs: Iterable[RunView]) -> list[tuple[str, ...]]:
     return [(r.id, r.task, r.state, r.trigger_type, when(r.created_at_ms), when(r.finished_at_ms),
-             r.error_code or "-") for r in runs]
+             exit_text(r.last_attempt), r.error_code or "-", worker_of(r.last_attempt)) for r in runs]
 
 
-RUN_HEADER = ("ID", "TASK", "STATE", "TRIGGER", "CREATED", "FINISHED", "ERROR")
+RUN_HEADER = ("ID", "TASK", "STATE", "TRIGGER", "CREATED", "FINISHED", "EXIT", "ERROR", "WORKER")
 
 
 def run_detail(run: RunView, out: TextIO = sys.stdout) -> None:
@@ -176,13 +213,27 @@ def run_detail(run: RunView, out: TextIO = sys.stdout) -> None:
         out.write(f"{'stop pending:':<15}{pending[0]} (requested at {when(pending[1])}): "
                   "the job runs until its worker stops it\n")
     out.write("\nattempts:\n")
-    table([(str(a.number), a.state, "-" if a.exit_code is None else str(a.exit_code), when(a.started_at_ms),
-            when(a.finished_at_ms), a.error_code or "-") for a in run.attempts],
-          ("#", "STATE", "EXIT", "STARTED", "FINISHED", "ERROR"), out, indent="  ")
+    table([(str(a.number), a.state, exit_text(a), when(a.started_at_ms), when(a.finished_at_ms),
+            a.error_code or "-", worker_of(a)) for a in run.attempts],
+          ("#", "STATE", "EXIT", "STARTED", "FINISHED", "ERROR", "WORKER"), out, indent="  ")
     out.write("\nevents:\n")
     table([(str(e.seq), e.type, when(e.at_ms), e.actor_type,
             json.dumps(e.payload, sort_keys=True) if e.payload else "") for e in run.events],
           ("SEQ", "TYPE", "AT", "ACTOR", "PAYLOAD"), out, indent="  ")
+
+
+ACTIVE_HEADER = ("RUN", "TASK", "STATE", "CREATED", "WORKER", "WAITING")
+
+
+def active_runs(active, reasons: dict[str, str | None], total: int, out: TextIO = sys.stdout) -> None:
+    """`status`: the oldest active runs (store/active_runs.py), each with its newest attempt's
+    worker and why a queued one waits; then how many more there are."""
+    if not active:
+        return
+    table([(r.run_id, r.task, r.state, when(r.created_at_ms), worker_of(r), reasons.get(r.run_id) or "-")
+           for r in active], ACTIVE_HEADER, out, indent="  ")
+    if total > len(active):
+        out.write(f"  ... and {total - len(active)} more (`qlactors runs --state STATE` lists them)\n")
 
 
 def age_of(now_ms: int, at_ms: int | None) -> str:
@@ -191,7 +242,7 @@ def age_of(now_ms: int, at_ms: int | None) -> str:
 
 
 def _lease(w) -> str:
-    if w.status == "never" or w.session_id is None:
+    if w.status in ("never", "offline") or w.session_id is None:  # no session, or it has ended
         return "-"
     if w.lease_expires_at_ms is None:
         return "process lifetime"

@@ -110,7 +110,9 @@ def announce_and_follow(repo: Repository, args: argparse.Namespace, run_id: str,
         from .cluster_commands import ReplicaWatch
 
         watch = ReplicaWatch(repo, args.cluster.settings.cadence_tick_ms)
-    return Follow(repo, watch, run_id, timeout_ms).exit_status()
+    from .placement import PlacementNotice
+
+    return Follow(repo, watch, run_id, timeout_ms, placement=PlacementNotice(repo, args, run_id)).exit_status()
 
 
 class HomeWatch:
@@ -137,8 +139,9 @@ class Follow:
     whether something is up to run it (HomeWatch on edge, ReplicaWatch on a cluster)."""
 
     def __init__(self, repo: Repository, watch, run_id: str, timeout_ms: int | None,
-                 poll_s: float = WAIT_POLL_S) -> None:
+                 poll_s: float = WAIT_POLL_S, placement=None) -> None:
         self.repo, self.watch, self.run_id = repo, watch, run_id
+        self.placement = placement  # a PlacementNotice: why no worker can take the queued run
         self.timeout_ms, self.poll_s = timeout_ms, poll_s
         self.runtime_up: bool | None = None  # as last said on stderr; None: nothing said yet
         self.interrupted = False
@@ -169,6 +172,10 @@ class Follow:
                     f"`qlactors show {run.id}`")
                 return EXIT_WAIT_TIMEOUT
             self._say_runtime(run.state)
+            if self.placement is not None and self.runtime_up:
+                line = self.placement.line(run.state, time.monotonic())
+                if line is not None:
+                    say(line)
             time.sleep(self.poll_s)
 
     def _say_runtime(self, state: str) -> None:
@@ -207,8 +214,13 @@ def status(repo: Repository, args: argparse.Namespace) -> int:
     outage = read_store_outage(home) if up else None
     cycle = read_cycle_failure(home) if up else None
     quarantined = _count_quarantined(args.cfg.receipts_dir)
+    from .placement import active_with_reasons
+
+    listing, reasons = active_with_reasons(repo, None)
     report = {"up": up, "pid": holder_pid(home) if up else None, "home": str(home),
-              "runs": counts, "active_runs": active, "unresolved_recoveries": unresolved,
+              "runs": counts, "active_runs": active,
+              "active_run_list": [r.to_json(reasons[r.run_id]) for r in listing],
+              "unresolved_recoveries": unresolved,
               "quarantined_receipts": quarantined, "disk_reserve_hold": hold, "store_outage": outage,
               "cycle_failure": cycle}
     if args.json:
@@ -216,6 +228,7 @@ def status(repo: Repository, args: argparse.Namespace) -> int:
     else:
         print(f"runtime: {'up (pid ' + str(report['pid']) + ')' if up else 'down'}  home: {home}")
         print("active runs: " + (", ".join(f"{k} {v}" for k, v in active.items()) or "none"))
+        render.active_runs(listing, reasons, sum(active.values()))
         print(f"unresolved recoveries: {len(unresolved)}")
         for item in unresolved:
             print(f"  attempt {item.get('attempt_id')}: {item.get('why')}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import shlex
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
@@ -79,8 +80,9 @@ class Command:
         return tuple(self.argv)
 
     def display(self) -> str:
-        """For humans: the shell string or the words joined by spaces, bytes that are not UTF-8 as `\\xNN`."""
-        return posix.display(self.shell if self.shell is not None else " ".join(self.argv))
+        """For humans: the shell string, or the words quoted as a shell would (`shlex.join`: pasted
+        into a shell, they run the same argv); bytes that are not UTF-8 as `\\xNN`."""
+        return posix.display(self.shell if self.shell is not None else shlex.join(self.argv))
 
     def validate(self) -> None:
         if self.shell is not None:
