@@ -185,7 +185,9 @@ class SessionReports:
                 self.answered_pairs.update(self.pending_pull[1])
             self.pending_pull = self.pull_message = None  # its pairs were the old session's
             self.ctx.bridge.cancel_timer("heartbeat")
-            self._register(resume=False)
+            # Naming the lost session (refused, it falls back to a new one) tells the control side
+            # that this process lived on while another took its session: a duplicate key (§9).
+            self._register(resume=True)
             return
         for fenced in msg.fenced:
             local = self.live.get(fenced.attempt_id)

@@ -149,7 +149,8 @@ class ClusterSessions:
             session = self.dispatch.register_session(
                 worker_id, msg.capacity, boot_id=msg.boot_id, labels=labels,
                 session_lease_ms=self.session_lease_ms, resume_secret_hash=token_hash(secret), require_key=True,
-                register_id=msg.register_id, worker_clock_ms=msg.worker_clock_ms)
+                register_id=msg.register_id, worker_clock_ms=msg.worker_clock_ms,
+                lost_session_id=msg.resume_session_id)
         except Fenced as err:  # revoked after this replica's allow-list cache was read, or a duplicate
             if str(err).startswith(DUPLICATE_WORKER):
                 log.error("event=duplicate_worker_refused worker=%s boot=%s (a second live process presents "

@@ -81,7 +81,9 @@ class Session:
     labels: tuple[str, ...] = ()
     boot_id: str | None = None
     heartbeat_seq: int = 0
-    note: str | None = None  # `duplicate`: opened by taking the key back from a second live process
+    # `duplicate`: this Register opened it by taking the key back from a second live process (a
+    # repeat's answer carries no note: the first copy was the one that found the duplicate)
+    note: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

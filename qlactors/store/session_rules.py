@@ -143,26 +143,25 @@ def _took_over(previous, current) -> bool:
             and previous.lease_expires_at_ms is not None and previous.lease_expires_at_ms > previous.ended_at_ms)
 
 
-def duplicate_verdict(current, previous, now: int, session_lease_ms: int | None) -> str | None:
-    """What a new Register (not a repeat, not a resume) of a worker says about a second process
-    presenting its key, given its newest session `current` and the one before, `previous`.
+def duplicate_verdict(lost, successor, now: int, session_lease_ms: int | None) -> str | None:
+    """What a Register says about a second process presenting its worker's key, when it asked to
+    resume the session `lost` and was refused; `successor` is the session that ended `lost`
+    (its generation + 1), when that is the worker's newest.
 
-    A restart takes a session over once: the process that held it is gone. A Register that
-    finds the newest session live, younger than a session lease and itself opened by taking a
-    live session over, is the process that session was taken from, running still: two live
-    processes alternate. DUPLICATE: open the session anyway (the process that held the key
-    before keeps working) and note it. DUPLICATE_WORKER: the newest session is so noted and
-    younger than a session lease, so this is the other process coming back: refuse it. None: an
-    ordinary Register (first, after an expiry, a drain, or a restart)."""
-    if current is None or session_lease_ms is None or not _live(current, now):
+    Only a process whose own session was taken from it while it lived comes back naming that
+    session: a restart names the session it holds (and resumes it), a fresh process names none,
+    so neither is ever a duplicate, however often it restarts. The successor live, younger than a
+    session lease and opened by taking `lost` over while `lost` lived: two processes alternate.
+    DUPLICATE: open the session anyway (this process held the key before; it keeps working) and
+    note it. DUPLICATE_WORKER: the successor is itself so noted, so this is the other process
+    coming back: refuse it. None: an ordinary Register."""
+    if lost is None or successor is None or session_lease_ms is None:
         return None
-    if now - current.created_at_ms >= session_lease_ms:
+    if not _live(successor, now) or now - successor.created_at_ms >= session_lease_ms:
         return None
-    if current.note == DUPLICATE:
-        return DUPLICATE_WORKER
-    if previous is not None and _took_over(previous, current):
-        return DUPLICATE
-    return None
+    if not _took_over(lost, successor):
+        return None
+    return DUPLICATE_WORKER if successor.note == DUPLICATE else DUPLICATE
 
 
 def ended_at(session, now: int) -> int:

@@ -94,10 +94,10 @@ def _check_register_id(register_id: str | None) -> None:
 
 def _as_session(row) -> Session:
     """The session as its row stands: the answer to a repeat of the Register that opened or
-    resumed it."""
+    resumed it (without the note: the first copy's answer reported it)."""
     return Session(row.session_id, row.worker_id, row.generation, row.capacity,
                    lease_expires_at_ms=row.lease_expires_at_ms, labels=tuple(json.loads(row.labels_json)),
-                   boot_id=row.boot_id, heartbeat_seq=row.heartbeat_seq, note=row.note)
+                   boot_id=row.boot_id, heartbeat_seq=row.heartbeat_seq)
 
 
 def clock_skew(now_ms: int, worker_clock_ms: int | None) -> int | None:
@@ -116,7 +116,8 @@ class Sessions(Heartbeats, Attestations):
     def register_session(self, worker_id: str, capacity: int, *, boot_id: str | None = None,
                          labels: Iterable[str] = (), session_lease_ms: int | None = None,
                          resume_secret_hash: str | None = None, require_key: bool = False,
-                         register_id: str | None = None, worker_clock_ms: int | None = None) -> Session:
+                         register_id: str | None = None, worker_clock_ms: int | None = None,
+                         lost_session_id: str | None = None) -> Session:
         """A new `online` session, generation = previous + 1; older sessions of the worker go `offline`
         (`ended_at_ms` set, unless they had already ended).
 
@@ -128,10 +129,11 @@ class Sessions(Heartbeats, Attestations):
         checked under the worker's lock that `worker revoke` takes too, so a Register that a
         replica's not yet refreshed allow-list cache let through cannot outlive the revocation.
 
-        A second live process presenting the worker's key (`session_rules.duplicate_verdict`):
-        the session is opened noted `duplicate` when this Register takes the key back from it,
-        and `Fenced` (`duplicate_worker: ...`, nothing changed) when this Register is that other
-        process coming back within a session lease of it.
+        `lost_session_id`: the session this Register asked to resume and was refused. A second
+        live process presenting the worker's key (`session_rules.duplicate_verdict`): when that
+        session was taken over while it lived by the newest one, the new session is opened noted
+        `duplicate` (this process takes the key back), or, when the newest is itself so noted,
+        `Fenced` (`duplicate_worker: ...`, nothing changed): this is the other process coming back.
 
         `worker_clock_ms` (the Register's): the worker's clock, so `workers` shows the clock skew
         from the first moment, not only after the first heartbeat.
@@ -163,9 +165,10 @@ class Sessions(Heartbeats, Attestations):
                         return _as_session(row)
             now = self.store.now_ms(conn)
             generation = max((s.generation for s in previous), default=0) + 1
-            by_generation = {s.generation: s for s in previous}
-            note = duplicate_verdict(by_generation.get(generation - 1), by_generation.get(generation - 2), now,
-                                     session_lease_ms)
+            lost = next((s for s in previous if s.session_id == lost_session_id), None)
+            successor = next((s for s in previous if lost is not None and s.generation == lost.generation + 1
+                              and s.generation == generation - 1), None)
+            note = duplicate_verdict(lost, successor, now, session_lease_ms)
             if note == DUPLICATE_WORKER:
                 raise Fenced(f"{DUPLICATE_WORKER}: another live process presents the key of worker "
                              f"{worker_id!r} and holds its session (generation {generation - 1}); two "
