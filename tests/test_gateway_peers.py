@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import logging
 
+import zmq
+
 from qlactors.actors import gateway
 from qlactors.actors.base import now_ms
 from qlactors.actors.signals import ToWorkers
 from qlactors.ids import new_id
 from qlactors.wire import messages as m
 
+from actor_harness import register_message
 from test_executor_drain import cluster_gateway, leave_of  # noqa: F401 - the fixture
 from test_executor_reattest import LEASES
 
@@ -94,3 +97,18 @@ def test_a_send_names_its_worker_only_while_that_peer_is_a_live_sessions(cluster
     peer.send(_heartbeat(old, seq=2))
     assert peer.expect(m.HeartbeatAck).session_ended
     assert sent[-1] == ("HeartbeatAck", "")  # its session ended: forgotten before the answer
+
+
+def test_a_refused_register_from_another_peer_keeps_the_remembered_peer(cluster_gateway):  # noqa: F811
+    """Two processes presenting one key have one worker id: refusing the second one's Register
+    (here: a protocol mismatch; a duplicate_worker refusal takes the same path) leaves the first one's
+    peer remembered, so its nudges and stops still reach it."""
+    h, peer = cluster_gateway
+    session = h.ctx.dispatch.register_session("w1", 2, boot_id="b", session_lease_ms=60_000)
+    _heard(h, peer, session)
+    other = h.dealer(peer.sock.getsockopt_string(zmq.LAST_ENDPOINT))
+    other.send(register_message("w1", "b2", protocol_min=0, protocol_max=0))
+    ack = other.expect(m.Ack)
+    assert (ack.of, ack.result) == ("register", "refused")
+    h.directory.tell("gateway", ToWorkers(nudge=True))
+    peer.expect(m.Nudge)  # the first process's peer is still its worker's

@@ -174,7 +174,10 @@ class Gateway(RuntimeActor):
         if isinstance(answer, str):
             log.warning("event=register_refused worker=%s reason=%s", self.worker_id, answer)
             self._ack(peer, "register", msg, "refused", answer)
-            self._forget(self.worker_id)
+            # Only this peer's: a second process presenting the same key (duplicate_worker) has the
+            # same worker id, and refusing it must not drop the peer of the one that keeps the session.
+            if self.peers.get(self.worker_id) == peer:
+                self._forget(self.worker_id)
             return
         self._remember(answer.worker_id, peer)
         log.info("event=session_open worker=%s session=%s generation=%d resumed=%s", answer.worker_id,
