@@ -84,7 +84,7 @@ class ControlRuntime(Runner):
         store = repo.store
         keys = WorkerKeys(store)
         allow = AllowList(keys.all())
-        replicas = Replicas(store)
+        self.replicas = replicas = Replicas(store, cadence_tick_ms=cfg.cadence_tick_ms)
         zctx = zmq.Context()
         # Before the bridge binds, kept referenced while it serves: without it the replica refuses to serve.
         self.authenticator = authenticator = start_authenticator(zctx, allow)
@@ -142,7 +142,7 @@ class ControlRuntime(Runner):
             self.authenticator.stop()
         if self.replica_id is not None:
             try:
-                Replicas(ctx.repo.store).stopped(self.replica_id)
+                self.replicas.stopped(self.replica_id)
             except Exception as err:  # the database is gone: `status` sees the heartbeat age out
                 log.warning("event=replica_stop_unrecorded error=%r", err)
         ctx.zmq.term()

@@ -1,32 +1,37 @@
 """Control replicas write their row for `status` (store/cluster_status.py reads it): at start,
 every cycle (with the tally of their transient database errors and the cadence's failing step,
 if any), and at stop. A replica's first heartbeat replaces the rows of earlier replicas on its
-host and bind: it holds that bind now, so they are gone, whether stopped or killed."""
+host and bind that are stopped or silent past the up window (two machines can share a host name;
+a live one's row stays). A replica whose row was deleted all the same writes it again."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from ..ids import new_id
-from sqlalchemy import and_, delete, select
+from sqlalchemy import and_, delete, or_, select
 
+from .cluster_status import up_window_ms
 from .engine import Store
 from .health import ErrorTally
 from .schema import control_replicas
 
 
 class Replicas:
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, *, cadence_tick_ms: int) -> None:
         self.store = store
+        self.up_window_ms = up_window_ms(cadence_tick_ms)  # what `status` counts as up
         self._bound: set[str] = set()  # replicas whose first heartbeat replaced their predecessors
+        self._rows: dict[str, dict[str, Any]] = {}  # what register wrote, to write it again
 
     def register(self, host: str, pid: int, bind: str) -> str:
         replica_id = new_id()
         with self.store.write() as conn:
             now = self.store.now_ms(conn)
-            conn.execute(control_replicas.insert().values(
-                replica_id=replica_id, host=host[:255], pid=pid, bind=bind, started_at_ms=now,
-                heartbeat_at_ms=now, stopped_at_ms=None, db_errors=0))
+            row = dict(replica_id=replica_id, host=host[:255], pid=pid, bind=bind, started_at_ms=now)
+            conn.execute(control_replicas.insert().values(**row, heartbeat_at_ms=now, stopped_at_ms=None,
+                                                          db_errors=0))
+        self._rows[replica_id] = row
         return replica_id
 
     def heartbeat(self, replica_id: str, errors: ErrorTally, cycle_failure: Any = None) -> None:
@@ -36,27 +41,35 @@ class Replicas:
         replica's clock), or None, which clears it."""
         failure = cycle_failure
         with self.store.write() as conn:
+            now = self.store.now_ms(conn)
             if replica_id not in self._bound:
-                self._replace_predecessors(conn, replica_id)
-            conn.execute(control_replicas.update().where(control_replicas.c.replica_id == replica_id)
-                         .values(heartbeat_at_ms=self.store.now_ms(conn), db_errors=errors.failures,
-                                 last_db_error=errors.last_error, last_db_error_at_ms=errors.last_error_at_ms,
-                                 cycle_failed_step=None if failure is None else failure.step,
-                                 cycle_error=None if failure is None else failure.error,
-                                 cycle_failed_since_ms=None if failure is None else failure.since_ms))
+                self._replace_predecessors(conn, replica_id, now)
+            values = dict(heartbeat_at_ms=now, db_errors=errors.failures,
+                          last_db_error=errors.last_error, last_db_error_at_ms=errors.last_error_at_ms,
+                          cycle_failed_step=None if failure is None else failure.step,
+                          cycle_error=None if failure is None else failure.error,
+                          cycle_failed_since_ms=None if failure is None else failure.since_ms)
+            updated = conn.execute(control_replicas.update()
+                                   .where(control_replicas.c.replica_id == replica_id).values(**values))
+            if updated.rowcount == 0 and replica_id in self._rows:  # deleted (by a replica of the same
+                # host name and bind that took it for silent): it is serving, so its row is back
+                conn.execute(control_replicas.insert().values(**self._rows[replica_id], **values,
+                                                              stopped_at_ms=None))
         self._bound.add(replica_id)
 
-    @staticmethod
-    def _replace_predecessors(conn, replica_id: str) -> None:
-        """Delete the other rows of this host and bind. Called from the first heartbeat, which a
-        replica's cadence sends only once its socket is bound: a row that names the same bind on
-        the same host is an earlier replica's, which cannot be serving any more."""
+    def _replace_predecessors(self, conn, replica_id: str, now: int) -> None:
+        """Delete the other rows of this host and bind that are stopped or silent past the up
+        window. Called from the first heartbeat, which a replica's cadence sends only once its
+        socket is bound: such a row is an earlier replica's, which is not serving any more. A row
+        still heartbeating is left alone: two machines can share a host name."""
         own = conn.execute(select(control_replicas.c.host, control_replicas.c.bind)
                            .where(control_replicas.c.replica_id == replica_id)).first()
         if own is not None:
             conn.execute(delete(control_replicas).where(and_(
                 control_replicas.c.host == own.host, control_replicas.c.bind == own.bind,
-                control_replicas.c.replica_id != replica_id)))
+                control_replicas.c.replica_id != replica_id,
+                or_(control_replicas.c.stopped_at_ms.is_not(None),
+                    control_replicas.c.heartbeat_at_ms < now - self.up_window_ms))))
 
     def stopped(self, replica_id: str) -> None:
         with self.store.write() as conn:
