@@ -15,6 +15,7 @@ import logging
 
 from sqlalchemy import select
 
+from qlactors.actors import executor_owed
 from qlactors.actors.gateway import fence_of
 from qlactors.actors.signals import RegisterDue
 from qlactors.store.schema import executor_journal
@@ -129,7 +130,7 @@ def test_a_fenced_answer_to_a_started_about_an_older_lease_does_not_stop_the_reb
     assert (completed.exit_code, completed.stopped_by, rig.ack_completed(completed)) == (0, "exit", "applied")
 
 
-def test_a_register_is_repeated_with_the_same_register_id_until_welcomed(make_rig, caplog):
+def test_a_register_is_repeated_with_the_same_register_id_until_welcomed(make_rig, caplog, monkeypatch):
     """Finding 5: an unanswered or refused Register (a key not yet allowed) is sent again, the same
     request and register id, so a later allow works without a restart; the Welcome to it ends it."""
     caplog.set_level(logging.INFO, logger="qlactors")
@@ -137,9 +138,11 @@ def test_a_register_is_repeated_with_the_same_register_id_until_welcomed(make_ri
     first = rig.register
     rig.peer.send(ack_message("register", "", "", "refused", "unknown worker 'local'", answer_to=first.request_id))
     wait_until(lambda: "event=worker_key_refused" in caplog.text, what="the refusal logged")
+    monkeypatch.setattr(executor_owed, "wall_ms", lambda: first.worker_clock_ms + 300_000)  # allowed 5 min on
     rig.ref.tell(RegisterDue())
     again = rig.peer.expect(m.Register, strict=False)
     assert (again.request_id, again.register_id) == (first.request_id, first.register_id)
+    assert again.worker_clock_ms == first.worker_clock_ms + 300_000  # stamped again: its skew is now's
     rig.welcome_to(rig.new_session())
     rig.peer.expect(m.Pull, strict=False)
     assert not rig.ctx.journal.owed()  # a session is open: nothing owed, no Register repeated

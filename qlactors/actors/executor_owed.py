@@ -37,6 +37,7 @@ from ..ids import new_id
 from ..wire import codec
 from ..wire import messages as m
 from ..worker.journal_records import LeaseFacts, OwedReport
+from .executor_session import wall_ms
 from .signals import OwedDue, RegisterDue
 
 log = logging.getLogger("qlactors.executor")
@@ -165,7 +166,9 @@ class OwedReports:
             return
         log.info("event=register_repeated register=%s next_in_s=%.0f", self.register_request,
                  self.register_backoff_s)
-        self.out.to_control(_decoded(report))
+        # The same request and register id, its clock now: the skew `workers` shows is measured
+        # from the copy that opens the session (a key allowed minutes after the first copy).
+        self.out.to_control(replace(_decoded(report), worker_clock_ms=wall_ms()))
         cap = REFUSED_KEY_MAX_S if self.key_refused_logged_at is not None else self.register_cap_s
         self.register_backoff_s = min(cap, self.register_backoff_s * 2)
         self._schedule_register()

@@ -92,6 +92,8 @@ class Heartbeats:
             lock_rows(conn, rows, run_ids=sorted({q.run_id for q in quotes}),
                       attempt_ids=sorted({q.attempt_id for q in quotes}),
                       pairs=sorted({(q.attempt_id, q.lease_generation) for q in quotes}))
+            from .sessions import clock_skew  # sessions imports this module
+
             fenced, renewable = [], []
             for quote in quotes:
                 pair = (quote.attempt_id, quote.lease_generation)
@@ -106,7 +108,7 @@ class Heartbeats:
             answer = HeartbeatAnswer(seq, session_expires, renewed, tuple(fenced))
             update_session(conn, session, now, lease_expires_at_ms=session_expires, heartbeat_at_ms=now,
                            free_slots=max(0, min(free_slots, session.capacity)),
-                           clock_skew_ms=now - worker_clock_ms, heartbeat_seq=seq,
+                           clock_skew_ms=clock_skew(now, worker_clock_ms), heartbeat_seq=seq,
                            heartbeat_answer=answer_json(answer))
             return answer
 
