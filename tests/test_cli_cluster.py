@@ -251,6 +251,11 @@ def test_workers_shows_each_workers_state(cluster):
     rows = {line.split()[0]: line for line in cluster.ok("workers", env_url=True).stdout.splitlines()[1:]}
     assert "offline (drained)" in rows["w4"] and "retired" in rows["w5"] and "expired" in rows["w3"]
     assert "offline (not allowed)" in rows["w6"] and "draining" in rows["w2"]
+    # Free slots only while the session serves (online or draining); an ended one's are `-`.
+    assert {k: w["free_slots"] for k, w in listed.items()} == {
+        "w0": None, "w1": 4, "w2": 4, "w3": 4, "w4": None, "w5": None, "w6": None}
+    assert " 4/4 " in rows["w1"] and " 4/4 " in rows["w2"]
+    assert all(" -/4 " in rows[w] and "4/4" not in rows[w] for w in ("w4", "w5", "w6")), rows
 
 
 def test_require_label_places_a_task_and_task_show_names_who_qualifies(cluster):

@@ -252,7 +252,7 @@ def _lease(w) -> str:
 def worker_rows(workers) -> list[tuple[str, ...]]:
     return [(w.worker_id, "-" if w.generation is None else str(w.generation),
              w.state + ("" if w.allowed or w.state == "never" else " (not allowed)"),
-             "-" if w.capacity is None else f"{w.free_slots}/{w.capacity}",
+             "-" if w.capacity is None else f"{'-' if w.free_slots is None else w.free_slots}/{w.capacity}",
              "-" if w.heartbeat_age_ms is None else f"{w.heartbeat_age_ms / 1000:.1f}s ago",
              _lease(w), "-" if w.clock_skew_ms is None else f"{w.clock_skew_ms:+d}ms",
              ",".join(w.labels) or "-") for w in workers]

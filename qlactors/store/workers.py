@@ -18,6 +18,7 @@ from .schema import run_attempts, run_dispatch_leases, worker_keys, worker_sessi
 from .session_rules import DUPLICATE
 
 NEVER = "never"  # the status shown for an allowed worker that has no session yet
+SERVING = ("online", "draining")  # the session statuses whose free slots mean something
 
 
 def worker_state(status: str, lease_expired: bool, drained: bool, allowed: bool) -> str:
@@ -44,7 +45,7 @@ class WorkerView:
     session_id: str | None = None
     generation: int | None = None
     capacity: int | None = None
-    free_slots: int | None = None  # capacity minus the live leases the session holds (as offers count)
+    free_slots: int | None = None  # capacity minus the live leases the session holds (as offers count); None once ended
     heartbeat_at_ms: int | None = None
     heartbeat_age_ms: int | None = None  # database time minus the last heartbeat
     lease_expires_at_ms: int | None = None  # None: lives as long as its process (edge)
@@ -130,7 +131,8 @@ def _view(row, now: int, allowed: bool, taken: int) -> WorkerView:
     expires = row.lease_expires_at_ms
     return WorkerView(
         worker_id=row.worker_id, allowed=allowed, status=row.status, session_id=row.session_id,
-        generation=row.generation, capacity=row.capacity, free_slots=max(0, row.capacity - taken),
+        generation=row.generation, capacity=row.capacity,
+        free_slots=max(0, row.capacity - taken) if row.status in SERVING else None,
         heartbeat_at_ms=row.heartbeat_at_ms,
         heartbeat_age_ms=None if row.heartbeat_at_ms is None else max(0, now - row.heartbeat_at_ms),
         lease_expires_at_ms=expires, lease_expired=expires is not None and expires <= now,
