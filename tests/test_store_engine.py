@@ -8,7 +8,7 @@ import time
 import pytest
 from sqlalchemy import text
 
-from qlactors.store.engine import Store
+from qlactors.store.engine import Store, StoreUnavailable
 from qlactors.store.migrations import migrate
 
 
@@ -110,7 +110,7 @@ def test_sqlite_switch_to_wal_waits_out_a_busy_file_then_gives_up(tmp_path):
 
     SQLite answers such a switch "database is locked" at once when waiting could deadlock; a
     zero busy timeout stands in for that here. The switch retries until the lock is gone, and
-    raises as it came once its patience runs out.
+    refuses in one line (StoreUnavailable: busy, try again) once its patience runs out.
     """
     import sqlite3
 
@@ -125,13 +125,17 @@ def test_sqlite_switch_to_wal_waits_out_a_busy_file_then_gives_up(tmp_path):
     holder.execute("BEGIN EXCLUSIVE")
     with pytest.raises(sqlite3.OperationalError, match="locked"):
         switcher.execute(sqlite.WAL)  # what the migration did before: one try
-    with pytest.raises(sqlite3.OperationalError, match="locked"):
-        sqlite.switch_to_wal(switcher, patience_s=0.2)
+    with pytest.raises(StoreUnavailable) as refused:
+        sqlite.switch_to_wal(switcher, str(path), patience_s=0.2)
+    assert str(refused.value) == (
+        f"database file {path} is busy (another qlactors process holds it?): it could not be switched to "
+        "WAL mode within 0.2 s (database is locked); try again")
+    assert isinstance(refused.value.__cause__, sqlite3.OperationalError)
     release = threading.Timer(0.5, lambda: holder.execute("COMMIT"))
     release.start()
-    sqlite.switch_to_wal(switcher)
+    sqlite.switch_to_wal(switcher, str(path))
     release.join()
     assert switcher.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    sqlite.switch_to_wal(switcher, patience_s=0)  # already WAL: nothing to wait for
+    sqlite.switch_to_wal(switcher, str(path), patience_s=0)  # already WAL: nothing to wait for
     holder.close()
     switcher.close()

@@ -61,11 +61,12 @@ def configure(engine: Engine) -> None:
             conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
-def switch_to_wal(dbapi_conn, *, patience_s: float = WAL_SWITCH_PATIENCE_S) -> None:
-    """Put the file in WAL mode on a driver connection outside any transaction.
+def switch_to_wal(dbapi_conn, name: str, *, patience_s: float = WAL_SWITCH_PATIENCE_S) -> None:
+    """Put the file `name` (as messages name it) in WAL mode on a driver connection outside any
+    transaction.
 
     Nothing to do when it already is (the usual case); a busy refusal is retried with a short
-    sleep until `patience_s` runs out, then raised as it came.
+    sleep until `patience_s` runs out, then raised as `StoreUnavailable` (one line, exit 1).
     """
     deadline = time.monotonic() + patience_s
     while True:
@@ -78,7 +79,11 @@ def switch_to_wal(dbapi_conn, *, patience_s: float = WAL_SWITCH_PATIENCE_S) -> N
             if "locked" not in str(exc) and "busy" not in str(exc):
                 raise
             if time.monotonic() >= deadline:
-                raise
+                from .engine import StoreUnavailable  # the engine imports this module
+
+                raise StoreUnavailable(
+                    f"database file {name} is busy (another qlactors process holds it?): it could not be "
+                    f"switched to WAL mode within {patience_s:g} s ({exc}); try again") from exc
             time.sleep(0.05)
 
 

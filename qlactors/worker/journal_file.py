@@ -79,4 +79,4 @@ def _prepare(store: Store, path: Path) -> None:
                 metadata.create_all(conn, tables=list(TABLES))  # creates only the missing ones
                 conn.exec_driver_sql(f"PRAGMA user_version = {JOURNAL_VERSION}")
     with store.engine.connect() as conn:  # outside a transaction: SQLite refuses it inside one
-        sqlite.switch_to_wal(conn.connection.driver_connection)
+        sqlite.switch_to_wal(conn.connection.driver_connection, str(path))

@@ -149,7 +149,7 @@ def _use_wal(store: Store) -> None:
     """Switch an accepted SQLite file to WAL (persistent; must run outside a transaction)."""
     with translate_errors(store), store.engine.connect() as conn:
         # On the driver connection: SQLAlchemy would wrap the statement in a transaction.
-        sqlite.switch_to_wal(conn.connection.dbapi_connection)
+        sqlite.switch_to_wal(conn.connection.dbapi_connection, store.describe())
 
 
 def _recheck(conn) -> int:
