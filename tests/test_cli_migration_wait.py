@@ -91,3 +91,22 @@ def test_a_command_waits_while_a_replica_holds_the_migration_lock(fresh):
                                 "control replica: waiting up to 10 s"]
     wait_until(lambda: "event=control_started" in replica.log() or not replica.alive(), 60, "the replica")
     assert f"event=schema_migrated from=0 to={latest_version('postgresql')}" in replica.log()
+
+
+def test_a_command_still_waiting_on_the_migration_lock_after_its_wait_says_so_and_exits_1(fresh):
+    """The lock held past the 10 s wait (a replica migrating slowly): the command is refused as
+    still being migrated, not as a database without a schema to start a replica for."""
+    holder = psycopg.connect(fresh.database_url.replace("+psycopg", ""))
+    try:
+        holder.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (MIGRATE_LOCK,))
+        done = subprocess.run([*QLACTORS, "--config", str(fresh.cli_config), "worker", "allow", "w1",
+                               str(fresh.keys / "w1.key")], cwd=fresh.root, capture_output=True, text=True,
+                              timeout=60)
+    finally:
+        holder.rollback()
+        holder.close()
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.splitlines()[-1] == (
+        f"qlactors: the cluster database {fresh.database_url} (from --config {fresh.cli_config}) is still being "
+        "migrated by a control replica after 10 s; nothing was written: try again")
+    assert "Traceback" not in done.stderr and "no qlactors schema" not in done.stderr

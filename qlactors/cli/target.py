@@ -11,7 +11,7 @@ from typing import Mapping
 
 from ..cluster_config import ControlConfig, DatabaseSettings, cluster_database_url, file_profile, load_config
 from ..domain.retention import RetentionPolicy
-from ..errors import BadInput, SchemaError
+from ..errors import BadInput, QlactorsError, SchemaError
 
 DATABASE_URL_VARIABLE = "QLACTORS_DATABASE_URL"
 # How long a command waits for a control replica that is migrating the database, or for the
@@ -52,7 +52,11 @@ class ClusterTarget:
         store = Store(self.database.url, **self.database.store_options(pool=False))
         try:
             known = latest_version(store.dialect_name)
-            found = self._settled_version(store, known)
+            found, migrating = self._settled_version(store, known)
+            if migrating:
+                raise QlactorsError(
+                    f"the cluster database {self.describe()} (from {self.source}) is still being migrated "
+                    f"by a control replica after {MIGRATION_WAIT_S:g} s; nothing was written: try again")
             if found is None or found < known:
                 raise BadInput(
                     f"the cluster database {self.describe()} (from {self.source}) has "
@@ -67,10 +71,11 @@ class ClusterTarget:
             raise
         return Repository(store)
 
-    def _settled_version(self, store, known: int) -> int | None:
-        """The schema version, once no replica is about to change it: while one holds the
-        migration lock, or while the database has no schema yet, wait up to MIGRATION_WAIT_S
-        for it (saying so on stderr once). An older schema no one migrates is final at once."""
+    def _settled_version(self, store, known: int) -> tuple[int | None, bool]:
+        """The schema version, once no replica is about to change it, and whether a replica
+        still holds the migration lock when the wait ran out: while one holds it, or while the
+        database has no schema yet, wait up to MIGRATION_WAIT_S for it (saying so on stderr
+        once). An older schema no one migrates is final at once."""
         from ..store.migrations import current_version, migration_in_progress
         from .runtime_commands import say
 
@@ -79,10 +84,10 @@ class ClusterTarget:
         while True:
             found = current_version(store)
             if found is not None and found >= known:
-                return found
+                return found, False
             migrating = migration_in_progress(store)
             if (found is not None and not migrating) or time.monotonic() >= deadline:
-                return found
+                return found, migrating
             if not said:
                 say(f"the cluster database {self.describe()} is being migrated by a control replica: "
                     f"waiting up to {MIGRATION_WAIT_S:g} s" if migrating else
