@@ -210,10 +210,13 @@ class OwedReports:
                 self.revoked_logged = True
                 waiting = sum(1 for _ in self.ctx.journal.walk(("launching", "started")))
                 log.error("event=worker_key_revoked key=%s running=%d detail=%s (this worker's key is no longer "
-                          "on the allow-list: its running jobs go on, but the results of these %d cannot be "
-                          "delivered until the key is allowed again (qlactors worker allow NAME KEYFILE) or "
-                          "the worker is retired (qlactors worker retire NAME --confirm-stopped: they are "
-                          "recorded lost); it keeps re-sending them)", key, waiting, detail, waiting)
+                          "on the allow-list and its session has ended: its running jobs go on, but the results "
+                          "of these %d cannot be delivered; recovery marks the runs of tasks declaring --safety "
+                          "idempotent or deduplicated lost after recovery_grace_ms (then their retry policy "
+                          "applies), and only the runs of unknown safety wait until the key is allowed again "
+                          "(qlactors worker allow NAME KEYFILE) or the worker is retired (qlactors worker retire "
+                          "NAME --confirm-stopped: they are recorded lost); it keeps re-sending them)",
+                          key, waiting, detail, waiting)
             return
         if self.key_refused_logged_at is None or now - self.key_refused_logged_at >= REFUSED_LOG_EVERY_S:
             log.error("event=worker_key_refused key=%s detail=%s (put this worker's key on the allow-list: "
