@@ -20,6 +20,19 @@ pytestmark = pytest.mark.postgres
 SLEEPER = ("--stop-grace", "1", "--", "sleep", "300")
 
 
+def _one_worker_cluster(tmp_path, *, slots: int, **timings: int):
+    """One replica and worker w1 (its key allowed) with these timings; the cluster is closed if
+    the worker does not start."""
+    c = make_cluster(tmp_path, replicas=1, timings=timings)
+    try:
+        c.new_key("w1")
+        c.allow("w1")
+        return c, c.start_worker("w1", slots=slots)
+    except BaseException:
+        c.close()
+        raise
+
+
 def _alive(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)
@@ -63,11 +76,8 @@ def _waiting_line(c, run_id: str) -> str | None:
 @pytest.mark.timeout(90)  # a hang guard: 30 s idle, 52 s on a loaded machine
 def test_a_frozen_worker_s_timed_out_job_runs_with_its_stop_pending_until_the_worker_runs_again(tmp_path):
     # A session lease longer than the freeze: nothing but the timeout is judged meanwhile.
-    c = make_cluster(tmp_path, replicas=1, timings={"session_lease_ms": 30_000, "recovery_grace_ms": 60_000})
+    c, w1 = _one_worker_cluster(tmp_path, slots=1, session_lease_ms=30_000, recovery_grace_ms=60_000)
     try:
-        c.new_key("w1")
-        c.allow("w1")
-        w1 = c.start_worker("w1", slots=1)
         c.cli("task", "add", "slow", "--timeout", "2", *SLEEPER)
         run_id = c.cli("run", "slow").stdout.decode().strip()
         pgid = wait_until(_slowly(lambda: _running_pgid(c, run_id)), 60, "the job running on w1")
@@ -109,11 +119,8 @@ def test_a_frozen_worker_s_timed_out_job_runs_with_its_stop_pending_until_the_wo
 def test_a_killed_worker_s_timed_out_jobs_wait_as_their_safety_says_and_stop_when_it_returns(tmp_path):
     # The shortest session lease and recovery grace the config allows (the grace: the lease + the
     # longest stop grace a task may have).
-    c = make_cluster(tmp_path, replicas=1, timings={"session_lease_ms": 3_000, "recovery_grace_ms": 33_000})
+    c, w1 = _one_worker_cluster(tmp_path, slots=2, session_lease_ms=3_000, recovery_grace_ms=33_000)
     try:
-        c.new_key("w1")
-        c.allow("w1")
-        w1 = c.start_worker("w1", slots=2)
         # Its safety is pinned on its runs at admission (a task with no --safety: unknown).
         c.cli("task", "add", "idem", "--retry-on-lost", "--max-attempts", "2", "--safety", "idempotent",
               "--timeout", "6", *SLEEPER)

@@ -219,7 +219,11 @@ def test_a_request_sent_before_any_replica_is_reachable_goes_out_once_one_is(mak
     assert replica.receive()[1].free_slots == 4
 
 
-def test_a_replica_that_refuses_the_workers_key_is_logged_and_never_connected(make_cluster, caplog):
+def test_a_replica_refusing_the_workers_key_is_logged_with_its_endpoint_and_key_while_unconnected(
+        make_cluster, caplog):
+    """The refusal is logged (`link_refused`: the replica's endpoint, the worker's key, the
+    `worker allow` fix) and the link is not connected meanwhile; that it connects once the key is
+    allowed is the next test's."""
     caplog.set_level(logging.ERROR, logger="qlactors.links")
     cluster = make_cluster(request_timeout_s=600.0, replicas_up=(True,), listed=False)
     wait_until(lambda: any("link_refused" in r.getMessage() for r in caplog.records), what="link_refused")
