@@ -19,9 +19,11 @@ the control side is journalled before it is first sent and kept until its own an
   version, or as a second live process presenting the same key (`duplicate_worker`), stops the
   worker (exit 1) with the refusal's text, as retrying cannot help.
 - Revoked: a key refused after this worker had a session was revoked (`worker revoke`). Said
-  once, as an ERROR naming how many jobs' results now wait (running, or ended with their
-  receipts on disk): they go on being re-sent, and are delivered once the key is allowed again
-  (or recorded lost by `worker retire`). Said again only after a new session.
+  once, as an ERROR naming how many jobs' results cannot be delivered (running, or ended with
+  their receipts on disk): they go on being re-sent. Its session has ended, so recovery marks
+  the runs of idempotent or deduplicated tasks lost after the recovery grace; only those of
+  unknown safety wait to be delivered once the key is allowed again (or recorded lost by
+  `worker retire`). Said again only after a new session.
 
 A mixin of `Executor` (actors/executor.py), as `SessionReports` is.
 """
