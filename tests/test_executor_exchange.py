@@ -143,6 +143,10 @@ def test_a_register_is_repeated_with_the_same_register_id_until_welcomed(make_ri
     again = rig.peer.expect(m.Register, strict=False)
     assert (again.request_id, again.register_id) == (first.request_id, first.register_id)
     assert again.worker_clock_ms == first.worker_clock_ms + 300_000  # stamped again: its skew is now's
+    rig.peer.send(ack_message("register", "", "", "refused", "unknown worker 'local'", answer_to=first.request_id))
+    rig.ref.tell(RegisterDue())
+    rig.peer.expect(m.Register, strict=False)  # the second refusal handled before this repeat
+    assert caplog.text.count("event=worker_key_refused") == 1  # once a minute, not per refusal
     rig.welcome_to(rig.new_session())
     rig.peer.expect(m.Pull, strict=False)
     assert not rig.ctx.journal.owed()  # a session is open: nothing owed, no Register repeated

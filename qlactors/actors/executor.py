@@ -28,7 +28,7 @@ from ..worker.journal_records import LeaseFacts
 from .base import RuntimeActor
 from .executor_adopt import Adoption, Rebinding
 from .executor_drain import Draining
-from .executor_owed import OwedReports, session_fence
+from .executor_owed import OwedReports, register_pacing, session_fence
 from .executor_session import SessionReports, wall_ms
 from .signals import (Consume, DrainSession, HeartbeatDue, NoReceipt, OwedDue, RegisterDue, SessionOpen, ShipLog,
                       StopCheck)
@@ -86,6 +86,7 @@ class Executor(OwedReports, SessionReports, Adoption, Draining, RuntimeActor):
         # comes again or late is declined at once with them, never left to expire.
         self.answered_pairs: dict[str, str] = {}
         self.owed_sent_at: dict[str, float] = {}  # executor_owed.py
+        self.register_backoff, self.key_refused_log = register_pacing()  # executor_owed.py
         self.answered_at = time.monotonic()  # the last message from the control side (any replica)
 
     def handlers(self):

@@ -38,6 +38,7 @@ from typing import Any
 from ..ids import new_id
 from ..wire import codec
 from ..wire import messages as m
+from ..wire.pacing import Backoff, LogLimit
 from ..worker.journal_records import LeaseFacts, OwedReport
 from .executor_session import wall_ms
 from .signals import OwedDue, RegisterDue
@@ -54,6 +55,14 @@ PROTOCOL_REFUSAL = "protocol"  # the first word of a Register refused for its pr
 DUPLICATE_REFUSAL = "duplicate_worker"  # ... refused as a second live process presenting this key
 
 
+KEY_REFUSED = "key_refused"  # the one key of `key_refused_log`
+
+
+def register_pacing() -> tuple[Backoff, LogLimit]:
+    """A new Executor's Register backoff and its `worker_key_refused` log limit."""
+    return Backoff(REGISTER_FIRST_S, REGISTER_MAX_S), LogLimit(REFUSED_LOG_EVERY_S)
+
+
 def session_fence(detail: str | None) -> bool:
     """Whether a `fenced` answer is about the session the report was sent from."""
     return (detail or "").startswith(SESSION_FENCES)
@@ -65,9 +74,8 @@ class OwedReports:
     owed_sent_at: dict[str, float]  # request id -> when this instance last sent it (monotonic)
     owed_round_at: float = 0.0  # when the owed timer was last set (monotonic)
     register_request: str | None = None  # the Register waited for (no session yet)
-    register_backoff_s: float = REGISTER_FIRST_S
-    register_cap_s: float = REGISTER_MAX_S
-    key_refused_logged_at: float | None = None
+    register_backoff: Backoff  # its repeats: 1 s doubling to the heartbeat (REFUSED_KEY_MAX_S once refused)
+    key_refused_log: LogLimit  # `worker_key_refused`, once a minute
     had_session: bool = False  # a Welcome came since this instance started: a refused key was revoked
     revoked_logged: bool = False
 
@@ -153,12 +161,14 @@ class OwedReports:
 
     def _send_register(self, message: m.Register) -> None:
         self.register_request = message.request_id
-        self.register_backoff_s = REGISTER_FIRST_S
+        self.register_backoff.reset()
         self._owe(message)
         self._schedule_register()
 
-    def _schedule_register(self) -> None:
-        self.ctx.bridge.call_at("register", time.monotonic() + self.register_backoff_s, self.me, RegisterDue())
+    def _schedule_register(self) -> float:
+        delay = self.register_backoff.next()
+        self.ctx.bridge.call_at("register", time.monotonic() + delay, self.me, RegisterDue())
+        return delay
 
     def on_register_due(self, _msg: RegisterDue, _peer: bytes) -> None:
         if self.session is not None or self.register_request is None:
@@ -166,14 +176,11 @@ class OwedReports:
         report = self.ctx.journal.owes(self.register_request)
         if report is None:
             return
-        log.info("event=register_repeated register=%s next_in_s=%.0f", self.register_request,
-                 self.register_backoff_s)
         # The same request and register id, its clock now: the skew `workers` shows is measured
         # from the copy that opens the session (a key allowed minutes after the first copy).
         self.out.to_control(replace(_decoded(report), worker_clock_ms=wall_ms()))
-        cap = REFUSED_KEY_MAX_S if self.key_refused_logged_at is not None else self.register_cap_s
-        self.register_backoff_s = min(cap, self.register_backoff_s * 2)
-        self._schedule_register()
+        log.info("event=register_repeated register=%s next_in_s=%.0f", self.register_request,
+                 self._schedule_register())
 
     def _welcomed(self, msg: m.Welcome) -> bool:
         """Whether `msg` answers the Register this worker waits for (settled now)."""
@@ -182,8 +189,8 @@ class OwedReports:
             return False
         self._settle(self._owed_answered(msg.answer_to))
         self.register_request = None
-        self.register_cap_s = max(REGISTER_FIRST_S, msg.heartbeat_ms / 1000)
-        self.key_refused_logged_at = None
+        self.register_backoff.cap_s = max(REGISTER_FIRST_S, msg.heartbeat_ms / 1000)
+        self.key_refused_log.forget(KEY_REFUSED)
         self.had_session, self.revoked_logged = True, False
         self.ctx.bridge.cancel_timer("register")
         return True
@@ -203,11 +210,9 @@ class OwedReports:
         self._key_refused(msg.detail)
 
     def _key_refused(self, detail: str) -> None:
-        now = time.monotonic()
         key = getattr(self.ctx, "public_key", "") or "-"
+        self.register_backoff.cap_s = REFUSED_KEY_MAX_S  # the Register, if any, backs off up to it
         if self.had_session:  # allowed before: revoked since
-            if self.key_refused_logged_at is None:
-                self.key_refused_logged_at = now  # the Register, if any, backs off up to REFUSED_KEY_MAX_S
             if not self.revoked_logged:
                 self.revoked_logged = True
                 waiting = sum(1 for _ in self.ctx.journal.walk(("launching", "started")))
@@ -220,11 +225,10 @@ class OwedReports:
                           "NAME --confirm-stopped: they are recorded lost); it keeps re-sending them)",
                           key, waiting, detail, waiting)
             return
-        if self.key_refused_logged_at is None or now - self.key_refused_logged_at >= REFUSED_LOG_EVERY_S:
+        if self.key_refused_log.admit(KEY_REFUSED, time.monotonic()) is not None:
             log.error("event=worker_key_refused key=%s detail=%s (put this worker's key on the allow-list: "
                       "qlactors worker allow NAME KEYFILE; it keeps trying, at most every %.0f s)", key, detail,
                       REFUSED_KEY_MAX_S)
-            self.key_refused_logged_at = now
 
 
 def _decoded(report: OwedReport) -> Any:
