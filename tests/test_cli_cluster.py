@@ -332,7 +332,7 @@ def test_status_shows_a_replicas_failing_cadence_step_until_a_cycle_gets_through
     from qlactors.store.health import ErrorTally
     from qlactors.store.replicas import Replicas
 
-    replicas = Replicas(cluster.repo.store, cadence_tick_ms=1_000)
+    replicas = Replicas(cluster.repo.store)
     replica_id = replicas.register("ctl-1", 4242, "tcp://0.0.0.0:5710")
     failure = CycleFailure("recovery", "RuntimeError('head candidate 01ab')", 1_767_225_600_000)
     replicas.heartbeat(replica_id, ErrorTally(0, None, None), failure)

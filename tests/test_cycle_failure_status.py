@@ -70,7 +70,7 @@ def test_a_silent_step_is_recorded_as_failing(sched, monkeypatch):  # noqa: F811
 
 
 def test_a_replicas_row_carries_its_cycle_failure_until_a_cycle_gets_through(repo):
-    replicas = Replicas(repo.store, cadence_tick_ms=1_000)
+    replicas = Replicas(repo.store)
     replica_id = replicas.register("host-a", 4242, "tcp://127.0.0.1:1")
     failure = CycleFailure("recovery", "RuntimeError('head candidate')", 1_700_000_000_000)
     replicas.heartbeat(replica_id, ErrorTally(0, None, None), failure)

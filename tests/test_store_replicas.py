@@ -1,18 +1,16 @@
 """A control replica's row (store/replicas.py): its first heartbeat replaces the rows of earlier
-replicas on its host name and bind, stopped or silent past the up window, never a live one's (two
-machines can share a host name); a replica whose row was deleted all the same writes it again.
-On SQLite and PostgreSQL."""
+replicas on its host name and bind, stopped or killed; a live replica whose row was deleted (two
+machines can share a host name) writes it again at its next heartbeat. On SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
-from sqlalchemy import select, update
+from sqlalchemy import select
 
 from qlactors.store.health import ErrorTally
 from qlactors.store.replicas import Replicas
 from qlactors.store.schema import control_replicas
 
 BIND = "tcp://0.0.0.0:5710"
-TICK_MS = 1_000
 QUIET = ErrorTally(0, None, None)
 
 
@@ -21,28 +19,25 @@ def _ids(repo) -> set[str]:
         return set(conn.execute(select(control_replicas.c.replica_id)).scalars())
 
 
-def _age(repo, replica_id: str, by_ms: int) -> None:
-    with repo.store.write() as conn:
-        conn.execute(update(control_replicas).where(control_replicas.c.replica_id == replica_id)
-                     .values(heartbeat_at_ms=control_replicas.c.heartbeat_at_ms - by_ms))
-
-
-def test_a_first_heartbeat_replaces_stopped_and_silent_rows_of_its_host_and_bind_but_not_a_live_one(repo):
-    replicas = Replicas(repo.store, cadence_tick_ms=TICK_MS)
+def test_a_first_heartbeat_replaces_the_rows_of_its_host_and_bind_and_a_live_one_comes_back(repo):
+    replicas = Replicas(repo.store)
     stopped = replicas.register("ctl", 1, BIND)
     replicas.stopped(stopped)
-    silent = replicas.register("ctl", 2, BIND)
-    _age(repo, silent, replicas.up_window_ms + 1_000)
-    live = Replicas(repo.store, cadence_tick_ms=TICK_MS)  # another machine, the same host name
-    other = live.register("ctl", 3, BIND)
+    killed = replicas.register("ctl", 2, BIND)
+    replicas.heartbeat(killed, QUIET)
+    elsewhere = replicas.register("ctl", 3, "tcp://0.0.0.0:5711")
+    live = Replicas(repo.store)  # another machine, the same host name
+    other = live.register("ctl", 4, BIND)
     live.heartbeat(other, QUIET)
-    new = replicas.register("ctl", 4, BIND)
+    new = replicas.register("ctl", 5, BIND)
     replicas.heartbeat(new, QUIET)
-    assert _ids(repo) == {other, new}
+    assert _ids(repo) == {elsewhere, new}
+    live.heartbeat(other, QUIET)  # it serves: its row is back
+    assert _ids(repo) == {elsewhere, new, other}
 
 
 def test_a_replica_whose_row_was_deleted_writes_it_again_with_its_next_heartbeat(repo):
-    replicas = Replicas(repo.store, cadence_tick_ms=TICK_MS)
+    replicas = Replicas(repo.store)
     replica_id = replicas.register("ctl", 7, BIND)
     replicas.heartbeat(replica_id, QUIET)
     with repo.store.write() as conn:

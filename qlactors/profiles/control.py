@@ -84,7 +84,7 @@ class ControlRuntime(Runner):
         store = repo.store
         keys = WorkerKeys(store)
         allow = AllowList(keys.all())
-        self.replicas = replicas = Replicas(store, cadence_tick_ms=cfg.cadence_tick_ms)
+        self.replicas = replicas = Replicas(store)
         zctx = zmq.Context()
         # Before the bridge binds, kept referenced while it serves: without it the replica refuses to serve.
         self.authenticator = authenticator = start_authenticator(zctx, allow)

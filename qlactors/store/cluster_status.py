@@ -63,7 +63,7 @@ class ClusterStatus:
             r.stopped_at_ms is None and self.at_ms - r.heartbeat_at_ms <= SILENT_KEPT_MS))
 
 
-def up_window_ms(cadence_tick_ms: int) -> int:
+def _up_window_ms(cadence_tick_ms: int) -> int:
     return 3 * cadence_tick_ms + REPLICA_SLACK_MS
 
 
@@ -73,7 +73,7 @@ def replicas_up(store: Store, cadence_tick_ms: int) -> int:
         now = store.now_ms(conn)
         return conn.execute(select(func.count()).select_from(control_replicas).where(and_(
             control_replicas.c.stopped_at_ms.is_(None),
-            control_replicas.c.heartbeat_at_ms >= now - up_window_ms(cadence_tick_ms)))).scalar_one()
+            control_replicas.c.heartbeat_at_ms >= now - _up_window_ms(cadence_tick_ms)))).scalar_one()
 
 
 def _cycle_failure(row) -> dict[str, Any] | None:
@@ -90,7 +90,7 @@ def read_cluster_status(store: Store, cadence_tick_ms: int, *, recovery_grace_ms
         now = store.now_ms(conn)
         rows = conn.execute(select(control_replicas).order_by(
             control_replicas.c.started_at_ms.desc(), control_replicas.c.replica_id)).all()
-    window = up_window_ms(cadence_tick_ms)
+    window = _up_window_ms(cadence_tick_ms)
     replicas = tuple(ReplicaView(r.replica_id, r.host, r.pid, r.bind, r.started_at_ms, r.heartbeat_at_ms,
                                  r.stopped_at_ms, r.stopped_at_ms is None and r.heartbeat_at_ms >= now - window,
                                  r.db_errors, r.last_db_error, r.last_db_error_at_ms, _cycle_failure(r))

@@ -1,26 +1,25 @@
 """Control replicas write their row for `status` (store/cluster_status.py reads it): at start,
 every cycle (with the tally of their transient database errors and the cadence's failing step,
 if any), and at stop. A replica's first heartbeat replaces the rows of earlier replicas on its
-host and bind that are stopped or silent past the up window (two machines can share a host name;
-a live one's row stays). A replica whose row was deleted all the same writes it again."""
+host and bind: it holds that bind now, so on this machine they are gone, whether stopped or
+killed. Two machines can share a host name: a live replica whose row another deleted so writes
+it again at its next heartbeat."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from ..ids import new_id
-from sqlalchemy import and_, delete, or_, select
+from sqlalchemy import and_, delete, select
 
-from .cluster_status import up_window_ms
 from .engine import Store
 from .health import ErrorTally
 from .schema import control_replicas
 
 
 class Replicas:
-    def __init__(self, store: Store, *, cadence_tick_ms: int) -> None:
+    def __init__(self, store: Store) -> None:
         self.store = store
-        self.up_window_ms = up_window_ms(cadence_tick_ms)  # what `status` counts as up
         self._bound: set[str] = set()  # replicas whose first heartbeat replaced their predecessors
         self._rows: dict[str, dict[str, Any]] = {}  # what register wrote, to write it again
 
@@ -43,7 +42,7 @@ class Replicas:
         with self.store.write() as conn:
             now = self.store.now_ms(conn)
             if replica_id not in self._bound:
-                self._replace_predecessors(conn, replica_id, now)
+                self._replace_predecessors(conn, replica_id)
             values = dict(heartbeat_at_ms=now, db_errors=errors.failures,
                           last_db_error=errors.last_error, last_db_error_at_ms=errors.last_error_at_ms,
                           cycle_failed_step=None if failure is None else failure.step,
@@ -57,19 +56,18 @@ class Replicas:
                                                               stopped_at_ms=None))
         self._bound.add(replica_id)
 
-    def _replace_predecessors(self, conn, replica_id: str, now: int) -> None:
-        """Delete the other rows of this host and bind that are stopped or silent past the up
-        window. Called from the first heartbeat, which a replica's cadence sends only once its
-        socket is bound: such a row is an earlier replica's, which is not serving any more. A row
-        still heartbeating is left alone: two machines can share a host name."""
+    @staticmethod
+    def _replace_predecessors(conn, replica_id: str) -> None:
+        """Delete the other rows of this host and bind. Called from the first heartbeat, which a
+        replica's cadence sends only once its socket is bound: a row that names the same bind on
+        the same host is an earlier replica's (it cannot be serving on this machine any more), or
+        a live one's on another machine of the same host name, which writes it again."""
         own = conn.execute(select(control_replicas.c.host, control_replicas.c.bind)
                            .where(control_replicas.c.replica_id == replica_id)).first()
         if own is not None:
             conn.execute(delete(control_replicas).where(and_(
                 control_replicas.c.host == own.host, control_replicas.c.bind == own.bind,
-                control_replicas.c.replica_id != replica_id,
-                or_(control_replicas.c.stopped_at_ms.is_not(None),
-                    control_replicas.c.heartbeat_at_ms < now - self.up_window_ms))))
+                control_replicas.c.replica_id != replica_id)))
 
     def stopped(self, replica_id: str) -> None:
         with self.store.write() as conn:
