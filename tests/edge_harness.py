@@ -87,6 +87,15 @@ def pid_alive(pid: int) -> bool:
     return st is not None and st[0] not in ("Z", "X", "x")
 
 
+def group_alive(pgid: int) -> bool:
+    """True while process group `pgid` has a member (zombies included: `killpg(pgid, 0)`)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
 def group_members(pgid: int, min_ticks: int | None = None) -> list[int]:
     """Live (non-zombie) pids of process group `pgid` in session `pgid` (a launcher's own session)."""
     members = []

@@ -32,6 +32,7 @@ from qlactors.wire import messages as m
 from qlactors.wire.bridge import Bridge
 
 from actor_harness import WAIT_S, ActorHarness, Stub, ack_message, leases, unique_endpoint, wait_until, welcome_message
+from edge_harness import group_alive
 from test_actors import ExecutorRig, Flights, ReceiptRig, new_token, spec
 from qlactors.domain.receipt import token_hash
 
@@ -209,15 +210,8 @@ def test_an_executor_restarted_mid_stop_re_adopts_its_launcher_and_finishes_the_
     assert report.attempt_id == offer.attempt_id
     assert h.bridge.is_alive()
     assert not h.ctx.fatal.event.is_set()
-    wait_until(lambda: not _group_alive(started.pgid), what="the job's group gone")
+    wait_until(lambda: not group_alive(started.pgid), what="the job's group gone")
 
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 # -- the bridge loop itself -------------------------------------------------------------------------

@@ -4,7 +4,6 @@ lease and the recovery grace, and a control replica frozen while it serves. Real
 
 from __future__ import annotations
 
-import os
 import signal
 import time
 
@@ -12,6 +11,7 @@ import pytest
 
 from actor_harness import wait_until
 from cluster_harness import make_cluster
+from edge_harness import group_alive
 from test_chaos_cluster import _assert_each_ran_once, _request, _task
 
 pytestmark = [pytest.mark.postgres, pytest.mark.chaos]
@@ -22,13 +22,6 @@ TERMINAL_EVENTS = ("run.succeeded", "run.failed", "run.cancelled", "run.timed_ou
 # re-attests it); a later one finds the mark and ends at once.
 ONCE_THEN_QUICK = 'if [ -e {mark} ]; then echo again; exit 0; fi; touch {mark}; exec sleep 300'
 
-
-def _alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def _one_terminal_event_each(c, run_ids: list[str]) -> None:
@@ -74,7 +67,7 @@ def test_a_worker_frozen_past_its_session_lease_and_the_grace_is_superseded_and_
             assert min(lost_at) - frozen_at_ms >= GRACE_MS
             # The old first executions still run (nobody could stop them): the cut-off worker's jobs
             # are never killed by the control side, which has no way to reach them.
-            assert all(_alive(first[run_id][1]) for run_id in idem)
+            assert all(group_alive(first[run_id][1]) for run_id in idem)
             # The timeout was committed by the control side at its deadline, the worker frozen.
             deadline = c.sql("SELECT deadline_at_ms FROM run_attempts WHERE run_id = %s", slow)[0][0]
             [(requested_at,)] = c.sql("SELECT created_at_ms FROM run_events WHERE run_id = %s "
@@ -84,7 +77,7 @@ def test_a_worker_frozen_past_its_session_lease_and_the_grace_is_superseded_and_
             w1.popen.send_signal(signal.SIGCONT)
         # Thawed, w1 registers anew and re-attests: the superseded executions are stopped by their
         # exact identity, the timed-out job too, and no late receipt completes a run.
-        wait_until(lambda: not any(_alive(first[run_id][1]) for run_id in every), 60,
+        wait_until(lambda: not any(group_alive(first[run_id][1]) for run_id in every), 60,
                    "the superseded and the timed-out processes stopped after the re-attest")
         states = c.wait_terminal([slow], timeout=60)
         assert states[slow]["state"] == "timed_out"

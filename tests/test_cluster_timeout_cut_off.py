@@ -6,7 +6,6 @@ each stopped by its PID."""
 
 from __future__ import annotations
 
-import os
 import signal
 import time
 
@@ -14,6 +13,7 @@ import pytest
 
 from actor_harness import wait_until
 from cluster_harness import make_cluster
+from edge_harness import group_alive
 
 pytestmark = pytest.mark.postgres
 
@@ -32,13 +32,6 @@ def _one_worker_cluster(tmp_path, *, slots: int, **timings: int):
         c.close()
         raise
 
-
-def _alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def _slowly(predicate):
@@ -97,7 +90,7 @@ def test_a_frozen_worker_s_timed_out_job_runs_with_its_stop_pending_until_the_wo
             line = _waiting_line(c, run_id)
             assert "timeout stop pending: worker w1 has not reported the job stopped" in line, line
             assert "unknown safety: waits for the worker" in line, line
-            assert _alive(pgid)  # nobody else can stop it
+            assert group_alive(pgid)  # nobody else can stop it
         finally:
             w1.popen.send_signal(signal.SIGCONT)
 
@@ -107,7 +100,7 @@ def test_a_frozen_worker_s_timed_out_job_runs_with_its_stop_pending_until_the_wo
         assert [(a["state"], a["error_code"]) for a in shown["attempts"]] == [("timed_out", "EXECUTION_TIMED_OUT")]
         assert shown["attempts"][0]["exit_code"] is not None  # stopped by its worker: the receipt's
         assert "stop_pending" not in shown
-        assert not _alive(pgid)
+        assert not group_alive(pgid)
         assert "stop pending" not in c.cli("show", run_id).stdout.decode()
         assert f"event=stop_term attempt={shown['attempts'][0]['id']} reason=timeout" in w1.log()
     finally:
@@ -144,7 +137,7 @@ def test_a_killed_worker_s_timed_out_jobs_wait_as_their_safety_says_and_stop_whe
         assert c.wait_terminal([idem], timeout=50)[idem]["state"] == "timed_out"
         [attempt] = c.show(idem)["attempts"]
         assert (attempt["state"], attempt["exit_code"]) == ("timed_out", None)
-        assert _alive(pgids[idem])
+        assert group_alive(pgids[idem])
         assert c.sql("SELECT status FROM runs WHERE id = %s", plain) == [("running",)]
 
         # Back, the worker re-attests: the run whose timeout stop was pending is stopped and ends
@@ -153,6 +146,6 @@ def test_a_killed_worker_s_timed_out_jobs_wait_as_their_safety_says_and_stop_whe
         assert c.wait_terminal([plain], timeout=30)[plain]["state"] == "timed_out"
         [attempt] = c.show(plain)["attempts"]
         assert attempt["state"] == "timed_out" and attempt["exit_code"] is not None
-        wait_until(_slowly(lambda: not any(_alive(p) for p in pgids.values())), 30, "both jobs stopped")
+        wait_until(_slowly(lambda: not any(group_alive(p) for p in pgids.values())), 30, "both jobs stopped")
     finally:
         c.close()
