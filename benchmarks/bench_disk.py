@@ -62,7 +62,7 @@ def journal_rows(home: Path) -> int:
 
 
 def runtime_bytes(home: Path, n: int) -> dict:
-    from qlactors.home import nudge
+    from qlactors.runtime.home import nudge
     from qlactors.store.repository import Repository
 
     c.add_task(home, "noop", ["true"])

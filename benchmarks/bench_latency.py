@@ -10,7 +10,7 @@ then 0.3 s of quiet).
 Two ways in, each over N runs (default 30, quick 10):
   * cli: `qlactors --home H run date` as a subprocess (what a user types; it includes the CLI's
     own Python start-up, imports and the database open);
-  * api: `Repository.runs.request()` + `qlactors.home.nudge()` from this already warm process.
+  * api: `Repository.runs.request()` + `qlactors.runtime.home.nudge()` from this already warm process.
 Baseline (same run, same N): `subprocess.Popen(["date", "+%s%N"])` from this Python process,
 the same clock comparison. No requirement is set: the figures are reported.
 """
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     n = args.runs or (10 if args.quick else 30)
     result = c.Result("latency", args.quick)
 
-    from qlactors.home import nudge
+    from qlactors.runtime.home import nudge
     from qlactors.process.logs import LogStore
     from qlactors.store.repository import Repository
 

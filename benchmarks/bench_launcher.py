@@ -58,7 +58,7 @@ def measure(pids: list[int]) -> dict:
 
 
 def one_shell(label: str, shell: str | None, samples: int, keep: bool) -> list[dict]:
-    from qlactors.home import nudge
+    from qlactors.runtime.home import nudge
     from qlactors.store.repository import Repository
 
     home = c.temp_home(f"launcher-{label}", keep)

@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     result = c.Result("recovery", args.quick)
     subreaper = become_subreaper()
 
-    from qlactors.home import nudge
+    from qlactors.runtime.home import nudge
     from qlactors.store.repository import Repository
 
     # Baseline first: an empty home.

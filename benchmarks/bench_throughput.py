@@ -135,7 +135,7 @@ def launcher_ceiling(root: Path, jobs: int, parallel: int) -> tuple[float, float
 
 
 def qlactors_run(home: Path, jobs: int, slots: int, timeout: float) -> tuple[float, dict]:
-    from qlactors.home import nudge
+    from qlactors.runtime.home import nudge
     from qlactors.store.repository import Repository
 
     c.write_config(home, runtime={"slots": slots, "cadence_tick_ms": 1000})
@@ -174,7 +174,7 @@ def qlactors_run(home: Path, jobs: int, slots: int, timeout: float) -> tuple[flo
 
 def backlog_run(home: Path, jobs: int) -> tuple[float, dict]:
     """The default `edge` profile (slots 1, 5 s cadence, no config file): a backlog of `jobs` runs."""
-    from qlactors.home import nudge
+    from qlactors.runtime.home import nudge
     from qlactors.store.repository import Repository
 
     c.add_task(home, "noop", ["true"])

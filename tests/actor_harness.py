@@ -32,11 +32,11 @@ import pykka
 import zmq
 from sqlalchemy import select
 
-from qlactors.actors.base import Directory, Fatal
-from qlactors.actors.disk_reserve import DiskReserve
-from qlactors.actors.outage import watch_store
-from qlactors.actors.session_policy import LocalSessions
-from qlactors.worker.receipts import LocalReceipts
+from qlactors.runtime.actor import Directory, Fatal
+from qlactors.executor.disk_reserve import DiskReserve
+from qlactors.runtime.outage import watch_store
+from qlactors.control.session_policy import LocalSessions
+from qlactors.executor.local_receipts import LocalReceipts
 from qlactors.config import DEFAULTS, Config, ensure_home
 from qlactors.profiles.context import EXECUTOR_KINDS, LOCAL_WORKER, EdgeContext
 from qlactors.process.identity import ProcessIdentity, read_boot_id, read_identity
@@ -47,7 +47,7 @@ from qlactors.store.cron_admission import CronAdmission
 from qlactors.store.control import Control
 from qlactors.store.lost_retry import LostRetry
 from qlactors.store.dispatch import Dispatch
-from qlactors.worker.journal import Journal
+from qlactors.executor.journal.journal import Journal
 from qlactors.store.repository import Repository
 from qlactors.store.retention import Retention
 from qlactors.store.schema import run_attempts

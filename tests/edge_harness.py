@@ -147,9 +147,9 @@ class Edge:
         """Until the runtime is up and its actors started (startup recovery done, admission open).
 
         "Up" is what `qlactors status` exits 0 on: the home's runtime lock is held
-        (`qlactors.home.runtime_is_up`, polled in-process: a `status` subprocess costs ~1 s).
+        (`qlactors.runtime.home.runtime_is_up`, polled in-process: a `status` subprocess costs ~1 s).
         """
-        from qlactors.home import runtime_is_up
+        from qlactors.runtime.home import runtime_is_up
 
         def up() -> bool:
             if self.proc.poll() is not None:

@@ -8,10 +8,10 @@ import secrets
 import pytest
 from sqlalchemy import update
 
-from qlactors.actors.cluster_recovery import ClusterRecovery
-from qlactors.actors.retry import Retry
-from qlactors.actors.scheduler import Scheduler
-from qlactors.actors.signals import CycleDone, Tick
+from qlactors.control.cluster_recovery import ClusterRecovery
+from qlactors.control.retry import Retry
+from qlactors.control.scheduler import Scheduler
+from qlactors.runtime.signals import CycleDone, Tick
 from qlactors.domain.retry import RetryPolicy
 from qlactors.domain.transitions import ErrorCode
 from qlactors.store.records import LeaseQuote

@@ -18,14 +18,14 @@ import pytest
 import zmq
 
 from qlactors import faults
-from qlactors.actors.executor import Executor
-from qlactors.actors.receipts import ReceiptConsumer
-from qlactors.actors import scheduler as scheduler_module
-from qlactors.actors.scheduler import Scheduler
-from qlactors.actors.recovery import Recovery
-from qlactors.actors.signals import ActorFailed, AttemptEnded, Consume, NoReceipt, StepDone, StepRequest, Tick
-from qlactors.actors.gateway import Gateway, fence_of
-from qlactors.actors.supervisor import MAX_RESTARTS, Supervisor
+from qlactors.executor.executor import Executor
+from qlactors.executor.receipt_consumer import ReceiptConsumer
+from qlactors.control import scheduler as scheduler_module
+from qlactors.control.scheduler import Scheduler
+from qlactors.control.recovery import Recovery
+from qlactors.runtime.signals import ActorFailed, AttemptEnded, Consume, NoReceipt, StepDone, StepRequest, Tick
+from qlactors.control.gateway import Gateway, fence_of
+from qlactors.runtime.supervisor import MAX_RESTARTS, Supervisor
 from qlactors.profiles.edge import ORDER
 from qlactors.domain.transitions import ErrorCode
 from qlactors.wire import messages as m

@@ -19,13 +19,13 @@ from typing import Any
 import msgpack
 import pytest
 
-from qlactors.actors import scheduler as scheduler_module
-from qlactors.actors.executor import Executor
-from qlactors.actors.receipts import ReceiptConsumer
-from qlactors.actors.recovery import Recovery
-from qlactors.actors.retry import Retry
-from qlactors.actors.scheduler import Scheduler
-from qlactors.actors.signals import (
+from qlactors.control import scheduler as scheduler_module
+from qlactors.executor.executor import Executor
+from qlactors.executor.receipt_consumer import ReceiptConsumer
+from qlactors.control.recovery import Recovery
+from qlactors.control.retry import Retry
+from qlactors.control.scheduler import Scheduler
+from qlactors.runtime.signals import (
     ActorFailed,
     AttemptEnded,
     Consume,
@@ -36,8 +36,8 @@ from qlactors.actors.signals import (
     StepRequest,
     Tick,
 )
-from qlactors.actors.gateway import Gateway, fence_of
-from qlactors.actors.supervisor import Supervisor
+from qlactors.control.gateway import Gateway, fence_of
+from qlactors.runtime.supervisor import Supervisor
 from qlactors.domain.model import Command, TaskSpec
 from qlactors.domain.receipt import Receipt, encode_receipt, token_hash
 from qlactors.domain.retry import RetryPolicy
@@ -1282,7 +1282,7 @@ def test_receipts_a_cluster_completed_left_unanswered_is_sent_again_until_answer
     """A replica killed after it answered an earlier frame, before it committed this completion:
     the link counts the Completed answered and never re-sends it, so the ReceiptConsumer does,
     after RESEND_COMPLETED_S, until an Ack comes (edge's, in-process, is never re-sent)."""
-    from qlactors.actors import receipts
+    from qlactors.executor import receipt_consumer as receipts
 
     monkeypatch.setattr(receipts, "RESEND_COMPLETED_S", 0.5)
     monkeypatch.setattr(rc.ctx, "completion_facts", lambda _a, _r: (0, True))  # as a cluster worker's
@@ -1304,7 +1304,7 @@ def test_receipts_a_cluster_completed_left_unanswered_is_sent_again_until_answer
 
 
 def test_receipts_an_edge_completed_is_not_sent_again(rc, monkeypatch):
-    from qlactors.actors import receipts
+    from qlactors.executor import receipt_consumer as receipts
 
     monkeypatch.setattr(receipts, "RESEND_COMPLETED_S", 0.3)
     token = new_token()

@@ -328,7 +328,7 @@ def test_status_exits_0_only_while_a_replica_is_up(cluster):
 def test_status_shows_a_replicas_failing_cadence_step_until_a_cycle_gets_through(cluster):
     """A replica whose cycles fail at a step offers nothing: `status` names the step, its error
     and since when, from the replica's heartbeat, until a cycle gets through."""
-    from qlactors.actors.cycle_health import CycleFailure
+    from qlactors.control.cycle_health import CycleFailure
     from qlactors.store.health import ErrorTally
     from qlactors.store.replicas import Replicas
 

@@ -335,7 +335,7 @@ def test_every_documented_failure_is_one_line_with_its_exit_status(world, case, 
 def test_a_second_worker_on_the_same_state_dir_is_refused_in_one_line(world):
     """docs/cluster.md: `state directory ... is in use by another qlactors worker (pid N)`, exit 1."""
     from actor_harness import wait_until
-    from qlactors.home import holder_pid
+    from qlactors.runtime.home import holder_pid
 
     first = subprocess.Popen([*QLACTORS, "worker", "--config", "worker.toml"], cwd=world.root,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=clean_env())

@@ -14,9 +14,9 @@ import time
 
 import pytest
 
-from qlactors.actors.cycle_health import CycleFailure
-from qlactors.actors.scheduler import Scheduler
-from qlactors.actors.signals import CycleDone, StepDone, StepRequest, Tick
+from qlactors.control.cycle_health import CycleFailure
+from qlactors.control.scheduler import Scheduler
+from qlactors.runtime.signals import CycleDone, StepDone, StepRequest, Tick
 from qlactors.store.cluster_status import read_cluster_status
 from qlactors.store.health import ErrorTally
 from qlactors.store.replicas import Replicas
@@ -58,7 +58,7 @@ def test_the_scheduler_records_the_failing_step_its_error_and_since_when(sched):
 
 
 def test_a_silent_step_is_recorded_as_failing(sched, monkeypatch):  # noqa: F811
-    from qlactors.actors import scheduler
+    from qlactors.control import scheduler
 
     monkeypatch.setattr(scheduler, "STEP_DEADLINE_S", 0.2)
     step_stub(sched, "recovery", silent=True)
@@ -112,7 +112,7 @@ def _status(home: Home) -> dict:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs Linux")
 def test_edge_status_shows_the_failing_step_and_its_error_and_clears_after(tmp_path):
-    from qlactors.home import read_cycle_failure
+    from qlactors.runtime.home import read_cycle_failure
 
     home = Home(tmp_path, CONFIG)
     home.add_tasks(("job", "--", "/bin/true"))

@@ -15,9 +15,9 @@ import threading
 import pytest
 from sqlalchemy import select
 
-from qlactors.actors.gateway import Gateway, fence_of
-from qlactors.actors.session_policy import ClusterSessions
-from qlactors.actors.signals import DrainSession
+from qlactors.control.gateway import Gateway, fence_of
+from qlactors.control.session_policy import ClusterSessions
+from qlactors.runtime.signals import DrainSession
 from qlactors.process.identity import Liveness, probe
 from qlactors.store.schema import worker_sessions
 from qlactors.wire import messages as m

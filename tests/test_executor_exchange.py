@@ -15,9 +15,9 @@ import logging
 
 from sqlalchemy import select
 
-from qlactors.actors import executor_owed
-from qlactors.actors.gateway import fence_of
-from qlactors.actors.signals import RegisterDue
+from qlactors.executor import owed_reports as executor_owed
+from qlactors.control.gateway import fence_of
+from qlactors.runtime.signals import RegisterDue
 from qlactors.store.schema import executor_journal
 from qlactors.wire import messages as m
 

@@ -16,18 +16,18 @@ from typing import Any
 
 import pytest
 
-from qlactors.actors.executor import Executor
-from qlactors.actors.gateway import fence_of
-from qlactors.actors.receipts import ReceiptConsumer
-from qlactors.actors.session_policy import ClusterSessions
-from qlactors.actors.signals import Consume, HeartbeatDue, NoReceipt, Resume
+from qlactors.executor.executor import Executor
+from qlactors.control.gateway import fence_of
+from qlactors.executor.receipt_consumer import ReceiptConsumer
+from qlactors.control.session_policy import ClusterSessions
+from qlactors.runtime.signals import Consume, HeartbeatDue, NoReceipt, Resume
 from qlactors.domain.receipt import token_hash
 from qlactors.domain.resume_secret import resume_secret
 from qlactors.ids import new_id
 from qlactors.process.identity import Liveness
 from qlactors.wire import messages as m
-from qlactors.worker import evidence
-from qlactors.worker.journal_records import LeaseFacts
+from qlactors.executor import evidence
+from qlactors.executor.journal.records import LeaseFacts
 
 from actor_harness import ActorHarness, attempt_row, leases, unique_endpoint, wait_until, welcome_message
 from test_actors import BOOT_ID, ExecutorRig, new_token, spec

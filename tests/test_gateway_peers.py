@@ -10,9 +10,9 @@ import logging
 
 import zmq
 
-from qlactors.actors import gateway
-from qlactors.actors.base import now_ms
-from qlactors.actors.signals import ToWorkers
+from qlactors.control import gateway
+from qlactors.runtime.actor import now_ms
+from qlactors.runtime.signals import ToWorkers
 from qlactors.ids import new_id
 from qlactors.wire import messages as m
 

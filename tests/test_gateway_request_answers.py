@@ -10,8 +10,8 @@ import secrets
 import pytest
 from sqlalchemy import func, select
 
-from qlactors.actors.gateway import Gateway
-from qlactors.actors.session_policy import ClusterSessions
+from qlactors.control.gateway import Gateway
+from qlactors.control.session_policy import ClusterSessions
 from qlactors.domain.receipt import token_hash
 from qlactors.ids import new_id
 from qlactors.store.schema import worker_requests

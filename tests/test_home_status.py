@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from qlactors.home import (DISK_HOLD_FILE, RECOVERY_STATUS_FILE, clear_disk_hold, read_disk_hold,
+from qlactors.runtime.home import (DISK_HOLD_FILE, RECOVERY_STATUS_FILE, clear_disk_hold, read_disk_hold,
                            read_recovery_status, write_disk_hold, write_recovery_status)
 
 

@@ -303,7 +303,7 @@ class _Journal:
 
 
 def test_fifo_path_sits_next_to_the_dropped_file_in_the_attempts_shard(store):
-    from qlactors.worker.receipts import LocalReceipts
+    from qlactors.executor.local_receipts import LocalReceipts
 
     files = LocalReceipts(store, _Journal(), retention_ms=1000)
     shard = store.root / receipt_shard(ATTEMPT)
@@ -314,7 +314,7 @@ def test_fifo_path_sits_next_to_the_dropped_file_in_the_attempts_shard(store):
 
 
 def test_finish_removes_receipt_marker_dropped_file_and_fifo_then_clears_the_journal(store):
-    from qlactors.worker.receipts import LocalReceipts
+    from qlactors.executor.local_receipts import LocalReceipts
 
     journal = _Journal()
     files = LocalReceipts(store, journal, retention_ms=1000)
@@ -332,7 +332,7 @@ def test_finish_removes_receipt_marker_dropped_file_and_fifo_then_clears_the_jou
 def test_make_fifo_replaces_a_stale_one_with_a_private_fifo_and_remove_fifo_tolerates_none(store):
     import stat
 
-    from qlactors.worker.receipts import LocalReceipts
+    from qlactors.executor.local_receipts import LocalReceipts
 
     files = LocalReceipts(store, _Journal(), retention_ms=1000)
     stale = files.fifo_path(ATTEMPT)
@@ -348,7 +348,7 @@ def test_make_fifo_replaces_a_stale_one_with_a_private_fifo_and_remove_fifo_tole
 
 
 def test_make_fifo_that_cannot_be_made_is_none(store, tmp_path):
-    from qlactors.worker.receipts import LocalReceipts
+    from qlactors.executor.local_receipts import LocalReceipts
 
     files = LocalReceipts(store, _Journal(), retention_ms=1000)
     blocker = files.fifo_path(ATTEMPT)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from qlactors.actors.receipts import quarantines
-from qlactors.actors.signals import Cleanup, Consume, NoReceipt
+from qlactors.executor.receipt_consumer import quarantines
+from qlactors.runtime.signals import Cleanup, Consume, NoReceipt
 from qlactors.domain.receipt import Receipt
 from qlactors.wire import messages as m
 

@@ -5,7 +5,7 @@ The real ReceiptConsumer, the real store deciding."""
 
 from __future__ import annotations
 
-from qlactors.actors.signals import Consume, SessionOpen
+from qlactors.runtime.signals import Consume, SessionOpen
 from qlactors.wire import messages as m
 
 from actor_harness import wait_until

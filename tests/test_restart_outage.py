@@ -18,15 +18,15 @@ from dataclasses import replace
 
 import pykka
 
-from qlactors.actors import scheduler as scheduler_module
-from qlactors.actors.recovery import Recovery
-from qlactors.actors.retry import Retry
-from qlactors.actors.scheduler import Scheduler
-from qlactors.actors.signals import Tick
-from qlactors.actors.supervisor import MAX_RESTARTS
+from qlactors.control import scheduler as scheduler_module
+from qlactors.control.recovery import Recovery
+from qlactors.control.retry import Retry
+from qlactors.control.scheduler import Scheduler
+from qlactors.runtime.signals import Tick
+from qlactors.runtime.supervisor import MAX_RESTARTS
 from qlactors.config import DEFAULTS, Config
 from qlactors.profiles.edge import EdgeRuntime
-from qlactors.home import STORE_OUTAGE_FILE, _write_json, read_store_outage
+from qlactors.runtime.home import STORE_OUTAGE_FILE, _write_json, read_store_outage
 from qlactors.store.engine import StoreUnavailable
 from qlactors.store.repository import Repository
 

@@ -17,7 +17,7 @@ from qlactors.process.logs import LogStore, UnsafeLogPath
 from qlactors.process.receipts import ReceiptStore
 from qlactors.store.completion import CompletionService
 from qlactors.store.engine import Store
-from qlactors.worker.journal import Journal
+from qlactors.executor.journal.journal import Journal
 from qlactors.store.retention import Retention
 from qlactors.store.migrations import available, current_version, latest_version, migrate
 from qlactors.store.schema import (

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import sqlite3
 
-from qlactors.home import runtime_is_up
+from qlactors.runtime.home import runtime_is_up
 
 
 def test_a_bridge_loop_that_dies_stops_the_edge_process_non_zero_with_the_reason(home):

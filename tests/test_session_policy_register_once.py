@@ -12,7 +12,7 @@ import secrets
 import pytest
 from sqlalchemy import select
 
-from qlactors.actors.session_policy import ClusterSessions
+from qlactors.control.session_policy import ClusterSessions
 from qlactors.domain.resume_secret import resume_secret
 from qlactors.store.dispatch import Dispatch
 from qlactors.store.engine import Store

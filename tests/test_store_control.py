@@ -17,7 +17,7 @@ from qlactors.store.control import Control
 from qlactors.store.lost_retry import LostRetry
 from qlactors.store.dispatch import Dispatch
 from qlactors.store.records import Fence, Identity
-from qlactors.worker.journal import Journal
+from qlactors.executor.journal.journal import Journal
 from qlactors.store.schema import run_attempts, run_dispatch_leases, run_events, run_retry_policies, runs
 from store_helpers import new_hash, spec
 

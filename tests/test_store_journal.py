@@ -10,7 +10,7 @@ from qlactors.domain.receipt import token_hash
 from qlactors.errors import BadInput, Conflict
 from qlactors.ids import new_id
 from qlactors.store.records import Identity
-from qlactors.worker.journal import Journal
+from qlactors.executor.journal.journal import Journal
 
 IDENTITY = Identity("boot", 100, 100, 5)
 

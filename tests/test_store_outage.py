@@ -16,10 +16,10 @@ import sys
 
 import pytest
 
-from qlactors.actors.gateway import Gateway
-from qlactors.actors.supervisor import Supervisor
+from qlactors.control.gateway import Gateway
+from qlactors.runtime.supervisor import Supervisor
 from qlactors.domain.receipt import token_hash
-from qlactors.home import RuntimeLock, read_store_outage
+from qlactors.runtime.home import RuntimeLock, read_store_outage
 from qlactors.store import sqlite as sqlite_store
 from qlactors.store.engine import StoreUnavailable
 from qlactors.store.health import ErrorTally, StoreHealth

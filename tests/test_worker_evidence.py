@@ -13,11 +13,11 @@ from qlactors.ids import new_id
 from qlactors.process.identity import read_boot_id, read_identity
 from qlactors.process.receipts import ReceiptStore
 from qlactors.store.records import Identity
-from qlactors.worker import evidence
-from qlactors.worker.evidence import Alive, fact_of, liveness_of, probe_journal, probe_rows
-from qlactors.worker.journal import Journal
-from qlactors.worker.journal_file import open_journal_file
-from qlactors.worker.receipts import LocalReceipts
+from qlactors.executor import evidence
+from qlactors.executor.evidence import Alive, fact_of, liveness_of, probe_journal, probe_rows
+from qlactors.executor.journal.journal import Journal
+from qlactors.executor.journal.file import open_journal_file
+from qlactors.executor.local_receipts import LocalReceipts
 
 STATES = ("accepted", "launching", "started")
 LIVENESS = (None, *Alive)

@@ -13,9 +13,9 @@ import pytest
 from qlactors.domain.receipt import token_hash
 from qlactors.errors import BadInput, Conflict, SchemaError
 from qlactors.ids import new_id
-from qlactors.worker.journal import Journal
-from qlactors.worker.journal_file import JOURNAL_FILE, JOURNAL_VERSION, open_journal_file
-from qlactors.worker.journal_records import LeaseFacts
+from qlactors.executor.journal.journal import Journal
+from qlactors.executor.journal.file import JOURNAL_FILE, JOURNAL_VERSION, open_journal_file
+from qlactors.executor.journal.records import LeaseFacts
 
 
 @pytest.fixture(params=["edge_sqlite", pytest.param("edge_postgres", marks=pytest.mark.postgres),

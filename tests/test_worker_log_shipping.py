@@ -8,7 +8,7 @@ import os
 import pytest
 
 from qlactors.process.logs import UnsafeLogPath
-from qlactors.worker.log_shipping import (
+from qlactors.executor.log_shipping import (
     MAX_CHUNK_BYTES,
     LogShipper,
     chunks_to_send,

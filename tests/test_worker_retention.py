@@ -10,10 +10,10 @@ from qlactors.domain.receipt import token_hash
 from qlactors.ids import new_id
 from qlactors.process.logs import LogStore
 from qlactors.process.receipts import ReceiptStore
-from qlactors.worker.journal import Journal
-from qlactors.worker.receipts import LocalReceipts
-from qlactors.worker.retention import LocalLogRetention
-from qlactors.worker.state_dir import StateDir
+from qlactors.executor.journal.journal import Journal
+from qlactors.executor.local_receipts import LocalReceipts
+from qlactors.executor.log_retention import LocalLogRetention
+from qlactors.executor.state_dir import StateDir
 
 PAST = 1  # a purge time long gone on any clock
 FUTURE = 2**62

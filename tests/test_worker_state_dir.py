@@ -10,12 +10,12 @@ import textwrap
 
 import pytest
 
-from qlactors.worker.journal import Journal
-from qlactors.worker.state_dir import StateDir, StateDirInUse, UnsafeStateDir
+from qlactors.executor.journal.journal import Journal
+from qlactors.executor.state_dir import StateDir, StateDirInUse, UnsafeStateDir
 
 HOLD = textwrap.dedent("""
     import sys
-    from qlactors.worker.state_dir import StateDir, StateDirInUse
+    from qlactors.executor.state_dir import StateDir, StateDirInUse
     try:
         state = StateDir(sys.argv[1])
     except StateDirInUse as err:

@@ -117,7 +117,7 @@ def _on_store(args) -> int:
 
 
 def _on_home(args) -> int:
-    from ..home import check_home
+    from ..runtime.home import check_home
     from ..store.repository import Repository
 
     cfg = config_mod.load(args.home, args.config, profile=getattr(args, "profile", None))
@@ -132,7 +132,7 @@ def _on_home(args) -> int:
     finally:
         repo.close()
     if status == EXIT_OK and _changes_intent(args):
-        from ..home import nudge
+        from ..runtime.home import nudge
 
         nudge(cfg.home)  # a running runtime acts at once instead of at its next tick
     return status

@@ -13,9 +13,9 @@ from pathlib import Path
 from ..domain.model import seconds_to_ms
 from ..domain.states import RUN_TERMINAL, AttemptStatus, RunStatus
 from ..errors import BadInput, NotFound
-from ..home import (holder_pid, nudge, read_cycle_failure, read_disk_hold, read_recovery_status, read_store_outage,
-                    runtime_is_up)
 from ..ids import new_id
+from ..runtime.home import (holder_pid, nudge, read_cycle_failure, read_disk_hold, read_recovery_status,
+                            read_store_outage, runtime_is_up)
 from ..store.engine import StoreUnavailable
 from ..store.repository import Repository
 from . import render
@@ -330,8 +330,8 @@ def not_started(run_id: str, attempt) -> str:
 
 def audit_receipts(repo: Repository | None, args: argparse.Namespace) -> int:
     """`audit receipts`; `repo` is None when the home has no database (it is never created here)."""
+    from ..executor.journal.journal import Journal
     from ..process.audit import DEFAULT_MIN_AGE_MS, audit
-    from ..worker.journal import Journal
 
     if repo is None:
         if args.quarantine:

@@ -3,7 +3,7 @@ both sides need, and the names that wire them.
 
 Who reads what (`ctx.<field>` in qlactors/actors):
 
-- every actor (actors/base.py) and `watch_store`: `config`, `zmq`, `bridge`, `directory`,
+- every actor (runtime/actor.py) and `watch_store`: `config`, `zmq`, `bridge`, `directory`,
   `fatal`, `health`; the Supervisor runs on every profile and reads that part and `admitting`,
   and `each_cycle` after a cycle (only where a Scheduler runs: the control side).
 - control side: the Gateway (`dispatch`, `completion`, `sessions`), the Scheduler (`cron`,
@@ -28,12 +28,14 @@ from typing import Any, Callable
 
 import zmq
 
-from ..actors.base import Directory, Fatal
-from ..actors.cycle_health import CycleHealth
 from ..config import Config
+from ..control.cycle_health import CycleHealth
+from ..executor.journal.journal import Journal
+from ..executor.local_receipts import LocalReceipts
 from ..process.identity import read_boot_id
 from ..process.logs import LogStore
 from ..process.receipts import ReceiptStore
+from ..runtime.actor import Directory, Fatal
 from ..store.completion import CompletionService
 from ..store.control import Control
 from ..store.cron_admission import CronAdmission
@@ -42,8 +44,6 @@ from ..store.lost_retry import LostRetry
 from ..store.repository import Repository
 from ..store.retention import Retention
 from ..wire.bridge import Bridge
-from ..worker.journal import Journal
-from ..worker.receipts import LocalReceipts
 
 # The executor side's worker id on edge (its one built-in local session).
 LOCAL_WORKER = "local"

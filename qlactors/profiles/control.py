@@ -22,18 +22,19 @@ from typing import Any
 
 import zmq
 
-from ..actors.base import Directory, Fatal
-from ..actors.cluster_recovery import ClusterRecovery
-from ..actors.gateway import Gateway
-from ..actors.outage import watch_store
-from ..actors.retry import Retry
-from ..actors.scheduler import Scheduler
-from ..actors.session_policy import ClusterSessions
-from ..actors.signals import Drain
-from ..actors.supervisor import Supervisor
 from ..cluster_config import ControlConfig
 from ..config import Config
+from ..control.cluster_recovery import ClusterRecovery
+from ..control.gateway import Gateway
+from ..control.retry import Retry
+from ..control.scheduler import Scheduler
+from ..control.session_policy import ClusterSessions
 from ..domain.resume_secret import resume_secret
+from ..runtime.actor import Directory, Fatal
+from ..runtime.outage import watch_store
+from ..runtime.runner import Runner
+from ..runtime.signals import Drain
+from ..runtime.supervisor import Supervisor
 from ..store.completion import CompletionService
 from ..store.control import Control
 from ..store.cron_admission import CronAdmission
@@ -48,7 +49,6 @@ from ..wire.bridge import Bridge
 from ..wire.curve import AllowList, CurveServer, start_authenticator
 from ..wire.curve_keys import load_key_pair
 from .context import ControlContext
-from .runner import Runner
 
 log = logging.getLogger("qlactors.control")
 

@@ -16,40 +16,40 @@ from typing import Callable
 
 import zmq
 
-from ..actors.base import Directory, Fatal
-from ..actors.disk_reserve import DiskReserve
-from ..actors.executor import Executor
-from ..actors.gateway import Gateway
-from ..actors.cycle_health import CycleHealth, published_in
-from ..actors.outage import watch_store
-from ..worker.receipts import LocalReceipts
-from ..actors.receipts import ReceiptConsumer
-from ..actors.recovery import Recovery
-from ..actors.retry import Retry
-from ..actors.scheduler import Scheduler
-from ..actors.session_policy import LocalSessions
-from ..actors.signals import Drain, Tick
-from ..actors.supervisor import Supervisor
 from ..config import Config, ensure_home
+from ..control.cycle_health import CycleHealth, published_in
+from ..control.gateway import Gateway
+from ..control.recovery import Recovery
+from ..control.retry import Retry
+from ..control.scheduler import Scheduler
+from ..control.session_policy import LocalSessions
 from ..domain.states import CancelReason
 from ..errors import QlactorsError
-from ..home import nudge_endpoint
+from ..executor.disk_reserve import DiskReserve
+from ..executor.executor import Executor
+from ..executor.journal.journal import Journal
+from ..executor.local_receipts import LocalReceipts
+from ..executor.receipt_consumer import ReceiptConsumer
 from ..process.diskspace import free_space_source
 from ..process.identity import boot_id_source
 from ..process.logs import LogStore
 from ..process.malloc import limit_arenas
 from ..process.receipts import ReceiptStore
+from ..runtime.actor import Directory, Fatal
+from ..runtime.home import nudge_endpoint
+from ..runtime.outage import watch_store
+from ..runtime.runner import Runner
+from ..runtime.signals import Drain, Tick
+from ..runtime.supervisor import Supervisor
 from ..store.completion import CompletionService
 from ..store.control import Control
 from ..store.cron_admission import CronAdmission
 from ..store.dispatch import Dispatch
-from ..worker.journal import Journal
 from ..store.lost_retry import LostRetry
 from ..store.repository import Repository
 from ..store.retention import Retention
 from ..wire.bridge import Bridge
 from .context import EXECUTOR_KINDS, LOCAL_WORKER, EdgeContext
-from .runner import Runner
 
 log = logging.getLogger("qlactors.edge")
 

@@ -7,7 +7,7 @@ connect to every replica, start the actors; the Executor registers — resuming 
 when it is still valid — and probes and re-attests its journal after every start.
 Stop (SIGTERM, SEMANTICS.md §9 Drain): stop pulling; the Executor tells its replica the session
 is `draining`, declines every offer it accepted but never launched, then says `offline`
-(actors/executor_drain.py) — waited for at most `LEAVE_SHARE` of `shutdown_drain_ms`, never
+(executor/draining.py) — waited for at most `LEAVE_SHARE` of `shutdown_drain_ms`, never
 longer (an unreachable replica lets the session expire instead); then stop the actors. Running
 jobs keep running (a restart resumes or re-attests them), their receipts and logs wait in the
 state directory.
@@ -23,29 +23,29 @@ from typing import Any, Callable
 
 import zmq
 
-from ..actors.base import Directory, Fatal
-from ..actors.disk_reserve import DiskReserve
-from ..actors.executor import Executor
-from ..actors.log_sender import LogSender
-from ..actors.outage import watch_store
-from ..actors.receipts import ReceiptConsumer
-from ..actors.signals import Drain, DrainSession
-from ..actors.supervisor import Supervisor
 from ..cluster_config import WorkerConfig
 from ..config import Config
+from ..executor.disk_reserve import DiskReserve
+from ..executor.executor import Executor
+from ..executor.journal.journal import Journal
+from ..executor.local_receipts import LocalReceipts
+from ..executor.log_retention import LocalLogRetention
+from ..executor.log_sender import LogSender
+from ..executor.receipt_consumer import ReceiptConsumer
+from ..executor.state_dir import StateDir
 from ..process.diskspace import free_space_source
 from ..process.identity import boot_id_source
 from ..process.logs import LogStore
 from ..process.receipts import ReceiptStore
+from ..runtime.actor import Directory, Fatal
+from ..runtime.outage import watch_store
+from ..runtime.runner import Runner
+from ..runtime.signals import Drain, DrainSession
+from ..runtime.supervisor import Supervisor
 from ..wire.bridge import Bridge
 from ..wire.curve_keys import load_key_pair, load_public_key
 from ..wire.links import ReplicaLinks
-from ..worker.journal import Journal
-from ..worker.receipts import LocalReceipts
-from ..worker.retention import LocalLogRetention
-from ..worker.state_dir import StateDir
 from .context import EXECUTOR_KINDS, WorkerContext
-from .runner import Runner
 
 log = logging.getLogger("qlactors.worker")
 

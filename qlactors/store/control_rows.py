@@ -13,7 +13,7 @@ from sqlalchemy import and_, select
 
 from ..domain.states import AttemptStatus, LeaseStatus, RunStatus
 from ..errors import BadInput
-from ..worker.journal_records import JournalEntry
+from ..executor.journal.records import JournalEntry
 from .records import Fence, Identity
 from .schema import executor_journal, run_attempts, run_dispatch_leases, runs
 

@@ -12,7 +12,7 @@ opened (`register_id`) or rotated by a resume (`resume_register_id`); a repeat o
 copy, or the same Register reaching another replica — is answered with that session as it is,
 under the same locks, so it never opens a generation + 1, never rotates the secret again and
 never ends the session the first copy opened or resumed. The control side derives the resume
-secret from the register id (actors/session_policy.py), so the repeat's Welcome carries the same
+secret from the register id (control/session_policy.py), so the repeat's Welcome carries the same
 secret while only its hash is stored.
 """
 
@@ -37,18 +37,8 @@ from .records import APPLIED, FENCED, REFUSED, Fenced, Outcome, Session, check_h
 from .request_answers import AnswerKey, first_answers, keep_answers
 from .schema import run_attempts, run_dispatch_leases, worker_keys, worker_sessions
 from .session_rows import LATEST_GENERATION, update_session
-from .session_rules import (
-    DUPLICATE_WORKER,
-    REVOKED,
-    check_capacity,
-    check_ms,
-    ended_at,
-    labels_json,
-    normal_labels,
-    duplicate_verdict,
-    resume_refusal,
-    session_mismatch,
-)
+from .session_rules import (DUPLICATE_WORKER, REVOKED, check_capacity, check_ms, duplicate_verdict, ended_at,
+                            labels_json, normal_labels, resume_refusal, session_mismatch)
 
 _WS = worker_sessions
 _END_STATUSES = ("offline", "draining")

@@ -17,8 +17,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from qlactors.actors import executor as executor_module
-from qlactors.actors.gateway import Gateway
+from qlactors.executor import executor as executor_module
+from qlactors.control.gateway import Gateway
 from qlactors.cluster_config import ControlConfig, DatabaseSettings, WorkerConfig
 from qlactors.domain.model import Command, TaskSpec
 from qlactors.domain.retry import RetryPolicy
@@ -28,7 +28,7 @@ from qlactors.profiles.worker import WorkerRuntime
 from qlactors.store.repository import Repository
 from qlactors.store.worker_keys import WorkerKeys
 from qlactors.wire.curve_keys import load_key_pair, new_key_pair
-from qlactors.worker.journal_file import JOURNAL_FILE
+from qlactors.executor.journal.file import JOURNAL_FILE
 
 from .checker import Attempt, Facts, Run
 from .facts import JOB, SpawnRecorder, read_ledger

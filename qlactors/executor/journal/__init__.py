@@ -1,0 +1,1 @@
+"""Executor side: the executor's own journal (its records, the journal file of a worker)."""
