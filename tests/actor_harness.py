@@ -32,13 +32,15 @@ import pykka
 import zmq
 from sqlalchemy import select
 
-from qlactors.runtime.actor import Directory, Fatal
+from qlactors.runtime.context import Directory, Fatal, SharedContext
 from qlactors.executor.disk_reserve import DiskReserve
 from qlactors.runtime.outage import watch_store
 from qlactors.control.session_policy import LocalSessions
 from qlactors.executor.local_receipts import LocalReceipts
 from qlactors.config import DEFAULTS, Config, ensure_home
-from qlactors.profiles.context import EXECUTOR_KINDS, LOCAL_WORKER, EdgeContext
+from qlactors.executor.context import EXECUTOR_KINDS
+from qlactors.executor.edge_evidence import EdgeEvidence
+from qlactors.profiles.edge import LOCAL_WORKER, EdgeContext
 from qlactors.process.identity import ProcessIdentity, read_boot_id, read_identity
 from qlactors.process.logs import LogStore
 from qlactors.process.receipts import ReceiptStore
@@ -215,16 +217,19 @@ class ActorHarness:
             dispatch = Dispatch(store)
             bridge = Bridge(self.zmq, control_bind=control_bind, control_connect=control_connect)
             session = dispatch.register_session(LOCAL_WORKER, session_capacity)
-            self.ctx = EdgeContext(
-                config=self.config, zmq=self.zmq, bridge=bridge, directory=Directory(), fatal=Fatal(),
-                admitting=threading.Event(),
-                repo=self.repo, dispatch=dispatch, completion=CompletionService(store),
-                control=Control(store), lost_retry=LostRetry(store), cron=CronAdmission(store),
-                retention=Retention(store, logs, receipts),
-                sessions=LocalSessions(session, self.config.runtime.cadence_tick_ms, DiskReserve(self.config, None)),
-                journal=journal, receipts=receipts, logs=logs,
-                local_receipts=LocalReceipts(receipts, journal, self.config.runtime.quarantine_retention_ms),
-                session=session, boot_id=read_boot_id, launcher_shell="/bin/sh")
+            local_receipts = LocalReceipts(receipts, journal, self.config.runtime.quarantine_retention_ms)
+            shared = SharedContext(config=self.config, zmq=self.zmq, bridge=bridge, directory=Directory(),
+                                   fatal=Fatal(), admitting=threading.Event(), health=store.health)
+            self.ctx = EdgeContext.over(
+                shared,
+                control=dict(repo=self.repo, dispatch=dispatch, completion=CompletionService(store),
+                             control=Control(store), lost_retry=LostRetry(store), cron=CronAdmission(store),
+                             retention=Retention(store, logs, receipts),
+                             sessions=LocalSessions(session, self.config.runtime.cadence_tick_ms,
+                                                    DiskReserve(self.config, None)),
+                             local=EdgeEvidence(journal, receipts, local_receipts, read_boot_id, session)),
+                executor=dict(journal=journal, receipts=receipts, logs=logs, local_receipts=local_receipts,
+                              session=session, boot_id=read_boot_id, launcher_shell="/bin/sh"))
             watch_store(self.ctx)  # as profiles/edge.py does: outages reach `status`, a persistent one is fatal
         except BaseException:
             self.zmq.term()
@@ -258,7 +263,7 @@ class ActorHarness:
         return ref
 
     def start(self, name: str, cls: type, *args: Any) -> pykka.ActorRef:
-        ref = cls.start(self.ctx, *args)
+        ref = cls.start(self.ctx.side_of(cls), *args)
         self._refs.append(ref)
         self.directory.set(name, ref)
         return ref

@@ -26,7 +26,7 @@ BOOT = "boot-a"
 def cadence(tmp_path):
     h = ActorHarness(tmp_path, recovery_page=2)
     try:
-        h.ctx.recovery_grace_ms, h.ctx.drain_grace_ms = 120_000, 900_000
+        h.ctx.control_side.recovery_grace_ms, h.ctx.control_side.drain_grace_ms = 120_000, 900_000
         h.start_bridge()
         h.ctx.admitting.set()
         h.stub("supervisor")
@@ -40,7 +40,7 @@ def cadence(tmp_path):
 
 def stopped_and_expired(h, session, task: str) -> tuple[str, str]:
     """A started attempt on `session` that its worker attested it stopped, its lease expired."""
-    d = h.ctx.dispatch
+    d = h.ctx.control_side.dispatch
     run_id = h.repo.runs.request(task).run.id
     lease_hash = new_hash()
     view = d.offer(session.worker_id, session.session_id, session.generation, secrets.token_hex(8),
@@ -58,7 +58,7 @@ def stopped_and_expired(h, session, task: str) -> tuple[str, str]:
 
 
 def worker_session(h):
-    return h.ctx.dispatch.register_session("w1", 16, boot_id=BOOT, session_lease_ms=60_000)
+    return h.ctx.control_side.dispatch.register_session("w1", 16, boot_id=BOOT, session_lease_ms=60_000)
 
 
 def test_a_cycle_marks_an_evidenced_attempt_lost_and_retry_requeues_it(cadence):

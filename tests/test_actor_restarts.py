@@ -59,7 +59,7 @@ class Rig:
     def __init__(self, h: ActorHarness, peer, names: tuple[str, ...]) -> None:
         self.h, self.peer = h, peer
         classes = dict(ORDER)
-        self.factories = {name: (lambda cls=classes[name]: cls.start(h.ctx)) for name in names}
+        self.factories = {name: (lambda cls=classes[name]: cls.start(h.ctx.side_of(cls))) for name in names}
         self.supervisor = h.start("supervisor", Supervisor, self.factories)
 
     def fail(self, name: str) -> pykka.ActorRef:
@@ -194,7 +194,7 @@ def test_an_executor_restarted_mid_stop_re_adopts_its_launcher_and_finishes_the_
     offer, _act, started = exe.launch(["sh", "-c", "trap '' TERM; echo up; sleep 30"])
     exe.ack_started(started)
     wait_until(lambda: b"up" in h.config.logs_dir.joinpath(
-        h.ctx.logs.artifact_id(offer.run_id, offer.attempt_id)).read_bytes(), what="the job is up")
+        h.ctx.executor_side.logs.artifact_id(offer.run_id, offer.attempt_id)).read_bytes(), what="the job is up")
     rig.peer.send(m.StopRequested(run_id=offer.run_id, attempt_id=offer.attempt_id, reason="user",
                                   grace_ms=1500))
     key = f"stop:{offer.attempt_id}"
@@ -202,7 +202,7 @@ def test_an_executor_restarted_mid_stop_re_adopts_its_launcher_and_finishes_the_
     rig.fail("executor")
     # The new instance registers; once welcomed it re-adopts the launcher from the journal.
     rig.peer.expect(m.Register)
-    s = h.ctx.session
+    s = h.ctx.executor_side.session
     rig.peer.send(welcome_message(s))
     # The pending stop timer reaches the new instance, which sends KILL; the pidfd it re-watched
     # reports the launcher's end, and the receipt (or its absence) is reported.
@@ -298,10 +298,10 @@ def test_an_executor_re_offered_an_attempt_it_holds_unactivated_accepts_it_again
     rig.peer.send(m.Nudge())
     pull2 = rig.peer.expect(m.Pull)  # a second slot is free
     assert len(pull2.offers) == 1
-    log_path = h.ctx.logs.path_for(run_id, first.attempt_id)
+    log_path = h.ctx.executor_side.logs.path_for(run_id, first.attempt_id)
     log_path.write_bytes(b"stale")
     # The control side withdraws the first lease before activating it, and offers the attempt again.
-    assert h.ctx.dispatch.release_unstarted(fence_of(act1, act1.worker_id), "declined").result == "applied"
+    assert h.ctx.control_side.dispatch.release_unstarted(fence_of(act1, act1.worker_id), "declined").result == "applied"
     second = exe.offer_for(pull2)
     assert (second.attempt_id, second.lease_generation) == (first.attempt_id, 2)
     exe.send_offers(pull2, second)
@@ -309,10 +309,10 @@ def test_an_executor_re_offered_an_attempt_it_holds_unactivated_accepts_it_again
     assert (act2.attempt_id, act2.lease_generation, act2.offer_id) == (first.attempt_id, 2, second.offer_id)
     assert act2.callback_token_hash != act1.callback_token_hash
     assert log_path.read_bytes() == b""  # emptied for the new offer
-    assert h.ctx.journal.get(first.attempt_id).callback_token_hash == act2.callback_token_hash
+    assert h.ctx.executor_side.journal.get(first.attempt_id).callback_token_hash == act2.callback_token_hash
     # The first Activate's answer (fenced) comes first and must not drop the second offer: it
     # names the first offer's id, not the current one.
-    late = h.ctx.dispatch.activate(fence_of(act1, act1.worker_id), act1.callback_token_hash, act1.log_artifact_id)
+    late = h.ctx.control_side.dispatch.activate(fence_of(act1, act1.worker_id), act1.callback_token_hash, act1.log_artifact_id)
     assert late.result == "fenced"
     rig.peer.send(ack_message("activate", run_id, first.attempt_id, "fenced", "lease_released",
                               offer_id=act1.offer_id))
@@ -340,14 +340,14 @@ def test_a_restarted_executor_gives_back_the_offer_the_dead_instance_accepted(ma
     run_id = h.repo.runs.request("job").run.id
     exe.send_offers(pull, exe.offer_for(pull))
     act = rig.peer.expect(m.Activate)
-    assert h.ctx.journal.get(act.attempt_id).state == "accepted"
+    assert h.ctx.executor_side.journal.get(act.attempt_id).state == "accepted"
     rig.fail("executor")
     rig.peer.expect(m.Register)
-    s = h.ctx.session
+    s = h.ctx.executor_side.session
     rig.peer.send(welcome_message(s))
     attest = rig.peer.expect(m.Attest, strict=False)
     assert (attest.run_id, attest.attempt_id, attest.fact) == (run_id, act.attempt_id, "never_launched")
-    assert h.ctx.journal.get(act.attempt_id) is None
+    assert h.ctx.executor_side.journal.get(act.attempt_id) is None
     rig.peer.expect(m.Pull, strict=False)  # its slot is free again
     # A late Activated for the dead instance's offer launches nothing.
     rig.peer.send(m.Activated(answer_to=act.request_id, run_id=run_id, attempt_id=act.attempt_id, offer_id=act.offer_id,
@@ -367,7 +367,7 @@ def test_a_restarted_worker_declines_the_unactivated_offers_it_does_not_know_and
     h.stub("receipts")
     h.start("executor", Executor)
     exe = ExecutorRig(h, h.directory.get("executor"), rig.peer, rig.peer.expect(m.Register))
-    s = h.ctx.session
+    s = h.ctx.executor_side.session
     cluster = dict(session_lease_ms=60_000, run_lease_ms=60_000, heartbeat_ms=600_000,
                    resume_secret=new_token())  # a cluster session: its Pulls are journalled
     rig.peer.send(welcome_message(s, **cluster))
@@ -380,23 +380,23 @@ def test_a_restarted_worker_declines_the_unactivated_offers_it_does_not_know_and
     assert rig.peer.expect(m.Activate).attempt_id == known.attempt_id
     rig.peer.send(m.Nudge())
     second = rig.peer.expect(m.Pull)  # for the other slot, journalled before it was sent
-    assert [p.pull_id for p in h.ctx.journal.open_pulls()] == [second.pull_id]
+    assert [p.pull_id for p in h.ctx.executor_side.journal.open_pulls()] == [second.pull_id]
     lost = exe.offer_for(second, 0)  # leased in the database; its Offers answer never arrives
-    stranger = h.ctx.dispatch.offer(s.worker_id, s.session_id, s.generation, "no-such-pair", token_hash(new_token()),
+    stranger = h.ctx.control_side.dispatch.offer(s.worker_id, s.session_id, s.generation, "no-such-pair", token_hash(new_token()),
                                     log_cap_bytes=0)
     rig.fail("executor")
     register = rig.peer.expect(m.Register)
     assert register.resume_session_id == s.session_id
     unactivated = [m.Unactivated(run_id=u.run_id, attempt_id=u.attempt_id, offer_id=u.offer_id,
                                  lease_generation=u.lease_generation)
-                   for u in h.ctx.dispatch.unactivated_leases(s.session_id)]
+                   for u in h.ctx.control_side.dispatch.unactivated_leases(s.session_id)]
     assert {u.attempt_id for u in unactivated} == {known.attempt_id, lost.attempt_id, stranger.attempt_id}
     rig.peer.send(welcome_message(s, resumed=True, unactivated=unactivated, **cluster))
     decline = rig.peer.expect(m.Decline, strict=False)
     assert (decline.attempt_id, decline.offer_id, decline.reason) == (lost.attempt_id, lost.offer_id,
                                                                       "unknown_after_restart")
     assert decline.lease_token == second.offers[0].lease_token
-    assert h.ctx.dispatch.decline(fence_of(decline, decline.worker_id)).result == "applied"
+    assert h.ctx.control_side.dispatch.decline(fence_of(decline, decline.worker_id)).result == "applied"
     assert [(l["status"], l["release_reason"]) for l in leases(h.repo, lost.run_id)] == [("released", "declined")]
     attest = rig.peer.expect(m.Attest, strict=False)  # the known offer: given back, not declined
     assert (attest.attempt_id, attest.fact) == (known.attempt_id, "never_launched")
@@ -404,7 +404,7 @@ def test_a_restarted_worker_declines_the_unactivated_offers_it_does_not_know_and
     rig.peer.quiet()
     assert not any(isinstance(msg, m.Decline) for msg in rig.peer.pending)
     assert [l["status"] for l in leases(h.repo, stranger.run_id)] == ["leased"]  # to expire
-    assert second.pull_id not in {p.pull_id for p in h.ctx.journal.open_pulls()}  # stale: forgotten
+    assert second.pull_id not in {p.pull_id for p in h.ctx.executor_side.journal.open_pulls()}  # stale: forgotten
 
 
 def test_a_receipt_consumer_restarted_before_its_answer_still_removes_the_receipt(make_rig):
@@ -422,17 +422,17 @@ def test_a_receipt_consumer_restarted_before_its_answer_still_removes_the_receip
     completed = rig.peer.expect(m.Completed)
     rig.fail("receipts")
     assert receipts.answer(completed) == "applied"
-    wait_until(lambda: not path.exists() and h.ctx.journal.get(attempt_id) is None,
+    wait_until(lambda: not path.exists() and h.ctx.executor_side.journal.get(attempt_id) is None,
                what="the receipt and its journal row removed")
     assert h.repo.runs.get(run_id).state == "succeeded"
 
 
 def _journal(h: ActorHarness, run_id: str, attempt_id: str, state: str) -> None:
     """The executor's journal row of an attempt it holds (`accepted`: offered; `launching`: activated)."""
-    h.ctx.journal.accept(attempt_id, run_id, str(h.ctx.logs.path_for(run_id, attempt_id)),
-                         str(h.ctx.receipts.final_path(attempt_id)), token_hash(new_token()))
+    h.ctx.executor_side.journal.accept(attempt_id, run_id, str(h.ctx.executor_side.logs.path_for(run_id, attempt_id)),
+                         str(h.ctx.executor_side.receipts.final_path(attempt_id)), token_hash(new_token()))
     if state != "accepted":
-        h.ctx.journal.set_state(attempt_id, state)
+        h.ctx.executor_side.journal.set_state(attempt_id, state)
 
 
 def test_a_recovery_restarted_after_an_attest_still_judges_the_attempt_it_was_told_about(make_rig):
@@ -443,7 +443,7 @@ def test_a_recovery_restarted_after_an_attest_still_judges_the_attempt_it_was_to
     h = rig.h
     h.stub("scheduler")
     h.start("recovery", Recovery)
-    flights = Flights(h, h.ctx.session)
+    flights = Flights(h, h.ctx.executor_side.session)
     _, live = h.spawn_sleep(30)
     ended = flights.make("running", h.dead_identity())
     healthy = flights.make("running", live)
@@ -473,7 +473,7 @@ def test_a_recovery_restarted_before_a_give_back_still_frees_the_slot_of_an_unhe
     h = rig.h
     h.stub("scheduler")
     h.start("recovery", Recovery)
-    flights = Flights(h, h.ctx.session)
+    flights = Flights(h, h.ctx.executor_side.session)
     given_back = flights.make("claimed")
     never_launched = flights.make("starting")
     old = h.directory.get("recovery")
@@ -506,11 +506,11 @@ def test_a_receipt_consumer_restarted_with_a_consume_queued_still_consumes_that_
     receipts = ReceiptRig(h, h.directory.get("receipts"), rig.peer)
     token = new_token()
     run_id, attempt_id = receipts.journalled_attempt(token)
-    h.ctx.journal.set_state(attempt_id, "started", identity=h.dead_identity())
+    h.ctx.executor_side.journal.set_state(attempt_id, "started", identity=h.dead_identity())
     path = receipts.plant(run_id, attempt_id, token, exit_code=3)
     _, live = h.spawn_sleep(30)  # a launcher still running: the Executor watches it, left alone
     running_run, running_attempt = receipts.journalled_attempt(new_token())
-    h.ctx.journal.set_state(running_attempt, "started", identity=live)
+    h.ctx.executor_side.journal.set_state(running_attempt, "started", identity=live)
     old = h.directory.get("receipts")
     old.tell(Boom())
     old.tell(Consume(run_id, attempt_id))  # the Executor's tell, queued behind the failure: dropped
@@ -518,11 +518,11 @@ def test_a_receipt_consumer_restarted_with_a_consume_queued_still_consumes_that_
     assert (completed.run_id, completed.attempt_id, completed.exit_code) == (run_id, attempt_id, 3)
     assert h.directory.get("receipts") is not old
     assert receipts.answer(completed) == "applied"
-    wait_until(lambda: not path.exists() and h.ctx.journal.get(attempt_id) is None,
+    wait_until(lambda: not path.exists() and h.ctx.executor_side.journal.get(attempt_id) is None,
                what="the receipt and its journal row removed")
     assert h.repo.runs.get(run_id).state == "failed"  # exit code 3, no retry policy
     rig.peer.quiet()  # nothing about the running one
-    assert h.ctx.journal.get(running_attempt).state == "started"
+    assert h.ctx.executor_side.journal.get(running_attempt).state == "started"
     assert h.inbox.items("executor", NoReceipt) == []
 
 

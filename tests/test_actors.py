@@ -96,7 +96,7 @@ class SupervisorRig:
 
     @property
     def session(self):
-        return self.h.ctx.session
+        return self.h.ctx.executor_side.session
 
     @property
     def repo(self):
@@ -670,13 +670,13 @@ def test_gateway_pull_with_no_free_slot_is_answered_with_no_offers(sup):
 
 def test_gateway_offers_nothing_while_the_last_cycle_failed(sup):
     sup.register()
-    sup.h.ctx.authority.clear()  # as the Scheduler leaves it after a failed recovery or retry step
+    sup.h.ctx.control_side.authority.clear()  # as the Scheduler leaves it after a failed recovery or retry step
     sup.repo.tasks.add(spec())
     run_id = sup.repo.runs.request("job").run.id
     sup.peer.send(pull := sup.pull_message())
     assert sup.peer.recv() == sup.no_offers(pull.pull_id)
     assert leases(sup.repo, run_id) == []
-    sup.h.ctx.authority.set()  # a cycle got through
+    sup.h.ctx.control_side.authority.set()  # a cycle got through
     answer, _, _ = sup.pull()
     assert [o.run_id for o in answer.offers] == [run_id]
 
@@ -789,13 +789,13 @@ class ExecutorRig:
         return self.h.ctx
 
     def welcome(self) -> m.Pull:
-        self.peer.send(welcome_message(self.ctx.session))
+        self.peer.send(welcome_message(self.ctx.executor_side.session))
         return self.peer.expect(m.Pull)
 
     def offer_for(self, pull: m.Pull, slot: int = 0) -> m.Offer:
         """A genuine lease of the next queued run, taken with the `slot`-th pair of `pull`."""
         pair = pull.offers[slot]
-        view = self.ctx.dispatch.offer(pull.worker_id, pull.session_id, pull.session_generation, pair.offer_id,
+        view = self.ctx.control_side.dispatch.offer(pull.worker_id, pull.session_id, pull.session_generation, pair.offer_id,
                                        token_hash(pair.lease_token),
                                        log_cap_bytes=self.h.config.runtime.log_cap_bytes)
         assert view is not None, "no queued run to offer"
@@ -806,7 +806,7 @@ class ExecutorRig:
         self.peer.send(offers_message(pull, *offers))
 
     def activate(self, act: m.Activate) -> m.Activated:
-        result = self.ctx.dispatch.activate(fence_of(act, act.worker_id), act.callback_token_hash, act.log_artifact_id)
+        result = self.ctx.control_side.dispatch.activate(fence_of(act, act.worker_id), act.callback_token_hash, act.log_artifact_id)
         assert result.result == "applied", result
         activated = m.Activated(answer_to=act.request_id, run_id=act.run_id, attempt_id=act.attempt_id, offer_id=act.offer_id,
                                 lease_version=result.lease_version, deadline_at_ms=result.deadline_at_ms)
@@ -814,7 +814,7 @@ class ExecutorRig:
         return activated
 
     def ack_started(self, started: m.Started) -> None:
-        outcome = self.ctx.dispatch.started(fence_of(started, started.worker_id), started.boot_id, started.pid, started.pgid,
+        outcome = self.ctx.control_side.dispatch.started(fence_of(started, started.worker_id), started.boot_id, started.pid, started.pgid,
                                             started.start_ticks)
         assert outcome.result == "applied", outcome
         self.peer.send(ack_message("started", started.run_id, started.attempt_id, "applied",
@@ -827,7 +827,7 @@ class ExecutorRig:
                           finished_at_ms=completed.finished_at_ms, exit_code=completed.exit_code)
         # As the Gateway does: what the executor sent the group decides a stop's outcome (a job its
         # TERM killed within the cancel's clock tick is still `cancelled`).
-        outcome = self.ctx.completion.complete(completed.run_id, completed.attempt_id, receipt,
+        outcome = self.ctx.control_side.completion.complete(completed.run_id, completed.attempt_id, receipt,
                                                completed.log_dropped_bytes, completed.stopped_by)
         self.peer.send(ack_message("completed", completed.run_id, completed.attempt_id, outcome.result,
                                    outcome.reason or ""))
@@ -888,7 +888,7 @@ def test_executor_registers_then_pulls_after_welcome(make_exe):
     assert rig.register.request_id and rig.register.register_id
     assert abs(rig.register.worker_clock_ms - now_ms()) < 60_000  # its own clock, for the skew
     pull = rig.welcome()
-    s = rig.ctx.session
+    s = rig.ctx.executor_side.session
     assert (pull.worker_id, pull.session_id, pull.session_generation, len(pull.offers)) == (
         s.worker_id, s.session_id, s.generation, 1)
     [pair] = pull.offers
@@ -910,7 +910,7 @@ def test_executor_pulls_one_pair_per_free_slot_and_accepts_a_batch_of_offers_in_
     assert set(acts) == {first.attempt_id, second.attempt_id}
     assert acts[first.attempt_id].lease_token == pull.offers[0].lease_token
     assert acts[second.attempt_id].lease_token == pull.offers[2].lease_token
-    assert {e.attempt_id for e in rig.ctx.journal.list()} == set(acts)
+    assert {e.attempt_id for e in rig.ctx.executor_side.journal.list()} == set(acts)
     # Fewer offers than pairs: nothing more to offer now, so no pull until a Nudge; then one pair.
     rig.peer.quiet()
     rig.peer.send(m.Nudge())
@@ -933,10 +933,10 @@ def test_executor_runs_an_offer_end_to_end_through_the_real_receipt_consumer(mak
         offer.lease_generation, offer.lease_version)
     assert act.lease_token == pull.offers[0].lease_token
     assert len(act.callback_token_hash) == 64 and int(act.callback_token_hash, 16) >= 0
-    log_path = rig.ctx.logs.path_for(run_id, offer.attempt_id)
-    assert act.log_artifact_id == rig.ctx.logs.artifact_id(run_id, offer.attempt_id)
+    log_path = rig.ctx.executor_side.logs.path_for(run_id, offer.attempt_id)
+    assert act.log_artifact_id == rig.ctx.executor_side.logs.artifact_id(run_id, offer.attempt_id)
     assert log_path.is_file() and stat.S_IMODE(log_path.stat().st_mode) == 0o600
-    entry = rig.ctx.journal.get(offer.attempt_id)
+    entry = rig.ctx.executor_side.journal.get(offer.attempt_id)
     assert (entry.state, entry.run_id, entry.callback_token_hash) == ("accepted", run_id, act.callback_token_hash)
 
     activated = rig.activate(act)
@@ -946,7 +946,7 @@ def test_executor_runs_an_offer_end_to_end_through_the_real_receipt_consumer(mak
         run_id, offer.attempt_id, pull.offers[0].lease_token, activated.lease_version)
     assert started.boot_id == BOOT_ID
     assert started.pgid == started.pid  # its own session and group (setsid)
-    entry = rig.ctx.journal.get(offer.attempt_id)
+    entry = rig.ctx.executor_side.journal.get(offer.attempt_id)
     assert entry.state in ("started", "completed")
     assert (entry.identity.pid, entry.identity.pgid, entry.identity.start_ticks) == (
         started.pid, started.pgid, started.start_ticks)
@@ -956,12 +956,12 @@ def test_executor_runs_an_offer_end_to_end_through_the_real_receipt_consumer(mak
     assert (completed.run_id, completed.attempt_id, completed.exit_code) == (run_id, offer.attempt_id, 4)
     assert token_hash(completed.token) == act.callback_token_hash
     assert (completed.schema_version, completed.callback_sequence) == (2, 1)
-    assert completed.session_id == rig.ctx.session.session_id
+    assert completed.session_id == rig.ctx.executor_side.session.session_id
     assert completed.started_at_ms <= completed.finished_at_ms
     assert rig.ack_completed(completed) == "applied"
 
-    wait_until(lambda: rig.ctx.journal.get(offer.attempt_id) is None, what="journal row cleared")
-    assert not rig.ctx.receipts.final_path(offer.attempt_id).exists()
+    wait_until(lambda: rig.ctx.executor_side.journal.get(offer.attempt_id) is None, what="journal row cleared")
+    assert not rig.ctx.executor_side.receipts.final_path(offer.attempt_id).exists()
     run = rig.repo.runs.get(run_id)
     assert (run.state, run.attempts[0].exit_code) == ("failed", 4)
     assert log_path.read_bytes() == b"hi\n"
@@ -1002,7 +1002,7 @@ def test_executor_stop_requested_terms_the_process_group_and_the_receipt_says_14
     run = rig.repo.runs.get(offer.run_id)
     assert (run.state, run.attempts[0].exit_code) == ("cancelled", 143)
     wait_until(lambda: probe(identity, current_boot_id=BOOT_ID) is not Liveness.RUNNING, what="group gone")
-    wait_until(lambda: rig.ctx.journal.get(offer.attempt_id) is None, what="journal row cleared")
+    wait_until(lambda: rig.ctx.executor_side.journal.get(offer.attempt_id) is None, what="journal row cleared")
 
 
 def test_executor_a_fenced_started_stops_the_process_by_identity(make_exe):
@@ -1021,7 +1021,7 @@ def test_executor_a_running_jobs_output_reaches_its_log(make_exe):
     rig = make_exe()
     offer, _, started = rig.launch(sleeper(rig))
     job_running(rig)
-    log = rig.ctx.logs.path_for(offer.run_id, offer.attempt_id)
+    log = rig.ctx.executor_side.logs.path_for(offer.run_id, offer.attempt_id)
     wait_until(lambda: log.read_bytes() == b"ready\n", timeout=1.0, what="the output in the log")
 
 
@@ -1033,12 +1033,12 @@ def test_executor_refused_activation_clears_the_journal_and_frees_the_slot(make_
     offer = rig.offer_for(pull)
     rig.send_offers(pull, offer)
     act = rig.peer.expect(m.Activate)
-    assert rig.ctx.journal.get(act.attempt_id) is not None
+    assert rig.ctx.executor_side.journal.get(act.attempt_id) is not None
     rig.peer.send(ack_message("activate", act.run_id, act.attempt_id, "refused", "cancel_requested",
                               offer_id=act.offer_id, answer_to=act.request_id))
     again = rig.peer.expect(m.Pull)  # the slot is free: it pulls again, never spawns
     assert again.offers[0].offer_id != pull.offers[0].offer_id and len(again.offers) == 1
-    assert rig.ctx.journal.get(act.attempt_id) is None
+    assert rig.ctx.executor_side.journal.get(act.attempt_id) is None
     rig.peer.quiet()
     assert rig.alive()
 
@@ -1064,7 +1064,7 @@ def test_executor_a_stray_heartbeat_ack_or_attested_changes_nothing(make_exe):
                              lease_generation=None, lease_version=None, lease_expires_at_ms=None,
                              detail="stale session"))
     rig.peer.quiet()
-    assert rig.alive() and rig.ctx.journal.list() == []
+    assert rig.alive() and rig.ctx.executor_side.journal.list() == []
     # Its Pull is still the one waiting: the answer to it is accepted.
     rig.repo.tasks.add(spec())
     rig.repo.runs.request("job")
@@ -1082,7 +1082,7 @@ def test_executor_ignores_an_offer_for_a_pull_it_did_not_send(make_exe):
     # Not its pull: it holds nothing for that attempt and says so (recovery then frees the lease).
     given_back = rig.peer.expect(m.Attest)
     assert (given_back.attempt_id, given_back.fact, given_back.lease) == (offer.attempt_id, "never_launched", None)
-    assert rig.ctx.journal.list() == []
+    assert rig.ctx.executor_side.journal.list() == []
     rig.send_offers(pull, offer)  # the genuine one is still accepted
     rig.peer.expect(m.Activate)
 
@@ -1109,13 +1109,13 @@ def test_executor_re_adopts_a_surviving_launcher_from_its_journal(make_exe, tmp_
     def journal_a_survivor(h: ActorHarness) -> None:
         proc, identity = h.spawn_sleep(30)
         attempt_id, run_id = "att-survivor", "run-survivor"
-        h.ctx.journal.accept(attempt_id, run_id, str(tmp_path / "x.log"), str(tmp_path / "x.json"),
+        h.ctx.executor_side.journal.accept(attempt_id, run_id, str(tmp_path / "x.log"), str(tmp_path / "x.json"),
                              token_hash(new_token()))
-        h.ctx.journal.set_state(attempt_id, "started", identity=identity)
+        h.ctx.executor_side.journal.set_state(attempt_id, "started", identity=identity)
         survivor.update(identity=identity, run_id=run_id, attempt_id=attempt_id)
 
     rig = make_exe(before=journal_a_survivor, real_receipts=False)
-    rig.peer.send(welcome_message(rig.ctx.session))
+    rig.peer.send(welcome_message(rig.ctx.executor_side.session))
     rig.peer.quiet()  # its one slot is the survivor's: no pull
     assert rig.alive(), rig.h.inbox.items("supervisor", ActorFailed)
     rig.peer.send(m.StopRequested(run_id=survivor["run_id"], attempt_id=survivor["attempt_id"],
@@ -1137,7 +1137,7 @@ def test_executor_keeps_no_state_for_an_attempt_that_completed(make_exe):
     rig.ack_started(started)
     completed = rig.peer.expect(m.Completed, strict=False)
     rig.ack_completed(completed)
-    wait_until(lambda: rig.ctx.journal.get(offer.attempt_id) is None, what="journal row cleared")
+    wait_until(lambda: rig.ctx.executor_side.journal.get(offer.attempt_id) is None, what="journal row cleared")
     proxy = rig.ref.proxy()
     wait_until(lambda: proxy.live.get() == {}, what="its exit processed")
     assert not hasattr(rig.ref.proxy(), "ended_without_receipt")  # how it ended travels with Consume
@@ -1163,16 +1163,16 @@ class ReceiptRig:
         name = f"job{self._tasks}"
         self.h.repo.tasks.add(spec(name))
         run_id = self.h.repo.runs.request(name).run.id
-        s = self.ctx.session
+        s = self.ctx.executor_side.session
         lease_hash = token_hash(new_token())
-        view = self.ctx.dispatch.offer(s.worker_id, s.session_id, s.generation, secrets.token_hex(8), lease_hash,
+        view = self.ctx.control_side.dispatch.offer(s.worker_id, s.session_id, s.generation, secrets.token_hex(8), lease_hash,
                                        log_cap_bytes=0)
         assert view.run_id == run_id
-        assert self.ctx.dispatch.activate(view.fence(lease_hash), token_hash(token), "ab/x.log").result == "applied"
+        assert self.ctx.control_side.dispatch.activate(view.fence(lease_hash), token_hash(token), "ab/x.log").result == "applied"
         attempt_id = view.attempt_id
-        self.ctx.journal.accept(attempt_id, run_id, str(self.ctx.logs.path_for(run_id, attempt_id)),
-                                str(self.ctx.receipts.final_path(attempt_id)), token_hash(token))
-        self.ctx.journal.set_state(attempt_id, "started")
+        self.ctx.executor_side.journal.accept(attempt_id, run_id, str(self.ctx.executor_side.logs.path_for(run_id, attempt_id)),
+                                str(self.ctx.executor_side.receipts.final_path(attempt_id)), token_hash(token))
+        self.ctx.executor_side.journal.set_state(attempt_id, "started")
         return run_id, attempt_id
 
     def plant(self, run_id: str, attempt_id: str, token: str, exit_code: int = 0, data: bytes | None = None):
@@ -1180,8 +1180,8 @@ class ReceiptRig:
             data = encode_receipt(Receipt(schema_version=1, run_id=run_id, attempt_id=attempt_id,
                                           callback_sequence=1, token=token, started_at_ms=now_ms() - 10,
                                           finished_at_ms=now_ms(), exit_code=exit_code))
-        self.ctx.receipts.shard_dir(attempt_id)
-        path = self.ctx.receipts.final_path(attempt_id)
+        self.ctx.executor_side.receipts.shard_dir(attempt_id)
+        path = self.ctx.executor_side.receipts.final_path(attempt_id)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             os.write(fd, data)
@@ -1197,7 +1197,7 @@ class ReceiptRig:
                               attempt_id=completed.attempt_id, callback_sequence=completed.callback_sequence,
                               token=completed.token, started_at_ms=completed.started_at_ms,
                               finished_at_ms=completed.finished_at_ms, exit_code=completed.exit_code)
-            outcome = self.ctx.completion.complete(completed.run_id, completed.attempt_id, receipt,
+            outcome = self.ctx.control_side.completion.complete(completed.run_id, completed.attempt_id, receipt,
                                                    completed.log_dropped_bytes)
             result, detail = outcome.result, outcome.reason or ""
         self.peer.send(ack_message("completed", completed.run_id, completed.attempt_id, result, detail))
@@ -1227,7 +1227,7 @@ def test_receipts_a_planted_receipt_is_reported_and_removed_after_an_applied_ack
     path = rc.plant(run_id, attempt_id, token, exit_code)
     rc.ref.tell(Consume(run_id, attempt_id))
     completed = rc.peer.expect(m.Completed)
-    s = rc.ctx.session
+    s = rc.ctx.executor_side.session
     assert (completed.worker_id, completed.session_id, completed.session_generation) == (
         s.worker_id, s.session_id, s.generation)
     assert (completed.run_id, completed.attempt_id, completed.token, completed.exit_code) == (
@@ -1235,11 +1235,11 @@ def test_receipts_a_planted_receipt_is_reported_and_removed_after_an_applied_ack
     assert (completed.schema_version, completed.callback_sequence, completed.log_dropped_bytes) == (1, 1, None)
     # Nothing is removed before the answer; the row is marked `completed` only if the answer is
     # fenced (the fast path spends no write on it).
-    assert rc.ctx.journal.get(attempt_id).state == "started"
+    assert rc.ctx.executor_side.journal.get(attempt_id).state == "started"
     assert path.exists()
 
     assert rc.answer(completed) == "applied"
-    wait_until(lambda: rc.ctx.journal.get(attempt_id) is None, what="journal row cleared")
+    wait_until(lambda: rc.ctx.executor_side.journal.get(attempt_id) is None, what="journal row cleared")
     assert not path.exists()
     assert rc.h.repo.runs.get(run_id).state == state
     assert rc.h.inbox.items("executor") == []
@@ -1251,7 +1251,7 @@ def test_receipts_an_already_terminal_ack_removes_the_receipt_too(rc):
     path = rc.plant(run_id, attempt_id, token)
     rc.ref.tell(Consume(run_id, attempt_id))
     rc.answer(rc.peer.expect(m.Completed), "already_terminal")
-    wait_until(lambda: rc.ctx.journal.get(attempt_id) is None, what="journal row cleared")
+    wait_until(lambda: rc.ctx.executor_side.journal.get(attempt_id) is None, what="journal row cleared")
     assert not path.exists()
 
 
@@ -1261,8 +1261,8 @@ def test_receipts_a_duplicate_ack_keeps_a_row_handed_to_log_retention(rc):
     that Ack must not clear it (the LogSender's next acknowledgement found no row and failed).
     The Ack to a receipt an instance that died sent still clears its row."""
     retained_run, retained = rc.journalled_attempt(new_token())
-    rc.ctx.journal.final_offset(retained, 6)
-    rc.ctx.journal.complete(retained, now_ms() + 60_000)  # as the first Ack left it
+    rc.ctx.executor_side.journal.final_offset(retained, 6)
+    rc.ctx.executor_side.journal.complete(retained, now_ms() + 60_000)  # as the first Ack left it
     died_run, died = rc.journalled_attempt(new_token())
     token = new_token()
     run_id, attempt_id = rc.journalled_attempt(token)
@@ -1272,9 +1272,9 @@ def test_receipts_a_duplicate_ack_keeps_a_row_handed_to_log_retention(rc):
     rc.peer.send(ack_message("completed", retained_run, retained, "applied"))
     rc.peer.send(ack_message("completed", died_run, died, "applied"))
     assert rc.answer(completed) == "applied"
-    wait_until(lambda: rc.ctx.journal.get(died) is None and rc.ctx.journal.get(attempt_id) is None,
+    wait_until(lambda: rc.ctx.executor_side.journal.get(died) is None and rc.ctx.executor_side.journal.get(attempt_id) is None,
                what="the dead instance's row and the answered one cleared")
-    entry = rc.ctx.journal.get(retained)  # the Acks are handled in order: the duplicate was too
+    entry = rc.ctx.executor_side.journal.get(retained)  # the Acks are handled in order: the duplicate was too
     assert entry is not None and entry.state == "completed" and entry.final_offset == 6
 
 
@@ -1285,7 +1285,7 @@ def test_receipts_a_cluster_completed_left_unanswered_is_sent_again_until_answer
     from qlactors.executor import receipt_consumer as receipts
 
     monkeypatch.setattr(receipts, "RESEND_COMPLETED_S", 0.5)
-    monkeypatch.setattr(rc.ctx, "completion_facts", lambda _a, _r: (0, True))  # as a cluster worker's
+    monkeypatch.setattr(rc.ctx.executor_side, "completion_facts", lambda _a, _r: (0, True))  # as a cluster worker's
     rc.h.stub("logs")
     token = new_token()
     run_id, attempt_id = rc.journalled_attempt(token)
@@ -1298,7 +1298,7 @@ def test_receipts_a_cluster_completed_left_unanswered_is_sent_again_until_answer
     assert again == first and time.monotonic() - t0 >= 0.4
     assert rc.peer.expect(m.Completed) == first  # and again, while unanswered
     assert rc.answer(again) == "applied"
-    wait_until(lambda: rc.ctx.journal.get(attempt_id).state == "completed", what="the row kept for its log")
+    wait_until(lambda: rc.ctx.executor_side.journal.get(attempt_id).state == "completed", what="the row kept for its log")
     assert rc.h.repo.runs.get(run_id).state == "succeeded"
     rc.peer.quiet(1.5)  # answered: never sent again
 
@@ -1329,7 +1329,7 @@ def test_receipts_a_refused_ack_quarantines_the_receipt(rc):
 
     [no_receipt] = rc.h.inbox.wait("executor", NoReceipt)
     assert no_receipt == NoReceipt(run_id, attempt_id, quarantined=True)
-    entry = rc.ctx.journal.get(attempt_id)
+    entry = rc.ctx.executor_side.journal.get(attempt_id)
     retention = rc.h.config.runtime.quarantine_retention_ms
     assert entry.state == "quarantined"
     assert t0 + retention <= entry.purge_after_ms <= now_ms() + retention
@@ -1354,7 +1354,7 @@ def test_receipts_a_fenced_ack_leaves_the_receipt_for_the_next_try(rc):
     rc.ref.tell(Consume(run_id, attempt_id))
     assert rc.peer.expect(m.Completed) == completed
     assert path.exists()
-    assert rc.ctx.journal.get(attempt_id).state == "completed"
+    assert rc.ctx.executor_side.journal.get(attempt_id).state == "completed"
     assert rc.h.inbox.items("executor") == []
     assert rc.answer(completed) == "applied"
     wait_until(lambda: not path.exists(), what="receipt removed")
@@ -1387,7 +1387,7 @@ def test_receipts_an_unreadable_receipt_is_quarantined_without_asking(rc):
     [no_receipt] = rc.h.inbox.wait("executor", NoReceipt)
     assert no_receipt.quarantined
     assert not path.exists()
-    assert rc.ctx.journal.get(attempt_id).state == "quarantined"
+    assert rc.ctx.executor_side.journal.get(attempt_id).state == "quarantined"
     rc.peer.quiet()
 
 
@@ -1407,7 +1407,7 @@ def test_receipts_an_ack_for_nothing_pending_is_ignored(rc):
     rc.answer(completed)  # same connection, so handled after the two above
     wait_until(lambda: not second_path.exists(), what="the second receipt removed")
     assert rc.ref.is_alive()
-    assert rc.ctx.journal.get(first[1]) is None  # the late refusal neither resurrected nor moved anything
+    assert rc.ctx.executor_side.journal.get(first[1]) is None  # the late refusal neither resurrected nor moved anything
     assert not (rc.h.config.receipts_dir / ".quarantine").exists()
     assert rc.h.inbox.items("executor") == []
 
@@ -1452,7 +1452,7 @@ def test_scheduler_a_cycle_commits_timeouts_and_reports_stops_and_waiting_work(s
     step_stub(sched, "recovery")
     step_stub(sched, "retry")
     sched.stub("supervisor")
-    repo, d, s = sched.repo, sched.ctx.dispatch, sched.ctx.session
+    repo, d, s = sched.repo, sched.ctx.control_side.dispatch, sched.ctx.executor_side.session
     repo.tasks.add(spec("slow", timeout_ms=1, stop_grace_ms=700))
     run_id = repo.runs.request("slow").run.id
     lease_hash = token_hash(new_token())
@@ -1477,7 +1477,7 @@ def test_scheduler_a_cycle_lists_each_stop_order_once(sched):
     step_stub(sched, "recovery")
     step_stub(sched, "retry")
     sched.stub("supervisor")
-    repo, d, s = sched.repo, sched.ctx.dispatch, sched.ctx.session
+    repo, d, s = sched.repo, sched.ctx.control_side.dispatch, sched.ctx.executor_side.session
     repo.tasks.add(spec("slow", timeout_ms=1))
     repo.runs.request("slow")
     lease_hash = token_hash(new_token())
@@ -1528,15 +1528,15 @@ def test_scheduler_a_failed_cycle_withholds_authority_until_a_cycle_gets_through
     sched.stub("recovery", recovery)
     step_stub(sched, "retry")
     sched.stub("supervisor")
-    assert sched.ctx.authority.is_set()  # nothing has failed yet
+    assert sched.ctx.control_side.authority.is_set()  # nothing has failed yet
     ref = sched.start("scheduler", Scheduler)
     ref.tell(Tick("test"))
     [done] = sched.inbox.wait("supervisor", CycleDone)
-    assert not done.ok and not sched.ctx.authority.is_set()
+    assert not done.ok and not sched.ctx.control_side.authority.is_set()
     answers["ok"] = True
     ref.tell(Tick("test"))
     done = sched.inbox.wait("supervisor", CycleDone, count=2)
-    assert done[-1].ok and sched.ctx.authority.is_set()
+    assert done[-1].ok and sched.ctx.control_side.authority.is_set()
 
 
 def test_scheduler_a_step_actor_that_is_not_running_fails_the_cycle(sched):
@@ -1601,7 +1601,7 @@ def test_scheduler_a_failing_cron_step_ends_the_cycle_before_stops_and_admission
 
     def broken(*_a, **_k):
         raise RuntimeError("database is locked")
-    monkeypatch.setattr(sched.ctx.cron, "due", broken)
+    monkeypatch.setattr(sched.ctx.control_side.cron, "due", broken)
     sched.start("scheduler", Scheduler).tell(Tick("test"))
     [done] = sched.inbox.wait("supervisor", CycleDone)
     assert not done.ok and not done.work_waiting and done.stops == ()
@@ -1641,8 +1641,8 @@ class Flights:
 
 
 def plant_receipt(h: ActorHarness, run_id: str, attempt_id: str, token: str, exit_code: int) -> Any:
-    h.ctx.receipts.shard_dir(attempt_id)
-    path = h.ctx.receipts.final_path(attempt_id)
+    h.ctx.executor_side.receipts.shard_dir(attempt_id)
+    path = h.ctx.executor_side.receipts.final_path(attempt_id)
     path.write_bytes(encode_receipt(Receipt(schema_version=1, run_id=run_id, attempt_id=attempt_id,
                                             callback_sequence=1, token=token, started_at_ms=now_ms() - 10,
                                             finished_at_ms=now_ms(), exit_code=exit_code)))
@@ -1660,7 +1660,7 @@ def rec(tmp_path):
 
 
 def test_recovery_startup_pass_judges_every_kind_of_in_flight_attempt(rec):
-    old = rec.ctx.session  # the session of the runtime that "crashed"
+    old = rec.ctx.executor_side.session  # the session of the runtime that "crashed"
     flights = Flights(rec, old)
     proc, live = rec.spawn_sleep(30)
     dead = rec.dead_identity()
@@ -1673,7 +1673,7 @@ def test_recovery_startup_pass_judges_every_kind_of_in_flight_attempt(rec):
     cancelled = flights.make("running", dead)
     rec.repo.runs.cancel(cancelled[0])
     backlog = flights.make("queued")
-    rec.ctx.session = rec.ctx.dispatch.register_session("local", 8)  # this start's session
+    rec.ctx.control_side.local.session = rec.ctx.control_side.dispatch.register_session("local", 8)  # this start's session
 
     ref = rec.start("recovery", Recovery)
     totals = ref.ask(StartupPass(), timeout=WAIT_S)
@@ -1684,7 +1684,7 @@ def test_recovery_startup_pass_judges_every_kind_of_in_flight_attempt(rec):
     assert (run.state, run.attempts[0].state, run.attempts[0].error_code) == ("dispatching", "claimed", None)
     assert [(lease["status"], lease["release_reason"]) for lease in leases(rec.repo, claimed[0])] == [
         ("released", "lease_expired")]
-    assert rec.ctx.control.queued_waiting()  # the Scheduler nudges executors for it
+    assert rec.ctx.control_side.control.queued_waiting()  # the Scheduler nudges executors for it
 
     run = rec.repo.runs.get(gone[0])
     assert (run.state, run.attempts[0].state, run.attempts[0].error_code) == (
@@ -1702,15 +1702,15 @@ def test_recovery_startup_pass_judges_every_kind_of_in_flight_attempt(rec):
     run = rec.repo.runs.get(surviving[0])
     assert (run.state, run.attempts[0].state) == ("running", "running")
     row = attempt_row(rec.repo, surviving[1])
-    new = rec.ctx.session
+    new = rec.ctx.control_side.local.session
     assert (row.session_id, row.session_generation, row.pid, row.start_ticks) == (
         new.session_id, new.generation, live.pid, live.start_ticks)
     assert [(lease["session_id"], lease["status"]) for lease in leases(rec.repo, surviving[0])] == [
         (old.session_id, "released"), (new.session_id, "leased")]
-    assert rec.ctx.control.recovery_candidates(64)[0] == [rec.ctx.control.candidate(surviving[1])]
+    assert rec.ctx.control_side.control.recovery_candidates(64)[0] == [rec.ctx.control_side.control.candidate(surviving[1])]
     assert ref.is_alive()
     # The released claim is offered again, to the new session, under the next lease generation.
-    again = rec.ctx.dispatch.offer(new.worker_id, new.session_id, new.generation, "offer-again",
+    again = rec.ctx.control_side.dispatch.offer(new.worker_id, new.session_id, new.generation, "offer-again",
                                    token_hash(new_token()), log_cap_bytes=0)
     assert (again.run_id, again.attempt_id, again.lease_generation) == (claimed[0], claimed[1], 2)
 
@@ -1725,7 +1725,7 @@ def test_recovery_startup_pass_recovers_200_in_flight_attempts_in_one_call(rec, 
             "PRAGMA synchronous=OFF" if p.startswith("PRAGMA synchronous") else p for p in sqlite_store.PRAGMAS))
         setup = Repository.open(rec.config.database_url)
     try:
-        flights = Flights(rec, rec.ctx.session, setup)
+        flights = Flights(rec, rec.ctx.executor_side.session, setup)
         for _ in range(kinds["claimed"]):
             flights.make("claimed")
         for _ in range(kinds["dead"]):
@@ -1735,18 +1735,18 @@ def test_recovery_startup_pass_recovers_200_in_flight_attempts_in_one_call(rec, 
             plant_receipt(rec, *flights.make("running", dead, token), token, exit_code=0)
     finally:
         setup.close()
-    assert rec.ctx.control.recovery_candidates(64)[1]  # more than one page
+    assert rec.ctx.control_side.control.recovery_candidates(64)[1]  # more than one page
     ref = rec.start("recovery", Recovery)
     t0 = time.monotonic()
     totals = ref.ask(StartupPass(), timeout=60)
     elapsed = time.monotonic() - t0
     print(f"\nstartup recovery of 200 in-flight attempts took {elapsed:.3f} s: {totals}")
     assert totals == {"released": 80, "lost": 80, "completed": 40}
-    assert rec.ctx.control.recovery_candidates(64) == ([], False)
+    assert rec.ctx.control_side.control.recovery_candidates(64) == ([], False)
 
 
 def test_recovery_continuous_pass_judges_what_the_executor_attests(rec):
-    flights = Flights(rec, rec.ctx.session)
+    flights = Flights(rec, rec.ctx.executor_side.session)
     _, live = rec.spawn_sleep(30)
     dead = rec.dead_identity()
     ended = flights.make("running", dead)
@@ -1764,15 +1764,15 @@ def test_recovery_continuous_pass_judges_what_the_executor_attests(rec):
 
 
 def test_recovery_takes_the_identity_from_the_journal_when_started_never_committed(rec):
-    flights = Flights(rec, rec.ctx.session)
+    flights = Flights(rec, rec.ctx.executor_side.session)
     proc, live = rec.spawn_sleep(30)
     token = new_token()
     run_id, attempt_id = flights.make("starting", token=token)
-    j = rec.ctx.journal
-    j.accept(attempt_id, run_id, str(rec.ctx.logs.path_for(run_id, attempt_id)),
-             str(rec.ctx.receipts.final_path(attempt_id)), token_hash(token))
+    j = rec.ctx.executor_side.journal
+    j.accept(attempt_id, run_id, str(rec.ctx.executor_side.logs.path_for(run_id, attempt_id)),
+             str(rec.ctx.executor_side.receipts.final_path(attempt_id)), token_hash(token))
     j.set_state(attempt_id, "started", identity=live)
-    rec.ctx.session = rec.ctx.dispatch.register_session("local", 8)
+    rec.ctx.control_side.local.session = rec.ctx.control_side.dispatch.register_session("local", 8)
     ref = rec.start("recovery", Recovery)
     assert ref.ask(StartupPass(), timeout=WAIT_S) == {"running": 1}
     run = rec.repo.runs.get(run_id)
@@ -1781,9 +1781,9 @@ def test_recovery_takes_the_identity_from_the_journal_when_started_never_committ
 
 
 def test_retry_resolves_a_lost_run_without_policy_as_failed(rec):
-    flights = Flights(rec, rec.ctx.session)
+    flights = Flights(rec, rec.ctx.executor_side.session)
     run_id, attempt_id = flights.make("claimed")
-    assert rec.ctx.control.mark_lost(run_id, attempt_id, ErrorCode.RECOVERY_UNSTARTED_CLAIM).result == "applied"
+    assert rec.ctx.control_side.control.mark_lost(run_id, attempt_id, ErrorCode.RECOVERY_UNSTARTED_CLAIM).result == "applied"
     ref = rec.start("retry", Retry)
     ref.tell(StepRequest(5))
     [done] = rec.inbox.wait("scheduler", StepDone)
@@ -1796,9 +1796,9 @@ def test_retry_requeues_a_lost_run_whose_policy_allows_it(rec):
     rec.repo.tasks.add(spec("again", retry=RetryPolicy(max_attempts=2, retry_on_lost=True, safety="idempotent",
                                                        backoff_base_ms=0, backoff_max_ms=0)))
     run_id = rec.repo.runs.request("again").run.id
-    s, lease_hash = rec.ctx.session, token_hash(new_token())
-    view = rec.ctx.dispatch.offer(s.worker_id, s.session_id, s.generation, "o1", lease_hash, log_cap_bytes=0)
-    rec.ctx.control.mark_lost(run_id, view.attempt_id, ErrorCode.RECOVERY_UNSTARTED_CLAIM)
+    s, lease_hash = rec.ctx.executor_side.session, token_hash(new_token())
+    view = rec.ctx.control_side.dispatch.offer(s.worker_id, s.session_id, s.generation, "o1", lease_hash, log_cap_bytes=0)
+    rec.ctx.control_side.control.mark_lost(run_id, view.attempt_id, ErrorCode.RECOVERY_UNSTARTED_CLAIM)
     ref = rec.start("retry", Retry)
     ref.tell(StepRequest(1))
     assert rec.inbox.wait("scheduler", StepDone)[0].ok

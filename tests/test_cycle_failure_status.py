@@ -43,7 +43,7 @@ def test_the_scheduler_records_the_failing_step_its_error_and_since_when(sched):
     sched.stub("retry", retry)
     sched.stub("supervisor")
     ref = sched.start("scheduler", Scheduler)
-    health = sched.ctx.cycle_health
+    health = sched.ctx.control_side.cycle_health
     assert health.current is None
     before = int(time.time() * 1000)
     assert not _cycle(sched, ref, 1).ok
@@ -65,7 +65,7 @@ def test_a_silent_step_is_recorded_as_failing(sched, monkeypatch):  # noqa: F811
     sched.stub("supervisor")
     ref = sched.start("scheduler", Scheduler)
     assert not _cycle(sched, ref, 1).ok
-    failure = sched.ctx.cycle_health.current
+    failure = sched.ctx.control_side.cycle_health.current
     assert (failure.step, failure.error) == ("recovery", "did not answer within 0.2 s")
 
 

@@ -422,7 +422,7 @@ def test_a_second_edge_on_the_same_home_refuses_to_start_and_the_first_keeps_wor
 # Register from its own thread while profiles/edge.py has not yet put its ref into the Directory.
 SLOW_REGISTRATION = """
 import sys, time
-from qlactors.runtime import actor as base
+from qlactors.runtime import context as base
 from qlactors.cli import main
 
 plain_set = base.Directory.set

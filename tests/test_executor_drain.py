@@ -51,7 +51,7 @@ def answer_leave(rig: ClusterRig, leave: m.Leave) -> m.Ack:
 
 
 def answer_decline(rig: ClusterRig, decline: m.Decline) -> m.Ack:
-    outcome = rig.ctx.dispatch.decline(fence_of(decline, decline.worker_id))
+    outcome = rig.ctx.control_side.dispatch.decline(fence_of(decline, decline.worker_id))
     ack = ack_message("decline", decline.run_id, decline.attempt_id, outcome.result, outcome.detail or "",
                       offer_id=decline.offer_id, answer_to=decline.request_id)
     rig.peer.send(ack)
@@ -73,7 +73,7 @@ def test_a_drain_declines_the_unlaunched_offer_leaves_the_session_and_keeps_the_
     _offer, _pull, started = rig.launch_on(s1, held_job(rig))
     ready(rig)
     waiting, _activate = second_offer(rig, s1)
-    assert rig.ctx.journal.get(waiting.attempt_id).state == "accepted"
+    assert rig.ctx.executor_side.journal.get(waiting.attempt_id).state == "accepted"
 
     done = threading.Event()
     rig.ref.tell(DrainSession(done))
@@ -98,11 +98,11 @@ def test_a_drain_declines_the_unlaunched_offer_leaves_the_session_and_keeps_the_
     assert attempt_row(rig.repo, waiting.attempt_id).status == "claimed"
     assert [(l["status"], l["release_reason"]) for l in leases(rig.repo, waiting.run_id)] == [
         ("released", "declined")]
-    assert rig.ctx.journal.get(waiting.attempt_id) is None
+    assert rig.ctx.executor_side.journal.get(waiting.attempt_id) is None
     # The running job was not touched: still running, journalled for the restart, still held.
-    assert probe(rig.ctx.journal.get(started.attempt_id).identity, current_boot_id=rig.ctx.boot_id()) \
+    assert probe(rig.ctx.executor_side.journal.get(started.attempt_id).identity, current_boot_id=rig.ctx.executor_side.boot_id()) \
         is Liveness.RUNNING
-    assert rig.ctx.journal.get(started.attempt_id).state == "started"
+    assert rig.ctx.executor_side.journal.get(started.attempt_id).state == "started"
     assert attempt_row(rig.repo, started.attempt_id).status == "running"
     assert live_ids(rig) == [started.attempt_id]
 
@@ -114,7 +114,7 @@ def test_an_offer_activated_before_its_decline_is_never_launched_and_is_given_ba
     ready(rig)
     waiting, activate = second_offer(rig, s1)
     # The replica applied Activate before the drain's Decline; its answer arrives after SIGTERM.
-    result = rig.ctx.dispatch.activate(fence_of(activate, activate.worker_id), activate.callback_token_hash,
+    result = rig.ctx.control_side.dispatch.activate(fence_of(activate, activate.worker_id), activate.callback_token_hash,
                                        activate.log_artifact_id)
     assert result.result == "applied"
 
@@ -131,7 +131,7 @@ def test_an_offer_activated_before_its_decline_is_never_launched_and_is_given_ba
     assert given_back.lease is not None and given_back.lease.offer_id == waiting.offer_id
     assert rig.peer.expect(m.Leave, strict=False).status == "offline"
     # Its journal row stays `accepted`: a restart gives it back again if this attestation was lost.
-    assert rig.ctx.journal.get(waiting.attempt_id).state == "accepted"
+    assert rig.ctx.executor_side.journal.get(waiting.attempt_id).state == "accepted"
     assert waiting.attempt_id not in live_ids(rig)
     assert attempt_row(rig.repo, waiting.attempt_id).status == "starting"  # launched nowhere
     assert not any(isinstance(msg, m.Started) for msg in rig.peer.pending)
@@ -157,7 +157,7 @@ def test_offers_answering_a_pull_sent_before_the_drain_are_declined(make_rig):
     assert answer_decline(rig, decline).result == "applied"
     assert answer_leave(rig, rig.peer.expect(m.Leave, strict=False)).result == "applied"
     assert done.wait(5)
-    assert rig.ctx.journal.get(offer.attempt_id) is None and rig.ctx.journal.open_pulls() == []
+    assert rig.ctx.executor_side.journal.get(offer.attempt_id) is None and rig.ctx.executor_side.journal.open_pulls() == []
     assert [(l["status"], l["release_reason"]) for l in leases(rig.repo, offer.run_id)] == [
         ("released", "declined")]
 
@@ -184,7 +184,7 @@ def cluster_gateway(tmp_path, store_url):
     endpoint = unique_endpoint("control")
     h = ActorHarness(tmp_path, control_bind=endpoint, database_url=store_url)
     try:
-        h.ctx.sessions = ClusterSessions(h.ctx.dispatch, None, h.ctx.control, **LEASES,
+        h.ctx.control_side.sessions = ClusterSessions(h.ctx.control_side.dispatch, None, h.ctx.control_side.control, **LEASES,
                                          resume_secret=RESUME_SECRET)
         h.bridge.route_control(h.directory.named("gateway"))
         h.stub("recovery")
@@ -205,7 +205,7 @@ def leave_of(session, status: str, generation: int | None = None) -> m.Leave:
 
 def test_the_gateway_applies_a_leave_from_the_current_session_and_fences_a_superseded_one(cluster_gateway):
     h, peer = cluster_gateway
-    dispatch = h.ctx.dispatch
+    dispatch = h.ctx.control_side.dispatch
     old = dispatch.register_session("w1", 2, boot_id="b", session_lease_ms=60_000)
     current = dispatch.register_session("w1", 2, boot_id="b", session_lease_ms=60_000)
     peer.send(leave_of(old, "draining"))
@@ -232,7 +232,7 @@ def test_an_edge_gateway_refuses_a_leave_its_session_lives_with_the_process(tmp_
         h.start_bridge()
         h.start("gateway", Gateway)
         peer = h.dealer(endpoint)
-        peer.send(leave_of(h.ctx.session, "offline"))
+        peer.send(leave_of(h.ctx.executor_side.session, "offline"))
         ack = peer.expect(m.Ack)
         assert (ack.of, ack.result) == ("leave", "refused")
         with h.repo.store.read() as conn:

@@ -35,7 +35,7 @@ from test_executor_reattest import (  # noqa: F401 - make_rig is the rig's fixtu
 
 def _journal_rows(rig) -> list:
     """Every journal row, hidden ones (cleared while a report was owed) included."""
-    with rig.ctx.journal.store.read() as conn:
+    with rig.ctx.executor_side.journal.store.read() as conn:
         return conn.execute(select(executor_journal)).all()
 
 
@@ -61,7 +61,7 @@ def test_a_late_refusal_of_an_activate_copy_never_undoes_the_launch(make_rig, ca
     rig.ack_started(started)
     rig.peer.quiet()  # no give-back Attest, no Pull beyond its one slot
     assert "already launched" in caplog.text
-    assert rig.ctx.journal.get(offer.attempt_id).state == "started"
+    assert rig.ctx.executor_side.journal.get(offer.attempt_id).state == "started"
     release(rig)
     completed = rig.peer.expect(m.Completed, strict=False)
     assert (completed.attempt_id, completed.exit_code, rig.ack_completed(completed)) == (offer.attempt_id, 0, "applied")
@@ -82,16 +82,16 @@ def test_a_start_failure_is_owed_until_answered_and_its_row_kept_until_then(make
     rig.send_offers(pull, offer)
     rig.activate(rig.peer.expect(m.Activate))
     failed = rig.peer.expect(m.StartFailed, strict=False)
-    assert [r.request_id for r in rig.ctx.journal.owed()] == [failed.request_id]
-    wait_until(lambda: rig.ctx.journal.get(offer.attempt_id) is None, what="the row cleared for its readers")
+    assert [r.request_id for r in rig.ctx.executor_side.journal.owed()] == [failed.request_id]
+    wait_until(lambda: rig.ctx.executor_side.journal.get(offer.attempt_id) is None, what="the row cleared for its readers")
     assert [r.attempt_id for r in _journal_rows(rig)] == [offer.attempt_id]  # kept while owed
     again = rig.peer.expect(m.StartFailed, strict=False)  # the first copy was lost: sent again
     assert again == failed
-    outcome = rig.ctx.dispatch.start_failed(fence_of(again, again.worker_id), again.reason)
+    outcome = rig.ctx.control_side.dispatch.start_failed(fence_of(again, again.worker_id), again.reason)
     assert outcome.result == "applied"
     rig.peer.send(ack_message("start_failed", again.run_id, again.attempt_id, outcome.result,
                               offer_id=again.offer_id, answer_to=again.request_id))
-    wait_until(lambda: not rig.ctx.journal.owed(), what="the report settled")
+    wait_until(lambda: not rig.ctx.executor_side.journal.owed(), what="the report settled")
     wait_until(lambda: _journal_rows(rig) == [], what="the row gone with its last owed report")
     assert rig.repo.runs.get(offer.run_id).state == "failed"
 
@@ -118,11 +118,11 @@ def test_a_fenced_answer_to_a_started_about_an_older_lease_does_not_stop_the_reb
     attest = rig.peer.expect(m.Attest, strict=False)
     assert (attest.fact, attest.session_id) == ("running", s2.session_id)
     assert rig.answer_attest(attest).result == "applied"
-    wait_until(lambda: rig.ctx.journal.get(offer.attempt_id).lease.session_id == s2.session_id,
+    wait_until(lambda: rig.ctx.executor_side.journal.get(offer.attempt_id).lease.session_id == s2.session_id,
                what="the lease re-bound to session 2")
     rig.peer.send(ack_message("started", started.run_id, started.attempt_id, "fenced", "lease_released",
                               offer_id=started.offer_id, answer_to=started.request_id))
-    wait_until(lambda: not any(r.request_id == started.request_id for r in rig.ctx.journal.owed()),
+    wait_until(lambda: not any(r.request_id == started.request_id for r in rig.ctx.executor_side.journal.owed()),
                what="the Started settled by its answer")
     assert "event=stop_term" not in caplog.text
     release(rig)
@@ -149,7 +149,7 @@ def test_a_register_is_repeated_with_the_same_register_id_until_welcomed(make_ri
     assert caplog.text.count("event=worker_key_refused") == 1  # once a minute, not per refusal
     rig.welcome_to(rig.new_session())
     rig.peer.expect(m.Pull, strict=False)
-    assert not rig.ctx.journal.owed()  # a session is open: nothing owed, no Register repeated
+    assert not rig.ctx.executor_side.journal.owed()  # a session is open: nothing owed, no Register repeated
     rig.ref.tell(RegisterDue())
     rig.peer.pending = [p for p in rig.peer.pending if not isinstance(p, m.Register)]
     rig.peer.quiet()
@@ -183,4 +183,4 @@ def test_offers_of_a_pull_no_longer_waited_for_are_declined_at_once(make_rig):
     decline = rig.peer.expect(m.Decline, strict=False)
     assert (decline.attempt_id, decline.offer_id, decline.lease_token) == (
         late.attempt_id, pull.offers[1].offer_id, pull.offers[1].lease_token)
-    assert rig.ctx.dispatch.decline(fence_of(decline, decline.worker_id)).result == "applied"
+    assert rig.ctx.control_side.dispatch.decline(fence_of(decline, decline.worker_id)).result == "applied"

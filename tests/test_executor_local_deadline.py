@@ -39,7 +39,7 @@ def test_a_worker_cut_off_from_every_replica_times_its_job_out_itself(make_rig, 
     caplog.set_level(logging.INFO, logger="qlactors")
 
     def worker_facts(h) -> None:  # what a worker's Completed adds: "finished in time" on its clock
-        h.ctx.completion_facts = WorkerFacts(h.ctx.journal, h.ctx.logs)
+        h.ctx.executor_side.completion_facts = WorkerFacts(h.ctx.executor_side.journal, h.ctx.executor_side.logs)
 
     rig = make_rig(before=worker_facts)
     offer, _started, t0 = launch_with_timeout(rig)
@@ -49,7 +49,7 @@ def test_a_worker_cut_off_from_every_replica_times_its_job_out_itself(make_rig, 
     assert (completed.attempt_id, completed.exit_code, completed.stopped_by) == (offer.attempt_id, 143, "term")
     assert completed.finished_in_time is False  # the report: it ended past this worker's deadline
     assert waited >= TIMEOUT_MS / 1000  # not before its own deadline
-    entry = rig.ctx.journal.get(offer.attempt_id)  # the intent committed before the stop
+    entry = rig.ctx.executor_side.journal.get(offer.attempt_id)  # the intent committed before the stop
     assert entry.timeout_intent_at_ms is not None and entry.timeout_intent_at_ms >= entry.local_deadline_ms
     assert entry.local_deadline_ms == entry.activated_at_ms + TIMEOUT_MS
     assert "event=local_timeout" in caplog.text
@@ -65,7 +65,7 @@ def test_a_worker_whose_heartbeats_are_answered_leaves_the_timeout_to_the_contro
         assert not isinstance(message, m.Completed), message
         if isinstance(message, m.Heartbeat):
             rig.answer_heartbeat(message)
-    assert rig.ctx.journal.get(offer.attempt_id).timeout_intent_at_ms is None
+    assert rig.ctx.executor_side.journal.get(offer.attempt_id).timeout_intent_at_ms is None
     release(rig)
     completed = rig.peer.expect(m.Completed, strict=False)
     assert (completed.exit_code, completed.stopped_by) == (0, "exit")

@@ -42,12 +42,12 @@ class ClusterRig(ExecutorRig):
 
     def __init__(self, h: ActorHarness, ref, peer, register: m.Register) -> None:
         super().__init__(h, ref, peer, register)
-        self.control = ClusterSessions(h.ctx.dispatch, None, h.ctx.control, **LEASES, resume_secret=RESUME_SECRET)
-        self.worker_id = h.ctx.session.worker_id
+        self.control = ClusterSessions(h.ctx.control_side.dispatch, None, h.ctx.control_side.control, **LEASES, resume_secret=RESUME_SECRET)
+        self.worker_id = h.ctx.executor_side.session.worker_id
 
     def new_session(self):
         """A new generation in the store (the older sessions end, as a Register does)."""
-        return self.ctx.dispatch.register_session(self.worker_id, self.h.config.runtime.slots, boot_id=BOOT_ID,
+        return self.ctx.control_side.dispatch.register_session(self.worker_id, self.h.config.runtime.slots, boot_id=BOOT_ID,
                                                   session_lease_ms=LEASES["session_lease_ms"],
                                                   resume_secret_hash=token_hash(new_token()))
 
@@ -160,9 +160,9 @@ def test_a_re_register_re_attests_the_running_job_which_keeps_running_and_comple
 
     answer = rig.answer_attest(attest)
     assert (answer.result, answer.lease_generation) == ("applied", offer.lease_generation + 1)
-    wait_until(lambda: rig.ctx.journal.get(offer.attempt_id).lease.session_id == s2.session_id,
+    wait_until(lambda: rig.ctx.executor_side.journal.get(offer.attempt_id).lease.session_id == s2.session_id,
                what="the journal re-bound")
-    entry = rig.ctx.journal.get(offer.attempt_id)
+    entry = rig.ctx.executor_side.journal.get(offer.attempt_id)
     assert (entry.lease.offer_id, entry.lease.lease_token, entry.lease.lease_generation) == (
         attest.new_slot.offer_id, attest.new_slot.lease_token, answer.lease_generation)
     beat = rig.heartbeat()
@@ -203,10 +203,10 @@ def test_a_re_register_gives_back_an_accepted_offer_that_was_never_launched(make
     (lease,) = leases(rig.repo, offer.run_id)
     assert (lease["status"], lease["release_reason"], lease["version"]) == ("released", "declined", 2)
     assert attempt_row(rig.repo, offer.attempt_id).evidence is None
-    assert rig.ctx.journal.get(offer.attempt_id) is None
+    assert rig.ctx.executor_side.journal.get(offer.attempt_id) is None
     rig.peer.expect(m.Pull, strict=False)  # its slot is free again
     # A late Activated for the old session's offer launches nothing.
-    assert rig.ctx.dispatch.activate(fence_of(act, act.worker_id), act.callback_token_hash,
+    assert rig.ctx.control_side.dispatch.activate(fence_of(act, act.worker_id), act.callback_token_hash,
                                      act.log_artifact_id).result == "fenced"
     rig.peer.send(m.Activated(answer_to=act.request_id, run_id=offer.run_id, attempt_id=offer.attempt_id, offer_id=offer.offer_id,
                               lease_version=1, deadline_at_ms=None))
@@ -262,7 +262,7 @@ def _leased_attempt(h: ActorHarness, session, state: str, identity=None) -> tupl
     h.repo.tasks.add(spec("job"))
     run_id = h.repo.runs.request("job").run.id
     offer_id, lease_token, callback = new_id(), new_token(), new_token()
-    view = h.ctx.dispatch.offer(session.worker_id, session.session_id, session.generation, offer_id,
+    view = h.ctx.control_side.dispatch.offer(session.worker_id, session.session_id, session.generation, offer_id,
                                 token_hash(lease_token), log_cap_bytes=0)
     lease = LeaseFacts(offer_id, view.lease_generation, lease_token, session.session_id, session.generation)
     attempt_id = view.attempt_id
@@ -270,17 +270,17 @@ def _leased_attempt(h: ActorHarness, session, state: str, identity=None) -> tupl
                      session_generation=session.generation, run_id=run_id, attempt_id=attempt_id,
                      offer_id=offer_id, lease_generation=view.lease_generation, lease_token=lease_token,
                      lease_version=view.lease_version, callback_token_hash=token_hash(callback),
-                     log_artifact_id=h.ctx.logs.artifact_id(run_id, attempt_id))
-    assert h.ctx.dispatch.activate(fence_of(act, session.worker_id), act.callback_token_hash,
+                     log_artifact_id=h.ctx.executor_side.logs.artifact_id(run_id, attempt_id))
+    assert h.ctx.control_side.dispatch.activate(fence_of(act, session.worker_id), act.callback_token_hash,
                                    act.log_artifact_id).result == "applied"
-    h.ctx.journal.accept(attempt_id, run_id, str(h.ctx.logs.path_for(run_id, attempt_id)),
-                         str(h.ctx.receipts.final_path(attempt_id)), token_hash(callback), lease)
-    h.ctx.journal.set_state(attempt_id, state, identity=identity)
+    h.ctx.executor_side.journal.accept(attempt_id, run_id, str(h.ctx.executor_side.logs.path_for(run_id, attempt_id)),
+                         str(h.ctx.executor_side.receipts.final_path(attempt_id)), token_hash(callback), lease)
+    h.ctx.executor_side.journal.set_state(attempt_id, state, identity=identity)
     return run_id, attempt_id, lease
 
 
 def _first_session(h: ActorHarness):
-    return h.ctx.dispatch.register_session(h.ctx.session.worker_id, 1, boot_id=BOOT_ID,
+    return h.ctx.control_side.dispatch.register_session(h.ctx.executor_side.session.worker_id, 1, boot_id=BOOT_ID,
                                            session_lease_ms=LEASES["session_lease_ms"])
 
 
@@ -308,9 +308,9 @@ def test_a_launching_row_without_a_marker_is_attested_launch_unknown_never_ended
     rig.peer.expect(m.Pull, strict=False)
     rig.peer.pending = [msg for msg in rig.peer.pending if not isinstance(msg, m.Heartbeat)]
     rig.peer.quiet(0.5)
-    assert not rig.ctx.receipts.marker_path(made["attempt_id"]).exists()
-    assert rig.ctx.journal.get(made["attempt_id"]).state == "launching"
-    assert rig.ctx.journal.get(made["attempt_id"]).identity is None
+    assert not rig.ctx.executor_side.receipts.marker_path(made["attempt_id"]).exists()
+    assert rig.ctx.executor_side.journal.get(made["attempt_id"]).state == "launching"
+    assert rig.ctx.executor_side.journal.get(made["attempt_id"]).identity is None
 
 
 def test_an_unreadable_proc_is_no_fact_and_the_row_is_probed_again_at_the_next_heartbeat(make_rig, monkeypatch):
@@ -351,9 +351,9 @@ def test_a_restarted_receipt_consumer_consumes_only_the_rows_whose_process_has_e
     for name, state, identity in (("gone", "started", gone), ("alive", "started", alive),
                                   ("launching", "launching", None), ("blind", "started", blind)):
         attempt_id = f"att-{name}"
-        h.ctx.journal.accept(attempt_id, f"run-{name}", str(h.ctx.logs.path_for("r", attempt_id)),
-                             str(h.ctx.receipts.final_path(attempt_id)), token_hash(new_token()))
-        h.ctx.journal.set_state(attempt_id, state, identity=identity)
+        h.ctx.executor_side.journal.accept(attempt_id, f"run-{name}", str(h.ctx.executor_side.logs.path_for("r", attempt_id)),
+                             str(h.ctx.executor_side.receipts.final_path(attempt_id)), token_hash(new_token()))
+        h.ctx.executor_side.journal.set_state(attempt_id, state, identity=identity)
         rows[name] = attempt_id
     real = evidence.probe  # /proc unreadable for `blind` (what process.identity.probe says then)
     monkeypatch.setattr(evidence, "probe", lambda identity, **k: Liveness.UNKNOWN
@@ -422,7 +422,7 @@ def test_an_activation_fenced_for_its_session_is_given_back_by_the_next_session(
 
     rig = make_rig()
     act = _offered(rig, rig.new_session())
-    committed = rig.ctx.dispatch.activate(fence_of(act, act.worker_id), act.callback_token_hash,
+    committed = rig.ctx.control_side.dispatch.activate(fence_of(act, act.worker_id), act.callback_token_hash,
                                           act.log_artifact_id)  # the first copy, committed
     assert committed.result == "applied"
     rig.peer.send(ack_message("activate", act.run_id, act.attempt_id, "fenced", "session_expired",
@@ -435,7 +435,7 @@ def test_an_activation_fenced_for_its_session_is_given_back_by_the_next_session(
     assert (attest.attempt_id, attest.fact, attest.lease.offer_id) == (act.attempt_id, "never_launched", act.offer_id)
     assert rig.answer_attest(attest).result == "applied"
     assert attempt_row(rig.repo, act.attempt_id).evidence == "never_launched"
-    assert rig.ctx.journal.get(act.attempt_id) is None
+    assert rig.ctx.executor_side.journal.get(act.attempt_id) is None
     assert not list(rig.h.config.home.parent.glob("**/markers/*"))  # never launched
 
 
@@ -448,5 +448,5 @@ def test_an_activation_fenced_for_its_lease_is_given_back_at_once(make_rig):
                               offer_id=act.offer_id, answer_to=act.request_id))
     attest = rig.peer.expect(m.Attest, strict=False)
     assert (attest.attempt_id, attest.fact) == (act.attempt_id, "never_launched")
-    wait_until(lambda: rig.ctx.journal.get(act.attempt_id) is None, what="the row cleared (kept, hidden, while owed)")
+    wait_until(lambda: rig.ctx.executor_side.journal.get(act.attempt_id) is None, what="the row cleared (kept, hidden, while owed)")
     rig.peer.expect(m.Pull, strict=False)  # the slot is free again

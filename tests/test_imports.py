@@ -157,3 +157,56 @@ def test_import_walker_reports_the_offending_file_and_line():
     outside = walk_imports([ROOT / "ids.py"])
     assert {"os", "time"} <= set(outside)
     assert any(w.startswith("qlactors/ids.py:") and w.endswith("imports os") for w in outside["os"])
+
+
+# -- the two sides (docs/architecture.md "Rules") -------------------------------------------------
+
+FORBIDDEN_PACKAGE_PAIRS = {
+    ("control", "executor"), ("executor", "control"),
+    ("store", "executor"), ("store", "runtime"), ("store", "control"),
+    ("runtime", "control"), ("runtime", "executor"), ("runtime", "profiles"),
+    ("wire", "store"), ("process", "store"), ("process", "wire"),
+}
+"""(importer's package, imported package) inside qlactors that may never meet. Only the profiles
+join the sides, and only profiles/edge.py holds both."""
+
+
+def package_imports() -> list[tuple[str, str, str]]:
+    """Every import between two top-level packages of qlactors: (importer, imported, "file:line")."""
+    found = []
+    for path in sorted(ROOT.rglob("*.py")):
+        module = _module_name(path)
+        parts = module.split(".")
+        if len(parts) < 3 and path.name != "__init__.py":
+            continue  # a top-level module (errors.py, ids.py, ...), not a package's
+        importer = parts[1] if len(parts) > 1 else ""
+        for name, line in imports_in_source(path.read_text(), module, path.name == "__init__.py", str(path)):
+            target = name.split(".")
+            if target[0] != "qlactors" or len(target) < 2 or _module_file(name) is None:
+                continue
+            found.append((importer, target[1], f"{path.relative_to(ROOT.parent)}:{line} imports {name}"))
+    return found
+
+
+def test_no_package_imports_a_package_it_must_not():
+    bad = [where for importer, imported, where in package_imports()
+           if (importer, imported) in FORBIDDEN_PACKAGE_PAIRS]
+    assert not bad, "forbidden imports between packages:\n" + "\n".join(bad)
+
+
+def test_only_the_edge_profile_imports_both_sides():
+    sides: dict[str, set[str]] = {}
+    for _importer, imported, where in package_imports():
+        if imported in ("control", "executor"):
+            sides.setdefault(where.split(":")[0], set()).add(imported)
+    both = sorted(f for f, s in sides.items() if s == {"control", "executor"})
+    assert both == ["qlactors/profiles/edge.py"], both
+
+
+def test_the_package_import_table_sees_a_forbidden_import():
+    # The check can fail: a source importing executor/ from control/ is listed.
+    src = "from ..executor.journal.journal import Journal\n"
+    names = [n for n, _ in imports_in_source(src, "qlactors.control.recovery", is_package=False)]
+    assert "qlactors.executor.journal.journal" in names
+    assert _module_file("qlactors.executor.journal.journal") is not None
+    assert ("control", "executor") in FORBIDDEN_PACKAGE_PAIRS

@@ -38,7 +38,7 @@ def _refused_and_kept(rc, run_id: str, attempt_id: str, path) -> None:  # noqa: 
     wait_until(lambda: rc.ref.proxy().waiting.get() == {}, what="the refusal handled")
     assert path.exists()  # left where it is, not quarantined
     assert not (rc.h.config.receipts_dir / ".quarantine").exists()
-    assert rc.ctx.journal.get(attempt_id).state == "completed"  # the cleanup pass lists it
+    assert rc.ctx.executor_side.journal.get(attempt_id).state == "completed"  # the cleanup pass lists it
     assert rc.h.inbox.items("executor") == []  # nobody is told there is no receipt
 
 
@@ -55,7 +55,7 @@ def test_a_refusal_that_is_not_the_receipts_fault_leaves_it_for_the_next_try(rc,
     again = rc.peer.expect(m.Completed)
     assert (again.attempt_id, again.token) == (attempt_id, token)
     assert rc.answer(again) == "applied"
-    wait_until(lambda: not path.exists() and rc.ctx.journal.get(attempt_id) is None, what="receipt removed")
+    wait_until(lambda: not path.exists() and rc.ctx.executor_side.journal.get(attempt_id) is None, what="receipt removed")
     assert rc.h.repo.runs.get(run_id).state == "succeeded"
 
 
@@ -69,7 +69,7 @@ def test_the_stores_wrong_worker_refusal_leaves_the_receipt(rc):  # noqa: F811
     receipt = Receipt(schema_version=completed.schema_version, run_id=run_id, attempt_id=attempt_id,
                       callback_sequence=1, token=token, started_at_ms=completed.started_at_ms,
                       finished_at_ms=completed.finished_at_ms, exit_code=0)
-    outcome = rc.ctx.completion.complete(run_id, attempt_id, receipt, worker_id="another-worker")
+    outcome = rc.ctx.control_side.completion.complete(run_id, attempt_id, receipt, worker_id="another-worker")
     assert (outcome.result, outcome.reason) == ("refused", "wrong_worker")
     rc.answer(completed, outcome.result, outcome.reason)
     _refused_and_kept(rc, run_id, attempt_id, path)
@@ -85,7 +85,7 @@ def test_a_refusal_for_the_receipts_own_fault_quarantines_it(rc, detail):  # noq
     [no_receipt] = rc.h.inbox.wait("executor", NoReceipt)
     assert no_receipt == NoReceipt(run_id, attempt_id, quarantined=True)
     assert not path.exists()
-    assert rc.ctx.journal.get(attempt_id).state == "quarantined"
+    assert rc.ctx.executor_side.journal.get(attempt_id).state == "quarantined"
 
 
 def test_the_gateway_names_a_receipt_that_fails_the_codec_invalid_receipt(sup: SupervisorRig):  # noqa: F811

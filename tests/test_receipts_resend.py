@@ -23,5 +23,5 @@ def test_a_new_session_sends_the_unanswered_completed_again_naming_it(rc):  # no
     assert (again.session_id, again.session_generation) == ("session-2", first.session_generation + 1)
     assert (again.attempt_id, again.token, again.exit_code) == (attempt_id, token, 0)
     assert rc.answer(again) == "applied"
-    wait_until(lambda: rc.ctx.journal.get(attempt_id) is None, what="journal row cleared")
+    wait_until(lambda: rc.ctx.executor_side.journal.get(attempt_id) is None, what="journal row cleared")
     assert rc.h.repo.runs.get(run_id).state == "succeeded"

@@ -17,7 +17,6 @@ from qlactors.store.control import Control
 from qlactors.store.lost_retry import LostRetry
 from qlactors.store.dispatch import Dispatch
 from qlactors.store.records import Fence, Identity
-from qlactors.executor.journal.journal import Journal
 from qlactors.store.schema import run_attempts, run_dispatch_leases, run_events, run_retry_policies, runs
 from store_helpers import new_hash, spec
 
@@ -297,8 +296,6 @@ def test_recovery_candidates_page_with_limit_plus_one_and_skip_backlog(repo, dis
     assert dispatch.release_unstarted(declined.fence, "declined").result == "applied"  # backlog again
     repo.tasks.add(spec("backlog"))
     repo.runs.request("backlog")  # queued: backlog, never a candidate
-    Journal(repo.store).accept(flights[2].attempt_id, flights[2].run_id, "/l", "/r", new_hash())
-    Journal(repo.store).set_state(flights[2].attempt_id, "started", identity=IDENTITY)
 
     seen, after, pages = [], None, []
     while True:
@@ -314,10 +311,8 @@ def test_recovery_candidates_page_with_limit_plus_one_and_skip_backlog(repo, dis
     running = by_id[flights[2].attempt_id]
     assert (running.attempt_status, running.run_status, running.identity) == ("running", "running", IDENTITY)
     assert running.callback_token_hash is not None and running.worker_id == "edge"
-    assert running.journal.state == "started" and running.journal.identity == IDENTITY
-    assert running.journal.log_path == "/l" and running.journal.receipt_path == "/r"
     starting = by_id[flights[1].attempt_id]
-    assert starting.identity is None and starting.journal is None
+    assert starting.identity is None
     assert by_id[flights[0].attempt_id].attempt_status == "claimed"
     repo.runs.cancel(flights[3].run_id)
     assert by_id[flights[3].attempt_id].cancel_reason is None

@@ -209,5 +209,5 @@ def test_an_offer_the_executor_cannot_journal_during_an_outage_is_accepted_once_
         assert rig.ref.is_alive()
     act = rig.peer.expect(m.Activate)
     assert act.attempt_id == offer.attempt_id
-    assert rig.ctx.journal.get(offer.attempt_id).callback_token_hash == act.callback_token_hash
+    assert rig.ctx.executor_side.journal.get(offer.attempt_id).callback_token_hash == act.callback_token_hash
     assert not rig.h.ctx.fatal.event.is_set()

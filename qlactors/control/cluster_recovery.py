@@ -16,21 +16,22 @@ actor's: the store released its lease (`declined`) in the attestation's own tran
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from ..runtime.actor import RuntimeActor
 from ..runtime.signals import AttemptEnded, StartupPass, StepDone, StepRequest
 from ..store.cluster_recovery import ClusterRecoveryCases
 from ..store.expired_claims import ExpiredClaims
+from .context import ControlContext
 
 log = logging.getLogger("qlactors.recovery")
 
 
 class ClusterRecovery(RuntimeActor):
+    ctx: ControlContext
     name = "recovery"
     never_redelivered = (StartupPass,)
 
-    def __init__(self, ctx: Any) -> None:
+    def __init__(self, ctx: ControlContext) -> None:
         super().__init__(ctx)
         self.claims = ExpiredClaims(ctx.repo.store)
         self.cases = ClusterRecoveryCases(ctx.repo.store, recovery_grace_ms=ctx.recovery_grace_ms,

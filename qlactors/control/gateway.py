@@ -28,6 +28,7 @@ from ..store.request_answers import AnswerKey, PullAnswer
 from ..wire import messages as m
 from ..wire.bridge import Inbound
 from ..wire.offers import BATCH_BUDGET_BYTES, check_offer, offers_message
+from .context import ControlContext
 
 # The reports answered together: each arrival waits in `pending` until the Flush the first of
 # them told this actor is handled, so everything that arrived while a transaction ran commits
@@ -57,10 +58,11 @@ def fence_of(report: Any, worker_id: str):
 
 
 class Gateway(RuntimeActor):
+    ctx: ControlContext
     name = "gateway"
     uses_outbox = True
 
-    def __init__(self, ctx: Any) -> None:
+    def __init__(self, ctx: ControlContext) -> None:
         super().__init__(ctx)
         self.sessions = ctx.sessions
         self.peers: dict[str, bytes] = {}  # worker id -> its ROUTER identity, as last heard

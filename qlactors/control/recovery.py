@@ -16,12 +16,12 @@ from typing import Any
 
 from ..domain.receipt import token_hash
 from ..domain.transitions import ErrorCode
-from ..executor.evidence import Alive, liveness_of
 from ..ids import new_id
-from ..process.identity import read_marker
 from ..runtime.actor import RuntimeActor
 from ..runtime.home import read_recovery_status, write_recovery_status
+from ..runtime.ports import JournalFacts, LocalEvidence
 from ..runtime.signals import AttemptEnded, Resume, StartupPass, StepDone, StepRequest, Tick
+from .context import ControlContext
 
 log = logging.getLogger("qlactors.recovery")
 
@@ -29,11 +29,15 @@ STARTUP_PAGE = 64
 
 
 class Recovery(RuntimeActor):
+    ctx: ControlContext
     name = "recovery"
     never_redelivered = (StartupPass,)  # asked by the profile, which then fails to start
 
-    def __init__(self, ctx: Any) -> None:
+    def __init__(self, ctx: ControlContext) -> None:
         super().__init__(ctx)
+        if ctx.local is None:
+            raise TypeError("edge's Recovery judges from this process's executor side: ctx.local is required")
+        self.local: LocalEvidence = ctx.local
         self.ended: set[str] = set()  # attempt ids the Executor attests ended without completion
         self.unresolved: dict[str, str] = {}  # attempt id -> why it could not be judged
 
@@ -58,7 +62,8 @@ class Recovery(RuntimeActor):
             self.ctx.config.home) if isinstance(item, dict) and isinstance(item.get("attempt_id"), str)
             and isinstance(item.get("why"), str))
         for candidates in self._every_candidate():
-            self.ended.update(c.attempt_id for c in candidates if _may_be_orphaned(c))
+            self.ended.update(c.attempt_id for c in candidates
+                              if _may_be_orphaned(c, self.local.journal_entry(c.attempt_id)))
         log.info("event=recovery_resumed ended=%d unresolved=%d", len(self.ended), len(self.unresolved))
         self.ctx.directory.tell("scheduler", Tick("recovery_resumed"))
 
@@ -111,7 +116,6 @@ class Recovery(RuntimeActor):
     def _examine(self, candidates: list, *, startup: bool) -> list[str]:
         outcomes: list[str] = []
         later: list[tuple[Any, Any]] = []  # (candidate, identity or None)
-        boot_id = self.ctx.boot_id()
         for c in candidates:
             if self._consume_receipt(c):
                 outcomes.append("completed")
@@ -126,11 +130,11 @@ class Recovery(RuntimeActor):
             if identity is None:
                 later.append((c, None))
                 continue
-            liveness = liveness_of(identity, boot_id)  # the worker's probe (executor/evidence.py)
-            if liveness is Alive.UNREADABLE:
+            liveness = self.local.liveness(identity)  # the executor side's probe of /proc
+            if liveness == "unreadable":
                 self.unresolved[c.attempt_id] = "process identity unreadable"
                 outcomes.append("unresolved")
-            elif liveness is Alive.RUNNING:
+            elif liveness == "running":
                 if startup:
                     self._rebind(c, identity)
                 self.ended.discard(c.attempt_id)
@@ -150,30 +154,30 @@ class Recovery(RuntimeActor):
 
     def _identity(self, c: Any):
         """Database first, then the executor's journal, then the launcher's start marker."""
-        identity = c.identity or (c.journal.identity if c.journal is not None else None)
+        journal = self.local.journal_entry(c.attempt_id)
+        identity = c.identity or (journal.identity if journal is not None else None)
         if identity is not None:
             return identity
         try:
-            return read_marker(self.ctx.receipts.marker_path(c.attempt_id))
+            return self.local.marker_identity(c.attempt_id)
         except ValueError as err:
             log.warning("event=marker_unreadable attempt=%s error=%s", c.attempt_id, err)
             return None
 
     def _consume_receipt(self, c: Any) -> bool:
         """Receipt first: a valid one completes the attempt through the one CompletionService."""
-        files = self.ctx.local_receipts
-        found = files.look(c.attempt_id)
+        found = self.local.receipt(c.attempt_id)
         if found.kind == "missing":
             return False
         if found.kind == "bad":
-            files.quarantine(c.attempt_id)
+            self.local.quarantine(c.attempt_id)
             return False
         outcome = self.ctx.completion.complete(c.run_id, c.attempt_id, found.receipt, found.dropped)
         if outcome.result in ("applied", "already_terminal"):
-            files.finish(c.attempt_id)
+            self.local.receipt_applied(c.attempt_id)
             self._resolved(c.attempt_id)
             return True
-        files.quarantine(c.attempt_id)
+        self.local.quarantine(c.attempt_id)
         return False
 
     def _end(self, c: Any, code: str) -> str:
@@ -185,9 +189,7 @@ class Recovery(RuntimeActor):
             control.mark_lost(c.run_id, c.attempt_id, code)
             outcome = "lost"
         log.warning("event=attempt_%s run=%s attempt=%s code=%s", outcome, c.run_id, c.attempt_id, code)
-        self.ctx.receipts.delete(c.attempt_id)
-        if self.ctx.journal.get(c.attempt_id) is not None:
-            self.ctx.journal.clear(c.attempt_id)
+        self.local.ended(c.attempt_id)
         self._resolved(c.attempt_id)
         return outcome
 
@@ -196,19 +198,19 @@ class Recovery(RuntimeActor):
         outcome = self.ctx.dispatch.release_unactivated(c.run_id, c.attempt_id)
         log.info("event=claim_released run=%s attempt=%s result=%s detail=%s", c.run_id, c.attempt_id,
                  outcome.result, outcome.detail)
-        entry = self.ctx.journal.get(c.attempt_id) if outcome.result == "applied" else None
-        if entry is not None and entry.state == "accepted":  # the executor that took it is gone
-            self.ctx.journal.clear(c.attempt_id)  # (an activated one keeps its row: it may launch)
+        if outcome.result == "applied":
+            self.local.released(c.attempt_id)  # its journal row, if the executor that took it is gone
         self._resolved(c.attempt_id)
         return "released"
 
     def _rebind(self, c: Any, identity: Any) -> None:
-        self.ctx.control.rebind(c.run_id, c.attempt_id, self.ctx.session, identity,
+        self.ctx.control.rebind(c.run_id, c.attempt_id, self.local.session, identity,
                                 offer_id=new_id(), lease_token_hash=token_hash(secrets.token_urlsafe(32)))
         # The Executor re-adopts from its journal: make sure the identity is there (it usually
         # is; only a crash between spawn and the journal write leaves it to the start marker).
-        if c.journal is not None and c.journal.identity is None:
-            self.ctx.journal.set_state(c.attempt_id, "started", identity=identity)
+        journal = self.local.journal_entry(c.attempt_id)
+        if journal is not None and journal.identity is None:
+            self.local.record_started(c.attempt_id, identity)
 
     def _publish(self) -> None:
         write_recovery_status(self.ctx.config.home, self.unresolved)
@@ -218,10 +220,10 @@ class Recovery(RuntimeActor):
         self.unresolved.pop(attempt_id, None)
 
 
-def _may_be_orphaned(c: Any) -> bool:
-    """Whether a restarted Recovery must look at candidate `c` again (see `on_resume`)."""
+def _may_be_orphaned(c: Any, journal: JournalFacts | None) -> bool:
+    """Whether a restarted Recovery must look at candidate `c` (with its journal row) again (see `on_resume`)."""
     if c.attempt_status == "running":
         return True
     if c.attempt_status == "claimed":  # a candidate only while its lease is live
-        return c.journal is None or c.journal.state != "accepted"
-    return c.attempt_status == "starting" and c.journal is None
+        return journal is None or journal.state != "accepted"
+    return c.attempt_status == "starting" and journal is None

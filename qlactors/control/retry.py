@@ -6,11 +6,13 @@ import logging
 
 from ..runtime.actor import RuntimeActor
 from ..runtime.signals import StepDone, StepRequest
+from .context import ControlContext
 
 log = logging.getLogger("qlactors.retry")
 
 
 class Retry(RuntimeActor):
+    ctx: ControlContext
     name = "retry"
 
     def handlers(self):

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
 
 from ..runtime.actor import RuntimeActor, now_ms
 from ..runtime.signals import ActorFailed, CycleDone, StepDone, StepRequest, StepTimeout, Tick
+from .context import ControlContext
 
 log = logging.getLogger("qlactors.scheduler")
 
@@ -24,9 +24,10 @@ STEP_DEADLINE_S = 10.0
 
 
 class Scheduler(RuntimeActor):
+    ctx: ControlContext
     name = "scheduler"
 
-    def __init__(self, ctx: Any) -> None:
+    def __init__(self, ctx: ControlContext) -> None:
         super().__init__(ctx)
         self.cycle = 0
         self.step: int | None = None  # index into STEPS while a cycle runs

@@ -35,6 +35,7 @@ from ..process.identity import Liveness, probe
 from ..runtime.signals import Consume
 from ..wire import messages as m
 from . import evidence as ev
+from .context import ExecutorContext
 from .journal.records import IN_FLIGHT, JournalEntry, LeaseFacts
 from .owed_reports import session_fence
 
@@ -55,6 +56,8 @@ class Rebinding:
 
 class Adoption:
     """Probing, adoption and re-attestation of an Executor (see the module docstring)."""
+
+    ctx: ExecutorContext
 
     # -- journal rows not held ------------------------------------------------------------------
 

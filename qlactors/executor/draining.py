@@ -22,6 +22,7 @@ from typing import Any
 from ..ids import new_id
 from ..runtime.signals import DrainSession
 from ..wire import messages as m
+from .context import ExecutorContext
 
 log = logging.getLogger("qlactors.executor")
 
@@ -31,6 +32,8 @@ _LEAVE = "leave"  # what a drain waits for besides its declines (attempt ids)
 
 class Draining:
     """The SIGTERM drain of an Executor (see the module docstring)."""
+
+    ctx: ExecutorContext
 
     drain_done = None  # the DrainSession's event while a drain runs
     drain_phase: str | None = None  # the Leave status last sent

@@ -28,6 +28,7 @@ from ..wire import messages as m
 from ..wire.bridge import Inbound, ProcessExited
 from ..wire.curve import REFUSED_KEY
 from .adoption import Adoption, Rebinding
+from .context import ExecutorContext
 from .draining import Draining
 from .journal.records import LeaseFacts
 from .owed_reports import OwedReports, register_pacing, session_fence
@@ -62,10 +63,11 @@ class Local:
 
 
 class Executor(OwedReports, SessionReports, Adoption, Draining, RuntimeActor):
+    ctx: ExecutorContext
     name = "executor"
     uses_outbox = True
 
-    def __init__(self, ctx: Any) -> None:
+    def __init__(self, ctx: ExecutorContext) -> None:
         super().__init__(ctx)
         self.slots = ctx.config.runtime.slots
         # Edge: the local session's id. A cluster worker learns its id in Welcome (its key's).

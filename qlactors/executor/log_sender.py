@@ -9,13 +9,13 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from ..ids import new_id
 from ..process.logs import UnsafeLogPath
 from ..runtime.actor import RuntimeActor
 from ..runtime.signals import LogFinal, Resume, ShipLog, ShipTick
 from ..wire import messages as m
+from .context import ExecutorContext
 from .log_shipping import LogShipper, chunks_to_send
 
 log = logging.getLogger("qlactors.logs")
@@ -37,10 +37,11 @@ class _Shipping:
 
 
 class LogSender(RuntimeActor):
+    ctx: ExecutorContext
     name = "logs"
     uses_outbox = True
 
-    def __init__(self, ctx: Any) -> None:
+    def __init__(self, ctx: ExecutorContext) -> None:
         super().__init__(ctx)
         self.shipping: dict[str, _Shipping] = {}
         self.worker_id = ""

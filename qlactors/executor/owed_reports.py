@@ -40,6 +40,7 @@ from ..runtime.signals import OwedDue, RegisterDue
 from ..wire import codec
 from ..wire import messages as m
 from ..wire.pacing import Backoff, LogLimit
+from .context import ExecutorContext
 from .journal.records import LeaseFacts, OwedReport
 from .session_reports import wall_ms
 
@@ -70,6 +71,8 @@ def session_fence(detail: str | None) -> bool:
 
 class OwedReports:
     """Journal, re-send and settle what an Executor owes (see the module docstring)."""
+
+    ctx: ExecutorContext
 
     owed_sent_at: dict[str, float]  # request id -> when this instance last sent it (monotonic)
     owed_round_at: float = 0.0  # when the owed timer was last set (monotonic)

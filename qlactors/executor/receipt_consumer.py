@@ -13,13 +13,13 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from ..faults import crash_point
 from ..ids import completion_request_id
 from ..runtime.actor import RuntimeActor, now_ms
 from ..runtime.signals import Cleanup, Consume, LogFinal, NoReceipt, ResendCompleted, Resume, SessionOpen
 from ..wire import messages as m
+from .context import ExecutorContext
 from .evidence import ENDED, ENDED_WITH_RECEIPT, REBOOTED, probe_journal
 
 log = logging.getLogger("qlactors.receipts")
@@ -64,10 +64,11 @@ class Unanswered:
 
 
 class ReceiptConsumer(RuntimeActor):
+    ctx: ExecutorContext
     name = "receipts"
     uses_outbox = True
 
-    def __init__(self, ctx: Any) -> None:
+    def __init__(self, ctx: ExecutorContext) -> None:
         super().__init__(ctx)
         self.waiting: dict[str, Unanswered] = {}  # attempt id -> its Completed, answer pending
         self.final_offsets: dict[str, int] = {}  # attempt id -> the log's final offset it named

@@ -16,6 +16,7 @@ from typing import Any
 from ..ids import new_id
 from ..runtime.signals import HeartbeatDue
 from ..wire import messages as m
+from .context import ExecutorContext
 from .journal.records import LeaseFacts
 
 log = logging.getLogger("qlactors.executor")
@@ -29,6 +30,8 @@ def wall_ms() -> int:
 
 class SessionReports:
     """Heartbeats, attestations and Pull repeats of an Executor (see the module docstring)."""
+
+    ctx: ExecutorContext
 
     def _schedule_heartbeat(self) -> None:
         self.ctx.bridge.call_at("heartbeat", time.monotonic() + self.session.heartbeat_ms / 1000, self.me,

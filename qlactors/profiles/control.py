@@ -25,12 +25,13 @@ import zmq
 from ..cluster_config import ControlConfig
 from ..config import Config
 from ..control.cluster_recovery import ClusterRecovery
+from ..control.context import ControlContext
 from ..control.gateway import Gateway
 from ..control.retry import Retry
 from ..control.scheduler import Scheduler
 from ..control.session_policy import ClusterSessions
 from ..domain.resume_secret import resume_secret
-from ..runtime.actor import Directory, Fatal
+from ..runtime.context import Directory, Fatal
 from ..runtime.outage import watch_store
 from ..runtime.runner import Runner
 from ..runtime.signals import Drain
@@ -48,7 +49,6 @@ from ..store.worker_keys import WorkerKeys
 from ..wire.bridge import Bridge
 from ..wire.curve import AllowList, CurveServer, start_authenticator
 from ..wire.curve_keys import load_key_pair
-from .context import ControlContext
 
 log = logging.getLogger("qlactors.control")
 
@@ -117,7 +117,7 @@ class ControlRuntime(Runner):
                                    resume_secret=functools.partial(resume_secret, secret))
         ctx = ControlContext(
             config=self.config, zmq=zctx, bridge=bridge, directory=directory, fatal=fatal,
-            admitting=threading.Event(), repo=repo, dispatch=dispatch,
+            admitting=threading.Event(), health=store.health, repo=repo, dispatch=dispatch,
             completion=CompletionService(store), control=control, lost_retry=LostRetry(store),
             cron=CronAdmission(store), retention=Retention(store, None, None), sessions=sessions,
             each_cycle=(authenticator_running, refresh_allow_list, replica_heartbeat, sessions.ledger.prune_due),
@@ -125,7 +125,7 @@ class ControlRuntime(Runner):
         self.ctx = ctx
         watch_store(ctx)
         bridge.route_control(directory.named("gateway"))
-        self._start_actors(ctx, ORDER, Supervisor)
+        self._start_actors(ctx, tuple((name, cls, ctx) for name, cls in ORDER), Supervisor)
         return ctx
 
     def _started_line(self) -> str:

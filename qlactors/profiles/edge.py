@@ -12,11 +12,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 import zmq
 
 from ..config import Config, ensure_home
+from ..control.context import ControlContext
 from ..control.cycle_health import CycleHealth, published_in
 from ..control.gateway import Gateway
 from ..control.recovery import Recovery
@@ -25,7 +27,9 @@ from ..control.scheduler import Scheduler
 from ..control.session_policy import LocalSessions
 from ..domain.states import CancelReason
 from ..errors import QlactorsError
+from ..executor.context import EXECUTOR_KINDS, ExecutorContext
 from ..executor.disk_reserve import DiskReserve
+from ..executor.edge_evidence import EdgeEvidence
 from ..executor.executor import Executor
 from ..executor.journal.journal import Journal
 from ..executor.local_receipts import LocalReceipts
@@ -35,7 +39,7 @@ from ..process.identity import boot_id_source
 from ..process.logs import LogStore
 from ..process.malloc import limit_arenas
 from ..process.receipts import ReceiptStore
-from ..runtime.actor import Directory, Fatal
+from ..runtime.context import Directory, Fatal, SharedContext
 from ..runtime.home import nudge_endpoint
 from ..runtime.outage import watch_store
 from ..runtime.runner import Runner
@@ -49,16 +53,48 @@ from ..store.lost_retry import LostRetry
 from ..store.repository import Repository
 from ..store.retention import Retention
 from ..wire.bridge import Bridge
-from .context import EXECUTOR_KINDS, LOCAL_WORKER, EdgeContext
 
 log = logging.getLogger("qlactors.edge")
 
 CONTROL_ENDPOINT = "inproc://qlactors-control"
+# The executor side's worker id on edge (its one built-in local session).
+LOCAL_WORKER = "local"
 # A small box's runtime: its threads share the one main malloc arena (process/malloc.py).
 EDGE_MALLOC_ARENAS = 1
 
 ORDER = (("gateway", Gateway), ("recovery", Recovery), ("retry", Retry), ("scheduler", Scheduler),
          ("receipts", ReceiptConsumer), ("executor", Executor))
+"""The start order: four control-side actors, then two executor-side ones."""
+
+
+@dataclass(kw_only=True)
+class EdgeContext(SharedContext):
+    """Both sides in one process (edge): the shared part, and each side's own context built over
+    it (the same config, bridge, directory, fatal switch, admission and health: one SQLite file
+    holds the runs and the journal). Held side by side, never merged: a control-side actor gets
+    `control_side`, an executor-side one `executor_side`."""
+
+    control_side: ControlContext
+    executor_side: ExecutorContext
+
+    @classmethod
+    def over(cls, shared: SharedContext, *, control: dict, executor: dict) -> "EdgeContext":
+        common = shared.shared()
+        return cls(**common, control_side=ControlContext(**common, **control),
+                   executor_side=ExecutorContext(**common, **executor))
+
+    def side_of(self, actor: type) -> SharedContext:
+        """The context an actor class takes: its side's, by the package it lives in (control/ or
+        executor/); the shared part for a runtime/ one (the Supervisor)."""
+        home = next((c.__module__ for c in actor.__mro__ if c.__module__.startswith("qlactors.")), "")
+        if home.startswith("qlactors.control."):
+            return self.control_side
+        if home.startswith("qlactors.executor."):
+            return self.executor_side
+        return self
+
+    def order(self, order: tuple[tuple[str, type], ...]) -> tuple[tuple[str, type, SharedContext], ...]:
+        return tuple((name, actor, self.side_of(actor)) for name, actor in order)
 
 
 class EdgeRuntime(Runner):
@@ -96,22 +132,26 @@ class EdgeRuntime(Runner):
         dispatch = Dispatch(store)
         session = dispatch.register_session(LOCAL_WORKER, self.config.runtime.slots)
         local_receipts = LocalReceipts(receipts, journal, self.config.runtime.quarantine_retention_ms)
-        ctx = EdgeContext(
-            config=self.config, zmq=zctx, bridge=bridge, directory=directory, fatal=fatal, admitting=admitting,
-            repo=repo, dispatch=dispatch, completion=CompletionService(store), control=Control(store),
-            lost_retry=LostRetry(store), cron=CronAdmission(store), retention=Retention(store, logs, receipts),
-            sessions=LocalSessions(session, self.config.runtime.cadence_tick_ms,
-                                   DiskReserve(self.config, self.free_bytes)),
-            journal=journal, receipts=receipts, logs=logs, local_receipts=local_receipts, session=session,
-            boot_id=self.boot_id, launcher_shell=self.launcher_shell,
-            cycle_health=CycleHealth(on_change=published_in(self.config.home)))
+        shared = SharedContext(config=self.config, zmq=zctx, bridge=bridge, directory=directory, fatal=fatal,
+                               admitting=admitting, health=store.health)
+        ctx = EdgeContext.over(
+            shared,
+            control=dict(
+                repo=repo, dispatch=dispatch, completion=CompletionService(store), control=Control(store),
+                lost_retry=LostRetry(store), cron=CronAdmission(store), retention=Retention(store, logs, receipts),
+                sessions=LocalSessions(session, self.config.runtime.cadence_tick_ms,
+                                       DiskReserve(self.config, self.free_bytes)),
+                local=EdgeEvidence(journal, receipts, local_receipts, self.boot_id, session),
+                cycle_health=CycleHealth(on_change=published_in(self.config.home))),
+            executor=dict(journal=journal, receipts=receipts, logs=logs, local_receipts=local_receipts,
+                          session=session, boot_id=self.boot_id, launcher_shell=self.launcher_shell))
         self.ctx = ctx
         watch_store(ctx)
         bridge.route_control(directory.named("gateway"))
         bridge.route_executor(EXECUTOR_KINDS, directory.named("executor"))
         bridge.route_executor(["ack:completed"], directory.named("receipts"))
         bridge.route_nudge(directory.named("supervisor"))
-        self._start_actors(ctx, ORDER, Supervisor)
+        self._start_actors(ctx, ctx.order(ORDER), Supervisor)
         return ctx
 
     def _started_line(self) -> str:
@@ -136,14 +176,14 @@ class EdgeRuntime(Runner):
             log.error("event=actors_still_alive actors=%s", alive)
         ctx.bridge.close()
         ctx.zmq.term()
-        ctx.repo.close()
+        ctx.control_side.repo.close()
         log.info("event=edge_stopped")
 
     def _cancel_running(self, ctx: EdgeContext, deadline: float) -> None:
         """`edge --cancel-running`: commit a `shutdown` intent (never over another reason), stop, wait."""
-        active = ctx.control.active_run_ids()
-        for run_id in active:
-            ctx.repo.runs.cancel(run_id, CancelReason.SHUTDOWN, actor_type="system")
+        control = ctx.control_side
+        for run_id in control.control.active_run_ids():
+            control.repo.runs.cancel(run_id, CancelReason.SHUTDOWN, actor_type="system")
         ctx.directory.tell("scheduler", Tick("shutdown"))
-        while time.monotonic() < deadline and ctx.control.active_run_ids():
+        while time.monotonic() < deadline and control.control.active_run_ids():
             time.sleep(0.05)

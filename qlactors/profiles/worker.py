@@ -25,6 +25,7 @@ import zmq
 
 from ..cluster_config import WorkerConfig
 from ..config import Config
+from ..executor.context import EXECUTOR_KINDS, ExecutorContext
 from ..executor.disk_reserve import DiskReserve
 from ..executor.executor import Executor
 from ..executor.journal.journal import Journal
@@ -37,7 +38,7 @@ from ..process.diskspace import free_space_source
 from ..process.identity import boot_id_source
 from ..process.logs import LogStore
 from ..process.receipts import ReceiptStore
-from ..runtime.actor import Directory, Fatal
+from ..runtime.context import Directory, Fatal
 from ..runtime.outage import watch_store
 from ..runtime.runner import Runner
 from ..runtime.signals import Drain, DrainSession
@@ -45,7 +46,6 @@ from ..runtime.supervisor import Supervisor
 from ..wire.bridge import Bridge
 from ..wire.curve_keys import load_key_pair, load_public_key
 from ..wire.links import ReplicaLinks
-from .context import EXECUTOR_KINDS, WorkerContext
 
 log = logging.getLogger("qlactors.worker")
 
@@ -99,7 +99,7 @@ class WorkerRuntime(Runner):
             self.state.close()
         return release
 
-    def _build_and_start(self) -> WorkerContext:
+    def _build_and_start(self) -> ExecutorContext:
         cfg, state = self.cfg, self.state
         public, secret = load_key_pair(cfg.key)
         server_public = load_public_key(cfg.server_key)
@@ -118,9 +118,10 @@ class WorkerRuntime(Runner):
         bridge.on_version_mismatch = lambda why: fatal.trip(f"the control side speaks another protocol: {why}")
         admitting = threading.Event()
         local_receipts = LocalReceipts(receipts, journal, self.config.runtime.quarantine_retention_ms)
-        ctx = WorkerContext(
+        ctx = ExecutorContext(
             config=self.config, zmq=zctx, bridge=bridge, directory=directory, fatal=fatal,
-            admitting=admitting, journal=journal, receipts=receipts, logs=logs, local_receipts=local_receipts,
+            admitting=admitting, health=journal.store.health, journal=journal, receipts=receipts, logs=logs,
+            local_receipts=local_receipts,
             boot_id=self.boot_id, launcher_shell=self.config.launcher_shell, labels=tuple(cfg.labels),
             log_retention=LocalLogRetention(journal, logs, local_receipts),
             disk_reserve=DiskReserve(self.config, free_space_source(state.logs)),
@@ -131,14 +132,14 @@ class WorkerRuntime(Runner):
         bridge.route_executor(["ack:completed"], directory.named("receipts"))
         bridge.route_executor(["log_ack"], directory.named("logs"))
         # No recovery here: a worker admits what the control side offers from the start.
-        self._start_actors(ctx, ORDER, Supervisor)
+        self._start_actors(ctx, tuple((name, cls, ctx) for name, cls in ORDER), Supervisor)
         return ctx
 
     def _started_line(self) -> str:
         return (f"event=worker_started state_dir={self.cfg.state_dir} slots={self.cfg.slots} "
                 f"labels={','.join(self.cfg.labels) or '-'} control={','.join(self.cfg.control)}")
 
-    def _shutdown(self, ctx: WorkerContext) -> None:
+    def _shutdown(self, ctx: ExecutorContext) -> None:
         budget_s = ctx.config.runtime.shutdown_drain_ms / 1000
         deadline = time.monotonic() + budget_s
         ctx.admitting.clear()  # no more pulls; running jobs keep running
@@ -150,7 +151,7 @@ class WorkerRuntime(Runner):
         log.info("event=worker_stopped")
 
     @staticmethod
-    def _leave_session(ctx: WorkerContext, wait_s: float) -> None:
+    def _leave_session(ctx: ExecutorContext, wait_s: float) -> None:
         """The Executor's drain (decline the unlaunched offers, leave the session), waited for at
         most `wait_s`: past it the worker stops anyway and its session expires on its own."""
         drain = DrainSession(threading.Event())

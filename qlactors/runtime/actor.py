@@ -4,15 +4,14 @@ from __future__ import annotations
 
 import itertools
 import logging
-import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
 
 import pykka
 
 from ..store.engine import StoreUnavailable
 from ..wire.bridge import Inbound, Outbox
+from .context import Named, SharedContext
 from .outage import retry_delay_s
 from .signals import ActorFailed, Redeliver
 
@@ -26,71 +25,6 @@ log = logging.getLogger("qlactors.actors")
 # Timer keys of redeliveries: unique across restarts, so a new instance never replaces a
 # redelivery its predecessor scheduled (it reaches the new instance by name).
 _REDELIVERIES = itertools.count()
-
-
-class Directory:
-    """Current actor refs by name. The Supervisor replaces a ref when it restarts an actor."""
-
-    def __init__(self) -> None:
-        self._refs: dict[str, pykka.ActorRef] = {}
-        self._lock = threading.Lock()
-
-    def set(self, name: str, ref: pykka.ActorRef | None) -> None:
-        with self._lock:
-            if ref is None:
-                self._refs.pop(name, None)
-            else:
-                self._refs[name] = ref
-
-    def get(self, name: str) -> pykka.ActorRef | None:
-        with self._lock:
-            return self._refs.get(name)
-
-    def tell(self, name: str, message: Any) -> bool:
-        """Deliver if the actor is alive; False when it is not (it is being restarted, or stopped)."""
-        ref = self.get(name)
-        if ref is None:
-            return False
-        try:
-            ref.tell(message)
-            return True
-        except pykka.ActorDeadError:
-            return False
-
-    def named(self, name: str) -> "Named":
-        return Named(self, name)
-
-    def names(self) -> list[str]:
-        with self._lock:
-            return list(self._refs)
-
-
-@dataclass(frozen=True, slots=True)
-class Named:
-    """A `tell`-able stand-in for whichever actor currently holds a name (used by the bridge)."""
-
-    directory: Directory
-    name: str
-
-    def tell(self, message: Any) -> None:
-        if not self.directory.tell(self.name, message):
-            log.warning("event=undeliverable to=%s message=%s", self.name, type(message).__name__)
-
-
-@dataclass
-class Fatal:
-    """Set once when the runtime must stop (an actor kept failing, or the Supervisor died)."""
-
-    event: threading.Event = field(default_factory=threading.Event)
-    reason: str = ""
-    on_trip: Callable[[], None] | None = None  # wakes whoever waits for the stop (the main thread)
-
-    def trip(self, reason: str) -> None:
-        if not self.event.is_set():
-            self.reason = reason
-            self.event.set()
-            if self.on_trip is not None:
-                self.on_trip()
 
 
 class RuntimeActor(pykka.ThreadingActor):
@@ -107,7 +41,7 @@ class RuntimeActor(pykka.ThreadingActor):
     uses_outbox: ClassVar[bool] = False
     never_redelivered: ClassVar[tuple[type, ...]] = ()  # asked, not told: the asker gets the error
 
-    def __init__(self, ctx: Any) -> None:
+    def __init__(self, ctx: SharedContext) -> None:
         super().__init__()
         self.ctx = ctx
         self.out: Outbox | None = None

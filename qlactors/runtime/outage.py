@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
 
 from ..store.health import Outage
+from .context import SharedContext
 from .home import clear_store_outage, write_store_outage
 
 log = logging.getLogger("qlactors.outage")
@@ -21,7 +21,7 @@ def retry_delay_s(tries: int) -> float:
     return min(MAX_RETRY_S, FIRST_RETRY_S * 2 ** max(0, tries - 1))
 
 
-def watch_store(ctx: Any) -> None:
+def watch_store(ctx: SharedContext) -> None:
     """Publish outages of the runtime's database for `status`, and stop the runtime on a persistent one."""
     health = ctx.health
     home = ctx.config.home

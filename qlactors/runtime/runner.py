@@ -16,7 +16,7 @@ import threading
 import time
 
 from ..config import Config, ensure_home
-from ..profiles.context import SharedContext
+from .context import SharedContext
 from .home import RuntimeLock
 
 
@@ -50,20 +50,22 @@ class Runner:
     def _build_and_start(self) -> SharedContext:
         raise NotImplementedError
 
-    def _start_actors(self, ctx: SharedContext, order: tuple, supervisor: type) -> None:
+    def _start_actors(self, ctx: SharedContext, order: tuple[tuple[str, type, SharedContext], ...],
+                      supervisor: type) -> None:
         """Start the bridge, the Supervisor (with a factory per actor, to restart it), then the
-        actors in `order`. When one of them is `recovery`, its startup pass runs before the next
-        starts, and admission opens after it (SEMANTICS.md §6); without one, at once."""
+        actors in `order`, each `(name, class, its side's context)`. When one of them is
+        `recovery`, its startup pass runs before the next starts, and admission opens after it
+        (SEMANTICS.md §6); without one, at once."""
         from .signals import StartupPass, Tick
 
         ctx.bridge.on_exit = ctx.fatal.trip  # a bridge that stopped serving stops the runtime
         ctx.bridge.start()
         ctx.bridge.ready()
-        factories = {name: (lambda cls=cls: cls.start(ctx)) for name, cls in order}
+        factories = {name: (lambda cls=cls, side=side: cls.start(side)) for name, cls, side in order}
         ctx.directory.set("supervisor", supervisor.start(ctx, factories))
         if "recovery" not in factories:
             ctx.admitting.set()
-        for name, _cls in order:
+        for name, _cls, _side in order:
             ctx.directory.set(name, factories[name]())
             if name == "recovery":
                 started = time.monotonic()

@@ -6,11 +6,12 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from typing import Any, Callable
+from typing import Callable
 
 import pykka
 
 from .actor import RuntimeActor
+from .context import SharedContext
 from .signals import ActorFailed, CycleDone, Drain, Tick, ToWorkers, WakeAt
 
 log = logging.getLogger("qlactors.supervisor")
@@ -20,9 +21,10 @@ RESTART_WINDOW_S = 60.0
 
 
 class Supervisor(RuntimeActor):
+    ctx: SharedContext
     name = "supervisor"
 
-    def __init__(self, ctx: Any, factories: dict[str, Callable[[], pykka.ActorRef]]) -> None:
+    def __init__(self, ctx: SharedContext, factories: dict[str, Callable[[], pykka.ActorRef]]) -> None:
         super().__init__(ctx)
         self.factories = factories
         self.restarts: dict[str, deque] = {}

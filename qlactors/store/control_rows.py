@@ -13,9 +13,8 @@ from sqlalchemy import and_, select
 
 from ..domain.states import AttemptStatus, LeaseStatus, RunStatus
 from ..errors import BadInput
-from ..executor.journal.records import JournalEntry
 from .records import Fence, Identity
-from .schema import executor_journal, run_attempts, run_dispatch_leases, runs
+from .schema import run_attempts, run_dispatch_leases, runs
 
 DEFAULT_PAGE = 16
 MAX_PAGE = 64  # recovery and retry pages (SEMANTICS.md §10)
@@ -52,7 +51,8 @@ class StopOrder:
 
 @dataclass(frozen=True, slots=True)
 class Candidate:
-    """An attempt recovery must judge: the database's facts, and the local journal's if any."""
+    """An attempt recovery must judge: the database's facts (edge's Recovery asks the executor side
+    for its journal's, runtime/ports.py)."""
 
     run_id: str
     attempt_id: str
@@ -71,8 +71,6 @@ class Candidate:
     session_generation: int | None
     offer_id: str | None
     lease_generation: int | None
-    journal: JournalEntry | None
-    """The executor_journal row (LEFT JOIN on attempt id); None when there is none."""
 
     @property
     def identity(self) -> Identity | None:
@@ -108,24 +106,16 @@ def live_lease():
         run_dispatch_leases.c.status == _L.LEASED.value)).exists())
 
 
-_JOURNAL_PREFIX = "j_"
-
-
 def candidate_select():
-    journal_cols = [c.label(_JOURNAL_PREFIX + c.name) for c in executor_journal.c]
-    return (select(run_attempts, runs.c.status.label("run_status"), runs.c.cancel_reason, *journal_cols)
-            .select_from(run_attempts.join(runs, runs.c.id == run_attempts.c.run_id)
-                         .outerjoin(executor_journal, executor_journal.c.attempt_id == run_attempts.c.id)))
+    return (select(run_attempts, runs.c.status.label("run_status"), runs.c.cancel_reason)
+            .select_from(run_attempts.join(runs, runs.c.id == run_attempts.c.run_id)))
 
 
 def candidate_from_row(row) -> Candidate:
-    journal = None
-    if getattr(row, _JOURNAL_PREFIX + "attempt_id") is not None:
-        journal = JournalEntry.from_row(row, _JOURNAL_PREFIX)
     return Candidate(
         run_id=row.run_id, attempt_id=row.id, attempt_number=row.number, attempt_status=row.status,
         run_status=row.run_status, cancel_reason=row.cancel_reason, deadline_at_ms=row.deadline_at_ms,
         boot_id=row.boot_id, pid=row.pid, pgid=row.pgid, start_ticks=row.start_ticks,
         callback_token_hash=row.callback_token_hash, worker_id=row.worker_id, session_id=row.session_id,
         session_generation=row.session_generation, offer_id=row.offer_id,
-        lease_generation=row.lease_generation, journal=journal)
+        lease_generation=row.lease_generation)

@@ -1,5 +1,5 @@
 """Recovery's store operations (SEMANTICS.md §10): marking an attempt lost, the candidates recovery
-judges (the database's facts with the local journal's), and re-binding a process that survived a
+judges (the database's facts; edge's Recovery adds its journal's), and re-binding a process that survived a
 restart to the current session.
 
 Each write is one short transaction under the attempt's advisory lock.
@@ -15,41 +15,13 @@ from sqlalchemy import and_, func, or_, select
 from ..domain.states import AttemptStatus, LeaseReleaseReason, LeaseStatus, RunStatus
 from ..domain.transitions import plan_lost, plan_started
 from ..errors import BadInput, Conflict
-from .control_rows import (
-    ACTIVE,
-    DEFAULT_PAGE,
-    DISPATCHED,
-    LIVE,
-    Candidate,
-    RebindResult,
-    candidate_from_row,
-    candidate_select,
-    live_lease,
-    page_size,
-)
+from .control_rows import (ACTIVE, DEFAULT_PAGE, DISPATCHED, LIVE, Candidate, RebindResult,
+                           candidate_from_row, candidate_select, live_lease, page_size)
 from .engine import Store
-from .plans import (
-    apply_plan,
-    attempt_snapshot,
-    current_attempt,
-    end_lease,
-    load_open_pair,
-    load_run,
-    run_snapshot,
-)
-from .records import (
-    ALREADY_TERMINAL,
-    APPLIED,
-    FENCED,
-    REFUSED,
-    Fence,
-    Identity,
-    Outcome,
-    Session,
-    check_hash,
-    check_id,
-    same_hash,
-)
+from .plans import (apply_plan, attempt_snapshot, current_attempt, end_lease, load_open_pair, load_run,
+                    run_snapshot)
+from .records import (ALREADY_TERMINAL, APPLIED, FENCED, REFUSED, Fence, Identity, Outcome, Session,
+                      check_hash, check_id, same_hash)
 from .schema import run_attempts, run_dispatch_leases, runs, worker_sessions
 
 _A, _R, _L = AttemptStatus, RunStatus, LeaseStatus
