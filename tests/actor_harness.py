@@ -40,6 +40,7 @@ from qlactors.executor.local_receipts import LocalReceipts
 from qlactors.config import DEFAULTS, Config, ensure_home
 from qlactors.executor.context import EXECUTOR_KINDS
 from qlactors.executor.edge_evidence import EdgeEvidence
+from qlactors.executor.edge_files import EdgeFiles
 from qlactors.profiles.edge import LOCAL_WORKER, EdgeContext
 from qlactors.process.identity import ProcessIdentity, read_boot_id, read_identity
 from qlactors.process.logs import LogStore
@@ -224,7 +225,7 @@ class ActorHarness:
                 shared,
                 control=dict(repo=self.repo, dispatch=dispatch, completion=CompletionService(store),
                              control=Control(store), lost_retry=LostRetry(store), cron=CronAdmission(store),
-                             retention=Retention(store, logs, receipts),
+                             retention=Retention(store, EdgeFiles(journal, logs, receipts)),
                              sessions=LocalSessions(session, self.config.runtime.cadence_tick_ms,
                                                     DiskReserve(self.config, None)),
                              local=EdgeEvidence(journal, receipts, local_receipts, read_boot_id, session)),

@@ -106,3 +106,23 @@ def home(tmp_path):
         yield h
     finally:
         h.close()
+
+
+@pytest.fixture(params=["edge_file", "worker_file"])
+def journal(request, tmp_path):
+    """The executor's journal where it lives: an edge file (beside the runs) and a worker's own
+    journal file. A PostgreSQL database never holds one (migration 0015)."""
+    from qlactors.executor.journal.journal import Journal
+
+    if request.param == "edge_file":
+        from qlactors.store.repository import Repository
+
+        repository = Repository.open(f"sqlite:///{tmp_path / 'qlactors.db'}")
+        yield Journal(repository.store)
+        repository.close()
+        return
+    from qlactors.executor.journal.file import open_journal_file
+
+    store = open_journal_file(tmp_path)
+    yield Journal(store)
+    store.close()

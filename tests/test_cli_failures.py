@@ -179,6 +179,8 @@ class World:
         """A finished run of `t` that retention has retired (its tombstone is left)."""
         import time
 
+        from qlactors.executor.edge_files import EdgeFiles
+        from qlactors.executor.journal.journal import Journal
         from qlactors.process.logs import LogStore
         from qlactors.process.receipts import ReceiptStore
         from qlactors.store.repository import Repository
@@ -191,7 +193,7 @@ class World:
         repo = Repository.open(f"sqlite:///{home / 'qlactors.db'}")
         try:
             day = 86_400_000
-            report = Retention(repo.store, LogStore(home / "logs"), ReceiptStore(home / "receipts")).retire_page(
+            report = Retention(repo.store, EdgeFiles(Journal(repo.store), LogStore(home / "logs"), ReceiptStore(home / "receipts"))).retire_page(
                 time.time_ns() // 1_000_000 + 8 * day, max_age_ms=7 * day, max_runs=100, page=16)
             assert report.retired == 1
         finally:

@@ -18,7 +18,7 @@ from sqlalchemy import select
 from qlactors.executor import owed_reports as executor_owed
 from qlactors.control.gateway import fence_of
 from qlactors.runtime.signals import RegisterDue
-from qlactors.store.schema import executor_journal
+from qlactors.executor.journal.schema import executor_journal
 from qlactors.wire import messages as m
 
 from actor_harness import ack_message, wait_until

@@ -5,13 +5,14 @@ from __future__ import annotations
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import CheckConstraint, inspect, text
+from sqlalchemy import CheckConstraint, MetaData, inspect, text
 from sqlalchemy.exc import IntegrityError
 
 from qlactors.errors import SchemaError
 from qlactors.store.engine import Store
 from qlactors.store.migrations import available, current_version, latest_version, migrate
-from qlactors.store.schema import metadata
+from qlactors.executor.journal.schema import TABLES as JOURNAL_TABLES
+from qlactors.store.schema import NAMING_CONVENTION, metadata
 
 
 @pytest.fixture
@@ -21,19 +22,38 @@ def store(store_url):
     s.close()
 
 
+def expected_metadata(dialect: str) -> MetaData:
+    """The control schema; an edge file (SQLite) holds the executor journal's own tables beside it."""
+    if dialect != "sqlite":
+        return metadata
+    both = MetaData(naming_convention=NAMING_CONVENTION)
+    for table in (*metadata.sorted_tables, *JOURNAL_TABLES):
+        table.to_metadata(both)
+    return both
+
+
 def test_migrated_database_equals_metadata(store):
     assert migrate(store) == latest_version(store.dialect_name)
     with store.engine.connect() as conn:
         ctx = MigrationContext.configure(conn, opts={"compare_type": True})
-        diff = compare_metadata(ctx, metadata)
+        diff = compare_metadata(ctx, expected_metadata(store.dialect_name))
     assert diff == []
+
+
+def test_the_journal_tables_are_only_in_an_edge_file(store):
+    migrate(store)
+    with store.engine.connect() as conn:
+        names = set(inspect(conn).get_table_names())
+    journal = {t.name for t in JOURNAL_TABLES}
+    assert (journal <= names) if store.dialect_name == "sqlite" else not (journal & names), sorted(names)
+    assert not journal & set(metadata.tables)  # the control schema never names them
 
 
 def test_migrated_database_has_every_check_constraint(store):
     migrate(store)
     with store.engine.connect() as conn:
         insp = inspect(conn)
-        for table in metadata.sorted_tables:
+        for table in expected_metadata(store.dialect_name).sorted_tables:
             expected = {c.name for c in table.constraints if isinstance(c, CheckConstraint)}
             found = {c["name"] for c in insp.get_check_constraints(table.name)}
             assert expected <= found, (table.name, expected - found)

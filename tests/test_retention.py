@@ -17,6 +17,8 @@ from qlactors.process.logs import LogStore, UnsafeLogPath
 from qlactors.process.receipts import ReceiptStore
 from qlactors.store.completion import CompletionService
 from qlactors.store.engine import Store
+from qlactors.executor.edge_files import EdgeFiles
+from qlactors.executor.journal.file import open_journal_file
 from qlactors.executor.journal.journal import Journal
 from qlactors.store.retention import Retention
 from qlactors.store.migrations import available, current_version, latest_version, migrate
@@ -49,8 +51,25 @@ def files(tmp_path):
 
 
 @pytest.fixture
-def retention(repo, files):
-    return Retention(repo.store, *files)
+def journal(repo, tmp_path):
+    """The executor's journal: in the edge file (SQLite); PostgreSQL never holds one, so beside a
+    PostgreSQL store it is a journal file of its own, as a worker's."""
+    if repo.store.dialect_name == "sqlite":
+        yield Journal(repo.store)
+        return
+    store = open_journal_file(tmp_path)
+    yield Journal(store)
+    store.close()
+
+
+@pytest.fixture
+def local(journal, files):
+    return EdgeFiles(journal, *files)
+
+
+@pytest.fixture
+def retention(repo, local):
+    return Retention(repo.store, local)
 
 
 def finished_run(repo, task: str, finished_at_ms: int, *, log: LogStore | None = None) -> str:
@@ -156,6 +175,7 @@ def test_active_runs_are_never_retired_however_old_or_many(repo, retention):
     assert set(tombstones(repo)) == {done}
 
 
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)  # a journal lives in an edge file only
 def test_a_run_with_a_journal_row_or_a_receipt_file_is_kept_and_the_rest_of_the_page_goes_on(
         repo, files, retention):
     _, receipts = files
@@ -215,6 +235,7 @@ def test_a_task_s_own_age_retires_it_earlier_or_later_than_the_global_age(repo, 
     assert tombstones(repo) == {}
 
 
+@pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)  # a journal lives in an edge file only
 def test_a_task_s_own_bounds_keep_every_safety_rule(repo, files, retention):
     _, receipts = files
     repo.tasks.add(spec("few", max_concurrent=1), retention=TaskRetention(max_age_ms=3_600_000, max_runs=1))
@@ -289,7 +310,7 @@ def test_a_task_s_own_bounds_are_stored_on_its_head_and_bad_ones_write_nothing(r
 
 # -- retention: how a run goes ----------------------------------------------------------------------
 
-def test_log_files_are_deleted_before_the_rows_and_a_missing_log_is_fine(repo, files):
+def test_log_files_are_deleted_before_the_rows_and_a_missing_log_is_fine(repo, files, journal):
     logs, receipts = files
     repo.tasks.add(spec("a"))
     with_log = finished_run(repo, "a", T0, log=logs)
@@ -301,14 +322,14 @@ def test_log_files_are_deleted_before_the_rows_and_a_missing_log_is_fine(repo, f
             seen.append((run_id, run_id in run_ids(repo), self.path_for(run_id, attempt_id).exists()))
             return super().remove(run_id, attempt_id)
 
-    report = Retention(repo.store, Spy(logs.root), receipts).retire_page(
+    report = Retention(repo.store, EdgeFiles(journal, Spy(logs.root), receipts)).retire_page(
         T0 + 30 * DAY, max_age_ms=DAY, max_runs=100, page=16)
     assert report.retired == 2 and report.logs_deleted == 1
     assert seen == [(with_log, True, True), (without_log, True, False)]  # rows still there each time
     assert not any(logs.root.glob("*/*.log"))
 
 
-def test_a_log_that_cannot_be_deleted_keeps_the_run_for_the_next_page(repo, files):
+def test_a_log_that_cannot_be_deleted_keeps_the_run_for_the_next_page(repo, files, journal):
     logs, receipts = files
     repo.tasks.add(spec("a"))
     run_id = finished_run(repo, "a", T0, log=logs)
@@ -317,7 +338,7 @@ def test_a_log_that_cannot_be_deleted_keeps_the_run_for_the_next_page(repo, file
         def remove(self, run_id, attempt_id):
             raise PermissionError(13, "read-only file system")
 
-    report = Retention(repo.store, Stuck(logs.root), receipts).retire_page(
+    report = Retention(repo.store, EdgeFiles(journal, Stuck(logs.root), receipts)).retire_page(
         T0 + 30 * DAY, max_age_ms=DAY, max_runs=100, page=16)
     assert report.retired == 0 and report.skipped == {"log_error": 1}
     assert run_ids(repo) == {run_id} and tombstones(repo) == {}

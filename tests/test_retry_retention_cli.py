@@ -6,6 +6,8 @@ import json
 import re
 import time
 
+from qlactors.executor.edge_files import EdgeFiles
+from qlactors.executor.journal.journal import Journal
 from qlactors.process.logs import LogStore
 from qlactors.process.receipts import ReceiptStore
 from qlactors.store.repository import Repository
@@ -40,7 +42,7 @@ def test_logs_and_show_of_a_retired_run_say_it_was_retired_with_exit_status_4(tm
     repo = Repository.open(f"sqlite:///{home / 'qlactors.db'}")
     try:
         now = time.time_ns() // 1_000_000 + 8 * DAY
-        report = Retention(repo.store, LogStore(home / "logs"), ReceiptStore(home / "receipts")).retire_page(
+        report = Retention(repo.store, EdgeFiles(Journal(repo.store), LogStore(home / "logs"), ReceiptStore(home / "receipts"))).retire_page(
             now, max_age_ms=7 * DAY, max_runs=100, page=16)
         assert report.retired == 1
     finally:

@@ -1,4 +1,5 @@
-"""The executor journal contract, on SQLite and PostgreSQL."""
+"""The executor journal contract, where the journal lives: an edge file (beside the runs) and a
+worker's own journal file. A PostgreSQL database never holds it (migration 0015)."""
 
 from __future__ import annotations
 
@@ -10,14 +11,8 @@ from qlactors.domain.receipt import token_hash
 from qlactors.errors import BadInput, Conflict
 from qlactors.ids import new_id
 from qlactors.store.records import Identity
-from qlactors.executor.journal.journal import Journal
 
 IDENTITY = Identity("boot", 100, 100, 5)
-
-
-@pytest.fixture
-def journal(repo):
-    return Journal(repo.store)
 
 
 def accept(journal, attempt_id=None, run_id=None):

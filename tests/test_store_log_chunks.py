@@ -130,9 +130,7 @@ def test_the_tail_lands_after_the_run_is_terminal_and_the_final_offset_is_kept(r
     assert chunks.read(attempt_id, 0, 100) == b"first\nsecond"
 
 
-def test_retention_deletes_a_runs_chunks_with_it(repo, chunks, flight, tmp_path):
-    from qlactors.process.logs import LogStore
-    from qlactors.process.receipts import ReceiptStore
+def test_retention_deletes_a_runs_chunks_with_it(repo, chunks, flight):
     from qlactors.store.retention import Retention
 
     run_id, attempt_id, token = flight
@@ -142,10 +140,7 @@ def test_retention_deletes_a_runs_chunks_with_it(repo, chunks, flight, tmp_path)
     CompletionService(repo.store).complete(run_id, attempt_id, receipt, 0)
     with repo.store.write() as conn:
         conn.execute(runs.update().where(runs.c.id == run_id).values(finished_at_ms=1))
-    logs, receipts = LogStore(tmp_path / "logs"), ReceiptStore(tmp_path / "receipts")
-    logs.ensure()
-    receipts.ensure()
-    report = Retention(repo.store, logs, receipts).retire_page(
+    report = Retention(repo.store, None).retire_page(  # a replica's: it holds no files
         10 * 86_400_000, max_age_ms=86_400_000, max_runs=100, page=16)
     assert report.retired == 1
     assert stored(repo, attempt_id) == 0 and chunks.acked_offset(attempt_id) == 0

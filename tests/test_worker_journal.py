@@ -18,24 +18,6 @@ from qlactors.executor.journal.file import JOURNAL_FILE, JOURNAL_VERSION, open_j
 from qlactors.executor.journal.records import LeaseFacts
 
 
-@pytest.fixture(params=["edge_sqlite", pytest.param("edge_postgres", marks=pytest.mark.postgres),
-                        "journal_file"])
-def journal(request, tmp_path):
-    """The edge file's journal tables (SQLite, PostgreSQL), and a worker's own journal file."""
-    if request.param == "journal_file":
-        store = open_journal_file(tmp_path)
-        yield Journal(store)
-        store.close()
-        return
-    from qlactors.store.repository import Repository
-
-    url = (f"sqlite:///{tmp_path / 'qlactors.db'}" if request.param == "edge_sqlite"
-           else request.getfixturevalue("pg_schema_url"))
-    repository = Repository.open(url)
-    yield Journal(repository.store)
-    repository.close()
-
-
 def lease(generation=1, session_generation=1):
     return LeaseFacts(new_id(), generation, secrets.token_urlsafe(32), new_id(), session_generation)
 

@@ -119,7 +119,7 @@ class ControlRuntime(Runner):
             config=self.config, zmq=zctx, bridge=bridge, directory=directory, fatal=fatal,
             admitting=threading.Event(), health=store.health, repo=repo, dispatch=dispatch,
             completion=CompletionService(store), control=control, lost_retry=LostRetry(store),
-            cron=CronAdmission(store), retention=Retention(store, None, None), sessions=sessions,
+            cron=CronAdmission(store), retention=Retention(store, None), sessions=sessions,
             each_cycle=(authenticator_running, refresh_allow_list, replica_heartbeat, sessions.ledger.prune_due),
             recovery_grace_ms=cfg.recovery_grace_ms, drain_grace_ms=cfg.drain_grace_ms)
         self.ctx = ctx

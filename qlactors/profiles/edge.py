@@ -30,6 +30,7 @@ from ..errors import QlactorsError
 from ..executor.context import EXECUTOR_KINDS, ExecutorContext
 from ..executor.disk_reserve import DiskReserve
 from ..executor.edge_evidence import EdgeEvidence
+from ..executor.edge_files import EdgeFiles
 from ..executor.executor import Executor
 from ..executor.journal.journal import Journal
 from ..executor.local_receipts import LocalReceipts
@@ -138,7 +139,8 @@ class EdgeRuntime(Runner):
             shared,
             control=dict(
                 repo=repo, dispatch=dispatch, completion=CompletionService(store), control=Control(store),
-                lost_retry=LostRetry(store), cron=CronAdmission(store), retention=Retention(store, logs, receipts),
+                lost_retry=LostRetry(store), cron=CronAdmission(store),
+                retention=Retention(store, EdgeFiles(journal, logs, receipts)),
                 sessions=LocalSessions(session, self.config.runtime.cadence_tick_ms,
                                        DiskReserve(self.config, self.free_bytes)),
                 local=EdgeEvidence(journal, receipts, local_receipts, self.boot_id, session),

@@ -14,13 +14,11 @@ ones (the caller's, from the config) otherwise.
 from __future__ import annotations
 
 import logging
-import os
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Mapping, Protocol
+from typing import Any, Mapping, Protocol, Sequence
 
-from sqlalchemy import and_, exists, func, or_, select
+from sqlalchemy import and_, func, or_, select
 from sqlalchemy.engine import Connection
 
 from ..domain.retention import (
@@ -38,7 +36,6 @@ from ..errors import BadInput, Conflict, QlactorsError
 from .engine import Store
 from .plans import load_run
 from .schema import (
-    executor_journal,
     log_chunks,
     run_attempts,
     run_dispatch_leases,
@@ -57,12 +54,18 @@ log = logging.getLogger("qlactors.retention")
 SCAN_PAGES = 4
 
 
-class LogFiles(Protocol):
-    def remove(self, run_id: str, attempt_id: str) -> bool: ...
+class LocalFiles(Protocol):
+    """Edge: this process's executor side, which retention must respect and whose files go first
+    (filled by executor/edge_files.py; the store never reads the journal or the files itself)."""
 
+    def journalled(self, attempt_ids: Sequence[str]) -> set[str]:
+        """Those of the attempts the executor's journal still holds a row for."""
 
-class ReceiptFiles(Protocol):
-    def final_path(self, attempt_id: str) -> Path: ...
+    def receipt_present(self, attempt_id: str) -> bool:
+        """Whether a receipt file (or anything) lies at the attempt's receipt path."""
+
+    def remove_log(self, run_id: str, attempt_id: str) -> bool:
+        """Delete the attempt's log file; True when there was one. Raises OSError or QlactorsError."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,12 +87,11 @@ class RetireReport:
 class Retention:
     """Retire finished runs (log files first, then rows and a tombstone) and prune tombstones."""
 
-    def __init__(self, store: Store, logs: LogFiles | None, receipts: ReceiptFiles | None) -> None:
-        """`logs` and `receipts` None: a control replica, which holds no files (a worker's own
+    def __init__(self, store: Store, local: LocalFiles | None) -> None:
+        """`local` None: a control replica, which holds no files and no journal (a worker's own
         retention deletes its local copies once their final offset was acknowledged)."""
         self.store = store
-        self.logs = logs
-        self.receipts = receipts
+        self.local = local
 
     def retire_page(self, now_ms: int, *, max_age_ms: int, max_runs: int, page: int) -> RetireReport:
         """Retire at most `page` due runs, oldest finished first, then prune at most `page` tombstones.
@@ -146,27 +148,28 @@ class Retention:
                     page: int) -> tuple[list[Candidate], dict[str, tuple[str, ...]], bool]:
         """Due runs oldest first (at most SCAN_PAGES pages), their attempts, and whether that was all."""
         limit = page * SCAN_PAGES
-        journal_row = exists().where(and_(run_attempts.c.run_id == runs.c.id,
-                                          executor_journal.c.attempt_id == run_attempts.c.id))
         with self.store.read() as conn:
             rows = _due(conn, runs, runs.c.finished_at_ms, runs.c.id, policy, now_ms, page, limit + 1,
-                        runs.c.status, journal_row.label("journal_row"))
+                        runs.c.status)
             ids = [r.key for r in rows[:limit]]
             attempts: dict[str, list[str]] = {}
             if ids:
                 for a in conn.execute(select(run_attempts.c.run_id, run_attempts.c.id)
                                       .where(run_attempts.c.run_id.in_(ids)).order_by(run_attempts.c.number)):
                     attempts.setdefault(a.run_id, []).append(a.id)
+        journalled = self._journalled([a for v in attempts.values() for a in v])
         candidates = [Candidate(
             run_id=r.key, terminal=RunStatus(r.row.status).terminal, finished_at_ms=r.at,
-            newer_in_task=r.newer, journal_row=bool(r.row.journal_row),
+            newer_in_task=r.newer, journal_row=any(a in journalled for a in attempts.get(r.key, ())),
             receipt_file=any(self._receipt_exists(a) for a in attempts.get(r.key, ())), task_id=r.task)
             for r in rows[:limit]]
         return candidates, {k: tuple(v) for k, v in attempts.items()}, len(rows) <= limit
 
     def _receipt_exists(self, attempt_id: str) -> bool:
-        # lexists: a symlink planted at the receipt's path still means "someone must look first".
-        return self.receipts is not None and os.path.lexists(self.receipts.final_path(attempt_id))
+        return self.local is not None and self.local.receipt_present(attempt_id)
+
+    def _journalled(self, attempt_ids: list[str]) -> set[str]:
+        return self.local.journalled(attempt_ids) if self.local is not None and attempt_ids else set()
 
     # -- retiring one run ---------------------------------------------------------------------
 
@@ -174,10 +177,12 @@ class Retention:
         """Log files first, then one transaction for the rows and the tombstone; (outcome, logs deleted)."""
         if any(self._receipt_exists(a) for a in attempt_ids):  # re-checked right before anything goes
             return "receipt", 0
+        if self._journalled(list(attempt_ids)):  # so is the journal (a terminal run gains no rows)
+            return "journal", 0
         deleted = 0
-        for attempt_id in attempt_ids if self.logs is not None else ():
+        for attempt_id in attempt_ids if self.local is not None else ():
             try:
-                if self.logs.remove(run_id, attempt_id):
+                if self.local.remove_log(run_id, attempt_id):
                     deleted += 1
             except (OSError, QlactorsError) as err:  # QlactorsError: UnsafeLogPath, a symlinked shard
                 # The rows stay (and the run with them) until its log can go: next page tries again.
@@ -193,8 +198,8 @@ class Retention:
         row = load_run(conn, run_id)
         if row is None:
             return "conflict"  # retired (or never there) meanwhile
-        hold = hold_reason(terminal=RunStatus(row.status).terminal, journal_row=self._journal_row(conn, run_id),
-                           receipt_file=False)  # the receipt files were checked just before
+        hold = hold_reason(terminal=RunStatus(row.status).terminal, journal_row=False,
+                           receipt_file=False)  # the journal and the receipt files were checked just before
         if hold is not None:
             return hold.value
         conn.execute(run_events.delete().where(run_events.c.run_id == run_id))
@@ -211,12 +216,6 @@ class Retention:
             run_id=run_id, task_id=row.task_id, finished_at_ms=row.finished_at_ms,
             retired_at_ms=now_ms, reason=reason))
         return "retired"
-
-    @staticmethod
-    def _journal_row(conn: Connection, run_id: str) -> bool:
-        return conn.execute(select(executor_journal.c.attempt_id).join(
-            run_attempts, run_attempts.c.id == executor_journal.c.attempt_id).where(
-                run_attempts.c.run_id == run_id).limit(1)).first() is not None
 
     # -- tombstones ---------------------------------------------------------------------------
 

@@ -22,7 +22,6 @@ from sqlalchemy import (
     Table,
     Text,
     UniqueConstraint,
-    false,
     text,
 )
 
@@ -54,17 +53,19 @@ ID = String(36)
 MS = BigInteger
 
 
-def _one_of(column: str, values) -> str:
+def one_of(column: str, values) -> str:
+    """A CHECK expression: `column` holds one of `values` (shared with the executor journal's schema)."""
     listed = ", ".join(f"'{getattr(v, 'value', v)}'" for v in values)
     return f"{column} IN ({listed})"
 
 
-def _ms(*columns: str) -> list[CheckConstraint]:
+def ms_nonneg(*columns: str) -> list[CheckConstraint]:
+    """CHECKs that each millisecond column is NULL or non-negative."""
     return [CheckConstraint(f"{c} IS NULL OR {c} >= 0", name=f"{c}_nonneg") for c in columns]
 
 
 def _active_attempt_where() -> str:
-    return _one_of("status", sorted(s.value for s in ATTEMPT_ACTIVE))
+    return one_of("status", sorted(s.value for s in ATTEMPT_ACTIVE))
 
 
 schema_version = Table(
@@ -97,7 +98,7 @@ tasks = Table(
                     f"AND retention_max_age_ms <= {KEEP_AGE_MS_RANGE[1]})", name="retention_max_age_range"),
     CheckConstraint(f"retention_max_runs IS NULL OR (retention_max_runs >= {KEEP_RUNS_RANGE[0]} "
                     f"AND retention_max_runs <= {KEEP_RUNS_RANGE[1]})", name="retention_max_runs_range"),
-    *_ms("created_at_ms", "updated_at_ms", "deleted_at_ms"),
+    *ms_nonneg("created_at_ms", "updated_at_ms", "deleted_at_ms"),
 )
 # A removed task keeps its row (history stays readable) and frees its name.
 Index("ix_tasks_live_name", tasks.c.name, unique=True,
@@ -134,12 +135,12 @@ task_revisions = Table(
     CheckConstraint("stop_grace_ms >= 0 AND stop_grace_ms <= 30000", name="stop_grace_range"),
     CheckConstraint("max_concurrent >= 1 AND max_concurrent <= 1024", name="max_concurrent_range"),
     CheckConstraint("max_attempts >= 1 AND max_attempts <= 16", name="max_attempts_range"),
-    CheckConstraint(_one_of("safety", RetrySafety), name="safety"),
+    CheckConstraint(one_of("safety", RetrySafety), name="safety"),
     CheckConstraint("backoff_base_ms >= 0 AND backoff_base_ms <= backoff_max_ms "
                     "AND backoff_max_ms <= 86400000", name="backoff_range"),
     CheckConstraint("max_queued >= 1 AND max_queued <= 1024", name="max_queued_range"),
     CheckConstraint("random_delay_ms >= 0 AND random_delay_ms <= 86400000", name="random_delay_range"),
-    *_ms("created_at_ms"),
+    *ms_nonneg("created_at_ms"),
 )
 
 triggers = Table(
@@ -157,10 +158,10 @@ triggers = Table(
     Column("updated_at_ms", MS, nullable=False),
     Column("deleted_at_ms", MS),
     CheckConstraint("revision >= 1", name="revision_positive"),
-    CheckConstraint(_one_of("misfire", ("fire_once", "skip")), name="misfire"),
-    CheckConstraint(_one_of("overlap", ("queue", "skip", "replace")), name="overlap"),
+    CheckConstraint(one_of("misfire", ("fire_once", "skip")), name="misfire"),
+    CheckConstraint(one_of("overlap", ("queue", "skip", "replace")), name="overlap"),
     CheckConstraint("grace_ms >= 0", name="grace_nonneg"),
-    *_ms("created_at_ms", "updated_at_ms", "deleted_at_ms"),
+    *ms_nonneg("created_at_ms", "updated_at_ms", "deleted_at_ms"),
 )
 Index("ix_triggers_task_id", triggers.c.task_id)
 
@@ -178,7 +179,7 @@ trigger_schedules = Table(
     Column("claim_expires_at_ms", MS),
     Column("updated_at_ms", MS, nullable=False),
     CheckConstraint("state_version >= 0 AND claim_version >= 0", name="versions_nonneg"),
-    *_ms("next_fire_at_ms", "last_scheduled_at_ms", "claim_expires_at_ms", "updated_at_ms"),
+    *ms_nonneg("next_fire_at_ms", "last_scheduled_at_ms", "claim_expires_at_ms", "updated_at_ms"),
 )
 Index("ix_trigger_schedules_due", trigger_schedules.c.next_fire_at_ms, trigger_schedules.c.trigger_id)
 
@@ -193,9 +194,9 @@ trigger_events = Table(
     Column("occurrences", Integer, nullable=False),
     Column("run_id", ID, ForeignKey("runs.id")),
     Column("created_at_ms", MS, nullable=False),
-    CheckConstraint(_one_of("type", ("skipped", "missed")), name="type"),
+    CheckConstraint(one_of("type", ("skipped", "missed")), name="type"),
     CheckConstraint("occurrences >= 1", name="occurrences_positive"),
-    *_ms("scheduled_for_ms", "created_at_ms"),
+    *ms_nonneg("scheduled_for_ms", "created_at_ms"),
 )
 Index("ix_trigger_events_trigger_id_created_at_ms", trigger_events.c.trigger_id,
       trigger_events.c.created_at_ms)
@@ -228,9 +229,9 @@ runs = Table(
     # Schema 4: not offered before this time (a cron fire's random delay); NULL: at once.
     Column("not_before_ms", MS),
     UniqueConstraint("idempotency_key"),
-    CheckConstraint(_one_of("status", RunStatus), name="status"),
-    CheckConstraint(_one_of("trigger_type", TriggerType), name="trigger_type"),
-    CheckConstraint(f"cancel_reason IS NULL OR {_one_of('cancel_reason', CancelReason)}",
+    CheckConstraint(one_of("status", RunStatus), name="status"),
+    CheckConstraint(one_of("trigger_type", TriggerType), name="trigger_type"),
+    CheckConstraint(f"cancel_reason IS NULL OR {one_of('cancel_reason', CancelReason)}",
                     name="cancel_reason"),
     CheckConstraint("(cancel_reason IS NULL) = (cancel_requested_at_ms IS NULL)", name="cancel_intent"),
     CheckConstraint("version >= 1 AND event_sequence >= 1", name="counters_positive"),
@@ -238,7 +239,7 @@ runs = Table(
         "(finished_at_ms IS NULL) = (status NOT IN ('succeeded', 'failed', 'cancelled', 'timed_out'))",
         name="finished_iff_terminal"),
     CheckConstraint("trigger_type <> 'cron' OR trigger_id IS NOT NULL", name="cron_has_trigger"),
-    *_ms("scheduled_for_ms", "cancel_requested_at_ms", "created_at_ms", "queued_at_ms",
+    *ms_nonneg("scheduled_for_ms", "cancel_requested_at_ms", "created_at_ms", "queued_at_ms",
          "started_at_ms", "finished_at_ms", "updated_at_ms", "not_before_ms"),
 )
 Index("ix_runs_created_at_ms_id", runs.c.created_at_ms, runs.c.id)
@@ -306,7 +307,7 @@ run_attempts = Table(
     Column("log_cap_bytes", BigInteger),
     UniqueConstraint("run_id", "number"),
     CheckConstraint("number >= 1", name="number_positive"),
-    CheckConstraint(_one_of("status", AttemptStatus), name="status"),
+    CheckConstraint(one_of("status", AttemptStatus), name="status"),
     CheckConstraint("callback_sequence >= 0", name="callback_sequence_nonneg"),
     CheckConstraint("exit_code IS NULL OR (exit_code >= 0 AND exit_code <= 255)", name="exit_code_range"),
     CheckConstraint("signal IS NULL OR (signal >= 1 AND signal <= 64)", name="signal_range"),
@@ -324,7 +325,7 @@ run_attempts = Table(
     CheckConstraint("status = 'claimed' OR callback_token_hash IS NOT NULL OR status IN ('cancelled', 'lost') "
                     "OR (status = 'failed' AND error_code = 'OFFER_UNENCODABLE')",
                     name="token_after_claim"),
-    *_ms("deadline_at_ms", "lease_expires_at_ms", "created_at_ms", "started_at_ms",
+    *ms_nonneg("deadline_at_ms", "lease_expires_at_ms", "created_at_ms", "started_at_ms",
          "finished_at_ms", "updated_at_ms", "evidence_at_ms"),
 )
 # At most one attempt of a run may be live at a time.
@@ -347,7 +348,7 @@ run_events = Table(
     UniqueConstraint("run_id", "sequence"),
     CheckConstraint("sequence >= 1", name="sequence_positive"),
     CheckConstraint("length(payload_json) <= 16384", name="payload_size"),
-    *_ms("created_at_ms"),
+    *ms_nonneg("created_at_ms"),
 )
 Index("ix_run_events_dedupe", run_events.c.run_id, run_events.c.dedupe_key, unique=True,
       sqlite_where=text("dedupe_key IS NOT NULL"), postgresql_where=text("dedupe_key IS NOT NULL"))
@@ -366,57 +367,16 @@ run_retry_policies = Table(
     Column("created_at_ms", MS, nullable=False),
     Column("updated_at_ms", MS, nullable=False),
     CheckConstraint("max_attempts >= 1 AND max_attempts <= 16", name="max_attempts_range"),
-    CheckConstraint(_one_of("safety", RetrySafety), name="safety"),
+    CheckConstraint(one_of("safety", RetrySafety), name="safety"),
     CheckConstraint("backoff_base_ms >= 0 AND backoff_base_ms <= backoff_max_ms "
                     "AND backoff_max_ms <= 86400000", name="backoff_range"),
     # The admission rule, kept by the schema too: no unsafe automatic re-run.
     CheckConstraint("NOT (retry_on_lost AND max_attempts > 1 AND safety = 'unknown')", name="safe_retry"),
     CheckConstraint("version >= 0", name="version_nonneg"),
-    *_ms("next_attempt_at_ms", "created_at_ms", "updated_at_ms"),
+    *ms_nonneg("next_attempt_at_ms", "created_at_ms", "updated_at_ms"),
 )
 Index("ix_run_retry_policies_due", run_retry_policies.c.next_attempt_at_ms, run_retry_policies.c.run_id)
 
-executor_journal = Table(
-    "executor_journal",
-    metadata,
-    Column("attempt_id", ID, primary_key=True),  # no FK: on a worker this table lives elsewhere
-    Column("run_id", ID, nullable=False),
-    Column("state", String(16), nullable=False),
-    Column("log_path", Text, nullable=False),
-    Column("receipt_path", Text, nullable=False),
-    Column("callback_token_hash", String(64), nullable=False),
-    Column("boot_id", String(64)),
-    Column("pid", Integer),
-    Column("pgid", Integer),
-    Column("start_ticks", BigInteger),
-    Column("purge_after_ms", MS),
-    Column("created_at_ms", MS, nullable=False),
-    Column("updated_at_ms", MS, nullable=False),
-    # Schema 6 (cluster, SEMANTICS.md §9 Journal): the lease this executor holds for the attempt,
-    # so a restarted worker can quote it in an Attest; how far its log was shipped (§13); and the
-    # executor's own clock for "finished in time" and a local timeout intent (§5, §7).
-    Column("offer_id", ID),
-    Column("lease_generation", Integer),
-    Column("lease_token", String(64)),
-    Column("session_id", ID),
-    Column("session_generation", Integer),
-    Column("shipped_offset", BigInteger, nullable=False, server_default=text("0")),
-    Column("final_offset", BigInteger),
-    Column("activated_at_ms", MS),
-    Column("local_deadline_ms", MS),
-    Column("timeout_intent_at_ms", MS),
-    # Schema 13 (protocol 4, SEMANTICS.md §9 Owed reports): cleared while a report about the
-    # attempt was still owed; the row goes when the last of them is answered, and until then no
-    # reader but the owed reports sees it.
-    Column("clear_pending", Boolean, nullable=False, server_default=false()),
-    CheckConstraint(_one_of("state", ("accepted", "launching", "started", "completed", "quarantined")),
-                    name="state"),
-    CheckConstraint("shipped_offset >= 0", name="offsets"),
-    CheckConstraint("final_offset IS NULL OR final_offset >= 0", name="final_offset"),
-    *_ms("purge_after_ms", "created_at_ms", "updated_at_ms", "activated_at_ms", "local_deadline_ms",
-         "timeout_intent_at_ms"),
-)
-Index("ix_executor_journal_state_purge_after_ms", executor_journal.c.state, executor_journal.c.purge_after_ms)
 
 worker_sessions = Table(
     "worker_sessions",
@@ -458,12 +418,12 @@ worker_sessions = Table(
     # process presenting it (session_rules.duplicate_verdict); `workers` shows it.
     Column("note", String(32)),
     UniqueConstraint("worker_id", "generation"),
-    CheckConstraint(_one_of("status", ("online", "draining", "offline")), name="status"),
-    CheckConstraint(_one_of("ended_by", ("revoked", "retired")), name="ended_by"),
+    CheckConstraint(one_of("status", ("online", "draining", "offline")), name="status"),
+    CheckConstraint(one_of("ended_by", ("revoked", "retired")), name="ended_by"),
     CheckConstraint("generation >= 1 AND version >= 0", name="counters"),
     CheckConstraint("capacity >= 0 AND free_slots >= 0 AND free_slots <= capacity", name="slots"),
     CheckConstraint("heartbeat_seq >= 0", name="heartbeat_seq_nonneg"),
-    *_ms("heartbeat_at_ms", "lease_expires_at_ms", "created_at_ms", "updated_at_ms", "ended_at_ms",
+    *ms_nonneg("heartbeat_at_ms", "lease_expires_at_ms", "created_at_ms", "updated_at_ms", "ended_at_ms",
          "drained_at_ms"),
 )
 
@@ -486,12 +446,12 @@ run_dispatch_leases = Table(
     Column("updated_at_ms", MS, nullable=False),
     PrimaryKeyConstraint("attempt_id", "lease_generation"),
     UniqueConstraint("offer_id"),
-    CheckConstraint(_one_of("status", LeaseStatus), name="status"),
-    CheckConstraint(f"release_reason IS NULL OR {_one_of('release_reason', LeaseReleaseReason)}",
+    CheckConstraint(one_of("status", LeaseStatus), name="status"),
+    CheckConstraint(f"release_reason IS NULL OR {one_of('release_reason', LeaseReleaseReason)}",
                     name="release_reason"),
     CheckConstraint("(status = 'released') = (release_reason IS NOT NULL)", name="released_has_reason"),
     CheckConstraint("lease_generation >= 1 AND version >= 1", name="counters_positive"),
-    *_ms("expires_at_ms", "created_at_ms", "updated_at_ms"),
+    *ms_nonneg("expires_at_ms", "created_at_ms", "updated_at_ms"),
 )
 # One live lease per attempt.
 Index("ix_run_dispatch_leases_one_leased", run_dispatch_leases.c.attempt_id, unique=True,
@@ -509,8 +469,8 @@ run_tombstones = Table(
     Column("finished_at_ms", MS, nullable=False),
     Column("retired_at_ms", MS, nullable=False),
     Column("reason", String(16), nullable=False),
-    CheckConstraint(_one_of("reason", ("max_age", "max_runs")), name="reason"),
-    *_ms("finished_at_ms", "retired_at_ms"),
+    CheckConstraint(one_of("reason", ("max_age", "max_runs")), name="reason"),
+    *ms_nonneg("finished_at_ms", "retired_at_ms"),
 )
 # Tombstones are pruned by the same two bounds as runs: overall by age, per task by count.
 Index("ix_run_tombstones_retired_at_ms_run_id", run_tombstones.c.retired_at_ms, run_tombstones.c.run_id)
@@ -529,7 +489,7 @@ worker_keys = Table(
     Column("created_at_ms", MS, nullable=False),
     UniqueConstraint("public_key"),
     CheckConstraint("length(public_key) = 40", name="public_key_z85"),
-    *_ms("created_at_ms"),
+    *ms_nonneg("created_at_ms"),
 )
 
 # A cluster run's log on the control side: chunks appended only at their expected offset.
@@ -545,7 +505,7 @@ log_chunks = Table(
     Column("created_at_ms", MS, nullable=False),
     PrimaryKeyConstraint("attempt_id", "start_offset"),
     CheckConstraint("start_offset >= 0 AND length >= 1 AND length <= 131072", name="chunk_bounds"),
-    *_ms("created_at_ms"),
+    *ms_nonneg("created_at_ms"),
 )
 # Retention deletes a run's chunks with it.
 Index("ix_log_chunks_run_id", log_chunks.c.run_id)
@@ -571,51 +531,8 @@ control_replicas = Table(
     Column("cycle_failed_step", Text),
     Column("cycle_error", Text),
     Column("cycle_failed_since_ms", MS),
-    *_ms("started_at_ms", "heartbeat_at_ms", "stopped_at_ms", "last_db_error_at_ms", "cycle_failed_since_ms"),
+    *ms_nonneg("started_at_ms", "heartbeat_at_ms", "stopped_at_ms", "last_db_error_at_ms", "cycle_failed_since_ms"),
 )
-
-# Executor-local (like executor_journal): the (offer id, lease token) pairs of a Pull, journalled
-# before it is sent, so a Pull whose answer was lost is repeated with the same pairs.
-executor_pulls = Table(
-    "executor_pulls",
-    metadata,
-    Column("offer_id", ID, primary_key=True),
-    Column("pull_id", ID, nullable=False),
-    Column("lease_token", String(64), nullable=False),
-    Column("created_at_ms", MS, nullable=False),
-    *_ms("created_at_ms"),
-)
-Index("ix_executor_pulls_pull_id", executor_pulls.c.pull_id)
-
-# Executor-local (schema 13, SEMANTICS.md §9 Owed reports): every report the executor owes the
-# control side, written before it is first sent and kept, re-sent unchanged, until its own answer.
-executor_owed = Table(
-    "executor_owed",
-    metadata,
-    Column("request_id", ID, primary_key=True),
-    Column("kind", String(32), nullable=False),
-    Column("attempt_id", ID),  # the attempt it is about; None for Register and Leave
-    Column("body", LargeBinary, nullable=False),  # the message as encoded (codec.encode's body)
-    Column("created_at_ms", MS, nullable=False),
-    *_ms("created_at_ms"),
-)
-Index("ix_executor_owed_attempt_id", executor_owed.c.attempt_id)
-Index("ix_executor_owed_created_at_ms", executor_owed.c.created_at_ms, executor_owed.c.request_id)
-
-# Executor-local: this executor's current session and its resume secret (one row per worker id).
-executor_session = Table(
-    "executor_session",
-    metadata,
-    Column("worker_id", String(128), primary_key=True),
-    Column("session_id", ID, nullable=False),
-    Column("generation", Integer, nullable=False),
-    Column("resume_secret", String(64), nullable=False),
-    Column("boot_id", String(64), nullable=False),
-    Column("updated_at_ms", MS, nullable=False),
-    CheckConstraint("generation >= 1", name="generation_positive"),
-    *_ms("updated_at_ms"),
-)
-
 
 # --- schema 11: the answer ledger (SEMANTICS.md §9 Owed reports, Pull once) --------------------
 
@@ -633,8 +550,8 @@ worker_requests = Table(
     Column("result_json", Text, nullable=False),
     Column("created_at_ms", MS, nullable=False),
     PrimaryKeyConstraint("worker_id", "request_id"),
-    CheckConstraint(_one_of("kind", REQUEST_KINDS), name="kind"),
-    *_ms("created_at_ms"),
+    CheckConstraint(one_of("kind", REQUEST_KINDS), name="kind"),
+    *ms_nonneg("created_at_ms"),
 )
 # Pruning takes the oldest rows first.
 Index("ix_worker_requests_created_at_ms", worker_requests.c.created_at_ms)

@@ -1,7 +1,7 @@
 """A cluster worker's own journal: `<state_dir>/journal.sqlite`, private, holding only its tables.
 
-It holds `executor_journal`, `executor_pulls`, `executor_session` and `executor_owed` (made from the schema.py
-tables, so the journal code runs on it exactly as on the edge file) and nothing else: a worker
+It holds `executor_journal`, `executor_pulls`, `executor_session` and `executor_owed` (made from the journal's
+own schema.py, so the journal code runs on it exactly as on the edge file) and nothing else: a worker
 has no database credentials and keeps none of the control side's facts. The file and its
 -wal/-shm are 0600 (SQLite gives those the database file's mode); the journal's own version is
 `PRAGMA user_version`, and a newer one is refused rather than read. On edge the journal stays a
@@ -18,13 +18,12 @@ from sqlalchemy import inspect
 from ...errors import SchemaError
 from ...store import sqlite
 from ...store.engine import Store
-from ...store.schema import executor_journal, executor_owed, executor_pulls, executor_session, metadata
+from .schema import TABLES, metadata
 
 JOURNAL_FILE = "journal.sqlite"
 # 2: the owed reports (protocol 4, SEMANTICS.md §9 Owed reports). A version 1 journal is upgraded
 # in place at open: its rows keep their meaning.
 JOURNAL_VERSION = 2
-TABLES = (executor_journal, executor_pulls, executor_session, executor_owed)
 _UPGRADES = {
     1: ("ALTER TABLE executor_journal ADD COLUMN clear_pending BOOLEAN NOT NULL DEFAULT 0",),
 }

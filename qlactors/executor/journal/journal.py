@@ -23,11 +23,11 @@ from sqlalchemy.engine import Connection
 from ...errors import BadInput, Conflict
 from ...store.engine import Store
 from ...store.records import Identity, check_hash, check_id
-from ...store.schema import executor_journal, executor_owed, executor_pulls, executor_session
 from .records import (ACCEPTED, COMPLETED, IN_FLIGHT, LEASE_FACTS, MAX_PAGE, MAX_WORKER_ID, QUARANTINED,
                       JournaledPull, JournalEntry, LeaseFacts, OwedReport, SavedSession, limit_checked,
                       ms_checked, offset_checked, path_checked, positive_checked, secret_checked,
                       state_checked)
+from .schema import executor_journal, executor_owed, executor_pulls, executor_session
 
 _J = executor_journal
 _O = executor_owed
@@ -188,6 +188,16 @@ class Journal:
         with self.store.read() as conn:
             row = conn.execute(_ROW, {"attempt_id": attempt_id}).first()
             return JournalEntry.from_row(row) if row is not None else None
+
+    def held(self, attempt_ids: Sequence[str]) -> set[str]:
+        """Those of `attempt_ids` with a row, cleared ones included (a row whose clearing waits for
+        an owed report's answer still holds its run back from retention)."""
+        found: set[str] = set()
+        with self.store.read() as conn:
+            for start in range(0, len(attempt_ids), 500):  # SQLite's bound on parameters
+                chunk = list(attempt_ids[start:start + 500])
+                found.update(conn.execute(select(_J.c.attempt_id).where(_J.c.attempt_id.in_(chunk))).scalars())
+        return found
 
     def list(self, states: Iterable[str] | None = None, limit: int = 64,
              after: str | None = None, *, unretained: bool = False) -> builtins.list[JournalEntry]:

@@ -1,0 +1,4 @@
+-- qlactors schema 15 (docs/architecture.md, "The journal owns its tables"): the executor's journal
+-- tables are the executor side's own (qlactors/executor/journal/schema.py). On SQLite, an edge
+-- file, they stay where they are: edge's journal lives in the same file as its runs. Nothing to
+-- change; the version step keeps both dialects numbered alike.
