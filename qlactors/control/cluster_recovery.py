@@ -1,5 +1,5 @@
-"""Recovery on a control replica: it decides from the database and from what workers attest,
-never from `/proc` or a worker's files (SEMANTICS.md §9, §10 step 1).
+"""Control side: recovery on a control replica: it decides from the database and from what workers
+attest, never from `/proc` or a worker's files (SEMANTICS.md §9, §10 step 1).
 
 Each cycle: one page of never-activated claims whose offer expired (their lease is released and
 the attempt offered again: store/expired_claims.py), then one page of `starting|running`

@@ -1,5 +1,6 @@
-"""Whether the cadence gets through: the step that failed or stayed silent in the last cycle, its
-error, and since when, for `status` (SEMANTICS.md §10: while a cycle fails nothing is offered).
+"""Control side: whether the cadence gets through: the step that failed or stayed silent in the last
+cycle, its error, and since when, for `status` (SEMANTICS.md §10: while a cycle fails nothing is
+offered).
 
 The Scheduler writes it after every cycle; a replica's heartbeat copies it into its
 `control_replicas` row, edge publishes it in its home (`home.write_cycle_failure`) through

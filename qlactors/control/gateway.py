@@ -1,5 +1,5 @@
-"""The Gateway: the control side's face to executors — sessions, offers, fenced reports, completions,
-log chunks and attestations, each answered; and the stops and nudges for one worker.
+"""Control side: the Gateway: the control side's face to executors — sessions, offers, fenced reports,
+completions, log chunks and attestations, each answered; and the stops and nudges for one worker.
 
 Both profiles use it: on edge the one executor is in this process (its session lives as long as
 the process); on a cluster every worker connects over CurveZMQ and every decision is the

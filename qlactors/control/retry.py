@@ -1,4 +1,5 @@
-"""The Retry actor: resolves lost runs by their admission-time policy, and requeues those whose backoff is over."""
+"""Control side: the Retry actor: resolves lost runs by their admission-time policy, and requeues those
+whose backoff is over."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Who the Gateway's executors are: the one local session of an edge process, or the cluster's
-workers, whose sessions, leases and log chunks the database decides (SEMANTICS.md §9, §13).
+"""Control side: who the Gateway's executors are: the one local session of an edge process, or the
+cluster's workers, whose sessions, leases and log chunks the database decides (SEMANTICS.md §9,
+§13).
 
 A policy answers the session messages (Register, Heartbeat), says how long a run lease lasts and
 whether offers may go out, and judges what differs between the profiles in a completion, a log

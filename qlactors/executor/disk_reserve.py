@@ -1,4 +1,4 @@
-"""The disk reserve of an edge runtime: below it no attempt starts and queued runs wait
+"""Executor side: the disk reserve of an edge runtime: below it no attempt starts and queued runs wait
 (SEMANTICS.md §11; docs/edge.md). `status` shows the hold from a small file in the home."""
 
 from __future__ import annotations

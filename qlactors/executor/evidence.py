@@ -1,5 +1,6 @@
-"""The evidence probes: what a journal row, /proc, the start marker and the receipt say about an
-attempt this worker journalled, as the fact an `Attest` reports (SEMANTICS.md §6, §9 Re-attest).
+"""Executor side: the evidence probes: what a journal row, /proc, the start marker and the receipt say
+about an attempt this worker journalled, as the fact an `Attest` reports (SEMANTICS.md §6,
+§9 Re-attest).
 
 `fact_of` is the decision alone (values in, a fact out); `probe_rows` does the reads: the
 receipt, the identity (journal, else the launcher's start marker), its liveness from /proc and,

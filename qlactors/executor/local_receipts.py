@@ -1,4 +1,5 @@
-"""Local receipt handling shared by the ReceiptConsumer (fast path) and edge Recovery (slow path).
+"""Executor side: local receipt handling shared by the ReceiptConsumer (fast path) and edge Recovery
+(slow path).
 
 The order is the contract's (SEMANTICS.md §5): delete a receipt only after its completion is
 committed, then clear the journal row; commit the quarantine state before the file moves.

@@ -1,4 +1,5 @@
-"""The file half of retention on a worker: its local logs, once the control side holds them.
+"""Executor side: the file half of retention on a worker: its local logs, once the control side holds
+them.
 
 A worker keeps an attempt's journal row `completed` after the completion was answered, while the
 log's tail is shipped (SEMANTICS.md §13). Its local log, and the log-cap reader's dropped-byte

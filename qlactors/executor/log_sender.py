@@ -1,5 +1,5 @@
-"""The LogSender (cluster worker): ships each attempt's local log to the control side in chunks
-(SEMANTICS.md §13), at least every second while new bytes exist, with a bounded window of
+"""Executor side: the LogSender (cluster worker): ships each attempt's local log to the control side in
+chunks (SEMANTICS.md §13), at least every second while new bytes exist, with a bounded window of
 unacknowledged chunks; records the acknowledged offset in the journal; stops once the final
 offset the completion named is acknowledged. Edge keeps logs in local files and has no sender.
 """

@@ -1,5 +1,5 @@
-"""The worker's half of log shipping (SEMANTICS.md §13): chunks read from the shipped offset and
-a bounded window of chunks sent but not yet acknowledged.
+"""Executor side: the worker's half of log shipping (SEMANTICS.md §13): chunks read from the shipped
+offset and a bounded window of chunks sent but not yet acknowledged.
 
 The local log is append-only, so the bytes at an offset never change: a chunk is not kept in
 memory for a resend, it is read again at its offset and must match the checksum it was sent

@@ -1,5 +1,6 @@
-"""The ReceiptConsumer: reads a finished attempt's receipt, reports it, and only after the answer
-removes or quarantines the file; on its cadence, journal-driven cleanup and quarantine retention.
+"""Executor side: the ReceiptConsumer: reads a finished attempt's receipt, reports it, and only after
+the answer removes or quarantines the file; on its cadence, journal-driven cleanup and quarantine
+retention.
 
 A cluster worker's `Completed` is sent again until it is answered (SEMANTICS.md §9 Completion:
 the receipt is deleted only after the answer): every RESEND_COMPLETED_S while unanswered (a link

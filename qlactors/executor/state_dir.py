@@ -1,4 +1,4 @@
-"""A worker's state directory: its journal, logs and receipts, under an exclusive lock.
+"""Executor side: a worker's state directory: its journal, logs and receipts, under an exclusive lock.
 
 Two worker processes on one directory would each trust the same journal and launch the same
 attempts: the first takes an exclusive non-blocking `flock` on `<state_dir>/runtime.lock` (the

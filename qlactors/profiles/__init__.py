@@ -1,1 +1,2 @@
-"""The profiles: how the actors are wired into processes (edge: all of them in one)."""
+"""Profile: assembly only: how the actors of each side are wired into processes (edge: both sides in
+one)."""

@@ -1,5 +1,5 @@
-"""A cluster executor worker: the Executor, the ReceiptConsumer and the LogSender, its own SQLite
-journal in its state directory, and one CurveZMQ socket per control replica. It holds no
+"""Profile: a cluster executor worker: the Executor, the ReceiptConsumer and the LogSender, its own
+SQLite journal in its state directory, and one CurveZMQ socket per control replica. It holds no
 database credentials: it learns its worker id (its key's, from the allow-list) in Welcome.
 
 Start: lock the state directory (a second worker on it refuses to start), open the journal,

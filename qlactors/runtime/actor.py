@@ -1,4 +1,5 @@
-"""What every actor shares: the runtime context, the name directory, dispatch by message type, failure reporting."""
+"""Shared: the actor base every actor extends: dispatch by message type, failure reporting,
+redelivery after a database outage."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What belongs to one home directory at run time: the runtime lock and the nudge endpoint."""
+"""Shared: what belongs to one home directory at run time: the runtime lock and the nudge endpoint."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Database outages in the runtime: the retry delay of a message that met one, what `status`
+"""Shared: database outages in the runtime: the retry delay of a message that met one, what `status`
 shows while it lasts, and the stop when it outlasts `store_outage_stop_ms`."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Running a runtime in the foreground: the home lock, signals, the wake pipe and the exit status.
+"""Shared: running a runtime in the foreground: the home lock, signals, the wake pipe and the exit
+status.
 
 A profile says how to start its actors and how to stop them; the Runner holds the process
 around them. Signal handlers only count and write to the wake pipe (`signal.set_wakeup_fd`);

@@ -1,4 +1,4 @@
-"""In-process messages between actors (never on the wire): frozen, slotted, plain values."""
+"""Shared: in-process messages between actors (never on the wire): frozen, slotted, plain values."""
 
 from __future__ import annotations
 

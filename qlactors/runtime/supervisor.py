@@ -1,5 +1,5 @@
-"""The Supervisor: starts nothing itself but restarts failed actors (or stops the runtime), and owns
-the one cadence timer. Executors talk to the Gateway (control/gateway.py), not to it."""
+"""Shared: the Supervisor: starts nothing itself but restarts failed actors (or stops the runtime), and
+owns the one cadence timer. Executors talk to the Gateway (control/gateway.py), not to it."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""A cluster worker's own journal: `<state_dir>/journal.sqlite`, private, holding only its tables.
+"""Executor side: a cluster worker's own journal: `<state_dir>/journal.sqlite`, private, holding only
+its tables.
 
 It holds `executor_journal`, `executor_pulls`, `executor_session` and `executor_owed` (made from the journal's
 own schema.py, so the journal code runs on it exactly as on the edge file) and nothing else: a worker

@@ -1,4 +1,5 @@
-"""The executor's local journal: one row per attempt it launches, written before the spawn.
+"""Executor side: the executor's local journal: one row per attempt it launches, written before the
+spawn.
 
 On edge the tables live in the same SQLite file as everything else; on a cluster worker in a
 local SQLite file of its own (executor/journal/file.py). The control plane's state never

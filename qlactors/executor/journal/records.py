@@ -1,4 +1,5 @@
-"""The records the executor journal reads and writes, and the checks on what it is given."""
+"""Executor side: the records the executor journal reads and writes, and the checks on what it is
+given."""
 
 from __future__ import annotations
 
