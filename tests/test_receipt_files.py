@@ -15,10 +15,9 @@ from qlactors.process.receipts import (
     Missing,
     ReceiptStore,
     Unsafe,
-    UnsafePath,
     Valid,
-    classify_name,
 )
+from qlactors.process.shard_files import UnsafePath, classify_name
 
 ATTEMPT = "att-0190a1b2_c3d4"
 OTHER = "att-other"

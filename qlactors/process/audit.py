@@ -21,15 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from qlactors.domain.receipt import receipt_shard
-from qlactors.process.fsutil import DIR_FLAGS
-from qlactors.process.receipts import (
-    ORPHAN_QUARANTINE_DIR,
-    UnsafePath,
-    classify_name,
-    fsync_dir,
-    link_unique,
-    open_subdir,
-)
+from qlactors.process.fsutil import DIR_FLAGS, fsync_dir
+from qlactors.process.receipts import ORPHAN_QUARANTINE_DIR
+from qlactors.process.shard_files import UnsafePath, classify_name, link_unique, open_subdir
 
 HARD_MAX_SHARDS = 32
 HARD_MAX_PER_SHARD = 64
