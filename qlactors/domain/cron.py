@@ -248,6 +248,12 @@ def decide_admission(spec: TriggerSpec, cursor_ms: int | None, now_ms: int, *,
         first_ms = first_fire_at_or_after_ms(text, zone, cursor_ms)
         if first_ms > now_ms:
             return Wait(first_ms)
+    return _decide_due(spec, first_ms, now_ms, tick_ms, count_limit)
+
+
+def _decide_due(spec: TriggerSpec, first_ms: int, now_ms: int, tick_ms: int, count_limit: int) -> AdmissionDecision:
+    """The decision once the oldest unhandled occurrence `first_ms` is due (at or before `now_ms`)."""
+    text, zone = spec.expr, spec.zone
     first_s, now_s = first_ms // 1000, now_ms // 1000
     # One admitted plus count_limit missed, plus one more to know the count went past the bound.
     due, last_s, following_s = _count_due(text, zone, first_s, now_s, count_limit + 2)
