@@ -122,7 +122,10 @@ class WorkerConfig:
 
     @property
     def journal_path(self) -> Path:
-        return self.state_dir / "journal.db"
+        """The worker's journal file (the one `StateDir` opens)."""
+        from .executor.journal.file import JOURNAL_FILE  # the store loads only when asked
+
+        return self.state_dir / JOURNAL_FILE
 
     @property
     def logs_dir(self) -> Path:

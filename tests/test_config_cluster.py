@@ -63,7 +63,7 @@ def test_paths_are_relative_to_the_config_files_directory(tmp_path, monkeypatch)
     assert loaded.state_dir == Path("/var/q")
     assert loaded.labels == ("gpu", "zone=eu")
     assert loaded.runtime_settings().slots == 2
-    assert loaded.journal_path == Path("/var/q/journal.db")
+    assert loaded.journal_path == Path("/var/q/journal.sqlite")  # the file StateDir opens
 
 
 def test_control_public_key_lies_beside_the_secret(tmp_path):
