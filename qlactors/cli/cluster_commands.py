@@ -8,7 +8,7 @@ import logging
 import sys
 import time
 
-from ..cluster_config import ControlConfig, WorkerConfig, load_config
+from ..config import ControlConfig, WorkerConfig, load_config
 from ..domain.states import AttemptStatus, RunStatus
 from ..errors import BadInput, QlactorsError
 from ..store.cluster_status import read_cluster_status, replicas_up

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from ..cluster_config import ControlConfig, DatabaseSettings, cluster_database_url, file_profile, load_config
+from ..config import ControlConfig, DatabaseSettings, cluster_database_url, file_profile, load_config
 from ..domain.retention import RetentionPolicy
 from ..errors import BadInput, QlactorsError, SchemaError
 

@@ -8,8 +8,8 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Mapping
 
-from .domain.retention import KEEP_AGE_MS_RANGE, KEEP_RUNS_RANGE
-from .errors import BadInput
+from ..domain.retention import KEEP_AGE_MS_RANGE, KEEP_RUNS_RANGE
+from ..errors import BadInput
 
 DATABASE_FILE = "qlactors.db"
 CONFIG_FILE = "qlactors.toml"
@@ -175,18 +175,3 @@ def _runtime(base: RuntimeSettings, overrides: dict[str, Any], path: Path) -> Ru
         if type(value) is not int or not low <= value <= high:
             raise BadInput(f"{path}: [runtime] {key} = {value!r} is out of range {low}..{high}")
     return replace(base, **overrides)
-
-
-
-# The cluster profiles (control replica, worker) live in qlactors/cluster_config.py, which builds
-# on this module; these names are served from there on first use (PEP 562), so either module may
-# be imported first.
-_CLUSTER_NAMES = frozenset({"ControlConfig", "WorkerConfig", "DatabaseSettings", "load_config"})
-
-
-def __getattr__(name: str) -> Any:
-    if name in _CLUSTER_NAMES:
-        from . import cluster_config
-
-        return getattr(cluster_config, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

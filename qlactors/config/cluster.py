@@ -14,11 +14,11 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, ClassVar, Mapping
 
-from .config import DEFAULT_LAUNCHER_SHELL, DEFAULTS, RuntimeSettings, _check_shell, _read_toml
-from .domain.labels import check_labels
-from .domain.model import MAX_STOP_GRACE_MS
-from .domain.retention import KEEP_AGE_MS_RANGE, KEEP_RUNS_RANGE
-from .errors import BadInput
+from .home import DEFAULT_LAUNCHER_SHELL, DEFAULTS, RuntimeSettings, _check_shell, _read_toml
+from ..domain.labels import check_labels
+from ..domain.model import MAX_STOP_GRACE_MS
+from ..domain.retention import KEEP_AGE_MS_RANGE, KEEP_RUNS_RANGE
+from ..errors import BadInput
 
 CLUSTER_PROFILES = ("control", "worker")
 MIB = 1024 * 1024
@@ -123,7 +123,7 @@ class WorkerConfig:
     @property
     def journal_path(self) -> Path:
         """The worker's journal file (the one `StateDir` opens)."""
-        from .executor.journal.file import JOURNAL_FILE  # the store loads only when asked
+        from ..executor.journal.file import JOURNAL_FILE  # the store loads only when asked
 
         return self.state_dir / JOURNAL_FILE
 
