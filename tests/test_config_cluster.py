@@ -138,3 +138,18 @@ def test_a_postgresql_url_for_another_driver_is_refused(tmp_path, written):
     with pytest.raises(BadInput) as caught:
         config.load_config(_write(tmp_path, f'profile = "control"\n[database]\nurl = "{written}"\n'))
     assert "a control replica needs PostgreSQL: postgresql://USER@HOST:5432/DB" in str(caught.value)
+
+
+def test_a_knob_every_profile_has_is_declared_once():
+    # `slots` in [runtime], [worker]; the pages in [runtime], [control]: one range, one default
+    from qlactors.config.knobs import RUNTIME_KNOBS, knob_of
+
+    shared = 0
+    for cls in (config.ControlConfig, config.WorkerConfig):
+        for f in dataclasses.fields(cls):
+            if f.name in RUNTIME_KNOBS:
+                assert knob_of(f) is RUNTIME_KNOBS[f.name], f"{cls.__name__}.{f.name}"
+                assert f.default == getattr(config.DEFAULTS["standalone"], f.name)
+                shared += 1
+    assert shared == 9 + 11  # control, worker
+    assert config.LIMITS["slots"] == (1, 256)

@@ -1,79 +1,19 @@
-"""Where qlactors keeps its data, and the knobs of each profile (built-in defaults, optional TOML file)."""
+"""The edge and standalone profiles: where qlactors keeps its data (the home), and the optional TOML
+file that sets their knobs (knobs.py: the table)."""
 
 from __future__ import annotations
 
 import os
-import tomllib
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..domain.retention import KEEP_AGE_MS_RANGE, KEEP_RUNS_RANGE
 from ..errors import BadInput
+from .knobs import (DEFAULT_LAUNCHER_SHELL, DEFAULTS, PROFILES, RUNTIME_KNOBS, RuntimeSettings, check_int,
+                    check_shell, read_toml)
 
 DATABASE_FILE = "qlactors.db"
 CONFIG_FILE = "qlactors.toml"
-PROFILES = ("edge", "standalone")
-
-
-@dataclass(frozen=True, slots=True)
-class RuntimeSettings:
-    """Every knob of SEMANTICS.md §11 for one profile; times in milliseconds, sizes in bytes."""
-
-    slots: int
-    cadence_tick_ms: int
-    idle_tick_ms: int
-    recovery_page: int
-    retry_page: int
-    cron_page: int
-    receipt_cleanup_interval_ms: int
-    receipt_cleanup_page: int
-    quarantine_retention_ms: int
-    log_cap_bytes: int
-    stop_grace_ms: int
-    kill_grace_ms: int
-    shutdown_drain_ms: int
-    publish_grace_ms: int
-    retention_max_age_ms: int
-    retention_max_runs: int
-    retention_page: int
-    disk_reserve_bytes: int
-    output_drain_ms: int = 1_000  # how long a launcher waits for its log reader after the job ended
-    store_outage_stop_ms: int = 60_000  # a database failing this long stops the runtime
-
-
-DEFAULTS: dict[str, RuntimeSettings] = {
-    "edge": RuntimeSettings(
-        slots=1, cadence_tick_ms=5_000, idle_tick_ms=30_000, recovery_page=4, retry_page=2, cron_page=4,
-        receipt_cleanup_interval_ms=300_000, receipt_cleanup_page=8,
-        quarantine_retention_ms=300_000, log_cap_bytes=4 * 1024 * 1024,
-        stop_grace_ms=1_000, kill_grace_ms=1_000, shutdown_drain_ms=5_000, publish_grace_ms=50,
-        retention_max_age_ms=7 * 86_400_000, retention_max_runs=100, retention_page=16,
-        disk_reserve_bytes=32 * 1024 * 1024),
-    "standalone": RuntimeSettings(
-        slots=4, cadence_tick_ms=1_000, idle_tick_ms=5_000, recovery_page=16, retry_page=16, cron_page=16,
-        receipt_cleanup_interval_ms=60_000, receipt_cleanup_page=32,
-        quarantine_retention_ms=3_600_000, log_cap_bytes=64 * 1024 * 1024,
-        stop_grace_ms=1_000, kill_grace_ms=1_000, shutdown_drain_ms=10_000, publish_grace_ms=100,
-        retention_max_age_ms=30 * 86_400_000, retention_max_runs=1_000, retention_page=64,
-        disk_reserve_bytes=256 * 1024 * 1024),
-}
-
-# Hard upper bounds a config file may not exceed (pages: SEMANTICS.md §10 hard max 64).
-LIMITS: dict[str, tuple[int, int]] = {
-    "slots": (1, 256), "cadence_tick_ms": (100, 3_600_000), "idle_tick_ms": (100, 3_600_000),
-    "recovery_page": (1, 64),
-    "retry_page": (1, 64), "cron_page": (1, 256), "receipt_cleanup_interval_ms": (1_000, 86_400_000),
-    "receipt_cleanup_page": (1, 64), "quarantine_retention_ms": (0, 86_400_000),
-    "log_cap_bytes": (64 * 1024, 1 << 30), "stop_grace_ms": (0, 30_000), "kill_grace_ms": (0, 30_000),
-    "shutdown_drain_ms": (100, 60_000), "publish_grace_ms": (0, 5_000),
-    "retention_max_age_ms": KEEP_AGE_MS_RANGE, "retention_max_runs": KEEP_RUNS_RANGE,  # as per task
-    "retention_page": (1, 256), "disk_reserve_bytes": (0, 1 << 40), "output_drain_ms": (0, 60_000),
-    "store_outage_stop_ms": (1_000, 86_400_000),
-}
-
-
-DEFAULT_LAUNCHER_SHELL = "/bin/sh"
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +50,7 @@ def load(home_arg: str | None = None, config_path: str | None = None, *,
     data: dict[str, Any] = {}
     path = Path(config_path) if config_path else home / CONFIG_FILE
     if config_path or path.is_file():
-        data = _read_toml(path)
+        data = read_toml(path)
     unknown = set(data) - {"profile", "database", "runtime", "launcher"}
     if unknown:
         raise BadInput(f"{path}: unknown section(s) {sorted(unknown)}; see configs/edge.toml for every knob")
@@ -126,15 +66,8 @@ def load(home_arg: str | None = None, config_path: str | None = None, *,
     shell = launcher.pop("shell", DEFAULT_LAUNCHER_SHELL)
     if launcher:
         raise BadInput(f"{path}: unknown [launcher] key(s) {sorted(launcher)}")
-    _check_shell(shell, path)
+    check_shell(shell, path)
     return Config(home=home, profile=chosen, database_url=str(url), runtime=runtime, launcher_shell=shell)
-
-
-def _check_shell(shell: Any, path: Path) -> None:
-    words = shell.split() if isinstance(shell, str) else []
-    if not words or not words[0].startswith("/") or not os.access(words[0], os.X_OK):
-        raise BadInput(f"{path}: [launcher] shell = {shell!r} must start with the absolute path of an "
-                       "executable POSIX sh, e.g. \"/bin/sh\" or \"/bin/busybox sh\"")
 
 
 def ensure_home(config: Config) -> None:
@@ -148,16 +81,6 @@ def ensure_home(config: Config) -> None:
         raise BadInput(f"home {config.home} is not a directory; pass --home elsewhere")
 
 
-def _read_toml(path: Path) -> dict[str, Any]:
-    try:
-        with open(path, "rb") as fh:
-            return tomllib.load(fh)
-    except FileNotFoundError:
-        raise BadInput(f"config file {path} does not exist") from None
-    except tomllib.TOMLDecodeError as err:
-        raise BadInput(f"config file {path} is not valid TOML: {err}") from None
-
-
 def _table(data: Mapping[str, Any], key: str, path: Path) -> dict[str, Any]:
     table = data.get(key, {})
     if not isinstance(table, dict):
@@ -166,12 +89,9 @@ def _table(data: Mapping[str, Any], key: str, path: Path) -> dict[str, Any]:
 
 
 def _runtime(base: RuntimeSettings, overrides: dict[str, Any], path: Path) -> RuntimeSettings:
-    known = {f.name for f in fields(RuntimeSettings)}
-    unknown = set(overrides) - known
+    unknown = set(overrides) - set(RUNTIME_KNOBS)
     if unknown:
-        raise BadInput(f"{path}: unknown [runtime] key(s) {sorted(unknown)}; known: {sorted(known)}")
+        raise BadInput(f"{path}: unknown [runtime] key(s) {sorted(unknown)}; known: {sorted(RUNTIME_KNOBS)}")
     for key, value in overrides.items():
-        low, high = LIMITS[key]
-        if type(value) is not int or not low <= value <= high:
-            raise BadInput(f"{path}: [runtime] {key} = {value!r} is out of range {low}..{high}")
+        check_int(RUNTIME_KNOBS[key], value, f"{path}: [runtime] {key}")
     return replace(base, **overrides)
