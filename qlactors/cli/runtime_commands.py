@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..clock import wall_ms
 from ..domain.model import seconds_to_ms
 from ..domain.states import RUN_TERMINAL, RunStatus
 from ..errors import BadInput
@@ -349,7 +350,7 @@ def audit_receipts(repo: Repository | None, args: argparse.Namespace) -> int:
             return repo.runs.attempt_state(attempt_id) not in (None, *TERMINAL_STATES)
     try:
         report = audit(args.cfg.receipts_dir, is_registered=is_registered, is_active=is_active,
-                       now_ms=time.time_ns() // 1_000_000, start_shard=args.shard, shards=args.shards,
+                       now_ms=wall_ms(), start_shard=args.shard, shards=args.shards,
                        per_shard=args.per_shard, quarantine=args.quarantine)
     except ValueError as err:
         raise BadInput(f"audit receipts: {err}") from None

@@ -35,13 +35,13 @@ import time
 from dataclasses import replace
 from typing import Any
 
+from ..clock import wall_ms
 from ..ids import new_id
 from ..runtime.signals import OwedDue, RegisterDue
 from ..wire import codec
 from ..wire import messages as m
 from ..wire.pacing import Backoff, LogLimit
 from .journal.records import LeaseFacts, OwedReport
-from .session_reports import wall_ms
 
 log = logging.getLogger("qlactors.executor")
 
