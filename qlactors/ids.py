@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import os
-import time
 
+from .clock import wall_ms
 from .domain.ids import uuid7
 
 
 def new_id() -> str:
-    return uuid7(time.time_ns() // 1_000_000, os.urandom(10))
+    return uuid7(wall_ms(), os.urandom(10))
 
 
 def completion_request_id(attempt_id: str) -> str:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from qlactors import config
-from qlactors.cluster_config import DatabaseSettings, defaults_of
+from qlactors.config import DatabaseSettings, defaults_of
 from qlactors.errors import BadInput
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
@@ -63,7 +63,7 @@ def test_paths_are_relative_to_the_config_files_directory(tmp_path, monkeypatch)
     assert loaded.state_dir == Path("/var/q")
     assert loaded.labels == ("gpu", "zone=eu")
     assert loaded.runtime_settings().slots == 2
-    assert loaded.journal_path == Path("/var/q/journal.db")
+    assert loaded.journal_path == Path("/var/q/journal.sqlite")  # the file StateDir opens
 
 
 def test_control_public_key_lies_beside_the_secret(tmp_path):
@@ -117,11 +117,11 @@ def test_the_edge_loader_is_unchanged_by_the_cluster_profiles(tmp_path):
         config.load(str(tmp_path), str(CONFIGS / "control.toml"))
 
 
-def test_either_config_module_may_be_imported_first():
+def test_any_config_module_may_be_imported_first():
     import subprocess
     import sys
 
-    for first in ("qlactors.cluster_config", "qlactors.config"):
+    for first in ("qlactors.config.cluster", "qlactors.config.home", "qlactors.config"):
         code = f"import {first}; from qlactors.config import ControlConfig, WorkerConfig, load_config"
         assert subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=60).returncode == 0
 
@@ -138,3 +138,18 @@ def test_a_postgresql_url_for_another_driver_is_refused(tmp_path, written):
     with pytest.raises(BadInput) as caught:
         config.load_config(_write(tmp_path, f'profile = "control"\n[database]\nurl = "{written}"\n'))
     assert "a control replica needs PostgreSQL: postgresql://USER@HOST:5432/DB" in str(caught.value)
+
+
+def test_a_knob_every_profile_has_is_declared_once():
+    # `slots` in [runtime], [worker]; the pages in [runtime], [control]: one range, one default
+    from qlactors.config.knobs import RUNTIME_KNOBS, knob_of
+
+    shared = 0
+    for cls in (config.ControlConfig, config.WorkerConfig):
+        for f in dataclasses.fields(cls):
+            if f.name in RUNTIME_KNOBS:
+                assert knob_of(f) is RUNTIME_KNOBS[f.name], f"{cls.__name__}.{f.name}"
+                assert f.default == getattr(config.DEFAULTS["standalone"], f.name)
+                shared += 1
+    assert shared == 9 + 11  # control, worker
+    assert config.LIMITS["slots"] == (1, 256)

@@ -10,7 +10,7 @@ import pytest
 
 from actor_harness import wait_until
 from cluster_harness import free_port, make_cluster
-from qlactors.cluster_config import load_config
+from qlactors.config import load_config
 from qlactors.profiles.control import ControlRuntime
 
 pytestmark = pytest.mark.postgres

@@ -11,7 +11,7 @@ import logging
 import zmq
 
 from qlactors.control import gateway
-from qlactors.runtime.actor import now_ms
+from qlactors.clock import wall_ms
 from qlactors.runtime.signals import ToWorkers
 from qlactors.ids import new_id
 from qlactors.wire import messages as m
@@ -24,7 +24,7 @@ from test_executor_reattest import LEASES
 def _heartbeat(session, seq: int = 1) -> m.Heartbeat:
     return m.Heartbeat(request_id=new_id(), worker_id=session.worker_id, session_id=session.session_id,
                        session_generation=session.generation, seq=seq, free_slots=1,
-                       worker_clock_ms=now_ms(), renewals=[])
+                       worker_clock_ms=wall_ms(), renewals=[])
 
 
 def _heard(h, peer, session) -> None:

@@ -19,7 +19,7 @@ import time
 import pytest
 from sqlalchemy import func, select, text, update
 
-from qlactors.cluster_config import DatabaseSettings
+from qlactors.config import DatabaseSettings
 from qlactors.domain.receipt import Receipt
 from qlactors.domain.retry import RetryPolicy
 from qlactors.store.cluster_recovery import ClusterRecoveryCases

@@ -8,9 +8,9 @@ from typing import Callable
 
 from .. import config as config_mod
 from ..errors import BadInput, QlactorsError
+from .common import EXIT_OK, EXIT_RUNTIME
 from .parser import build
 
-EXIT_OK, EXIT_RUNTIME, EXIT_USAGE = 0, 1, 2
 # The commands that act on a cluster database when one is named (ARCHITECTURE.md "Command line").
 CLUSTER_COMMANDS = frozenset({"task", "run", "runs", "show", "logs", "cancel", "retry", "status",
                               "workers", "worker", "confirm-stopped"})

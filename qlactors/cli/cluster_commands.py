@@ -8,16 +8,17 @@ import logging
 import sys
 import time
 
-from ..cluster_config import ControlConfig, WorkerConfig, load_config
+from ..config import ControlConfig, WorkerConfig, load_config
 from ..domain.states import AttemptStatus, RunStatus
 from ..errors import BadInput, QlactorsError
-from ..store.cluster_status import read_cluster_status, replicas_up
+from ..store.cluster_status import read_cluster_status
 from ..store.repository import Repository
 from ..store.workers import Workers
 from ..wire.curve_keys import COPY_THE_REPLICAS_KEY, load_key_pair, load_public_key, new_key_pair
-from . import render
+from .render import (WORKER_HEADER, active_runs, age_of, confirm_line, confirm_refusal, cycle_failure_line,
+                     dump_json, table, when, worker_rows)
+from .common import EXIT_DOWN, not_started, pick_attempt, say
 from .placement import active_with_reasons
-from .runtime_commands import not_started, pick_attempt, say
 
 LOG_READ_LIMIT = 1024 * 1024  # bytes asked of the log store per read
 FOLLOW_POLL_S = 0.2
@@ -76,8 +77,8 @@ def confirm_stopped(repo: Repository, args: argparse.Namespace) -> int:
     view = repo.runs.get(args.run_id)  # an unknown or retired run, in its own words
     done = ConfirmStopped(repo.store).confirm_stopped(view.id, by)
     if done.result != "applied":
-        raise BadInput(render.confirm_refusal(done))
-    print(render.confirm_line(done))
+        raise BadInput(confirm_refusal(done))
+    print(confirm_line(done))
     return 0
 
 
@@ -95,9 +96,9 @@ def operator_name() -> str:
 def workers(repo: Repository, args: argparse.Namespace) -> int:
     listed = Workers(repo.store).list()
     if args.json:
-        render.dump_json([w.to_json() for w in listed.workers])
+        dump_json([w.to_json() for w in listed.workers])
     else:
-        render.table(render.worker_rows(listed.workers), render.WORKER_HEADER)
+        table(worker_rows(listed.workers), WORKER_HEADER)
     return 0
 
 
@@ -155,7 +156,6 @@ def worker(args: argparse.Namespace) -> int:
 def status(repo: Repository, args: argparse.Namespace) -> int:
     """Replicas, workers, active runs and open recovery cases; exit 0 when a replica is up, else 3."""
     from ..store.control import Control
-    from .runtime_commands import EXIT_DOWN
 
     settings = args.cluster.settings
     cluster = read_cluster_status(repo.store, settings.cadence_tick_ms, recovery_grace_ms=settings.recovery_grace_ms,
@@ -173,27 +173,27 @@ def status(repo: Repository, args: argparse.Namespace) -> int:
               "active_run_list": [r.to_json(reasons[r.run_id]) for r in listing],
               "unresolved_recoveries": [w.to_json() for w in cluster.waiting]}
     if args.json:
-        render.dump_json(report)
+        dump_json(report)
         return 0 if up else EXIT_DOWN
     print(f"cluster: {cluster.replicas_up} of {len(cluster.current)} replica(s) up  "
           f"database: {args.cluster.describe()}"
           + (f"  ({hidden} stopped or long-silent not counted: `qlactors status --all`)"
              if hidden and not args.all else ""))
-    render.table([(r.replica_id, "up" if r.up else "stopped" if r.stopped_at_ms else "silent", r.host,
-                   str(r.pid), r.bind, render.age_of(cluster.at_ms, r.heartbeat_at_ms), str(r.db_errors))
-                  for r in shown],
-                 ("REPLICA", "STATE", "HOST", "PID", "BIND", "HEARTBEAT", "DB ERRORS"), indent="  ")
+    table([(r.replica_id, "up" if r.up else "stopped" if r.stopped_at_ms else "silent", r.host,
+            str(r.pid), r.bind, age_of(cluster.at_ms, r.heartbeat_at_ms), str(r.db_errors))
+           for r in shown],
+          ("REPLICA", "STATE", "HOST", "PID", "BIND", "HEARTBEAT", "DB ERRORS"), indent="  ")
     for r in shown:
         if r.up and r.last_db_error is not None:
             print(f"  replica {r.replica_id}: {r.db_errors} transient database error(s) retried, the last "
-                  f"at {render.when(r.last_db_error_at_ms)} (the replica's clock): {r.last_db_error}")
+                  f"at {when(r.last_db_error_at_ms)} (the replica's clock): {r.last_db_error}")
         if r.up and r.cycle_failure is not None:
-            print("  " + render.cycle_failure_line(r.cycle_failure, f"replica {r.replica_id} cadence"))
+            print("  " + cycle_failure_line(r.cycle_failure, f"replica {r.replica_id} cadence"))
     serving = sum(1 for w in listed.workers if w.serving)
     print(f"workers: {serving} serving of {len(listed.workers)}")
-    render.table(render.worker_rows(listed.workers), render.WORKER_HEADER, indent="  ")
+    table(worker_rows(listed.workers), WORKER_HEADER, indent="  ")
     print("active runs: " + (", ".join(f"{k} {v}" for k, v in active.items()) or "none"))
-    render.active_runs(listing, reasons, sum(active.values()))
+    active_runs(listing, reasons, sum(active.values()))
     print(f"unresolved recoveries: {len(cluster.waiting)}")
     for w in cluster.waiting:
         print(f"  run {w.run_id} attempt {w.attempt_id} ({w.attempt_status}): {w.reason}")
@@ -246,21 +246,3 @@ def logs(repo: Repository, args: argparse.Namespace) -> int:
 def _shortfall(run_id: str, state: str, offset: int) -> str:
     return (f"run {run_id}: the attempt ended {state} with no final log offset from its worker: "
             f"the log shown ends at the last acknowledged offset {offset}; the rest is unknown")
-
-
-class ReplicaWatch:
-    """For `run --wait` on a cluster: is any control replica up to run the job?"""
-
-    def __init__(self, repo: Repository, cadence_tick_ms: int) -> None:
-        self.repo, self.tick = repo, cadence_tick_ms
-
-    def up(self) -> bool:
-        return replicas_up(self.repo.store, self.tick) > 0
-
-    def up_line(self, run_id: str) -> str:
-        return f"a control replica is up: following run {run_id}"
-
-    def down_line(self, run_id: str, state: str) -> str:
-        return (f"no control replica is up for the cluster database: run {run_id} stays {state} until "
-                "one starts (`qlactors control --config FILE`); still waiting")
-

@@ -18,7 +18,8 @@ from ..errors import BadInput
 from ..store.repository import Repository
 from ..store.triggers import TriggerOptions
 from ..wire.offers import check_revision_fits
-from . import render
+from .render import (RUN_HEADER, TASK_HEADER, dump_json, placement as placement_line, retention_line,
+                     run_detail, run_rows, schedule_line, table, task_detail, task_rows)
 
 
 def _whole(option: str, text: str) -> int:
@@ -148,9 +149,9 @@ def task_add(repo: Repository, args: argparse.Namespace, words: list[str] | None
                           check=check_revision_fits)
     print(f"task {view.name} added (revision {view.revision})")
     if view.trigger is not None:
-        print(render.schedule_line(view))
+        print(schedule_line(view))
     if not view.retention.is_default:
-        print(render.retention_line(view, _global_retention(args)))
+        print(retention_line(view, _global_retention(args)))
     _warn_unplaced(repo, args, view)
     return 0
 
@@ -179,9 +180,9 @@ def task_update(repo: Repository, args: argparse.Namespace, words: list[str] | N
     print(f"task {view.name} at revision {view.revision}"
           + ("" if view.revision != current.revision or rescheduled or retained else " (nothing changed)"))
     if rescheduled:
-        print(render.schedule_line(view) if view.trigger is not None else "schedule removed")
+        print(schedule_line(view) if view.trigger is not None else "schedule removed")
     if retained:
-        print(render.retention_line(view, _global_retention(args)))
+        print(retention_line(view, _global_retention(args)))
     if "labels" in changes:
         _warn_unplaced(repo, args, view)
     return 0
@@ -197,9 +198,9 @@ def task_list(repo: Repository, args: argparse.Namespace) -> int:
     views = repo.tasks.list()
     if args.json:
         default = _global_retention(args)
-        render.dump_json([v.to_json(default) for v in views])
+        dump_json([v.to_json(default) for v in views])
     else:
-        render.table(render.task_rows(views), render.TASK_HEADER)
+        table(task_rows(views), TASK_HEADER)
     return 0
 
 
@@ -207,10 +208,10 @@ def task_show(repo: Repository, args: argparse.Namespace) -> int:
     view = repo.tasks.get(args.name)
     qualifying = _qualifying(repo, args, view.spec.labels)
     if args.json:
-        render.dump_json({**view.to_json(_global_retention(args)), "qualifying_workers": qualifying})
+        dump_json({**view.to_json(_global_retention(args)), "qualifying_workers": qualifying})
     else:
-        render.task_detail(view, _global_retention(args))
-        render.placement(view.spec.labels, qualifying)
+        task_detail(view, _global_retention(args))
+        placement_line(view.spec.labels, qualifying)
     return 0
 
 
@@ -237,9 +238,9 @@ def task_rm(repo: Repository, args: argparse.Namespace) -> int:
 def runs(repo: Repository, args: argparse.Namespace) -> int:
     page = repo.runs.list(task=args.task, state=args.state, limit=args.limit, cursor=args.after)
     if args.json:
-        render.dump_json([r.to_json(detail=False) for r in page.runs])
+        dump_json([r.to_json(detail=False) for r in page.runs])
     else:
-        render.table(render.run_rows(page.runs), render.RUN_HEADER)
+        table(run_rows(page.runs), RUN_HEADER)
     if page.next_cursor:
         print(f"more: qlactors runs --after {page.next_cursor}", file=sys.stderr)
     return 0
@@ -258,9 +259,9 @@ def show(repo: Repository, args: argparse.Namespace) -> int:
             attempt["host"] = host if attempt["boot_id"] is not None and attempt["boot_id"] == boot_id else None
             if waiting is not None and attempt["id"] == waiting.attempt_id:
                 attempt["recovery"] = {"waiting": waiting.reason, "eligible_at_ms": waiting.eligible_at_ms}
-        render.dump_json(data)
+        dump_json(data)
     else:
-        render.run_detail(view)
+        run_detail(view)
         if placement is not None:
             print(f"\nwaiting: {placement}")
         if waiting is not None:

@@ -10,17 +10,19 @@ import sys
 import time
 from pathlib import Path
 
+from ..clock import wall_ms
 from ..domain.model import seconds_to_ms
-from ..domain.states import RUN_TERMINAL, AttemptStatus, RunStatus
-from ..errors import BadInput, NotFound
+from ..domain.states import RUN_TERMINAL, RunStatus
+from ..errors import BadInput
 from ..ids import new_id
 from ..runtime.home import (holder_pid, nudge, read_cycle_failure, read_disk_hold, read_recovery_status,
                             read_store_outage, runtime_is_up)
 from ..store.engine import StoreUnavailable
 from ..store.repository import Repository
-from . import render
+from .common import (EXIT_CANCELLED, EXIT_DOWN, EXIT_FAILED_NO_CODE, EXIT_TIMED_OUT, EXIT_WAIT_TIMEOUT, not_started,
+                     pick_attempt, say)
+from .render import active_runs, cycle_failure_line, dump_json, seconds, when
 
-EXIT_TIMED_OUT, EXIT_CANCELLED, EXIT_FAILED_NO_CODE, EXIT_DOWN, EXIT_WAIT_TIMEOUT = 124, 130, 125, 3, 75
 WAIT_POLL_S = 0.1
 TERMINAL_STATES = frozenset(s.value for s in RUN_TERMINAL)
 
@@ -107,8 +109,6 @@ def announce_and_follow(repo: Repository, args: argparse.Namespace, run_id: str,
     if args.cluster is None:
         watch = HomeWatch(args.cfg.home)
     else:
-        from .cluster_commands import ReplicaWatch
-
         watch = ReplicaWatch(repo, args.cluster.settings.cadence_tick_ms)
     from .placement import PlacementNotice
 
@@ -130,6 +130,25 @@ class HomeWatch:
     def down_line(self, run_id: str, state: str) -> str:
         return (f"no runtime is up for {self.home}: run {run_id} stays {state} until one starts "
                 "(`qlactors edge`); still waiting")
+
+
+class ReplicaWatch:
+    """For `run --wait` on a cluster: is any control replica up to run the job?"""
+
+    def __init__(self, repo: Repository, cadence_tick_ms: int) -> None:
+        self.repo, self.tick = repo, cadence_tick_ms
+
+    def up(self) -> bool:
+        from ..store.cluster_status import replicas_up
+
+        return replicas_up(self.repo.store, self.tick) > 0
+
+    def up_line(self, run_id: str) -> str:
+        return f"a control replica is up: following run {run_id}"
+
+    def down_line(self, run_id: str, state: str) -> str:
+        return (f"no control replica is up for the cluster database: run {run_id} stays {state} until "
+                "one starts (`qlactors control --config FILE`); still waiting")
 
 
 class Follow:
@@ -168,7 +187,7 @@ class Follow:
                 return EXIT_CANCELLED
             if self.timeout_ms is not None and (time.monotonic() - started) * 1000 >= self.timeout_ms:
                 say(f"run {run.id} is still {run.state} after --wait-timeout "
-                    f"{render.seconds(self.timeout_ms)}; it goes on: follow it with "
+                    f"{seconds(self.timeout_ms)}; it goes on: follow it with "
                     f"`qlactors show {run.id}`")
                 return EXIT_WAIT_TIMEOUT
             self._say_runtime(run.state)
@@ -198,10 +217,6 @@ class Follow:
         return status
 
 
-def say(line: str) -> None:
-    print(f"qlactors: {line}", file=sys.stderr, flush=True)
-
-
 def status(repo: Repository, args: argparse.Namespace) -> int:
     home = args.cfg.home
     up = runtime_is_up(home)
@@ -224,25 +239,25 @@ def status(repo: Repository, args: argparse.Namespace) -> int:
               "quarantined_receipts": quarantined, "disk_reserve_hold": hold, "store_outage": outage,
               "cycle_failure": cycle}
     if args.json:
-        render.dump_json(report)
+        dump_json(report)
     else:
         print(f"runtime: {'up (pid ' + str(report['pid']) + ')' if up else 'down'}  home: {home}")
         print("active runs: " + (", ".join(f"{k} {v}" for k, v in active.items()) or "none"))
-        render.active_runs(listing, reasons, sum(active.values()))
+        active_runs(listing, reasons, sum(active.values()))
         print(f"unresolved recoveries: {len(unresolved)}")
         for item in unresolved:
             print(f"  attempt {item.get('attempt_id')}: {item.get('why')}")
         print(f"quarantined receipts: {quarantined}")
         if hold is not None:
-            print(f"disk reserve: holding new attempts since {render.when(hold.get('since_ms'))}: "
+            print(f"disk reserve: holding new attempts since {when(hold.get('since_ms'))}: "
                   f"{_mib(hold.get('free_bytes'))} free on {hold.get('path')}, below the reserve of "
                   f"{_mib(hold.get('reserve_bytes'))}; queued runs start when space is freed")
         if outage is not None:
-            print(f"database: failing since {render.when(outage.get('since_ms'))} ({outage.get('failures')} "
+            print(f"database: failing since {when(outage.get('since_ms'))} ({outage.get('failures')} "
                   f"failed transactions, last: {outage.get('error')}); retrying, the runtime stops if it "
                   f"lasts {_seconds(outage.get('stop_after_ms'))}")
         if cycle is not None:
-            print(render.cycle_failure_line(cycle))
+            print(cycle_failure_line(cycle))
     return 0 if up else EXIT_DOWN
 
 
@@ -267,17 +282,6 @@ def _count_quarantined(receipts_dir: Path, limit: int = 10_000) -> int:
                 if count >= limit:
                     return count
     return count
-
-
-def pick_attempt(repo: Repository, args: argparse.Namespace):
-    """The run and the attempt `logs` reads: `--attempt N`, else the latest."""
-    run_view = repo.runs.get(args.run_id)
-    attempts = run_view.attempts
-    if args.attempt is not None:
-        attempts = tuple(a for a in attempts if a.number == args.attempt)
-        if not attempts:
-            raise NotFound(f"run {args.run_id} has no attempt {args.attempt}")
-    return run_view, attempts[-1]
 
 
 def logs(repo: Repository, args: argparse.Namespace) -> int:
@@ -319,15 +323,6 @@ def logs(repo: Repository, args: argparse.Namespace) -> int:
     return 0
 
 
-def not_started(run_id: str, attempt) -> str:
-    """Why an attempt has no output: it has not started yet, or it ended before it could."""
-    if AttemptStatus(attempt.state).terminal:
-        why = attempt.state + (f", {attempt.error_code}" if attempt.error_code else "")
-        return f"run {run_id} attempt {attempt.number} never started ({why}): it has no output"
-    return (f"run {run_id} has not started yet (attempt {attempt.number} {attempt.state}): no output "
-            f"so far; `qlactors logs -f {run_id}` waits for it")
-
-
 def audit_receipts(repo: Repository | None, args: argparse.Namespace) -> int:
     """`audit receipts`; `repo` is None when the home has no database (it is never created here)."""
     from ..executor.journal.journal import Journal
@@ -355,13 +350,13 @@ def audit_receipts(repo: Repository | None, args: argparse.Namespace) -> int:
             return repo.runs.attempt_state(attempt_id) not in (None, *TERMINAL_STATES)
     try:
         report = audit(args.cfg.receipts_dir, is_registered=is_registered, is_active=is_active,
-                       now_ms=time.time_ns() // 1_000_000, start_shard=args.shard, shards=args.shards,
+                       now_ms=wall_ms(), start_shard=args.shard, shards=args.shards,
                        per_shard=args.per_shard, quarantine=args.quarantine)
     except ValueError as err:
         raise BadInput(f"audit receipts: {err}") from None
     data = report.to_dict()
     if args.json:
-        render.dump_json(data)
+        dump_json(data)
     else:
         print(" ".join(f"{k}={v}" for k, v in sorted(data["counts"].items())))
         for orphan in data["orphans"]:

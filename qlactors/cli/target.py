@@ -9,9 +9,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from ..cluster_config import ControlConfig, DatabaseSettings, cluster_database_url, file_profile, load_config
+from ..config import ControlConfig, DatabaseSettings, cluster_database_url, file_profile, load_config
 from ..domain.retention import RetentionPolicy
 from ..errors import BadInput, QlactorsError, SchemaError
+from .common import say
 
 DATABASE_URL_VARIABLE = "QLACTORS_DATABASE_URL"
 # How long a command waits for a control replica that is migrating the database, or for the
@@ -77,7 +78,6 @@ class ClusterTarget:
         database has no schema yet, wait up to MIGRATION_WAIT_S for it (saying so on stderr
         once). An older schema no one migrates is final at once."""
         from ..store.migrations import current_version, migration_in_progress
-        from .runtime_commands import say
 
         deadline = time.monotonic() + MIGRATION_WAIT_S
         said = False

@@ -13,9 +13,9 @@ frame's User-Id through the allow-list); the bridge refuses a message naming ano
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
+from ..clock import monotonic
 from ..domain.receipt import Receipt, ReceiptError, token_hash
 from ..faults import crash_point, drop_point
 from ..runtime.actor import RuntimeActor
@@ -43,7 +43,7 @@ class _Flush:
 _FLUSH = _Flush()
 
 log = logging.getLogger("qlactors.gateway")
-_clock = time.monotonic  # when a peer was last heard from (a test moves it on)
+_clock = monotonic  # when a peer was last heard from (a test moves it on)
 
 
 def fence_of(report: Any, worker_id: str):

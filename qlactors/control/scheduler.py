@@ -14,7 +14,8 @@ from __future__ import annotations
 import logging
 import time
 
-from ..runtime.actor import RuntimeActor, now_ms
+from ..clock import wall_ms
+from ..runtime.actor import RuntimeActor
 from ..runtime.signals import ActorFailed, CycleDone, StepDone, StepRequest, StepTimeout, Tick
 from .context import ControlContext
 
@@ -89,7 +90,7 @@ class Scheduler(RuntimeActor):
         True when more may be due (the next cycle comes at the tick, not the idle tick)."""
         rt = self.ctx.config.runtime
         try:
-            report = self.retention.retire_page(now_ms(), max_age_ms=rt.retention_max_age_ms,
+            report = self.retention.retire_page(wall_ms(), max_age_ms=rt.retention_max_age_ms,
                                                 max_runs=rt.retention_max_runs, page=rt.retention_page)
         except Exception as err:
             log.warning("event=retention_failed cycle=%d error=%r", self.cycle, err)
@@ -148,7 +149,7 @@ class Scheduler(RuntimeActor):
             self.ctx.authority.clear()  # the Gateway offers nothing until a cycle gets through
             log.warning("event=cycle_failed cycle=%d step=%s detail=%s", self.cycle, step, detail)
             if health is not None:
-                health.failed(step, detail, now_ms())
+                health.failed(step, detail, wall_ms())
         self.step = None
         self.ctx.directory.tell("supervisor", CycleDone(ok=ok, next_due_ms=next_due, stops=stops,
                                                         work_waiting=work, idle=idle))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
-from ..runtime.actor import now_ms
+from ..clock import wall_ms
 from ..runtime.home import clear_disk_hold, write_disk_hold
 
 log = logging.getLogger("qlactors.supervisor")
@@ -39,7 +39,7 @@ class DiskReserve:
         home = self.config.home
         if free < reserve:
             if self.disk_held_since_ms is None:
-                self.disk_held_since_ms = now_ms()
+                self.disk_held_since_ms = wall_ms()
                 log.warning("event=disk_reserve_hold free=%d reserve=%d path=%s", free, reserve,
                             self.config.logs_dir)
                 self._publish_hold(lambda: write_disk_hold(
@@ -47,7 +47,7 @@ class DiskReserve:
                     since_ms=self.disk_held_since_ms))
             return False
         if self.disk_held_since_ms is not None:
-            held_s = (now_ms() - self.disk_held_since_ms) / 1000
+            held_s = (wall_ms() - self.disk_held_since_ms) / 1000
             self.disk_held_since_ms = None
             self._publish_hold(lambda: clear_disk_hold(home))
             log.info("event=disk_reserve_released free=%d reserve=%d held_s=%.1f", free, reserve, held_s)

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from ..clock import wall_ms
 from ..domain.receipt import token_hash
 from ..faults import crash_point, raise_point
 from ..ids import new_id
@@ -32,7 +33,7 @@ from .context import ExecutorContext
 from .draining import Draining
 from .journal.records import LeaseFacts
 from .owed_reports import OwedReports, register_pacing, session_fence
-from .session_reports import SessionReports, wall_ms
+from .session_reports import SessionReports
 
 log = logging.getLogger("qlactors.executor")
 
@@ -318,7 +319,7 @@ class Executor(OwedReports, SessionReports, Adoption, Draining, RuntimeActor):
             "QLACTORS_LOG": str(self.ctx.logs.path_for(offer.run_id, offer.attempt_id)),
             "QLACTORS_LOG_CAP": str(log_cap),
             "QLACTORS_DROPPED": str(self.ctx.local_receipts.dropped_path(offer.attempt_id)),
-            "QLACTORS_CLOCK_BASE_MS": str(time.time_ns() // 1_000_000 - uptime_ms()),
+            "QLACTORS_CLOCK_BASE_MS": str(wall_ms() - uptime_ms()),
             "QLACTORS_STOP_GRACE_MS": str(offer.stop_grace_ms),
             "QLACTORS_DRAIN_MS": str(self.ctx.config.runtime.output_drain_ms),
         })

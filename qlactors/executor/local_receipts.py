@@ -15,7 +15,7 @@ from typing import Any
 
 from ..process.identity import read_marker
 from ..process.receipts import Invalid, Missing, ReceiptStore, Unsafe, Valid
-from ..runtime.actor import now_ms
+from ..clock import wall_ms
 
 log = logging.getLogger("qlactors.receipts")
 
@@ -110,7 +110,7 @@ class LocalReceipts:
     def quarantine(self, attempt_id: str) -> None:
         """Commit the quarantine state, then move the file (never the other way round)."""
         if self.journal.get(attempt_id) is not None:
-            self.journal.quarantine(attempt_id, now_ms() + self.retention_ms)
+            self.journal.quarantine(attempt_id, wall_ms() + self.retention_ms)
         try:
             where = self.receipts.quarantine(attempt_id)
             log.warning("event=receipt_quarantined attempt=%s to=%s", attempt_id, where)

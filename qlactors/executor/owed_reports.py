@@ -35,6 +35,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
+from ..clock import wall_ms
 from ..ids import new_id
 from ..runtime.signals import OwedDue, RegisterDue
 from ..wire import codec
@@ -42,7 +43,6 @@ from ..wire import messages as m
 from ..wire.pacing import Backoff, LogLimit
 from .context import ExecutorContext
 from .journal.records import LeaseFacts, OwedReport
-from .session_reports import wall_ms
 
 log = logging.getLogger("qlactors.executor")
 

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 from ..faults import crash_point
 from ..ids import completion_request_id
-from ..runtime.actor import RuntimeActor, now_ms
+from ..clock import wall_ms
+from ..runtime.actor import RuntimeActor
 from ..runtime.signals import Cleanup, Consume, LogFinal, NoReceipt, ResendCompleted, Resume, SessionOpen
 from ..wire import messages as m
 from .context import ExecutorContext
@@ -202,7 +203,7 @@ class ReceiptConsumer(RuntimeActor):
                 files.finish(msg.attempt_id)  # delete only after the commit, journal row last
             else:  # a cluster worker: the log's tail ships on, up to its final offset
                 self.ctx.journal.final_offset(msg.attempt_id, final_offset)
-                files.finish(msg.attempt_id, keep_log_until_ms=now_ms() + LOCAL_LOG_KEEP_MS)
+                files.finish(msg.attempt_id, keep_log_until_ms=wall_ms() + LOCAL_LOG_KEEP_MS)
                 self.ctx.directory.tell("logs", LogFinal(msg.attempt_id, final_offset))
         elif msg.result == "refused" and quarantines(msg.detail):
             log.warning("event=receipt_refused attempt=%s detail=%s", msg.attempt_id, msg.detail)
@@ -226,8 +227,8 @@ class ReceiptConsumer(RuntimeActor):
                 self.on_consume(Consume(entry.run_id, entry.attempt_id, recheck=True), b"")
             if self.ctx.log_retention is not None:  # a cluster worker's acknowledged local logs
                 self.ctx.log_retention.step(page)
-            for entry in journal.due_purge(now_ms(), page):
+            for entry in journal.due_purge(wall_ms(), page):
                 journal.clear(entry.attempt_id)
-            self.ctx.receipts.purge_quarantine(self.ctx.config.runtime.quarantine_retention_ms, now_ms(), page)
+            self.ctx.receipts.purge_quarantine(self.ctx.config.runtime.quarantine_retention_ms, wall_ms(), page)
         finally:
             self._schedule_cleanup()

@@ -13,6 +13,7 @@ import logging
 import time
 from typing import Any
 
+from ..clock import wall_ms
 from ..ids import new_id
 from ..runtime.signals import HeartbeatDue
 from ..wire import messages as m
@@ -22,10 +23,6 @@ from .journal.records import LeaseFacts
 log = logging.getLogger("qlactors.executor")
 
 CUT_OFF_BEATS = 2  # heartbeat intervals without an answer: no replica is reachable (§7)
-
-
-def wall_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class SessionReports:

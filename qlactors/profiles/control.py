@@ -22,7 +22,7 @@ from typing import Any
 
 import zmq
 
-from ..cluster_config import ControlConfig
+from ..config import ControlConfig
 from ..config import Config
 from ..control.cluster_recovery import ClusterRecovery
 from ..control.context import ControlContext

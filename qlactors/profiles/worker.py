@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import zmq
 
-from ..cluster_config import WorkerConfig
+from ..config import WorkerConfig
 from ..config import Config
 from ..executor.context import EXECUTOR_KINDS, ExecutorContext
 from ..executor.disk_reserve import DiskReserve

@@ -17,11 +17,6 @@ from .outage import retry_delay_s
 from .signals import ActorFailed, Redeliver
 
 
-def now_ms() -> int:
-    """Wall-clock milliseconds (edge: the same clock the store uses)."""
-    return time.time_ns() // 1_000_000
-
-
 log = logging.getLogger("qlactors.actors")
 # Timer keys of redeliveries: unique across restarts, so a new instance never replaces a
 # redelivery its predecessor scheduled (it reaches the new instance by name).

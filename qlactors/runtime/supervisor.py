@@ -10,6 +10,7 @@ from typing import Callable
 
 import pykka
 
+from ..clock import wall_ms
 from .actor import RuntimeActor
 from .context import SharedContext
 from .signals import ActorFailed, CycleDone, Drain, Tick, ToWorkers, WakeAt
@@ -71,7 +72,7 @@ class Supervisor(RuntimeActor):
         """
         delay = self.idle_tick_s if idle else self.tick_s
         if due_ms is not None:
-            delay = min(delay, max(0.0, due_ms / 1000 - time.time()) + 0.005)
+            delay = min(delay, max(0.0, (due_ms - wall_ms()) / 1000) + 0.005)
         when = time.monotonic() + delay
         current = self.ctx.bridge.timer_due("cadence")
         if reset or current is None or when < current:

@@ -12,9 +12,10 @@ connection reset) are retried by whoever met them; only a persistent one is fata
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass
 from typing import Callable
+
+from ..clock import monotonic, wall_ms
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,8 +43,7 @@ class ErrorTally:
 class StoreHealth:
     """Thread-safe; `failed`/`succeeded` are called by the store, `watch` by the runtime."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic,
-                 wall_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000) -> None:
+    def __init__(self, clock: Callable[[], float] = monotonic, wall_ms: Callable[[], int] = wall_ms) -> None:
         self._clock, self._wall_ms = clock, wall_ms
         self._lock = threading.Lock()
         self._since: float | None = None

@@ -16,6 +16,8 @@ import re
 import threading
 import time
 
+from ..clock import wall_ms
+
 ENV = "QLACTORS_COUNT_SQL"
 DUMP_EVERY_S = 0.25
 
@@ -76,7 +78,7 @@ class SqlCounts:
             return {"pid": os.getpid(), "statements": self.statements, "commits": self.commits,
                     "rollbacks": self.rollbacks, "kinds": dict(self.kinds),
                     "compiled": dict(self.compiled),
-                    "written_at": time.time()}
+                    "written_at": wall_ms() / 1000}  # seconds, as always
 
     def _maybe_dump(self) -> None:
         if time.monotonic() - self._dumped_at >= DUMP_EVERY_S:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from qlactors.executor import executor as executor_module
 from qlactors.control.gateway import Gateway
-from qlactors.cluster_config import ControlConfig, DatabaseSettings, WorkerConfig
+from qlactors.config import ControlConfig, DatabaseSettings, WorkerConfig
 from qlactors.domain.model import Command, TaskSpec
 from qlactors.domain.retry import RetryPolicy
 from qlactors.domain.states import RetrySafety

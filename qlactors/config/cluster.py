@@ -10,28 +10,17 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, ClassVar, Mapping
 
-from .config import DEFAULT_LAUNCHER_SHELL, DEFAULTS, RuntimeSettings, _check_shell, _read_toml
-from .domain.labels import check_labels
-from .domain.model import MAX_STOP_GRACE_MS
-from .domain.retention import KEEP_AGE_MS_RANGE, KEEP_RUNS_RANGE
-from .errors import BadInput
+from ..domain.labels import check_labels
+from ..domain.model import MAX_STOP_GRACE_MS
+from ..errors import BadInput
+from .knobs import DAY_MS, DEFAULTS, Knob, RuntimeSettings, check_int, check_shell, knob, knob_of, launcher_shell, \
+    read_toml, shared
 
 CLUSTER_PROFILES = ("control", "worker")
-MIB = 1024 * 1024
-HOUR_MS, DAY_MS = 3_600_000, 86_400_000
-
-
-def _knob(section: str, default: Any, low: int | None = None, high: int | None = None, *,
-          kind: str = "int", key: str | None = None) -> Any:
-    """A setting read from `[section] key` (key: the field's name unless given); ints in low..high."""
-    meta = {"section": section, "kind": kind, "range": (low, high), "key": key}
-    if isinstance(default, (list, tuple)):
-        return field(default=tuple(default), metadata=meta)
-    return field(default=default, metadata=meta)
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,11 +28,14 @@ class DatabaseSettings:
     """`[database]` of control.toml: the PostgreSQL URL, the pool, and the three server-side
     timeouts, each shorter than the heartbeat interval (SEMANTICS.md §9 Transport)."""
 
-    url: str = _knob("database", "", kind="url")
-    pool_size: int = _knob("database", 8, 1, 256)
-    lock_timeout_ms: int = _knob("database", 2_000, 1, 3_600_000)
-    statement_timeout_ms: int = _knob("database", 5_000, 1, 3_600_000)
-    idle_in_transaction_session_timeout_ms: int = _knob("database", 5_000, 1, 3_600_000)
+    url: str = knob("", kind="url", doc="the cluster's PostgreSQL (required; the only setting without a default)")
+    pool_size: int = knob(8, 1, 256, doc="connections this replica keeps open to PostgreSQL")
+    lock_timeout_ms: int = knob(2_000, 1, 3_600_000, doc="a lock wait longer than this fails the transaction")
+    statement_timeout_ms: int = knob(5_000, 1, 3_600_000, doc="a statement running longer than this is cancelled")
+    idle_in_transaction_session_timeout_ms: int = knob(
+        5_000, 1, 3_600_000, doc="a transaction left idle this long is ended by the server")
+
+    SECTION: ClassVar[str] = "database"
 
     TIMEOUTS: ClassVar[tuple[str, ...]] = (
         "lock_timeout_ms", "statement_timeout_ms", "idle_in_transaction_session_timeout_ms")
@@ -64,22 +56,26 @@ class ControlConfig:
 
     path: Path  # the config file
     database: DatabaseSettings
-    bind: str = _knob("control", "tcp://0.0.0.0:5710", kind="endpoint")
-    key: Path = _knob("control", Path("keys/control.key_secret"), kind="path")
-    heartbeat_ms: int = _knob("control", 10_000, 1_000, 600_000)
-    session_lease_ms: int = _knob("control", 45_000, 2_000, 3_600_000)
-    run_lease_ms: int = _knob("control", 30_000, 2_000, 3_600_000)
-    recovery_grace_ms: int = _knob("control", 120_000, 2_000, 7 * DAY_MS)
-    drain_grace_ms: int = _knob("control", 900_000, 0, 7 * DAY_MS)
-    cadence_tick_ms: int = _knob("control", 1_000, 100, 3_600_000)
-    recovery_page: int = _knob("control", 16, 1, 64)
-    retry_page: int = _knob("control", 16, 1, 64)
-    cron_page: int = _knob("control", 16, 1, 256)
-    shutdown_drain_ms: int = _knob("control", 10_000, 100, 60_000)
-    store_outage_stop_ms: int = _knob("control", 60_000, 1_000, DAY_MS)
-    retention_max_age_ms: int = _knob("control", 30 * DAY_MS, *KEEP_AGE_MS_RANGE)
-    retention_max_runs: int = _knob("control", 1_000, *KEEP_RUNS_RANGE)
-    retention_page: int = _knob("control", 64, 1, 256)
+    bind: str = knob("tcp://0.0.0.0:5710", kind="endpoint", doc="the ROUTER socket workers connect to")
+    key: Path = knob(Path("keys/control.key_secret"), kind="path", doc="this replica's CURVE secret key")
+    heartbeat_ms: int = knob(10_000, 1_000, 600_000, doc="heartbeat interval told to workers in Welcome")
+    session_lease_ms: int = knob(45_000, 2_000, 3_600_000, doc="a session not heard from this long has expired")
+    run_lease_ms: int = knob(30_000, 2_000, 3_600_000, doc="an offer's lease, renewed by every heartbeat")
+    recovery_grace_ms: int = knob(120_000, 2_000, 7 * DAY_MS,
+                                  doc="a session ended at least this long ago is evidence its jobs stopped")
+    drain_grace_ms: int = knob(900_000, 0, 7 * DAY_MS,
+                               doc="an offline (drained) session counts as ended only after this long")
+    cadence_tick_ms: int = shared("cadence_tick_ms")
+    recovery_page: int = shared("recovery_page")
+    retry_page: int = shared("retry_page")
+    cron_page: int = shared("cron_page")
+    shutdown_drain_ms: int = shared("shutdown_drain_ms")
+    store_outage_stop_ms: int = shared("store_outage_stop_ms")
+    retention_max_age_ms: int = shared("retention_max_age_ms")
+    retention_max_runs: int = shared("retention_max_runs")
+    retention_page: int = shared("retention_page")
+
+    SECTION: ClassVar[str] = "control"
 
     profile: ClassVar[str] = "control"
 
@@ -99,30 +95,37 @@ class WorkerConfig:
     """One executor host: the replicas to reach, the keys, its slots and labels, its state."""
 
     path: Path  # the config file
-    control: tuple[str, ...] = _knob("worker", ("tcp://127.0.0.1:5710",), kind="endpoints")
-    server_key: Path = _knob("worker", Path("keys/control.key"), kind="path")
-    key: Path = _knob("worker", Path("keys/worker.key_secret"), kind="path")
-    slots: int = _knob("worker", 4, 1, 256)
-    labels: tuple[str, ...] = _knob("worker", (), kind="labels")
-    state_dir: Path = _knob("worker", Path("state"), kind="path")
-    request_timeout_ms: int = _knob("worker", 5_000, 100, 60_000)
-    log_cap_bytes: int = _knob("worker", 64 * MIB, 64 * 1024, 1 << 30)
-    stop_grace_ms: int = _knob("worker", 1_000, 0, MAX_STOP_GRACE_MS)
-    kill_grace_ms: int = _knob("worker", 1_000, 0, 30_000)
-    output_drain_ms: int = _knob("worker", 1_000, 0, 60_000)
-    publish_grace_ms: int = _knob("worker", 100, 0, 5_000)
-    shutdown_drain_ms: int = _knob("worker", 10_000, 100, 60_000)
-    receipt_cleanup_interval_ms: int = _knob("worker", 60_000, 1_000, DAY_MS)
-    receipt_cleanup_page: int = _knob("worker", 32, 1, 64)
-    quarantine_retention_ms: int = _knob("worker", HOUR_MS, 0, DAY_MS)
-    disk_reserve_bytes: int = _knob("worker", 256 * MIB, 0, 1 << 40)
-    launcher_shell: str = _knob("launcher", DEFAULT_LAUNCHER_SHELL, kind="shell", key="shell")
+    control: tuple[str, ...] = knob(("tcp://127.0.0.1:5710",), kind="endpoints",
+                                    doc="the control replicas' ROUTER endpoints")
+    server_key: Path = knob(Path("keys/control.key"), kind="path", doc="the replicas' CURVE public key")
+    key: Path = knob(Path("keys/worker.key_secret"), kind="path", doc="this worker's CURVE secret key")
+    slots: int = shared("slots")
+    labels: tuple[str, ...] = knob((), kind="labels", doc="labels a task's --require-label must find here")
+    state_dir: Path = knob(Path("state"), kind="path", doc="journal, logs and receipts; one worker at a time")
+    request_timeout_ms: int = knob(5_000, 100, 60_000,
+                                   doc="how long a request waits for its answer before the next replica")
+    log_cap_bytes: int = shared("log_cap_bytes")
+    stop_grace_ms: int = shared("stop_grace_ms")
+    kill_grace_ms: int = shared("kill_grace_ms")
+    output_drain_ms: int = shared("output_drain_ms")
+    publish_grace_ms: int = shared("publish_grace_ms")
+    shutdown_drain_ms: int = shared("shutdown_drain_ms")
+    receipt_cleanup_interval_ms: int = shared("receipt_cleanup_interval_ms")
+    receipt_cleanup_page: int = shared("receipt_cleanup_page")
+    quarantine_retention_ms: int = shared("quarantine_retention_ms")
+    disk_reserve_bytes: int = shared("disk_reserve_bytes")
+    launcher_shell: str = launcher_shell()
+
+    SECTION: ClassVar[str] = "worker"
 
     profile: ClassVar[str] = "worker"
 
     @property
     def journal_path(self) -> Path:
-        return self.state_dir / "journal.db"
+        """The worker's journal file (the one `StateDir` opens)."""
+        from ..executor.journal.file import JOURNAL_FILE  # the store loads only when asked
+
+        return self.state_dir / JOURNAL_FILE
 
     @property
     def logs_dir(self) -> Path:
@@ -140,14 +143,14 @@ class WorkerConfig:
 
 def file_profile(path: str | os.PathLike) -> str:
     """The `profile` a config file names ("edge" when it names none)."""
-    profile = _read_toml(Path(path)).get("profile", "edge")
+    profile = read_toml(Path(path)).get("profile", "edge")
     return profile if isinstance(profile, str) else repr(profile)
 
 
 def load_config(path: str | os.PathLike) -> ControlConfig | WorkerConfig:
     """Read a control.toml or worker.toml; BadInput (exit 2) naming the key for anything wrong."""
     path = Path(path).absolute()
-    data = _read_toml(path)
+    data = read_toml(path)
     profile = data.pop("profile", None)
     if profile not in CLUSTER_PROFILES:
         raise BadInput(f"{path}: profile = {profile!r}: a cluster config says profile = \"control\" "
@@ -172,31 +175,28 @@ def _read_sections(cls, data: dict[str, Any], path: Path, sections: tuple[str, .
     if unknown_sections:
         raise BadInput(f"{path}: unknown section(s) or key(s) {sorted(unknown_sections)}; known "
                        f"sections: {', '.join(f'[{s}]' for s in sections + extra)}")
-    knobs = {(f.metadata["section"], f.metadata["key"] or f.name): f for f in fields(cls) if f.metadata}
+    knobs = {(k.section or cls.SECTION, k.key or f.name): f for f in fields(cls) if (k := knob_of(f))}
     values: dict[str, Any] = {}
     for section in sections:
         table = data.get(section, {})
         if not isinstance(table, dict):
             raise BadInput(f"{path}: [{section}] must be a table")
         for key, value in table.items():
-            knob = knobs.get((section, key))
-            if knob is None:
+            f = knobs.get((section, key))
+            if f is None:
                 known = sorted(k for s, k in knobs if s == section)
                 raise BadInput(f"{path}: unknown [{section}] key {key!r}; known: {', '.join(known)}")
-            values[knob.name] = _parse(knob, value, f"{path}: [{section}] {key}", path.parent)
-    for knob in knobs.values():  # a default path is relative to the file's directory too
-        if knob.metadata["kind"] == "path" and knob.name not in values:
-            values[knob.name] = path.parent / knob.default
+            values[f.name] = _parse(knob_of(f), value, f"{path}: [{section}] {key}", path.parent)
+    for f in knobs.values():  # a default path is relative to the file's directory too
+        if knob_of(f).kind == "path" and f.name not in values:
+            values[f.name] = path.parent / f.default
     return values
 
 
-def _parse(knob: dataclasses.Field, value: Any, where: str, base: Path) -> Any:
-    kind = knob.metadata["kind"]
+def _parse(k: Knob, value: Any, where: str, base: Path) -> Any:
+    kind = k.kind
     if kind == "int":
-        low, high = knob.metadata["range"]
-        if type(value) is not int or not low <= value <= high:
-            raise BadInput(f"{where} = {value!r} is out of range {low}..{high}")
-        return value
+        return check_int(k, value, where)
     if kind == "path":
         if not isinstance(value, str) or not value:
             raise BadInput(f"{where} = {value!r}: give a path (relative to the config file's directory)")
@@ -277,7 +277,7 @@ def _check_control(cfg: ControlConfig) -> ControlConfig:
 
 
 def _check_worker(cfg: WorkerConfig) -> WorkerConfig:
-    _check_shell(cfg.launcher_shell, cfg.path)
+    check_shell(cfg.launcher_shell, cfg.path)
     return cfg
 
 
@@ -294,4 +294,4 @@ def _runtime(cfg: ControlConfig | WorkerConfig) -> RuntimeSettings:
 
 def defaults_of(cls) -> Mapping[str, Any]:
     """Each knob of a cluster config class and its default, as written in a file (paths unresolved)."""
-    return {f.name: f.default for f in fields(cls) if f.metadata}
+    return {f.name: f.default for f in fields(cls) if knob_of(f)}
