@@ -55,7 +55,7 @@ def test_exactly_max_labels_distinct_labels_are_accepted():
 
 
 def test_one_label_over_max_labels_is_refused_with_the_bound_and_the_count():
-    assert MAX_LABELS == 32  # the documented bound (docs: at most 32 labels)
+    assert MAX_LABELS == 32  # the bound worker.toml, `--require-label` and the store share (model.py)
     labels = [f"l{i}" for i in range(MAX_LABELS + 1)]
     with pytest.raises(BadInput) as err:
         check_labels("worker.toml labels", labels)
