@@ -10,6 +10,7 @@ import pytest
 
 from actor_harness import wait_until
 from cluster_harness import make_cluster
+from qlactors.wire.curve_keys import load_public_key
 
 pytestmark = pytest.mark.postgres
 
@@ -46,8 +47,18 @@ def test_an_unknown_key_cannot_register_and_runs_wait(cluster):
     proc = cluster._spawn("worker-stranger", ["worker", "--config", str(
         cluster.worker_config("stranger", slots=1, labels=()))])
     cluster.workers["stranger"] = proc
+    key = load_public_key(cluster.keys / "stranger.key").decode("ascii")
+    replica = cluster.replicas[0]
+
+    def denied() -> list[str]:
+        return [line for line in replica.log().splitlines()
+                if "event=curve_denied " in line and f" key={key} reason=unknown_key" in line]
     try:
-        time.sleep(3)  # what it could do in that time: connect, register, pull
+        # The replica's authenticator refused exactly this key at the CURVE handshake (an unknown
+        # key never gets a frame through; a revoked one is refused per frame, below).
+        wait_until(denied, 30, f"the replica to log event=curve_denied key={key} reason=unknown_key")
+        wait_until(lambda: f"event=link_refused endpoint=tcp://127.0.0.1:{cluster.ports[0]} key={key} " in proc.log(),
+                   30, "the worker to log that the replica refused its key")
         assert proc.alive()  # it keeps trying: the operator may still allow its key
         assert all(w["worker_id"] != "stranger" for w in cluster.cli_json("workers"))
         assert cluster.show(run_id)["state"] == "queued"
