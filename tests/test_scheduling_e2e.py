@@ -1,6 +1,7 @@
 """Schedules and lost-run retry with the real `qlactors edge` process (SEMANTICS.md §8, §10):
-a per-second schedule's rate, each overlap policy with a job that outlives its period, and a
-reboot in the middle of a run (the boot id read from a file the test changes)."""
+every occurrence of a per-second schedule admitted once, each overlap policy with a job that
+outlives its period, and a reboot in the middle of a run (the boot id read from a file the test
+changes)."""
 
 from __future__ import annotations
 
