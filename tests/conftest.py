@@ -7,8 +7,9 @@ import uuid
 
 import pytest
 
+from requires import unavailable
+
 PG_URL = os.environ.get("QLACTORS_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
-IN_CI = os.environ.get("CI") == "true"
 
 
 def _pg_admin_conninfo() -> str:
@@ -22,9 +23,7 @@ def _require_postgres() -> None:
     try:
         psycopg.connect(_pg_admin_conninfo(), connect_timeout=3).close()
     except psycopg.OperationalError as err:
-        if IN_CI:
-            pytest.fail(f"PostgreSQL is required in CI and is not reachable at {PG_URL}: {err}")
-        pytest.skip(f"PostgreSQL not reachable at {PG_URL} (set CI=true to make this a failure)")
+        unavailable("PostgreSQL", f"not reachable at {PG_URL}: {err}")
 
 
 @pytest.fixture
@@ -77,9 +76,7 @@ def private_pg():
 
     why_not = available()
     if why_not is not None:
-        if IN_CI:
-            pytest.fail(f"a private PostgreSQL is required in CI: {why_not}")
-        pytest.skip(why_not)
+        unavailable("a private PostgreSQL", why_not)
     server = PrivatePostgres()
     try:
         server.start()

@@ -380,19 +380,6 @@ def _chunks(cluster, run_id: str, attempt_id: str, data: bytes, size: int) -> No
                 checksum=hashlib.sha256(piece).hexdigest(), data=piece, created_at_ms=0))
 
 
-def _has_log_chunks() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("qlactors.store.log_chunks") is not None
-
-
-# `qlactors logs` reads through qlactors.store.log_chunks.LogChunks, which another change of
-# issue 10 adds; until it is on this branch these tests must fail (strict xfail), after it they run.
-needs_log_chunks = pytest.mark.xfail(not _has_log_chunks(), strict=True,
-                                     reason="qlactors.store.log_chunks (LogChunks) is not on this branch yet")
-
-
-@needs_log_chunks
 def test_logs_of_a_cluster_run_prints_the_chunks_byte_for_byte(cluster):
     run_id, attempt_id = _running_attempt(cluster)
     data = bytes(range(256)) * 2048 + b"\x00tail without newline"  # 512 KiB + change, 4 chunks
@@ -402,7 +389,6 @@ def test_logs_of_a_cluster_run_prints_the_chunks_byte_for_byte(cluster):
     assert done.returncode == 0 and done.stdout == data
 
 
-@needs_log_chunks
 def test_logs_follow_of_a_cluster_run_ends_at_the_final_offset(cluster):
     run_id, attempt_id = _running_attempt(cluster)
     data = b"line one\nline two\n"

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import subprocess
 import time
 from pathlib import Path
 
-import pytest
-
 from edge_harness import Home
+from requires import unavailable
 from qlactors.domain.receipt import receipt_shard
 from test_cli import QLACTORS, assert_refused, clean_env, in_parallel, ok, ok_json, ql
 
@@ -143,11 +143,13 @@ def _read_only(home: Path, *args: str | Path, config: Path | None = None) -> sub
     """`qlactors --home HOME ARGS` with HOME bind-mounted read-only in a namespace of its own."""
     argv = [*QLACTORS, "--home", str(home), *(["--config", str(config)] if config else []), *map(str, args)]
     script = f'mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" && shift && exec "$@"'
+    if shutil.which("unshare") is None:
+        unavailable("unshare", "not on PATH, so no read-only bind mount can be made (apt-get install util-linux)")
     result = subprocess.run(["unshare", "-Urm", "sh", "-c", script, "sh", str(home), *argv],
                             capture_output=True, text=True, timeout=60, env=clean_env(),
                             stdin=subprocess.DEVNULL)
     if result.returncode != 0 and "Operation not permitted" in result.stderr and "qlactors" not in result.stderr:
-        pytest.skip(f"no user and mount namespace here: {result.stderr.strip()}")
+        unavailable("a user and mount namespace (unshare -Urm; mount --bind)", result.stderr.strip())
     return result
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from actor_harness import wait_until
 from cluster_harness import make_cluster
+from qlactors.wire.curve_keys import load_public_key
 
 pytestmark = pytest.mark.postgres
 
@@ -46,8 +47,18 @@ def test_an_unknown_key_cannot_register_and_runs_wait(cluster):
     proc = cluster._spawn("worker-stranger", ["worker", "--config", str(
         cluster.worker_config("stranger", slots=1, labels=()))])
     cluster.workers["stranger"] = proc
+    key = load_public_key(cluster.keys / "stranger.key").decode("ascii")
+    replica = cluster.replicas[0]
+
+    def denied() -> list[str]:
+        return [line for line in replica.log().splitlines()
+                if "event=curve_denied " in line and f" key={key} reason=unknown_key" in line]
     try:
-        time.sleep(3)  # what it could do in that time: connect, register, pull
+        # The replica's authenticator refused exactly this key at the CURVE handshake (an unknown
+        # key never gets a frame through; a revoked one is refused per frame, below).
+        wait_until(denied, 30, f"the replica to log event=curve_denied key={key} reason=unknown_key")
+        wait_until(lambda: f"event=link_refused endpoint=tcp://127.0.0.1:{cluster.ports[0]} key={key} " in proc.log(),
+                   30, "the worker to log that the replica refused its key")
         assert proc.alive()  # it keeps trying: the operator may still allow its key
         assert all(w["worker_id"] != "stranger" for w in cluster.cli_json("workers"))
         assert cluster.show(run_id)["state"] == "queued"
@@ -55,7 +66,10 @@ def test_an_unknown_key_cannot_register_and_runs_wait(cluster):
         cluster.stop(proc)
 
 
-@pytest.mark.timeout(360)  # a hang guard: 1,000 jobs through two replicas took 150 s on a loaded machine
+HANG_GUARD_500_S = 360  # 1,000 jobs through two replicas took 150 s on a loaded machine; 500 take ~50 s idle
+
+
+@pytest.mark.timeout(HANG_GUARD_500_S)
 def test_two_replicas_two_workers_run_500_jobs_each_exactly_once(tmp_path):
     """500 queued runs of three short jobs on two replicas and two workers: every run terminal
     with its own exit code, each job ran once (one ledger line per run), logs exact, and neither
@@ -65,6 +79,7 @@ def test_two_replicas_two_workers_run_500_jobs_each_exactly_once(tmp_path):
     from qlactors.store.engine import Store
     from qlactors.store.repository import Repository
 
+    started = time.monotonic()
     c = make_cluster(tmp_path, replicas=2)
     try:
         for name in ("w1", "w2"):
@@ -101,9 +116,14 @@ def test_two_replicas_two_workers_run_500_jobs_each_exactly_once(tmp_path):
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
         every = [r for ids in run_ids.values() for r in ids]
-        states = c.wait_terminal(every, timeout=600)
-        done.set()
-        sampler.join(5)
+        # The wait gives up with its own report (how many runs are not terminal, every process's
+        # log) 60 s before the hang guard would cut the test off without one; the 60 s are for
+        # the checks below.
+        try:
+            states = c.wait_terminal(every, timeout=HANG_GUARD_500_S - 60 - (time.monotonic() - started))
+        finally:
+            done.set()  # also when the wait gave up: the sampler must not outlive the database
+            sampler.join(5)
         assert {states[r]["state"] for r in run_ids["ok"] + run_ids["say"]} == {"succeeded"}
         assert {states[r]["state"] for r in run_ids["bad"]} == {"failed"}
         codes = dict(c.sql("SELECT run_id, exit_code FROM run_attempts WHERE run_id = ANY(%s)", every))

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import pytest
 
 from qlactors.domain.receipt import Receipt, decode_receipt, encode_receipt
+from requires import unavailable
 from qlactors.process.identity import (
     parse_marker,
     read_boot_id,
@@ -25,7 +26,6 @@ from qlactors.process.identity import (
     read_marker,
 )
 
-IN_CI = os.environ.get("CI") == "true"
 TIMEOUT_S = 10.0
 TOKEN = "tOk3n_-" + "A" * 36  # 43 characters of base64url, like a real one
 TOKEN_FD = 3
@@ -43,9 +43,7 @@ def shell(request) -> tuple[str, ...]:
     """The launcher's interpreter; a missing busybox skips on a laptop and fails in CI."""
     argv = request.param
     if shutil.which(argv[0]) is None:
-        if IN_CI:
-            pytest.fail(f"{argv[0]} is required in CI and is not installed")
-        pytest.skip(f"{argv[0]} is not installed (set CI=true to make this a failure)")
+        unavailable(argv[0], "not on PATH (apt-get install busybox)")
     return argv
 
 
@@ -591,26 +589,26 @@ def dd_prefix(request) -> tuple[str, ...]:
         pytest.fail("no dd in the launcher's tool path")
     if request.param == "gnu":
         if not _is_gnu_dd(dd):
-            pytest.skip(f"{dd} is not GNU dd")
+            unavailable("GNU dd", f"{dd} is not GNU dd (apt-get install coreutils)")
         return ()
     busybox = shutil.which("busybox")
     if busybox is None:
-        if IN_CI:
-            pytest.fail("busybox is required in CI and is not installed")
-        pytest.skip("busybox is not installed (set CI=true to make this a failure)")
+        unavailable("busybox", "not on PATH (apt-get install busybox)")
     return dd_bind_prefix(os.path.realpath(busybox), dd, "BusyBox")
 
 
 def dd_bind_prefix(source: str, dd: str, expect: str) -> tuple[str, ...]:
-    """A launch prefix with `source` bind-mounted over the system `dd` (skips if not possible)."""
+    """A launch prefix with `source` bind-mounted over the system `dd` (skips if not possible,
+    fails in CI)."""
     if shutil.which("unshare") is None:
-        pytest.skip("unshare is not installed: cannot put another dd in place of the system dd")
+        unavailable("unshare", "not on PATH, so no other dd can stand in place of the system dd "
+                               "(apt-get install util-linux)")
     prefix = ("unshare", "-Urm", "/bin/sh", "-c", 'mount --bind "$1" "$2" && shift 2 && exec "$@"',
               "bind-dd", source, dd)
     probe = subprocess.run([*prefix, dd, "--help"], capture_output=True, text=True, timeout=TIMEOUT_S)
     if expect not in probe.stdout + probe.stderr:
-        pytest.skip(f"cannot bind-mount {source} over {dd} (unshare -Urm; mount): "
-                    f"{probe.stderr.strip()[:300]}")
+        unavailable("a private mount namespace (unshare -Urm; mount --bind)",
+                    f"cannot bind-mount {source} over {dd}: {probe.stderr.strip()[:300]}")
     return prefix
 
 
@@ -677,7 +675,8 @@ def test_a_dd_without_count_bytes_still_keeps_the_log_up_to_the_cap(shell, launc
     # one read per dd (count=1) instead of counting the whole output as dropped.
     dd = shutil.which("dd", path=LAUNCHER_TOOL_PATH)
     if dd is None or not _is_gnu_dd(dd):
-        pytest.skip("needs GNU dd to stand behind the old-dd wrapper")
+        unavailable("GNU dd", f"{dd} is not GNU dd, and only GNU dd can stand behind the old-dd wrapper "
+                              "(apt-get install coreutils)")
     real = paths.root / "real-dd"
     shutil.copy2(dd, real)
     old_dd = paths.root / "old-dd"
@@ -710,9 +709,7 @@ def test_a_quiet_job_costs_at_most_seven_execs(shell, launcher, paths, cap):
     # written its count yet at the moment the launcher looked.
     strace = shutil.which("strace")
     if strace is None:
-        if IN_CI:
-            pytest.fail("strace is required in CI (.ci/run installs it) and is not installed")
-        pytest.skip("strace is not installed (apt-get install strace; set CI=true to make this a failure)")
+        unavailable("strace", "not on PATH (apt-get install strace)")
     trace = paths.root / "trace"
     prefix = (strace, "-f", "-ff", "-qq", "-e", "trace=execve", "-o", str(trace))
     with launched(shell, launcher, ["true"], launcher_env(paths, cap=cap), prefix=prefix) as proc:
@@ -753,7 +750,8 @@ def test_receipt_is_private(shell, launcher, paths):
 
 def test_full_file_system_leaves_no_receipt_and_keeps_exit_status(shell, launcher, paths):
     if shutil.which("unshare") is None:
-        pytest.skip("unshare is not installed: cannot build a full file system without privileges")
+        unavailable("unshare", "not on PATH, so no full file system can be built without privileges "
+                               "(apt-get install util-linux)")
     mnt = paths.root / "full"
     mnt.mkdir()
     env = launcher_env(paths)
@@ -781,8 +779,8 @@ def test_full_file_system_leaves_no_receipt_and_keeps_exit_status(shell, launche
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate(timeout=TIMEOUT_S)
     if proc.returncode != 0:
-        pytest.skip(f"cannot mount a private tmpfs (unshare -Urm; mount): exit {proc.returncode}, "
-                    f"{err.decode(errors='replace').strip()[:300]}")
+        unavailable("a private mount namespace (unshare -Urm; mount -t tmpfs)",
+                    f"exit {proc.returncode}, {err.decode(errors='replace').strip()[:300]}")
     lines = out.decode().splitlines()
     assert "not-full" not in lines
     assert "status=9" in lines

@@ -1,6 +1,7 @@
 """Schedules and lost-run retry with the real `qlactors edge` process (SEMANTICS.md §8, §10):
-a per-second schedule's rate, each overlap policy with a job that outlives its period, and a
-reboot in the middle of a run (the boot id read from a file the test changes)."""
+every occurrence of a per-second schedule admitted once, each overlap policy with a job that
+outlives its period, and a reboot in the middle of a run (the boot id read from a file the test
+changes)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import uuid
 
 import pytest
 
-from edge_harness import Home, kill_group, wait_until
+from edge_harness import TERMINAL, Home, kill_group, wait_until
 
 
 def now_ms() -> int:
@@ -27,22 +28,40 @@ def trigger_events(home: Home, task: str) -> list:
                       "JOIN tasks t ON t.id = g.task_id WHERE t.name = ? ORDER BY e.scheduled_for_ms", (task,))
 
 
-def test_a_per_second_schedule_observed_for_10_s_admits_9_to_11_runs(home):
+def each_occurrence_once(runs: list, events: list) -> list[int]:
+    """The seconds a per-second schedule accounted for, each exactly once: a run, a `skipped`
+    event (one occurrence) or a `missed` event (`occurrences` seconds from its first), and
+    together every second from the first to the last, none left out. Returns them in order."""
+    seen = [r["scheduled_for_ms"] for r in runs]
+    for e in events:
+        seen += [e["scheduled_for_ms"] + 1000 * i for i in range(e["occurrences"])]
+    assert all(s % 1000 == 0 for s in seen), seen  # occurrences fall on whole seconds
+    assert len(seen) == len(set(seen)), sorted(seen)  # never two outcomes for one occurrence
+    assert sorted(seen) == list(range(min(seen), max(seen) + 1000, 1000)), sorted(seen)  # none lost
+    return sorted(seen)
+
+
+def test_a_per_second_schedule_admits_each_occurrence_once_and_runs_it(home):
+    # Counted in fires, not in a wall-clock window: ten admitted runs, then the schedule is
+    # disabled and every second it covered must be one run or one recorded miss (a loaded
+    # machine may fold a late second into `missed`; it may never lose or double one). How late
+    # each run is admitted is a speed figure: benchmarks/bench_cron.py measures it.
     home.add_tasks(("tick", "--cron", "* * * * * *", "--tz", "UTC", "--", "true"))
     edge = home.start_edge()
-    time.sleep(1.5)
-    start = now_ms()
-    time.sleep(10)
-    end = now_ms()
-    window = [r for r in cron_runs(home, "tick") if start <= r["scheduled_for_ms"] < end]
-    assert 9 <= len(window) <= 11, (len(window), edge.log()[-2000:])
-    scheduled = [r["scheduled_for_ms"] for r in cron_runs(home, "tick")]
-    assert len(scheduled) == len(set(scheduled))  # never two runs for one occurrence
-    assert all(s % 1000 == 0 for s in scheduled)
-    # Admitted on time: the cadence wakes at each fire (~10 ms late here), not at the 5 s tick.
-    late = sorted(r["created_at_ms"] - r["scheduled_for_ms"] for r in window)
-    assert late[len(late) // 2] < 250 and late[-1] < 1000, late
-    assert {r["status"] for r in window[:-2]} <= {"succeeded"}, [r["status"] for r in window]
+    wait_until(lambda: len(cron_runs(home, "tick")) >= 10, 60,
+               lambda: f"ten cron runs: {len(cron_runs(home, 'tick'))}\n{edge.log()[-2000:]}")
+    home.ok("task", "disable", "tick")  # no more fires; what is there settles
+    runs, events = cron_runs(home, "tick"), trigger_events(home, "tick")
+    each_occurrence_once(runs, events)
+    assert {e["type"] for e in events} <= {"missed"}, events  # `queue` with `true`: nothing skipped
+    assert len({r["idempotency_key"] for r in runs}) == len(runs)
+    admitted = {r["id"] for r in runs}
+
+    def ended() -> list:
+        rows = [r for r in cron_runs(home, "tick") if r["id"] in admitted]
+        return rows if all(r["status"] in TERMINAL for r in rows) else []
+    ran = wait_until(ended, 30, lambda: f"every admitted run to end: {[r['status'] for r in cron_runs(home, 'tick')]}")
+    assert {r["status"] for r in ran} == {"succeeded"}, [r["status"] for r in ran]
 
 
 def intervals(home: Home, task: str) -> list[tuple[int, int]]:
@@ -57,36 +76,57 @@ def never_overlapping(spans: list[tuple[int, int]]) -> bool:
     return all(a_end <= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:]))
 
 
+def _skipped(events: list) -> list:
+    return [e for e in events if e["type"] == "skipped"]
+
+
+def _replaced(runs: list) -> list:
+    return [r for r in runs if r["cancel_reason"] == "policy"]
+
+
+# What each policy must have done before the schedule is disabled: counted in fires and their
+# outcomes, not in seconds of wall clock (a loaded machine admits fewer fires in the same time).
+ENOUGH_FIRES = {
+    "queue": lambda runs, events: len(runs) >= 2 and len(_skipped(events)) >= 1,
+    "skip": lambda runs, events: len(runs) >= 1 and len(_skipped(events)) >= 2,
+    # Two replaced runs that ended cancelled, and the run that replaced the second one.
+    "replace": lambda runs, events: sum(r["status"] == "cancelled" for r in _replaced(runs)) >= 2
+                                    and len(runs) >= 3,
+}
+
+
 @pytest.mark.parametrize("overlap", ["queue", "skip", "replace"])
 def test_each_overlap_policy_with_a_job_that_outlives_its_period(home, overlap):
     task = f"slow-{overlap}"
     home.add_tasks((task, "--cron", "* * * * * *", "--tz", "UTC", "--overlap", overlap,
                     "--stop-grace", "0", "--", "sleep", "2.5"))
     edge = home.start_edge()
-    time.sleep(5)
+    wait_until(lambda: ENOUGH_FIRES[overlap](cron_runs(home, task), trigger_events(home, task)), 60,
+               lambda: f"the fires {overlap} needs: runs {[(r['status'], r['cancel_reason']) for r in cron_runs(home, task)]}, "
+                       f"events {[(e['type'], e['occurrences']) for e in trigger_events(home, task)]}\n{edge.log()[-2000:]}")
     home.ok("task", "disable", task)  # no more fires; what is there settles
     runs = cron_runs(home, task)
     events = trigger_events(home, task)
     spans = intervals(home, task)
     assert never_overlapping(spans), spans  # max_concurrent 1: never two copies at once
+    each_occurrence_once(runs, events)  # every fire was a run, a skip or a miss, once
     if overlap == "queue":
         # --max-queued 1 (the default): one run waits, the fires beyond it are recorded skipped
         # (before it, every fire queued: 8 runs waited after 21 s of `*/2` with `sleep 5`)
-        assert len(runs) >= 2 and sum(r["status"] == "queued" for r in runs) <= 1, [r["status"] for r in runs]
-        skipped = [e for e in events if e["type"] == "skipped"]
-        assert len(skipped) >= 1, events
-        assert not {e["scheduled_for_ms"] for e in skipped} & {r["scheduled_for_ms"] for r in runs}
+        assert sum(r["status"] == "queued" for r in runs) <= 1, [r["status"] for r in runs]
+        assert not _replaced(runs)
     elif overlap == "skip":
-        assert 1 <= len(runs) <= 3, [r["status"] for r in runs]
-        skipped = [e for e in events if e["type"] == "skipped"]
-        assert len(skipped) >= 2, events
-        assert not {e["scheduled_for_ms"] for e in skipped} & {r["scheduled_for_ms"] for r in runs}
+        # A fire while the one run is active is skipped: never a second run waiting behind it.
+        assert sum(r["status"] == "queued" for r in runs) <= 1 and not _replaced(runs), [r["status"] for r in runs]
+        assert len(_skipped(events)) >= 2
     else:
         # Replace never skips a fire; a loaded machine may fold a late second into `missed`.
-        assert len(runs) >= 4 and not [e for e in events if e["type"] != "missed"], events
-        replaced = [r for r in runs if r["cancel_reason"] == "policy"]
+        assert not _skipped(events), events
+        replaced = _replaced(runs)
         assert len(replaced) >= 2, [(r["status"], r["cancel_reason"]) for r in runs]
         assert all(r["status"] == "cancelled" for r in replaced[:-1]), [r["status"] for r in replaced]
+        # Each replaced run was replaced by the next fire's run: it is not the newest.
+        assert runs[-1]["id"] not in {r["id"] for r in replaced[:-1]}
     edge.terminate()
 
 
