@@ -8,13 +8,13 @@ from typing import Iterable
 from ..errors import BadInput
 from .model import MAX_LABELS
 
-_LABEL = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:=/-]{0,63}$")
+_LABEL = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:=/-]{0,63}")
 LABEL_HINT = "1-64 letters, digits, '.', '_', ':', '=', '/' or '-', starting with a letter or digit"
 
 
 def check_label(where: str, label: object) -> str:
     """A label as given (a worker's `labels`, a task's `--require-label`), or BadInput naming `where`."""
-    if not isinstance(label, str) or not _LABEL.match(label):
+    if not isinstance(label, str) or not _LABEL.fullmatch(label):
         raise BadInput(f"{where}: label {label!r} is not valid: use {LABEL_HINT}")
     return label
 
