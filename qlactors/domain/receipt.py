@@ -10,6 +10,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import PeerFault
+
 SCHEMA_VERSION = 2
 # Schema 1 (no outputOpen) is still read: receipts written by a launcher before an upgrade.
 SCHEMA_VERSIONS = (1, 2)
@@ -34,7 +36,7 @@ REASONS = frozenset({
 })
 
 
-class ReceiptError(ValueError):
+class ReceiptError(PeerFault):
     """A receipt the codec refuses; `reason` is a short machine string from REASONS."""
 
     def __init__(self, reason: str, message: str) -> None:
