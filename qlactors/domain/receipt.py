@@ -230,8 +230,8 @@ def token_hash(token: str) -> str:
     """The hex SHA-256 of a callback token: the database keeps this, never the token."""
     try:
         raw = token.encode("ascii")
-    except UnicodeEncodeError:
-        raise ValueError("a callback token is ASCII base64url") from None
+    except UnicodeEncodeError:  # only a peer's token can be other (a lease token in a report)
+        raise PeerFault("a callback token is ASCII base64url") from None
     return hashlib.sha256(raw).hexdigest()
 
 
