@@ -1,15 +1,30 @@
-"""The error vocabulary users meet; each error knows its exit status (2 bad input, 1 runtime)."""
+"""The error vocabulary: every qlactors exception descends from QlactorsError, and each knows its
+exit status (2 bad input, 1 runtime; None for a bug, which a command ends with as a traceback)."""
 
 from __future__ import annotations
 
 
 class QlactorsError(Exception):
-    """A runtime failure: the request was sound but could not be carried out (exit status 1)."""
+    """A runtime failure: the request was sound but could not be carried out (exit status 1).
 
-    exit_status = 1
+    `exit_status` None marks a fault that is no answer for a user (a bug, a row this qlactors
+    did not write): a command meeting one lets it through, traceback and all, instead of
+    printing it as one line.
+    """
+
+    exit_status: int | None = 1
 
 
-class BadInput(QlactorsError, ValueError):
+class PeerFault(QlactorsError, ValueError):
+    """What a peer sent cannot be accepted: its fault, answered with a refusal, never a crash.
+
+    The Gateway answers `refused` to a message whose handling raises one (a frame the codec
+    refuses, a receipt, a value the store or the state machine rejects); a user's wrong request
+    is one too (BadInput). A ValueError as well, so code that catches ValueError still does.
+    """
+
+
+class BadInput(PeerFault):
     """The request itself is wrong; nothing was written (exit status 2)."""
 
     exit_status = 2

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 
+from .errors import QlactorsError
+
 FAULT_EXIT = 86
 POINTS = frozenset({
     "before_completion_commit",  # a receipt is published and read, its completion not committed
@@ -26,8 +28,11 @@ def crash_point(name: str) -> None:
         os._exit(FAULT_EXIT)
 
 
-class InjectedFault(RuntimeError):
-    """Raised by `raise_point`: a bug at that instant, as opposed to a crash."""
+class InjectedFault(QlactorsError, RuntimeError):
+    """Raised by `raise_point`: a bug at that instant, as opposed to a crash. Like a bug it has
+    no exit status (a command lets it through) and is no PeerFault (nothing answers it)."""
+
+    exit_status = None
 
 
 _raised: set[str] = set()

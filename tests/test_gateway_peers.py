@@ -1,11 +1,13 @@
 """The Gateway forgets a worker's peer when its session ends, so it stops sending it nudges (and
 the bridge stops logging `peer_send_failed` for it every cycle): a heartbeat answered
 `session_ended` (superseded, expired, revoked), a Leave `offline`, or silence for a whole
-session lease. A cluster replica's Gateway (`ClusterSessions`) on SQLite and PostgreSQL; the
-worker is a DEALER the test drives."""
+session lease. And a message whose values the domain or the store refuses (a PeerFault) is
+answered `refused`, never a crash. A cluster replica's Gateway (`ClusterSessions`) on SQLite and
+PostgreSQL; the worker is a DEALER the test drives."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import zmq
@@ -112,3 +114,49 @@ def test_a_refused_register_from_another_peer_keeps_the_remembered_peer(cluster_
     assert (ack.of, ack.result) == ("register", "refused")
     h.directory.tell("gateway", ToWorkers(nudge=True))
     peer.expect(m.Nudge)  # the first process's peer is still its worker's
+
+
+# -- peer faults: refused, never a crash (`errors.PeerFault`) -----------------------------------
+
+def _started(session, lease_token: str) -> m.Started:
+    return m.Started(request_id=new_id(), worker_id=session.worker_id, session_id=session.session_id,
+                     session_generation=session.generation, run_id=new_id(), attempt_id=new_id(),
+                     offer_id=new_id(), lease_generation=1, lease_token=lease_token, lease_version=1,
+                     boot_id="b", pid=1234, pgid=1234, start_ticks=1)
+
+
+def test_a_heartbeat_quoting_a_non_ascii_lease_token_is_refused_and_the_gateway_answers_on(cluster_gateway):  # noqa: F811
+    """token_hash refuses the token (a PeerFault): the Gateway answers `refused` with the reason and
+    keeps serving the same worker."""
+    h, peer = cluster_gateway
+    session = h.ctx.dispatch.register_session("w1", 2, boot_id="b", session_lease_ms=60_000)
+    bad = m.LeaseRef(run_id=new_id(), attempt_id=new_id(), offer_id=new_id(), lease_generation=1,
+                     lease_token="jeton-\u00e9")
+    sent = m.Heartbeat(request_id=new_id(), worker_id=session.worker_id, session_id=session.session_id,
+                       session_generation=session.generation, seq=1, free_slots=1,
+                       worker_clock_ms=now_ms(), renewals=[bad])
+    peer.send(sent)
+    ack = peer.expect(m.Ack)
+    assert (ack.of, ack.answer_to, ack.result, ack.detail) == (
+        "heartbeat", sent.request_id, "refused", "a callback token is ASCII base64url")
+    peer.send(_heartbeat(session, seq=2))
+    assert not peer.expect(m.HeartbeatAck).session_ended
+
+
+def test_reports_with_a_bad_value_are_refused_one_by_one_and_the_others_answered(cluster_gateway):  # noqa: F811
+    """Reports sent together may share a batch: the one whose token the domain refuses, and the one
+    whose pid 0 the store refuses (BadInput), are each refused; the sound one (a fence quoting a run
+    that does not exist) is answered `fenced` as usual."""
+    h, peer = cluster_gateway
+    session = h.ctx.dispatch.register_session("w1", 2, boot_id="b", session_lease_ms=60_000)
+    non_ascii = _started(session, "jeton-\u00e9")
+    pid_0 = dataclasses.replace(_started(session, "t" * 43), pid=0)
+    sound = _started(session, "t" * 43)
+    for report in (non_ascii, pid_0, sound):
+        peer.send(report)
+    answers = {ack.answer_to: ack for ack in (peer.expect(m.Ack) for _ in range(3))}
+    assert answers[non_ascii.request_id].result == "refused"
+    assert answers[non_ascii.request_id].detail == "a callback token is ASCII base64url"
+    assert answers[pid_0.request_id].result == "refused"
+    assert "pid must be a non-negative integer" in answers[pid_0.request_id].detail
+    assert answers[sound.request_id].result == "fenced"

@@ -74,6 +74,8 @@ def main(argv: list[str] | None = None) -> int:
                     "worker": cluster_commands.worker}[args.command](args)
         return _on_store(args)
     except QlactorsError as err:
+        if err.exit_status is None:  # a bug, not an answer: its traceback says where
+            raise
         print(f"qlactors: {err}", file=sys.stderr)
         return err.exit_status
     except BrokenPipeError:  # the reader went away (`| head`): nothing is wrong, say nothing

@@ -17,6 +17,7 @@ from typing import Any
 
 from ..clock import monotonic
 from ..domain.receipt import Receipt, ReceiptError, token_hash
+from ..errors import PeerFault
 from ..faults import crash_point, drop_point
 from ..runtime.actor import RuntimeActor
 from ..runtime.signals import AttemptEnded, Redeliver, Tick, ToWorkers, WakeAt
@@ -103,10 +104,11 @@ class Gateway(RuntimeActor):
         if inbound is not None:
             self.worker_id = self._sender(inbound)
         # A well-formed frame whose values the store or domain refuses (an id too long, pid 0, a
-        # negative count) is the peer's fault: answer `refused`, never let it stop the runtime.
+        # negative count, a non-ASCII token) is the peer's fault: answer `refused`, never let it
+        # stop the runtime. Anything else is a bug: the actor fails and is restarted.
         try:
             return super().on_receive(message)
-        except ValueError as err:  # BadInput, and the domain's value errors (a non-ASCII token...)
+        except PeerFault as err:  # BadInput, InvalidTransition, PosixTextError, token_hash's...
             if inbound is None:
                 raise
             self._refuse(inbound, err)
@@ -140,7 +142,7 @@ class Gateway(RuntimeActor):
             self.worker_id = self._sender(inbound)
             try:
                 item = self._report_of(inbound.message, inbound.peer)
-            except ValueError as err:
+            except PeerFault as err:
                 self._refuse(inbound, err)
                 continue
             if item is not None:
@@ -158,7 +160,7 @@ class Gateway(RuntimeActor):
                 self.worker_id = self._sender(inbound)
                 answer(result)
 
-    def _refuse(self, inbound: Inbound, err: ValueError) -> None:
+    def _refuse(self, inbound: Inbound, err: PeerFault) -> None:
         report = inbound.message
         log.warning("event=report_refused kind=%s error=%s", report.KIND, err)
         self._ack(inbound.peer, report.KIND, report, "refused", str(err))

@@ -15,6 +15,8 @@ import base64
 import binascii
 from typing import Any
 
+from ..errors import PeerFault
+
 ENCODING = "utf-8"
 ERRORS = "surrogateescape"
 
@@ -23,8 +25,14 @@ ERRORS = "surrogateescape"
 COLUMN_BASE64_PREFIX = "base64:"
 
 
-class PosixTextError(ValueError):
-    """A value that is not POSIX bytes in the agreed representation (what it is, never the value)."""
+class PosixTextError(PeerFault):
+    """A value that is not POSIX bytes in the agreed representation (what it is, never the value).
+
+    Its callers say where it came from (a TaskSpecError for a user's value, a refused frame); one
+    that reaches a command unconverted came from a row qlactors did not write: no exit status.
+    """
+
+    exit_status = None
 
 
 def posix_bytes(text: str) -> bytes:

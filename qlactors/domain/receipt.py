@@ -10,6 +10,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import PeerFault
+
 SCHEMA_VERSION = 2
 # Schema 1 (no outputOpen) is still read: receipts written by a launcher before an upgrade.
 SCHEMA_VERSIONS = (1, 2)
@@ -34,7 +36,7 @@ REASONS = frozenset({
 })
 
 
-class ReceiptError(ValueError):
+class ReceiptError(PeerFault):
     """A receipt the codec refuses; `reason` is a short machine string from REASONS."""
 
     def __init__(self, reason: str, message: str) -> None:
@@ -228,8 +230,8 @@ def token_hash(token: str) -> str:
     """The hex SHA-256 of a callback token: the database keeps this, never the token."""
     try:
         raw = token.encode("ascii")
-    except UnicodeEncodeError:
-        raise ValueError("a callback token is ASCII base64url") from None
+    except UnicodeEncodeError:  # only a peer's token can be other (a lease token in a report)
+        raise PeerFault("a callback token is ASCII base64url") from None
     return hashlib.sha256(raw).hexdigest()
 
 

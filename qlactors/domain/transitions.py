@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from ..errors import PeerFault
 from .states import (
     ATTEMPT_OUTPUT_LEFT_OPEN,
     ATTEMPT_TRANSITIONS,
@@ -27,8 +28,14 @@ from .states import (
 R, A = RunStatus, AttemptStatus
 
 
-class InvalidTransition(ValueError):
-    """A change the state machine does not allow (the caller's data or request is stale or wrong)."""
+class InvalidTransition(PeerFault):
+    """A change the state machine does not allow (the caller's data or request is stale or wrong).
+
+    A peer's stale report meets it (refused); a command never should, the store decides first:
+    one that does is a bug, so it has no exit status of its own.
+    """
+
+    exit_status = None
 
 
 class ErrorCode:

@@ -10,6 +10,7 @@ import logging
 import time
 from dataclasses import dataclass
 
+from ..errors import PeerFault
 from ..ids import new_id
 from ..process.logs import UnsafeLogPath
 from ..runtime.actor import RuntimeActor
@@ -98,7 +99,7 @@ class LogSender(RuntimeActor):
             return
         try:
             moved = item.shipper.acked(msg.acked_offset)
-        except ValueError as err:  # an answer to chunks of an earlier window: start from it
+        except PeerFault as err:  # an answer to chunks of an earlier window: start from it
             log.warning("event=log_ack_unexpected attempt=%s error=%s", msg.attempt_id, err)
             item.shipper = LogShipper(acked_offset=msg.acked_offset)
             moved = True

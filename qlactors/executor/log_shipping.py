@@ -14,6 +14,7 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import PeerFault
 from ..process import logs
 
 MAX_CHUNK_BYTES = 128 * 1024
@@ -87,15 +88,15 @@ class LogShipper:
         one it already had); True when that moved the acknowledged offset forward.
 
         An offset behind the acknowledged one is a late repeat (no change); one past what was
-        sent, or inside a chunk, is a protocol error (ValueError).
+        sent, or inside a chunk, is the control side's error (PeerFault).
         """
         if offset <= self.acked_offset:
             return False
         if offset > self.sent_offset:
-            raise ValueError(f"acknowledged offset {offset} is past the sent offset {self.sent_offset}")
+            raise PeerFault(f"acknowledged offset {offset} is past the sent offset {self.sent_offset}")
         ends = [c.end for c in self.in_flight]
         if offset not in ends:
-            raise ValueError(f"acknowledged offset {offset} is not the end of a chunk in flight")
+            raise PeerFault(f"acknowledged offset {offset} is not the end of a chunk in flight")
         self.in_flight = self.in_flight[ends.index(offset) + 1:]
         self.acked_offset = offset
         return True

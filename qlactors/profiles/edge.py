@@ -170,6 +170,8 @@ class EdgeRuntime(Runner):
             try:
                 self._cancel_running(ctx, deadline)
             except QlactorsError as err:  # the database fails (maybe why we stop): stop anyway
+                if err.exit_status is None:  # a bug (InvalidTransition...) is not a failing database
+                    raise
                 log.error("event=cancel_running_failed error=%s (the jobs not cancelled are left running "
                           "and recovered on the next start)", err)
         self._stop_actors(ctx, [n for n, _ in reversed(ORDER)] + ["supervisor"], deadline)

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from ..domain.recovery_evidence import NEVER_LAUNCHED
 from ..domain.states import AttemptStatus, LeaseReleaseReason, LeaseStatus, RunStatus
 from ..domain.transitions import plan_activate, plan_end_by_intent, plan_start_failed, plan_started
-from ..errors import BadInput
+from ..errors import BadInput, QlactorsError
 from .engine import Store
 from .evidence import NO_EVIDENCE
 from .report_batch import alone
@@ -61,7 +61,7 @@ MAX_ERROR_SUMMARY = 512
 _A, _R, _L = AttemptStatus, RunStatus, LeaseStatus
 
 
-class FenceMismatch(Exception):
+class FenceMismatch(QlactorsError):
     """A report whose fence does not hold; `detail` is the short machine word the answer carries."""
 
     def __init__(self, detail: str) -> None:

@@ -162,7 +162,8 @@ class Bridge(threading.Thread):
         """Wait until the sockets are bound (or raise what stopped the thread)."""
         if not self._ready.wait(timeout):
             raise RuntimeError("the bridge did not start in time")
-        if isinstance(self._failure, QlactorsError):  # said in one line (endpoints.bind)
+        # Said in one line (endpoints.bind); a dead authenticator is the bridge failing to start.
+        if isinstance(self._failure, QlactorsError) and not isinstance(self._failure, AuthenticatorDown):
             raise self._failure
         if self._failure is not None:
             raise RuntimeError(f"the bridge failed to start: {self._failure}") from self._failure

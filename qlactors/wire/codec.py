@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin, get_typ
 import msgpack
 
 from ..domain import posix
+from ..errors import PeerFault, QlactorsError
 from .messages import MAX_CHUNK_BYTES, MESSAGES, Matches, MaxLen, PosixBytes
 
 PROTOCOL = b"QLACTORS"
@@ -40,7 +41,7 @@ __all__ = [
 ]
 
 
-class DecodeError(ValueError):
+class DecodeError(PeerFault):
     """Frames the codec refuses: `reason` says why, `frames` keeps their first bytes for the log.
 
     `frames` holds at most KEPT_FRAMES frames of at most KEPT_FRAME_BYTES each (None for an
@@ -74,7 +75,7 @@ class VersionMismatch(DecodeError):
         return (type(self), (self.theirs, list(self.frames)))
 
 
-class EncodeError(ValueError):
+class EncodeError(QlactorsError, ValueError):
     """A message this side must not send: the peer's decoder would refuse it."""
 
 
@@ -173,11 +174,11 @@ class _Schema:
     fields: tuple[_Field, ...]
 
 
-class _Complaint(ValueError):
+class _Complaint(PeerFault):
     """A wire value a converter refuses; its text is the complaint (never the value)."""
 
 
-class _Refused(ValueError):
+class _Refused(PeerFault):
     """Raised from inside the unpacker's hook; decode turns it into a DecodeError."""
 
 

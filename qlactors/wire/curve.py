@@ -24,7 +24,7 @@ from typing import Any, Mapping
 import zmq
 from zmq.utils import z85
 
-from ..errors import BadInput
+from ..errors import BadInput, QlactorsError
 from .messages import Ack
 
 log = logging.getLogger("qlactors.curve")
@@ -37,7 +37,7 @@ _Z85_KEY = re.compile(r"[0-9a-zA-Z.\-:+=^!/*?&<>()\[\]{}@%$#]{40}")
 REFUSED_KEY = "unknown or revoked key"
 
 
-class AuthenticatorDown(RuntimeError):
+class AuthenticatorDown(QlactorsError, RuntimeError):
     """The CurveZMQ authenticator of a serving bridge is not running: the bridge stops serving."""
 
 
