@@ -114,8 +114,12 @@ def test_supervisor_restarts_a_failed_child_then_escalates_when_it_keeps_failing
         assert replacement.actor_class is first.actor_class
         current = replacement
         assert not h.ctx.fatal.event.is_set(), f"restart {n + 1} was fatal: {h.ctx.fatal.reason}"
-    assert len([r for r in caplog.records if "event=actor_restarted" in r.getMessage()
-                and f"actor={name}" in r.getMessage()]) == MAX_RESTARTS
+    # The Supervisor registers the replacement before it logs the restart: wait for the lines.
+    def restarted() -> int:
+        return len([r for r in caplog.records if "event=actor_restarted" in r.getMessage()
+                    and f"actor={name}" in r.getMessage()])
+    wait_until(lambda: restarted() >= MAX_RESTARTS, what="the restart lines")
+    assert restarted() == MAX_RESTARTS
     # One failure more within the window: the runtime stops, saying who and why.
     current.tell(Boom())
     wait_until(h.ctx.fatal.event.is_set, what="the escalation")

@@ -129,12 +129,12 @@ def test_a_heartbeat_quoting_a_non_ascii_lease_token_is_refused_and_the_gateway_
     """token_hash refuses the token (a PeerFault): the Gateway answers `refused` with the reason and
     keeps serving the same worker."""
     h, peer = cluster_gateway
-    session = h.ctx.dispatch.register_session("w1", 2, boot_id="b", session_lease_ms=60_000)
+    session = h.ctx.control_side.dispatch.register_session("w1", 2, boot_id="b", session_lease_ms=60_000)
     bad = m.LeaseRef(run_id=new_id(), attempt_id=new_id(), offer_id=new_id(), lease_generation=1,
                      lease_token="jeton-\u00e9")
     sent = m.Heartbeat(request_id=new_id(), worker_id=session.worker_id, session_id=session.session_id,
                        session_generation=session.generation, seq=1, free_slots=1,
-                       worker_clock_ms=now_ms(), renewals=[bad])
+                       worker_clock_ms=wall_ms(), renewals=[bad])
     peer.send(sent)
     ack = peer.expect(m.Ack)
     assert (ack.of, ack.answer_to, ack.result, ack.detail) == (
@@ -148,7 +148,7 @@ def test_reports_with_a_bad_value_are_refused_one_by_one_and_the_others_answered
     whose pid 0 the store refuses (BadInput), are each refused; the sound one (a fence quoting a run
     that does not exist) is answered `fenced` as usual."""
     h, peer = cluster_gateway
-    session = h.ctx.dispatch.register_session("w1", 2, boot_id="b", session_lease_ms=60_000)
+    session = h.ctx.control_side.dispatch.register_session("w1", 2, boot_id="b", session_lease_ms=60_000)
     non_ascii = _started(session, "jeton-\u00e9")
     pid_0 = dataclasses.replace(_started(session, "t" * 43), pid=0)
     sound = _started(session, "t" * 43)
