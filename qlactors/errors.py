@@ -46,6 +46,22 @@ class Conflict(QlactorsError):
     """A compare-and-set matched no row: someone else changed the state first. Never retried blindly."""
 
 
+class StoreUnavailable(QlactorsError):
+    """The database could not be reached or stayed locked; nothing was changed.
+
+    Transient by nature (SQLite busy beyond its timeout, an I/O error, a PostgreSQL connection
+    reset): the runtime retries it with backoff, and stops only when `StoreHealth` says the
+    outage has lasted longer than `store_outage_stop_ms`.
+    """
+
+
+class DatabaseMissing(StoreUnavailable):
+    """The PostgreSQL server answered, but the database the URL names does not exist. Trying
+    again cannot fix it (exit status 2); a runtime that meets it retries as for any outage."""
+
+    exit_status = 2
+
+
 class Retired(NotFound):
     """The run existed but retention deleted it (its rows and log); only its tombstone is left (exit 4)."""
 

@@ -19,7 +19,7 @@ from qlactors.domain.transitions import InvalidTransition
 from qlactors.errors import BadInput, PeerFault, QlactorsError
 from qlactors.executor.log_shipping import LogShipper
 from qlactors.faults import InjectedFault
-from qlactors.store.engine import StoreUnavailable
+from qlactors.errors import StoreUnavailable
 from qlactors.store.fenced_reports import FenceMismatch
 from qlactors.store.records import Fenced
 from qlactors.wire.codec import DecodeError, EncodeError, VersionMismatch

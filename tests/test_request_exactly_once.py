@@ -4,7 +4,7 @@ is unknown is repeated with the same key and re-reads the run, never admits a se
 import pytest
 
 import qlactors.cli.runtime_commands as rc
-from qlactors.store.engine import StoreUnavailable
+from qlactors.errors import StoreUnavailable
 from store_helpers import spec
 
 

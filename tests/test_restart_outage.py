@@ -27,7 +27,7 @@ from qlactors.runtime.supervisor import MAX_RESTARTS
 from qlactors.config import DEFAULTS, Config
 from qlactors.profiles.edge import EdgeRuntime
 from qlactors.runtime.home import STORE_OUTAGE_FILE, _write_json, read_store_outage
-from qlactors.store.engine import StoreUnavailable
+from qlactors.errors import StoreUnavailable
 from qlactors.store.repository import Repository
 
 from actor_harness import WAIT_S, ActorHarness, Stub, attempt_row, wait_until

@@ -8,7 +8,8 @@ import time
 import pytest
 from sqlalchemy import text
 
-from qlactors.store.engine import Store, StoreUnavailable
+from qlactors.errors import StoreUnavailable
+from qlactors.store.engine import Store
 from qlactors.store.migrations import migrate
 
 

@@ -16,7 +16,8 @@ from conftest import _pg_admin_conninfo
 from qlactors.errors import BadInput
 from qlactors.store import postgres
 from qlactors.store.dispatch import Dispatch
-from qlactors.store.engine import Store, StoreUnavailable
+from qlactors.errors import StoreUnavailable
+from qlactors.store.engine import Store
 from qlactors.store.migrations import migrate
 
 pg = pytest.mark.postgres

@@ -21,7 +21,7 @@ from qlactors.runtime.supervisor import Supervisor
 from qlactors.domain.receipt import token_hash
 from qlactors.runtime.home import RuntimeLock, read_store_outage
 from qlactors.store import sqlite as sqlite_store
-from qlactors.store.engine import StoreUnavailable
+from qlactors.errors import StoreUnavailable
 from qlactors.store.health import ErrorTally, StoreHealth
 from qlactors.store.repository import Repository
 from qlactors.wire import messages as m

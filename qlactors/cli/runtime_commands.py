@@ -17,7 +17,7 @@ from ..errors import BadInput
 from ..ids import new_id
 from ..runtime.home import (holder_pid, nudge, read_cycle_failure, read_disk_hold, read_recovery_status,
                             read_store_outage, runtime_is_up)
-from ..store.engine import StoreUnavailable
+from ..errors import StoreUnavailable
 from ..store.repository import Repository
 from .common import (EXIT_CANCELLED, EXIT_DOWN, EXIT_FAILED_NO_CODE, EXIT_TIMED_OUT, EXIT_WAIT_TIMEOUT, not_started,
                      pick_attempt, say)

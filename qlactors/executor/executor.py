@@ -23,7 +23,7 @@ from ..process.launch import job_environment, signal_job, spawn, uptime_ms
 from ..runtime.actor import RuntimeActor
 from ..runtime.signals import (Consume, DrainSession, HeartbeatDue, NoReceipt, OwedDue, RegisterDue,
                                SessionOpen, ShipLog, StopCheck)
-from ..store.engine import StoreUnavailable
+from ..errors import StoreUnavailable
 from ..wire import codec
 from ..wire import messages as m
 from ..wire.bridge import Inbound, ProcessExited

@@ -10,7 +10,7 @@ from typing import Any, Callable, ClassVar
 
 import pykka
 
-from ..store.engine import StoreUnavailable
+from ..errors import StoreUnavailable
 from ..wire.bridge import Inbound, Outbox
 from .context import Named, SharedContext
 from .outage import retry_delay_s

@@ -11,25 +11,9 @@ from typing import Iterator
 from sqlalchemy import create_engine, exc
 from sqlalchemy.engine import Connection, Engine, make_url
 
-from ..errors import BadInput, QlactorsError, SchemaError
+from ..errors import BadInput, DatabaseMissing, QlactorsError, SchemaError, StoreUnavailable
 from . import postgres, sqlite
 from .health import StoreHealth
-
-
-class StoreUnavailable(QlactorsError):
-    """The database could not be reached or stayed locked; nothing was changed.
-
-    Transient by nature (SQLite busy beyond its timeout, an I/O error, a PostgreSQL connection
-    reset): the runtime retries it with backoff, and stops only when `StoreHealth` says the
-    outage has lasted longer than `store_outage_stop_ms`.
-    """
-
-
-class DatabaseMissing(StoreUnavailable):
-    """The PostgreSQL server answered, but the database the URL names does not exist. Trying
-    again cannot fix it (exit status 2); a runtime that meets it retries as for any outage."""
-
-    exit_status = 2
 
 
 # The server's words for a database it does not have (psycopg gives no SQLSTATE for a refused

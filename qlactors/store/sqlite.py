@@ -11,6 +11,8 @@ from sqlalchemy import event
 from sqlalchemy.dialects.sqlite import insert as _insert
 from sqlalchemy.engine import Engine
 
+from ..errors import StoreUnavailable
+
 # Each pragma is a decision; the reasons are here so nobody has to rediscover them.
 PRAGMAS = (
     # FULL: a lost "starting" commit after a spawn would run a job twice. Durability first.
@@ -79,8 +81,6 @@ def switch_to_wal(dbapi_conn, name: str, *, patience_s: float = WAL_SWITCH_PATIE
             if "locked" not in str(exc) and "busy" not in str(exc):
                 raise
             if time.monotonic() >= deadline:
-                from .engine import StoreUnavailable  # the engine imports this module
-
                 raise StoreUnavailable(
                     f"database file {name} is busy (another qlactors process holds it?): it could not be "
                     f"switched to WAL mode within {patience_s:g} s ({exc}); try again") from exc
