@@ -45,7 +45,7 @@ def _exception_classes() -> dict[str, type]:
 def test_every_exception_class_qlactors_defines_descends_from_qlactors_error():
     classes = _exception_classes()
     # The walk reaches every corner (a walk that found nothing would pass the check below).
-    for name in ("qlactors.errors.BadInput", "qlactors.wire.codec._Complaint", "qlactors.faults.InjectedFault",
+    for name in ("qlactors.errors.BadInput", "qlactors.wire.validators.Complaint", "qlactors.faults.InjectedFault",
                  "qlactors.store.fenced_reports.FenceMismatch", "qlactors.wire.curve.AuthenticatorDown",
                  "qlactors.domain.transitions.InvalidTransition", "qlactors.executor.state_dir.UnsafeStateDir"):
         assert name in classes, name

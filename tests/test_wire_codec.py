@@ -24,8 +24,6 @@ from qlactors.domain.states import CancelReason
 from qlactors.wire import codec
 from qlactors.wire.codec import (
     HEADER,
-    INT64_MAX,
-    INT64_MIN,
     KEPT_FRAME_BYTES,
     MAX_FRAME_BYTES,
     MAX_STR_BYTES,
@@ -35,6 +33,7 @@ from qlactors.wire.codec import (
     decode,
     encode,
 )
+from qlactors.wire.validators import INT64_MAX, INT64_MIN, compile_type, schema_of
 from qlactors.wire.messages import (
     ACK_RESULTS,
     CONTROL_TO_EXECUTOR,
@@ -707,7 +706,7 @@ def test_posix_values_are_limited_in_bytes_and_must_stand_for_bytes():
 
 def test_posix_str_takes_no_other_constraint():
     with pytest.raises(TypeError, match="PosixStr"):
-        codec._compile(Annotated[str, messages_module.PosixBytes(), MaxLen(3)])
+        compile_type(Annotated[str, messages_module.PosixBytes(), MaxLen(3)])
 
 
 def test_encode_refuses_a_message_over_the_frame_limit():
@@ -722,7 +721,7 @@ def test_encode_refuses_a_message_over_the_frame_limit():
                                 Literal[1, 2], Annotated[int, MaxLen(3)], Annotated[str, "free text"]])
 def test_annotations_the_wire_cannot_carry_fail_at_import_time(tp):
     with pytest.raises(TypeError):
-        codec._compile(tp)
+        compile_type(tp)
 
 
 def test_a_field_named_kind_is_refused():
@@ -731,4 +730,4 @@ def test_a_field_named_kind_is_refused():
         KIND: ClassVar[str] = "bad"
         kind: str
     with pytest.raises(TypeError, match="kind"):
-        codec._schema(Bad)
+        schema_of(Bad)

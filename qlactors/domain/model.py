@@ -19,7 +19,7 @@ MAX_CONCURRENT_LIMIT = 1024
 MAX_ENV_ENTRIES = 256
 # Every limit on what a job is given counts encoded bytes (qlactors.domain.posix), not characters.
 # One argv item, the shell string or one env value: the wire's limit for one string
-# (qlactors.wire.codec.MAX_STR_BYTES; a test keeps the two equal).
+# (qlactors.wire.validators.MAX_STR_BYTES; a test keeps the two equal).
 MAX_WORD_BYTES = 64 * 1024
 MAX_ENV_VALUE_BYTES = MAX_WORD_BYTES
 MAX_COMMAND_BYTES = 128 * 1024  # the argv items together

@@ -9,6 +9,7 @@ from typing import Any
 from ..domain.model import TaskSpec, TaskSpecError
 from . import codec
 from . import messages as m
+from .validators import INT64_MAX
 
 # The longest worker id a session may have (store/dispatch.py checks it at 128 characters).
 MAX_WORKER_ID_CHARS = 128
@@ -53,7 +54,7 @@ def check_revision_fits(spec: TaskSpec) -> None:
     the check cannot drift from the codec (a cluster batches offers up to the same frame limit).
     """
     longest_id = "i" * m.MAX_ID_CHARS
-    largest = codec.INT64_MAX
+    largest = INT64_MAX
     worst = SimpleNamespace(
         worker_id="w" * MAX_WORKER_ID_CHARS, session_id=longest_id, session_generation=largest,
         run_id=longest_id, attempt_id=longest_id, attempt_number=largest, offer_id=longest_id,
