@@ -144,13 +144,8 @@ def _cluster_commands(sub) -> None:
     workers.add_argument("--json", action="store_true")
 
 
-def build() -> Parser:
-    top = Parser(prog="qlactors", description="A durable job runtime: run commands as OS processes, keep every result.")
-    top.add_argument("--version", action="version", version=f"qlactors {__version__}")
-    top.add_argument("--home", metavar="DIR", help="data directory (default $QLACTORS_HOME or $XDG_DATA_HOME/qlactors)")
-    top.add_argument("--config", metavar="FILE", help="TOML settings (default <home>/qlactors.toml if present)")
-    sub = top.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=Parser)
-
+def _task_commands(sub) -> None:
+    """`task add|update|enable|disable|list|show|rm`."""
     task = sub.add_parser("task", help="add, change, list and remove tasks")
     tsub = task.add_subparsers(dest="task_command", metavar="ACTION", required=True, parser_class=Parser)
     add = tsub.add_parser("add", help="add a task: task add NAME [options] -- COMMAND [ARG]...")
@@ -170,6 +165,9 @@ def build() -> Parser:
     rm.add_argument("name", type=utf8)
     rm.add_argument("--force", action="store_true", help="cancel its active runs instead of refusing")
 
+
+def _run_commands(sub) -> None:
+    """`run`, `runs`, `show`, `cancel`, `retry`."""
     run = sub.add_parser("run", help="request a run now; prints the run id")
     run.add_argument("name", type=utf8)
     run.add_argument("--wait", action="store_true",
@@ -199,6 +197,31 @@ def build() -> Parser:
     retry.add_argument("--wait-timeout", metavar="SEC",
                        help="with --wait: give up waiting after SEC seconds, exit 75 (the run goes on)")
 
+
+def _audit_commands(sub) -> None:
+    """`audit receipts`."""
+    audit = sub.add_parser("audit", help="read-only checks of the home's files")
+    asub = audit.add_subparsers(dest="audit_command", metavar="WHAT", required=True, parser_class=Parser)
+    receipts = asub.add_parser("receipts", help="classify receipt files no journal row accounts for")
+    receipts.add_argument("--shard", default="00", metavar="HEX", help="first shard to read (00..ff)")
+    receipts.add_argument("--shards", type=whole, default=8, metavar="N", help="shards to read (max 32)")
+    receipts.add_argument("--per-shard", type=whole, default=32, metavar="N", help="entries per shard (max 64)")
+    receipts.add_argument("--quarantine", action="store_true",
+                          help="move eligible orphans into .orphan-quarantine (never deletes)")
+    receipts.add_argument("--json", action="store_true")
+
+
+def build() -> Parser:
+    top = Parser(prog="qlactors", description="A durable job runtime: run commands as OS processes, keep every result.")
+    top.add_argument("--version", action="version", version=f"qlactors {__version__}")
+    top.add_argument("--home", metavar="DIR", help="data directory (default $QLACTORS_HOME or $XDG_DATA_HOME/qlactors)")
+    top.add_argument("--config", metavar="FILE", help="TOML settings (default <home>/qlactors.toml if present)")
+    sub = top.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=Parser)
+
+    _task_commands(sub)
+
+    _run_commands(sub)
+
     edge = sub.add_parser("edge", help="run the local runtime in the foreground until SIGTERM/SIGINT")
     edge.add_argument("--profile", choices=("edge", "standalone"), help="budgets (default: config, else edge)")
     edge.add_argument("--cancel-running", action="store_true",
@@ -217,13 +240,5 @@ def build() -> Parser:
 
     _cluster_commands(sub)
 
-    audit = sub.add_parser("audit", help="read-only checks of the home's files")
-    asub = audit.add_subparsers(dest="audit_command", metavar="WHAT", required=True, parser_class=Parser)
-    receipts = asub.add_parser("receipts", help="classify receipt files no journal row accounts for")
-    receipts.add_argument("--shard", default="00", metavar="HEX", help="first shard to read (00..ff)")
-    receipts.add_argument("--shards", type=whole, default=8, metavar="N", help="shards to read (max 32)")
-    receipts.add_argument("--per-shard", type=whole, default=32, metavar="N", help="entries per shard (max 64)")
-    receipts.add_argument("--quarantine", action="store_true",
-                          help="move eligible orphans into .orphan-quarantine (never deletes)")
-    receipts.add_argument("--json", action="store_true")
+    _audit_commands(sub)
     return top
