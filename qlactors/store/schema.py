@@ -1,4 +1,6 @@
-"""The one schema for SQLite and PostgreSQL: every table of SEMANTICS.md §1, with its invariants.
+"""Store: the control schema for SQLite and PostgreSQL: every table of SEMANTICS.md §1, with its invariants.
+
+Size: one MetaData for every control table, so that each constraint reads beside its table.
 
 Times are UTC epoch milliseconds (BigInteger). JSON is stored as text so both dialects read it
 the same way. Status columns are plain strings guarded by CHECK constraints, not native enums,

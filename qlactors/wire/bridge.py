@@ -1,4 +1,7 @@
-"""The bridge: the one thread per process that owns the ZeroMQ sockets, the timers and the pidfd watches.
+"""Wire: the bridge, the one thread per process that owns the ZeroMQ sockets, the timers and the
+pidfd watches.
+
+Size: one poll loop, its routes and its timers read together (the loop is the only writer of them).
 
 Actors never touch a shared socket. They send through their own inproc PUSH (`Outbox`) into the
 bridge's outbox; the bridge forwards to the control ROUTER (control side) or the executor DEALER

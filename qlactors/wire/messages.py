@@ -1,4 +1,7 @@
-"""Every message the executor side and the control side exchange: one frozen, flat class per kind."""
+"""Wire: every message the executor side and the control side exchange: one frozen, flat class per kind.
+
+Size: every kind in one module, in the order docs/protocol.md lists them (the codec reads them all).
+"""
 
 from __future__ import annotations
 
