@@ -33,10 +33,14 @@ from typing import Any, Callable
 
 from ..ids import new_id
 from ..process.identity import Liveness, probe
+from ..runtime.context import Named
 from ..runtime.signals import Consume
 from ..wire import messages as m
+from ..wire.bridge import Bridge
 from . import evidence as ev
+from .journal.journal import Journal
 from .journal.records import IN_FLIGHT, JournalEntry, LeaseFacts
+from .local_receipts import LocalReceipts
 from .owed_reports import OwedReports, session_fence
 from .session_policy import CurrentSession
 from .slots import Local, Slots
@@ -59,9 +63,10 @@ class Rebinding:
 class Adoption:
     """Probing, adoption and re-attestation of an Executor (see the module docstring)."""
 
-    def __init__(self, *, journal: Any, local_receipts: Any, boot_id: Callable[[], str], publish_grace_ms: int,
-                 bridge: Any, me: Any, current: CurrentSession, slots: Slots, owed: OwedReports,
-                 consume: Callable[[Consume], None], begin_stop: Callable[[Local, str], None]) -> None:
+    def __init__(self, *, journal: Journal, local_receipts: LocalReceipts, boot_id: Callable[[], str],
+                 publish_grace_ms: int, bridge: Bridge, me: Named, current: CurrentSession, slots: Slots,
+                 owed: OwedReports, consume: Callable[[Consume], None],
+                 begin_stop: Callable[[Local, str], None]) -> None:
         self.journal, self.local_receipts, self.boot_id = journal, local_receipts, boot_id
         self.publish_grace_ms, self.bridge, self.me = publish_grace_ms, bridge, me
         self.current, self.slots, self.owed = current, slots, owed

@@ -23,6 +23,7 @@ from typing import Any
 from ..ids import new_id
 from ..runtime.signals import DrainSession
 from ..wire import messages as m
+from .journal.journal import Journal
 from .owed_reports import OwedReports
 from .pulling import Pulling
 from .session_policy import CurrentSession
@@ -37,7 +38,7 @@ _LEAVE = "leave"  # what a drain waits for besides its declines (attempt ids)
 class Draining:
     """The SIGTERM drain of an Executor (see the module docstring)."""
 
-    def __init__(self, *, journal: Any, current: CurrentSession, slots: Slots, pulling: Pulling,
+    def __init__(self, *, journal: Journal, current: CurrentSession, slots: Slots, pulling: Pulling,
                  owed: OwedReports) -> None:
         self.journal, self.current, self.slots, self.pulling, self.owed = journal, current, slots, pulling, owed
         self.done: Any = None  # the DrainSession's event while a drain runs

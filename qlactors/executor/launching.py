@@ -15,16 +15,23 @@ import signal
 import time
 from typing import Any, Callable
 
+from ..config import Config
 from ..domain.receipt import token_hash
 from ..faults import crash_point, raise_point
 from ..ids import new_id
 from ..process.identity import Liveness, read_identity
 from ..process.launch import job_environment, signal_job, spawn, uptime_ms
+from ..process.logs import LogStore
+from ..process.receipts import ReceiptStore
+from ..runtime.context import Named
 from ..runtime.signals import StopCheck
 from ..store.engine import StoreUnavailable
 from ..wire import codec
 from ..wire import messages as m
+from ..wire.bridge import Bridge
+from .journal.journal import Journal
 from .journal.records import LeaseFacts
+from .local_receipts import LocalReceipts
 from .owed_reports import OwedReports
 from .session_policy import CurrentSession
 from .slots import Local, Slots
@@ -35,10 +42,10 @@ log = logging.getLogger("qlactors.executor")
 class Launching:
     """Accept, activate, launch and stop (see the module docstring)."""
 
-    def __init__(self, *, config: Any, journal: Any, receipts: Any, logs: Any, local_receipts: Any,
-                 boot_id: Callable[[], str], launcher_shell: str, bridge: Any, me: Any, current: CurrentSession,
-                 slots: Slots, owed: OwedReports, send: Callable[[Any], None], pull: Callable[[], None],
-                 draining: Callable[[], bool]) -> None:
+    def __init__(self, *, config: Config, journal: Journal, receipts: ReceiptStore, logs: LogStore,
+                 local_receipts: LocalReceipts, boot_id: Callable[[], str], launcher_shell: str, bridge: Bridge,
+                 me: Named, current: CurrentSession, slots: Slots, owed: OwedReports, send: Callable[[Any], None],
+                 pull: Callable[[], None], draining: Callable[[], bool]) -> None:
         self.config, self.journal, self.receipts, self.logs = config, journal, receipts, logs
         self.local_receipts, self.boot_id, self.launcher_shell = local_receipts, boot_id, launcher_shell
         self.bridge, self.me, self.current, self.slots = bridge, me, current, slots

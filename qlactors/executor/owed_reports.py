@@ -26,9 +26,11 @@ from dataclasses import replace
 from typing import Any, Callable
 
 from ..ids import new_id
+from ..runtime.context import Named
 from ..runtime.signals import OwedDue
 from ..wire import codec
 from ..wire import messages as m
+from ..wire.bridge import Bridge
 from .journal.journal import Journal
 from .journal.records import LeaseFacts, OwedReport
 from .session_policy import CurrentSession
@@ -48,7 +50,7 @@ def session_fence(detail: str | None) -> bool:
 class OwedReports:
     """Journal, re-send and settle what an Executor owes (see the module docstring)."""
 
-    def __init__(self, *, journal: Journal, bridge: Any, me: Any, current: CurrentSession, slots: Slots,
+    def __init__(self, *, journal: Journal, bridge: Bridge, me: Named, current: CurrentSession, slots: Slots,
                  send: Callable[[Any], None]) -> None:
         self.journal, self.bridge, self.me = journal, bridge, me
         self.current, self.slots, self.send = current, slots, send

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import logging
 import secrets
+import threading
 import time
 from typing import Any, Callable
 
 from ..ids import new_id
 from ..wire import messages as m
+from .disk_reserve import DiskReserve
 from .session_policy import CurrentSession
 from .slots import Slots
 
@@ -23,8 +25,8 @@ log = logging.getLogger("qlactors.executor")
 class Pulling:
     """The Pull of an Executor (see the module docstring)."""
 
-    def __init__(self, *, current: CurrentSession, slots: Slots, send: Callable[[Any], None], admitting: Any,
-                 disk_reserve: Any) -> None:
+    def __init__(self, *, current: CurrentSession, slots: Slots, send: Callable[[Any], None],
+                 admitting: threading.Event, disk_reserve: DiskReserve | None) -> None:
         self.current, self.slots, self.send = current, slots, send
         self.admitting, self.disk_reserve = admitting, disk_reserve
         # The Pull waiting for its answer: its id and its (offer id -> lease token) pairs.

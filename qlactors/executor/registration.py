@@ -25,9 +25,11 @@ from dataclasses import replace
 from typing import Any, Callable
 
 from ..ids import new_id
+from ..runtime.context import Fatal, Named
 from ..runtime.signals import RegisterDue
 from ..wire import codec
 from ..wire import messages as m
+from ..wire.bridge import Bridge
 from ..wire.pacing import Backoff, LogLimit
 from .journal.journal import Journal
 from .owed_reports import OwedReports, decoded
@@ -48,8 +50,8 @@ KEY_REFUSED = "key_refused"  # the one key of `key_refused_log`
 class Registration:
     """Register, its repeats and its refusals (see the module docstring)."""
 
-    def __init__(self, *, journal: Journal, bridge: Any, me: Any, current: CurrentSession, owed: OwedReports,
-                 send: Callable[[Any], None], fatal: Any, public_key: str, boot_id: Callable[[], str],
+    def __init__(self, *, journal: Journal, bridge: Bridge, me: Named, current: CurrentSession, owed: OwedReports,
+                 send: Callable[[Any], None], fatal: Fatal, public_key: str, boot_id: Callable[[], str],
                  capacity: int, labels: list[str]) -> None:
         self.journal, self.bridge, self.me = journal, bridge, me
         self.current, self.owed, self.send, self.fatal = current, owed, send, fatal

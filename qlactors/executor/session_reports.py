@@ -16,8 +16,11 @@ import time
 from typing import Any, Callable
 
 from ..ids import new_id
+from ..runtime.context import Named
 from ..runtime.signals import HeartbeatDue
 from ..wire import messages as m
+from ..wire.bridge import Bridge
+from .journal.journal import Journal
 from .owed_reports import OwedReports
 from .pulling import Pulling
 from .session_policy import CurrentSession, wall_ms
@@ -31,7 +34,7 @@ CUT_OFF_BEATS = 2  # heartbeat intervals without an answer: no replica is reacha
 class SessionReports:
     """Heartbeats and their answers, of an Executor (see the module docstring)."""
 
-    def __init__(self, *, journal: Any, bridge: Any, me: Any, current: CurrentSession, slots: Slots,
+    def __init__(self, *, journal: Journal, bridge: Bridge, me: Named, current: CurrentSession, slots: Slots,
                  send: Callable[[Any], None], pulling: Pulling, owed: OwedReports,
                  send_activate: Callable[[Local], None], begin_stop: Callable[[Local, str], None],
                  reprobe: Callable[[], None], draining: Callable[[], bool],
@@ -61,7 +64,8 @@ class SessionReports:
                     for l in self.slots if self.current.holds(l.lease)]
         self.send(m.Heartbeat(
             request_id=new_id(), worker_id=self.current.worker_id, session_id=s.session_id,
-            session_generation=s.session_generation, seq=self.heartbeat_seq, free_slots=max(0, self.slots.free()), worker_clock_ms=wall_ms(),
+            session_generation=s.session_generation, seq=self.heartbeat_seq,
+            free_slots=max(0, self.slots.free()), worker_clock_ms=wall_ms(),
             renewals=renewals))
         self.pulling.repeat(s.heartbeat_ms)
         self._repeat_activates()
