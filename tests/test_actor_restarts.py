@@ -539,7 +539,7 @@ def test_an_executor_whose_consume_finds_no_receipt_consumer_tells_it_again_once
     exe = ExecutorRig(h, h.directory.get("executor"), rig.peer, rig.peer.expect(m.Register))
     offer, _act, started = exe.launch(["sh", "-c", "exit 0"])
     exe.ack_started(started)
-    wait_until(lambda: offer.attempt_id not in h.directory.get("executor").proxy().live.get(),
+    wait_until(lambda: offer.attempt_id not in h.directory.get("executor").proxy().slots.live.get(),
                what="the launcher's end seen by the Executor")
     assert h.directory.get("receipts") is None
     h.stub("receipts")  # a new instance takes the name

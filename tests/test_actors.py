@@ -1139,7 +1139,7 @@ def test_executor_keeps_no_state_for_an_attempt_that_completed(make_exe):
     rig.ack_completed(completed)
     wait_until(lambda: rig.ctx.executor_side.journal.get(offer.attempt_id) is None, what="journal row cleared")
     proxy = rig.ref.proxy()
-    wait_until(lambda: proxy.live.get() == {}, what="its exit processed")
+    wait_until(lambda: proxy.slots.live.get() == {}, what="its exit processed")
     assert not hasattr(rig.ref.proxy(), "ended_without_receipt")  # how it ended travels with Consume
 
 

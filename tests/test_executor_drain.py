@@ -59,7 +59,7 @@ def answer_decline(rig: ClusterRig, decline: m.Decline) -> m.Ack:
 
 
 def live_ids(rig: ClusterRig) -> list[str]:
-    return sorted(rig.ref.proxy().live.get())
+    return sorted(rig.ref.proxy().slots.live.get())
 
 
 def session_row(rig: ClusterRig, session_id: str):

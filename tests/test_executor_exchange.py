@@ -15,7 +15,7 @@ import logging
 
 from sqlalchemy import select
 
-from qlactors.executor import owed_reports as executor_owed
+from qlactors.executor import registration as executor_registration
 from qlactors.control.gateway import fence_of
 from qlactors.runtime.signals import RegisterDue
 from qlactors.executor.journal.schema import executor_journal
@@ -138,7 +138,7 @@ def test_a_register_is_repeated_with_the_same_register_id_until_welcomed(make_ri
     first = rig.register
     rig.peer.send(ack_message("register", "", "", "refused", "unknown worker 'local'", answer_to=first.request_id))
     wait_until(lambda: "event=worker_key_refused" in caplog.text, what="the refusal logged")
-    monkeypatch.setattr(executor_owed, "wall_ms", lambda: first.worker_clock_ms + 300_000)  # allowed 5 min on
+    monkeypatch.setattr(executor_registration, "wall_ms", lambda: first.worker_clock_ms + 300_000)  # allowed 5 min on
     rig.ref.tell(RegisterDue())
     again = rig.peer.expect(m.Register, strict=False)
     assert (again.request_id, again.register_id) == (first.request_id, first.register_id)

@@ -210,3 +210,46 @@ def test_the_package_import_table_sees_a_forbidden_import():
     assert "qlactors.executor.journal.journal" in names
     assert _module_file("qlactors.executor.journal.journal") is not None
     assert ("control", "executor") in FORBIDDEN_PACKAGE_PAIRS
+
+
+# -- the executor side: one actor, composed parts, no circle (issue 19 rule 3) --------------------
+
+
+def side_graph(side: str) -> dict[str, set[str]]:
+    """The imports between the modules of one side (`qlactors.<side>.*`), by module name."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted((ROOT / side).rglob("*.py")):
+        module = _module_name(path)
+        names = imports_in_source(path.read_text(), module, path.name == "__init__.py", str(path))
+        graph[module] = {n for n, _ in names
+                         if n.startswith(f"qlactors.{side}.") and n != module and _module_file(n) is not None}
+    return graph
+
+
+def in_circles(graph: dict[str, set[str]]) -> list[str]:
+    """The modules that reach themselves through their imports."""
+    def reaches(start: str, goal: str) -> bool:
+        todo, seen = list(graph.get(start, ())), set()
+        while todo:
+            here = todo.pop()
+            if here == goal:
+                return True
+            if here not in seen:
+                seen.add(here)
+                todo.extend(graph.get(here, ()))
+        return False
+    return sorted(m for m in graph if reaches(m, m))
+
+
+def test_no_import_circle_inside_the_executor_side():
+    assert in_circles(side_graph("executor")) == []
+
+
+def test_the_circle_check_sees_a_circle():
+    graph = {"a": {"b"}, "b": {"a", "c"}, "c": set()}
+    assert in_circles(graph) == ["a", "b"]
+
+
+def test_the_executor_parts_never_import_the_executor_actor():
+    importers = sorted(m for m, imported in side_graph("executor").items() if "qlactors.executor.executor" in imported)
+    assert importers == [], importers

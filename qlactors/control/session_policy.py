@@ -201,7 +201,7 @@ class ClusterSessions:
         return outcome.result, outcome.detail or ""
 
     def may_offer(self) -> bool:
-        return True  # a worker checks its own disk before it pulls (Executor._pull)
+        return True  # a worker checks its own disk before it pulls (executor/pulling.py)
 
     # -- reports that differ from edge ------------------------------------------------------------
 

@@ -1,10 +1,10 @@
 """Executor side: the typed context its actors share (the journal, the files, this host's identity).
 
-Who reads what (`self.ctx.<field>` in executor/): the Executor and its parts (`journal`,
-`receipts`, `logs`, `local_receipts`, `boot_id`, `launcher_shell`, `labels`, `session`,
-`disk_reserve`), the ReceiptConsumer (`journal`, `receipts`, `local_receipts`, `boot_id`,
-`session`, `completion_facts`, `log_retention`), the LogSender (`journal`); every actor the
-shared part (runtime/context.py).
+Who reads what (`self.ctx.<field>` in executor/): the Executor, which hands each of its parts
+the fields it uses (`journal`, `receipts`, `logs`, `local_receipts`, `boot_id`, `launcher_shell`,
+`labels`, `session`, `disk_reserve`, `public_key`), the ReceiptConsumer (`journal`, `receipts`,
+`local_receipts`, `boot_id`, `session`, `completion_facts`, `log_retention`), the LogSender
+(`journal`); every actor the shared part (runtime/context.py).
 """
 
 from __future__ import annotations

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..clock import wall_ms
 from ..process.identity import read_marker
 from ..process.receipts import Invalid, Missing, ReceiptStore, Unsafe, Valid
-from ..clock import wall_ms
 
 log = logging.getLogger("qlactors.receipts")
 

@@ -15,9 +15,9 @@ import logging
 import time
 from dataclasses import dataclass
 
+from ..clock import wall_ms
 from ..faults import crash_point
 from ..ids import completion_request_id
-from ..clock import wall_ms
 from ..runtime.actor import RuntimeActor
 from ..runtime.signals import Cleanup, Consume, LogFinal, NoReceipt, ResendCompleted, Resume, SessionOpen
 from ..wire import messages as m

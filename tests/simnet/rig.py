@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from qlactors.executor import executor as executor_module
+from qlactors.executor import launching as launching_module
 from qlactors.control.gateway import Gateway
 from qlactors.config import ControlConfig, DatabaseSettings, WorkerConfig
 from qlactors.domain.model import Command, TaskSpec
@@ -154,7 +154,7 @@ class _Seed:
         self.runs: dict[str, Job] = {}
         self.threads: list[_Thread] = []
         self.links: list[FaultyLink] = []
-        self.recorder = SpawnRecorder(executor_module.spawn)
+        self.recorder = SpawnRecorder(launching_module.spawn)
         self.settled_s: float | None = None
 
     def start(self) -> None:
@@ -175,7 +175,7 @@ class _Seed:
             link.wait_ready()
         self._admit()
         self.state.mkdir()
-        executor_module.spawn = self.recorder
+        launching_module.spawn = self.recorder
         self.threads.append(_Thread(WorkerRuntime(self._worker_config())))
 
     def _control_config(self, i: int, bind: str) -> ControlConfig:
@@ -220,7 +220,7 @@ class _Seed:
             for t in reversed(self.threads):
                 t.stop()
         finally:
-            executor_module.spawn = self.recorder.real
+            launching_module.spawn = self.recorder.real
             for link in self.links:
                 link.close()
             self.recorder.kill_leftovers()
