@@ -1,4 +1,4 @@
-"""Commands of the cluster: `keys new`, `worker allow|revoke`, `workers`, `control`, `worker`,
+"""CLI: the commands of the cluster: `keys new`, `worker allow|revoke`, `workers`, `control`, `worker`,
 and the cluster side of `status`, `logs` and `run --wait` (no local runtime socket: the store)."""
 
 from __future__ import annotations

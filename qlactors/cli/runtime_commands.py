@@ -1,4 +1,5 @@
-"""Commands that need the runtime's side of the home: `edge`, `status`, `run --wait`, `logs`, `audit`."""
+"""CLI: the commands that need the runtime's side of the home: `edge`, `status`, `run --wait`, `logs`,
+`audit`."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The Gateway: the control side's face to executors — sessions, offers, fenced reports, completions,
+"""Control side: the Gateway, the face to executors — sessions, offers, fenced reports, completions,
 log chunks and attestations, each answered; and the stops and nudges for one worker.
 
 Both profiles use it: on edge the one executor is in this process (its session lives as long as

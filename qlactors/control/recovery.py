@@ -1,4 +1,5 @@
-"""Recovery of local attempts (SEMANTICS.md §6): a full startup pass, then only what the Executor reports.
+"""Control side: edge's recovery of local attempts (SEMANTICS.md §6): a full startup pass, then only
+what the Executor reports.
 
 For each candidate: a receipt wins; an unstarted claim has its lease released without probing (it
 is offered again); otherwise the

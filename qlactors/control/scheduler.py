@@ -1,4 +1,5 @@
-"""The Scheduler: one non-overlapping cycle per cadence tick, steps in a fixed order, each with a deadline.
+"""Control side: the Scheduler, one non-overlapping cycle per cadence tick, steps in a fixed order,
+each with a deadline.
 
 Order (SEMANTICS.md §10): 1. recovery page, 2. retry page, 3. cron admission (one page of due
 schedules, run by the Scheduler itself), 4. workflow frontier (later), 5. timeouts and stop

@@ -1,4 +1,4 @@
-"""Who the Gateway's executors are: the one local session of an edge process, or the cluster's
+"""Control side: who the Gateway's executors are: the one local session of an edge process, or the cluster's
 workers, whose sessions, leases and log chunks the database decides (SEMANTICS.md §9, §13).
 
 A policy answers the session messages (Register, Heartbeat), says how long a run lease lasts and

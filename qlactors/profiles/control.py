@@ -1,4 +1,4 @@
-"""The cluster's control replica: PostgreSQL, the Supervisor, the Gateway to workers over
+"""Profile: the cluster's control replica: PostgreSQL, the Supervisor, the Gateway to workers over
 tcp + CurveZMQ, Scheduler, Recovery and Retry (SEMANTICS.md §9, §10). It holds no process and
 reads no worker's files: every decision is the database's, from what workers attest.
 

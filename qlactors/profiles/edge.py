@@ -1,4 +1,4 @@
-"""The edge profile: one process, one SQLite file, all six actors, ZeroMQ inproc between them.
+"""Profile: edge, one process, one SQLite file, all six actors, ZeroMQ inproc between them.
 
 Start order: lock the home, migrate, register the local session, start the bridge, the
 Supervisor, the Gateway, then Recovery — whose startup pass finishes before anything is admitted — then
