@@ -210,3 +210,22 @@ def test_the_package_import_table_sees_a_forbidden_import():
     assert "qlactors.executor.journal.journal" in names
     assert _module_file("qlactors.executor.journal.journal") is not None
     assert ("control", "executor") in FORBIDDEN_PACKAGE_PAIRS
+
+
+def test_dispatch_and_control_are_records_of_parts_that_inherit_nothing():
+    # Composition, not mixins (docs/architecture.md): each part is reached by its name on the
+    # record, no part inherits another, and the record forwards nothing.
+    import dataclasses
+    import typing
+
+    from qlactors.store.control import Control
+    from qlactors.store.dispatch import Dispatch
+
+    for record, parts in ((Dispatch, {"sessions", "heartbeats", "attestations", "offers", "reports"}),
+                          (Control, {"stops", "recovery", "status"})):
+        fields = {f.name for f in dataclasses.fields(record)}
+        assert fields == parts | {"store"}, record
+        assert record.__bases__ == (object,), record
+        hints = typing.get_type_hints(record)
+        assert all(hints[name].__bases__ == (object,) for name in parts), {n: hints[n].__bases__ for n in parts}
+        assert [n for n in vars(record) if not n.startswith("_") and n not in fields] == ["open"], record
