@@ -76,13 +76,13 @@ def seed(url: str, attempts: int) -> float:
                                 retry=policy))
         for _ in range(attempts):
             repo.runs.request("idem")
-        dispatch = Dispatch(repo.store)
-        session = dispatch.register_session("wseed", attempts, boot_id=BOOT, session_lease_ms=600_000,
+        dispatch = Dispatch.open(repo.store)
+        session = dispatch.sessions.register("wseed", attempts, boot_id=BOOT, session_lease_ms=600_000,
                                             resume_secret_hash=fresh_hash())
         flights = []
         while len(flights) < attempts:
             pairs = [(secrets.token_hex(8), fresh_hash()) for _ in range(min(200, attempts - len(flights)))]
-            offers = dispatch.offer_batch(session.worker_id, session.session_id, session.generation, pairs,
+            offers = dispatch.offers.batch(session.worker_id, session.session_id, session.generation, pairs,
                                           log_cap_bytes=0, lease_ttl_ms=600_000)
             if not offers:
                 raise RuntimeError(f"only {len(flights)} of {attempts} runs could be offered")
@@ -90,12 +90,12 @@ def seed(url: str, attempts: int) -> float:
             flights += [(offer, lease_hash[offer.offer_id]) for offer in offers]
         for i, (offer, lease_hash) in enumerate(flights):
             fence = offer.fence(lease_hash)
-            if dispatch.activate(fence, fresh_hash(), "log").result != "applied":
+            if dispatch.reports.activate(fence, fresh_hash(), "log").result != "applied":
                 raise RuntimeError(f"activate of {offer.attempt_id} not applied")
-            if dispatch.started(fence, BOOT, 100_000 + i, 100_000 + i, 1).result != "applied":
+            if dispatch.reports.started(fence, BOOT, 100_000 + i, 100_000 + i, 1).result != "applied":
                 raise RuntimeError(f"started of {offer.attempt_id} not applied")
             quote = LeaseQuote(offer.run_id, offer.attempt_id, offer.offer_id, offer.lease_generation, lease_hash)
-            answer = dispatch.attest(session.worker_id, session.session_id, session.generation, quote,
+            answer = dispatch.attestations.apply(session.worker_id, session.session_id, session.generation, quote,
                                      session.session_id, session.generation, "stopped", run_lease_ms=30_000)
             if answer.result != "applied":
                 raise RuntimeError(f"attest stopped of {offer.attempt_id}: {answer.result}")

@@ -215,16 +215,16 @@ class ActorHarness:
             logs = LogStore(self.config.logs_dir)
             logs.ensure()
             journal = Journal(store)
-            dispatch = Dispatch(store)
+            dispatch = Dispatch.open(store)
             bridge = Bridge(self.zmq, control_bind=control_bind, control_connect=control_connect)
-            session = dispatch.register_session(LOCAL_WORKER, session_capacity)
+            session = dispatch.sessions.register(LOCAL_WORKER, session_capacity)
             local_receipts = LocalReceipts(receipts, journal, self.config.runtime.quarantine_retention_ms)
             shared = SharedContext(config=self.config, zmq=self.zmq, bridge=bridge, directory=Directory(),
                                    fatal=Fatal(), admitting=threading.Event(), health=store.health)
             self.ctx = EdgeContext.over(
                 shared,
                 control=dict(repo=self.repo, dispatch=dispatch, completion=CompletionService(store),
-                             control=Control(store), lost_retry=LostRetry(store), cron=CronAdmission(store),
+                             control=Control.open(store), lost_retry=LostRetry(store), cron=CronAdmission(store),
                              retention=Retention(store, EdgeFiles(journal, logs, receipts)),
                              sessions=LocalSessions(session, self.config.runtime.cadence_tick_ms,
                                                     DiskReserve(self.config, None)),

@@ -89,7 +89,7 @@ def private_pg():
 def dispatch(repo):
     from qlactors.store.dispatch import Dispatch
 
-    return Dispatch(repo.store)
+    return Dispatch.open(repo.store)
 
 
 @pytest.fixture

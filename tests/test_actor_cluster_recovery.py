@@ -43,13 +43,13 @@ def stopped_and_expired(h, session, task: str) -> tuple[str, str]:
     d = h.ctx.control_side.dispatch
     run_id = h.repo.runs.request(task).run.id
     lease_hash = new_hash()
-    view = d.offer(session.worker_id, session.session_id, session.generation, secrets.token_hex(8),
+    view = d.offers.one(session.worker_id, session.session_id, session.generation, secrets.token_hex(8),
                    lease_hash, log_cap_bytes=0, lease_ttl_ms=30_000)
     fence = view.fence(lease_hash)
-    assert d.activate(fence, new_hash(), "ab/x.log").result == "applied"
-    assert d.started(fence, BOOT, 4242, 4242, 7).result == "applied"
+    assert d.reports.activate(fence, new_hash(), "ab/x.log").result == "applied"
+    assert d.reports.started(fence, BOOT, 4242, 4242, 7).result == "applied"
     quote = LeaseQuote(run_id, view.attempt_id, view.offer_id, view.lease_generation, lease_hash)
-    assert d.attest(session.worker_id, session.session_id, session.generation, quote, session.session_id,
+    assert d.attestations.apply(session.worker_id, session.session_id, session.generation, quote, session.session_id,
                     session.generation, "stopped", run_lease_ms=30_000).result == "applied"
     with h.repo.store.write() as conn:
         conn.execute(update(run_dispatch_leases).where(run_dispatch_leases.c.attempt_id == view.attempt_id)
@@ -58,7 +58,7 @@ def stopped_and_expired(h, session, task: str) -> tuple[str, str]:
 
 
 def worker_session(h):
-    return h.ctx.control_side.dispatch.register_session("w1", 16, boot_id=BOOT, session_lease_ms=60_000)
+    return h.ctx.control_side.dispatch.sessions.register("w1", 16, boot_id=BOOT, session_lease_ms=60_000)
 
 
 def test_a_cycle_marks_an_evidenced_attempt_lost_and_retry_requeues_it(cadence):

@@ -305,7 +305,7 @@ def test_an_executor_re_offered_an_attempt_it_holds_unactivated_accepts_it_again
     log_path = h.ctx.executor_side.logs.path_for(run_id, first.attempt_id)
     log_path.write_bytes(b"stale")
     # The control side withdraws the first lease before activating it, and offers the attempt again.
-    assert h.ctx.control_side.dispatch.release_unstarted(fence_of(act1, act1.worker_id), "declined").result == "applied"
+    assert h.ctx.control_side.dispatch.reports.decline(fence_of(act1, act1.worker_id), "declined").result == "applied"
     second = exe.offer_for(pull2)
     assert (second.attempt_id, second.lease_generation) == (first.attempt_id, 2)
     exe.send_offers(pull2, second)
@@ -316,7 +316,7 @@ def test_an_executor_re_offered_an_attempt_it_holds_unactivated_accepts_it_again
     assert h.ctx.executor_side.journal.get(first.attempt_id).callback_token_hash == act2.callback_token_hash
     # The first Activate's answer (fenced) comes first and must not drop the second offer: it
     # names the first offer's id, not the current one.
-    late = h.ctx.control_side.dispatch.activate(fence_of(act1, act1.worker_id), act1.callback_token_hash, act1.log_artifact_id)
+    late = h.ctx.control_side.dispatch.reports.activate(fence_of(act1, act1.worker_id), act1.callback_token_hash, act1.log_artifact_id)
     assert late.result == "fenced"
     rig.peer.send(ack_message("activate", run_id, first.attempt_id, "fenced", "lease_released",
                               offer_id=act1.offer_id))
@@ -386,21 +386,21 @@ def test_a_restarted_worker_declines_the_unactivated_offers_it_does_not_know_and
     second = rig.peer.expect(m.Pull)  # for the other slot, journalled before it was sent
     assert [p.pull_id for p in h.ctx.executor_side.journal.open_pulls()] == [second.pull_id]
     lost = exe.offer_for(second, 0)  # leased in the database; its Offers answer never arrives
-    stranger = h.ctx.control_side.dispatch.offer(s.worker_id, s.session_id, s.generation, "no-such-pair", token_hash(new_token()),
+    stranger = h.ctx.control_side.dispatch.offers.one(s.worker_id, s.session_id, s.generation, "no-such-pair", token_hash(new_token()),
                                     log_cap_bytes=0)
     rig.fail("executor")
     register = rig.peer.expect(m.Register)
     assert register.resume_session_id == s.session_id
     unactivated = [m.Unactivated(run_id=u.run_id, attempt_id=u.attempt_id, offer_id=u.offer_id,
                                  lease_generation=u.lease_generation)
-                   for u in h.ctx.control_side.dispatch.unactivated_leases(s.session_id)]
+                   for u in h.ctx.control_side.dispatch.sessions.unactivated_leases(s.session_id)]
     assert {u.attempt_id for u in unactivated} == {known.attempt_id, lost.attempt_id, stranger.attempt_id}
     rig.peer.send(welcome_message(s, resumed=True, unactivated=unactivated, **cluster))
     decline = rig.peer.expect(m.Decline, strict=False)
     assert (decline.attempt_id, decline.offer_id, decline.reason) == (lost.attempt_id, lost.offer_id,
                                                                       "unknown_after_restart")
     assert decline.lease_token == second.offers[0].lease_token
-    assert h.ctx.control_side.dispatch.decline(fence_of(decline, decline.worker_id)).result == "applied"
+    assert h.ctx.control_side.dispatch.reports.decline(fence_of(decline, decline.worker_id)).result == "applied"
     assert [(l["status"], l["release_reason"]) for l in leases(h.repo, lost.run_id)] == [("released", "declined")]
     attest = rig.peer.expect(m.Attest, strict=False)  # the known offer: given back, not declined
     assert (attest.attempt_id, attest.fact) == (known.attempt_id, "never_launched")

@@ -795,7 +795,7 @@ class ExecutorRig:
     def offer_for(self, pull: m.Pull, slot: int = 0) -> m.Offer:
         """A genuine lease of the next queued run, taken with the `slot`-th pair of `pull`."""
         pair = pull.offers[slot]
-        view = self.ctx.control_side.dispatch.offer(pull.worker_id, pull.session_id, pull.session_generation, pair.offer_id,
+        view = self.ctx.control_side.dispatch.offers.one(pull.worker_id, pull.session_id, pull.session_generation, pair.offer_id,
                                        token_hash(pair.lease_token),
                                        log_cap_bytes=self.h.config.runtime.log_cap_bytes)
         assert view is not None, "no queued run to offer"
@@ -806,7 +806,7 @@ class ExecutorRig:
         self.peer.send(offers_message(pull, *offers))
 
     def activate(self, act: m.Activate) -> m.Activated:
-        result = self.ctx.control_side.dispatch.activate(fence_of(act, act.worker_id), act.callback_token_hash, act.log_artifact_id)
+        result = self.ctx.control_side.dispatch.reports.activate(fence_of(act, act.worker_id), act.callback_token_hash, act.log_artifact_id)
         assert result.result == "applied", result
         activated = m.Activated(answer_to=act.request_id, run_id=act.run_id, attempt_id=act.attempt_id, offer_id=act.offer_id,
                                 lease_version=result.lease_version, deadline_at_ms=result.deadline_at_ms)
@@ -814,7 +814,7 @@ class ExecutorRig:
         return activated
 
     def ack_started(self, started: m.Started) -> None:
-        outcome = self.ctx.control_side.dispatch.started(fence_of(started, started.worker_id), started.boot_id, started.pid, started.pgid,
+        outcome = self.ctx.control_side.dispatch.reports.started(fence_of(started, started.worker_id), started.boot_id, started.pid, started.pgid,
                                             started.start_ticks)
         assert outcome.result == "applied", outcome
         self.peer.send(ack_message("started", started.run_id, started.attempt_id, "applied",
@@ -1165,10 +1165,10 @@ class ReceiptRig:
         run_id = self.h.repo.runs.request(name).run.id
         s = self.ctx.executor_side.session
         lease_hash = token_hash(new_token())
-        view = self.ctx.control_side.dispatch.offer(s.worker_id, s.session_id, s.generation, secrets.token_hex(8), lease_hash,
+        view = self.ctx.control_side.dispatch.offers.one(s.worker_id, s.session_id, s.generation, secrets.token_hex(8), lease_hash,
                                        log_cap_bytes=0)
         assert view.run_id == run_id
-        assert self.ctx.control_side.dispatch.activate(view.fence(lease_hash), token_hash(token), "ab/x.log").result == "applied"
+        assert self.ctx.control_side.dispatch.reports.activate(view.fence(lease_hash), token_hash(token), "ab/x.log").result == "applied"
         attempt_id = view.attempt_id
         self.ctx.executor_side.journal.accept(attempt_id, run_id, str(self.ctx.executor_side.logs.path_for(run_id, attempt_id)),
                                 str(self.ctx.executor_side.receipts.final_path(attempt_id)), token_hash(token))
@@ -1456,10 +1456,10 @@ def test_scheduler_a_cycle_commits_timeouts_and_reports_stops_and_waiting_work(s
     repo.tasks.add(spec("slow", timeout_ms=1, stop_grace_ms=700))
     run_id = repo.runs.request("slow").run.id
     lease_hash = token_hash(new_token())
-    view = d.offer(s.worker_id, s.session_id, s.generation, "o1", lease_hash, log_cap_bytes=0)
+    view = d.offers.one(s.worker_id, s.session_id, s.generation, "o1", lease_hash, log_cap_bytes=0)
     fence = view.fence(lease_hash)
-    assert d.activate(fence, token_hash(new_token()), "ab/x.log").result == "applied"
-    assert d.started(fence, BOOT_ID, 4242, 4242, 1).result == "applied"
+    assert d.reports.activate(fence, token_hash(new_token()), "ab/x.log").result == "applied"
+    assert d.reports.started(fence, BOOT_ID, 4242, 4242, 1).result == "applied"
     repo.tasks.add(spec("waiting"))
     repo.runs.request("waiting")
     time.sleep(0.005)  # past the 1 ms deadline
@@ -1481,8 +1481,8 @@ def test_scheduler_a_cycle_lists_each_stop_order_once(sched):
     repo.tasks.add(spec("slow", timeout_ms=1))
     repo.runs.request("slow")
     lease_hash = token_hash(new_token())
-    fence = d.offer(s.worker_id, s.session_id, s.generation, "o1", lease_hash, log_cap_bytes=0).fence(lease_hash)
-    d.activate(fence, token_hash(new_token()), "ab/x.log")
+    fence = d.offers.one(s.worker_id, s.session_id, s.generation, "o1", lease_hash, log_cap_bytes=0).fence(lease_hash)
+    d.reports.activate(fence, token_hash(new_token()), "ab/x.log")
     time.sleep(0.005)
     sched.start("scheduler", Scheduler).tell(Tick("test"))
     [done] = sched.inbox.wait("supervisor", CycleDone)
@@ -1618,7 +1618,7 @@ class Flights:
     def __init__(self, h: ActorHarness, session, repo=None) -> None:
         self.h, self.session = h, session
         self.repo = repo or h.repo
-        self.dispatch = Dispatch(self.repo.store)
+        self.dispatch = Dispatch.open(self.repo.store)
         self.n = 0
         self.repo.tasks.add(spec("many", max_concurrent=1024))
 
@@ -1629,14 +1629,14 @@ class Flights:
             return run_id, self.repo.runs.get(run_id).attempts[0].id
         self.n += 1
         lease_hash = token_hash(new_token())
-        view = d.offer(s.worker_id, s.session_id, s.generation, f"offer-{self.n}", lease_hash, log_cap_bytes=0)
+        view = d.offers.one(s.worker_id, s.session_id, s.generation, f"offer-{self.n}", lease_hash, log_cap_bytes=0)
         assert view is not None and view.run_id == run_id
         fence: Fence = view.fence(lease_hash)
         if stage in ("starting", "running"):
-            assert d.activate(fence, token_hash(token or new_token()), "ab/x.log").result == "applied"
+            assert d.reports.activate(fence, token_hash(token or new_token()), "ab/x.log").result == "applied"
         if stage == "running":
             i = identity
-            assert d.started(fence, i.boot_id, i.pid, i.pgid, i.start_ticks).result == "applied"
+            assert d.reports.started(fence, i.boot_id, i.pid, i.pgid, i.start_ticks).result == "applied"
         return run_id, view.attempt_id
 
 
@@ -1673,7 +1673,7 @@ def test_recovery_startup_pass_judges_every_kind_of_in_flight_attempt(rec):
     cancelled = flights.make("running", dead)
     rec.repo.runs.cancel(cancelled[0])
     backlog = flights.make("queued")
-    rec.ctx.control_side.local.session = rec.ctx.control_side.dispatch.register_session("local", 8)  # this start's session
+    rec.ctx.control_side.local.session = rec.ctx.control_side.dispatch.sessions.register("local", 8)  # this start's session
 
     ref = rec.start("recovery", Recovery)
     totals = ref.ask(StartupPass(), timeout=WAIT_S)
@@ -1684,7 +1684,7 @@ def test_recovery_startup_pass_judges_every_kind_of_in_flight_attempt(rec):
     assert (run.state, run.attempts[0].state, run.attempts[0].error_code) == ("dispatching", "claimed", None)
     assert [(lease["status"], lease["release_reason"]) for lease in leases(rec.repo, claimed[0])] == [
         ("released", "lease_expired")]
-    assert rec.ctx.control_side.control.queued_waiting()  # the Scheduler nudges executors for it
+    assert rec.ctx.control_side.control.status.queued_waiting()  # the Scheduler nudges executors for it
 
     run = rec.repo.runs.get(gone[0])
     assert (run.state, run.attempts[0].state, run.attempts[0].error_code) == (
@@ -1707,10 +1707,10 @@ def test_recovery_startup_pass_judges_every_kind_of_in_flight_attempt(rec):
         new.session_id, new.generation, live.pid, live.start_ticks)
     assert [(lease["session_id"], lease["status"]) for lease in leases(rec.repo, surviving[0])] == [
         (old.session_id, "released"), (new.session_id, "leased")]
-    assert rec.ctx.control_side.control.recovery_candidates(64)[0] == [rec.ctx.control_side.control.candidate(surviving[1])]
+    assert rec.ctx.control_side.control.recovery.candidates(64)[0] == [rec.ctx.control_side.control.recovery.candidate(surviving[1])]
     assert ref.is_alive()
     # The released claim is offered again, to the new session, under the next lease generation.
-    again = rec.ctx.control_side.dispatch.offer(new.worker_id, new.session_id, new.generation, "offer-again",
+    again = rec.ctx.control_side.dispatch.offers.one(new.worker_id, new.session_id, new.generation, "offer-again",
                                    token_hash(new_token()), log_cap_bytes=0)
     assert (again.run_id, again.attempt_id, again.lease_generation) == (claimed[0], claimed[1], 2)
 
@@ -1735,14 +1735,14 @@ def test_recovery_startup_pass_recovers_200_in_flight_attempts_in_one_call(rec, 
             plant_receipt(rec, *flights.make("running", dead, token), token, exit_code=0)
     finally:
         setup.close()
-    assert rec.ctx.control_side.control.recovery_candidates(64)[1]  # more than one page
+    assert rec.ctx.control_side.control.recovery.candidates(64)[1]  # more than one page
     ref = rec.start("recovery", Recovery)
     t0 = time.monotonic()
     totals = ref.ask(StartupPass(), timeout=60)
     elapsed = time.monotonic() - t0
     print(f"\nstartup recovery of 200 in-flight attempts took {elapsed:.3f} s: {totals}")
     assert totals == {"released": 80, "lost": 80, "completed": 40}
-    assert rec.ctx.control_side.control.recovery_candidates(64) == ([], False)
+    assert rec.ctx.control_side.control.recovery.candidates(64) == ([], False)
 
 
 def test_recovery_continuous_pass_judges_what_the_executor_attests(rec):
@@ -1772,7 +1772,7 @@ def test_recovery_takes_the_identity_from_the_journal_when_started_never_committ
     j.accept(attempt_id, run_id, str(rec.ctx.executor_side.logs.path_for(run_id, attempt_id)),
              str(rec.ctx.executor_side.receipts.final_path(attempt_id)), token_hash(token))
     j.set_state(attempt_id, "started", identity=live)
-    rec.ctx.control_side.local.session = rec.ctx.control_side.dispatch.register_session("local", 8)
+    rec.ctx.control_side.local.session = rec.ctx.control_side.dispatch.sessions.register("local", 8)
     ref = rec.start("recovery", Recovery)
     assert ref.ask(StartupPass(), timeout=WAIT_S) == {"running": 1}
     run = rec.repo.runs.get(run_id)
@@ -1783,7 +1783,7 @@ def test_recovery_takes_the_identity_from_the_journal_when_started_never_committ
 def test_retry_resolves_a_lost_run_without_policy_as_failed(rec):
     flights = Flights(rec, rec.ctx.executor_side.session)
     run_id, attempt_id = flights.make("claimed")
-    assert rec.ctx.control_side.control.mark_lost(run_id, attempt_id, ErrorCode.RECOVERY_UNSTARTED_CLAIM).result == "applied"
+    assert rec.ctx.control_side.control.recovery.mark_lost(run_id, attempt_id, ErrorCode.RECOVERY_UNSTARTED_CLAIM).result == "applied"
     ref = rec.start("retry", Retry)
     ref.tell(StepRequest(5))
     [done] = rec.inbox.wait("scheduler", StepDone)
@@ -1797,8 +1797,8 @@ def test_retry_requeues_a_lost_run_whose_policy_allows_it(rec):
                                                        backoff_base_ms=0, backoff_max_ms=0)))
     run_id = rec.repo.runs.request("again").run.id
     s, lease_hash = rec.ctx.executor_side.session, token_hash(new_token())
-    view = rec.ctx.control_side.dispatch.offer(s.worker_id, s.session_id, s.generation, "o1", lease_hash, log_cap_bytes=0)
-    rec.ctx.control_side.control.mark_lost(run_id, view.attempt_id, ErrorCode.RECOVERY_UNSTARTED_CLAIM)
+    view = rec.ctx.control_side.dispatch.offers.one(s.worker_id, s.session_id, s.generation, "o1", lease_hash, log_cap_bytes=0)
+    rec.ctx.control_side.control.recovery.mark_lost(run_id, view.attempt_id, ErrorCode.RECOVERY_UNSTARTED_CLAIM)
     ref = rec.start("retry", Retry)
     ref.tell(StepRequest(1))
     assert rec.inbox.wait("scheduler", StepDone)[0].ok

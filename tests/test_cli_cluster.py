@@ -59,7 +59,7 @@ class Cluster:
 
     def session(self, worker_id: str, *, labels=(), capacity: int = 4, skew_ms: int | None = None):
         """An online session with a live lease, as a replica's Register and Heartbeat leave it."""
-        session = Dispatch(self.repo.store).register_session(worker_id, capacity)
+        session = Dispatch.open(self.repo.store).sessions.register(worker_id, capacity)
         with self.repo.store.write() as conn:
             now = self.repo.store.now_ms(conn)
             conn.execute(update(worker_sessions).where(worker_sessions.c.session_id == session.session_id)
@@ -223,15 +223,15 @@ def test_workers_shows_each_workers_state(cluster):
     """online, draining, expired, offline (drained), retired, offline (revoked) and never."""
     from qlactors.store.worker_retirement import WorkerRetirement
 
-    dispatch = Dispatch(cluster.repo.store)
+    dispatch = Dispatch.open(cluster.repo.store)
     for name in ("w0", "w5"):
         WorkerKeys(cluster.repo.store).allow(name, load_public_key(new_key_pair(cluster.tmp, name)[0]).decode())
     cluster.session("w1")
     draining = cluster.session("w2")
-    assert dispatch.end_session("w2", draining.session_id, 1, status="draining").result == "applied"
+    assert dispatch.sessions.end("w2", draining.session_id, 1, status="draining").result == "applied"
     expired = cluster.session("w3")
     drained = cluster.session("w4")
-    assert dispatch.end_session("w4", drained.session_id, 1, status="offline").result == "applied"
+    assert dispatch.sessions.end("w4", drained.session_id, 1, status="offline").result == "applied"
     cluster.session("w5")
     WorkerRetirement(cluster.repo.store).retire("w5")
     revoked = cluster.session("w6")
@@ -359,13 +359,13 @@ def _running_attempt(cluster, task: str = "t1"):
     """A run whose attempt a worker has started (offer, activate, started through the store)."""
     cluster.ok("task", "add", task, "--", "true")
     run_id = cluster.ok("run", task).stdout.strip()
-    dispatch = Dispatch(cluster.repo.store)
-    session = dispatch.register_session("w1", 2)
+    dispatch = Dispatch.open(cluster.repo.store)
+    session = dispatch.sessions.register("w1", 2)
     lease_hash = token_hash(secrets.token_urlsafe(32))
-    offer = dispatch.offer("w1", session.session_id, 1, secrets.token_hex(8), lease_hash, log_cap_bytes=1 << 20)
+    offer = dispatch.offers.one("w1", session.session_id, 1, secrets.token_hex(8), lease_hash, log_cap_bytes=1 << 20)
     fence = offer.fence(lease_hash)
-    dispatch.activate(fence, token_hash(secrets.token_urlsafe(32)), "log")
-    dispatch.started(fence, "boot", 100, 100, 5)
+    dispatch.reports.activate(fence, token_hash(secrets.token_urlsafe(32)), "log")
+    dispatch.reports.started(fence, "boot", 100, 100, 5)
     return run_id, offer.attempt_id
 
 

@@ -28,7 +28,7 @@ def cluster(pg_schema_url, tmp_path):
 def _offer(cluster, session, task: str) -> str:
     """A run of `task` offered to `session` (a lease held; no heartbeat since)."""
     run_id = cluster.ok("run", task).stdout.strip()
-    offer = Dispatch(cluster.repo.store).offer(session.worker_id, session.session_id, session.generation,
+    offer = Dispatch.open(cluster.repo.store).offers.one(session.worker_id, session.session_id, session.generation,
                                                secrets.token_hex(8), token_hash(secrets.token_urlsafe(32)),
                                                log_cap_bytes=1 << 20)
     assert offer is not None and offer.run_id == run_id
@@ -48,15 +48,15 @@ def test_free_slots_count_the_leases_the_session_holds_not_its_last_heartbeat(cl
 
 
 def test_the_clock_skew_is_shown_from_the_register_and_an_ended_session_shows_no_lease(cluster):
-    dispatch = Dispatch(cluster.repo.store)
+    dispatch = Dispatch.open(cluster.repo.store)
     with cluster.repo.store.read() as conn:
         now = cluster.repo.store.now_ms(conn)
-    session = dispatch.register_session("w1", 2, session_lease_ms=45_000, worker_clock_ms=now - 60_000)
+    session = dispatch.sessions.register("w1", 2, session_lease_ms=45_000, worker_clock_ms=now - 60_000)
     [w1] = json.loads(cluster.ok("workers", "--json").stdout)
     assert w1["clock_skew_ms"] is not None and w1["clock_skew_ms"] >= 60_000  # no heartbeat yet
     row = cluster.ok("workers").stdout.splitlines()[1]
     assert f"+{w1['clock_skew_ms']}ms" in row
-    assert dispatch.end_session("w1", session.session_id, 1, status="offline").result == "applied"
+    assert dispatch.sessions.end("w1", session.session_id, 1, status="offline").result == "applied"
     header, row = cluster.ok("workers").stdout.splitlines()
     lease_at = header.index("SESSION LEASE")
     assert "offline (drained)" in row and row[lease_at:].split()[0] == "-"

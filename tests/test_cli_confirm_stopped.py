@@ -36,7 +36,7 @@ def refused(done) -> str:
 
 
 def test_confirm_stopped_ends_one_stuck_attempt_and_records_who_said_it(cluster):  # noqa: F811
-    dispatch = Dispatch(cluster.repo.store)
+    dispatch = Dispatch.open(cluster.repo.store)
     session = register(dispatch, "w1")
     stuck = launch(cluster.repo, dispatch, session)
     attest(dispatch, session, stuck, session, "launch_unknown")  # never trusted: it waits
@@ -66,7 +66,7 @@ def test_confirm_stopped_ends_one_stuck_attempt_and_records_who_said_it(cluster)
 
 
 def test_confirm_stopped_names_the_login_user_by_default(cluster):  # noqa: F811
-    dispatch = Dispatch(cluster.repo.store)
+    dispatch = Dispatch.open(cluster.repo.store)
     session = register(dispatch, "w1")
     flight = launch(cluster.repo, dispatch, session)
     expire_lease(cluster.repo, flight.quote.attempt_id)
@@ -76,7 +76,7 @@ def test_confirm_stopped_names_the_login_user_by_default(cluster):  # noqa: F811
 
 
 def test_confirm_stopped_refuses_in_one_line_and_writes_nothing(cluster):  # noqa: F811
-    dispatch = Dispatch(cluster.repo.store)
+    dispatch = Dispatch.open(cluster.repo.store)
     session = register(dispatch, "w1")
     live = launch(cluster.repo, dispatch, session)
     claimed = launch(cluster.repo, dispatch, session, activated=False, started=False)

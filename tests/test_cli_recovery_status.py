@@ -17,7 +17,7 @@ pytestmark = pytest.mark.postgres
 
 
 def test_status_and_show_give_each_waiting_attempts_reason(cluster):  # noqa: F811
-    dispatch = Dispatch(cluster.repo.store)
+    dispatch = Dispatch.open(cluster.repo.store)
     session = register(dispatch, "w1")
     unknown = launch(cluster.repo, dispatch, session)
     attest(dispatch, session, unknown, session, "launch_unknown")
@@ -53,7 +53,7 @@ def test_status_and_show_give_each_waiting_attempts_reason(cluster):  # noqa: F8
 
 
 def test_status_says_when_an_idempotent_attempt_will_be_lost(cluster):  # noqa: F811
-    dispatch = Dispatch(cluster.repo.store)
+    dispatch = Dispatch.open(cluster.repo.store)
     session = register(dispatch, "w1")
     flight = launch(cluster.repo, dispatch, session,
                     retry=RetryPolicy(max_attempts=2, retry_on_lost=True, safety=RetrySafety.IDEMPOTENT))

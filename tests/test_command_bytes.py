@@ -140,8 +140,8 @@ def test_non_utf8_command_env_and_cwd_round_trip_on_both_databases(repo, dispatc
     assert updated.to_json()["command"] == {"shell": {"base64": base64.b64encode(b"echo \xff\xfe").decode()}}
     assert updated.to_json()["cwd"] == {"base64": base64.b64encode(b"/tmp/dir\xff\xfe").decode()}
     repo.runs.request("job")
-    session = dispatch.register_session("edge", 1)
-    offer = dispatch.offer("edge", session.session_id, 1, "o-1", new_hash(), log_cap_bytes=0)
+    session = dispatch.sessions.register("edge", 1)
+    offer = dispatch.offers.one("edge", session.session_id, 1, "o-1", new_hash(), log_cap_bytes=0)
     assert offer.argv == ("/bin/sh", "-c", "echo " + FF_FE)
     assert (offer.cwd, dict(offer.env)) == (cwd, {"K": "x" + FF_FE, "P": "plain"})
 

@@ -51,7 +51,7 @@ def answer_leave(rig: ClusterRig, leave: m.Leave) -> m.Ack:
 
 
 def answer_decline(rig: ClusterRig, decline: m.Decline) -> m.Ack:
-    outcome = rig.ctx.control_side.dispatch.decline(fence_of(decline, decline.worker_id))
+    outcome = rig.ctx.control_side.dispatch.reports.decline(fence_of(decline, decline.worker_id))
     ack = ack_message("decline", decline.run_id, decline.attempt_id, outcome.result, outcome.detail or "",
                       offer_id=decline.offer_id, answer_to=decline.request_id)
     rig.peer.send(ack)
@@ -114,7 +114,7 @@ def test_an_offer_activated_before_its_decline_is_never_launched_and_is_given_ba
     ready(rig)
     waiting, activate = second_offer(rig, s1)
     # The replica applied Activate before the drain's Decline; its answer arrives after SIGTERM.
-    result = rig.ctx.control_side.dispatch.activate(fence_of(activate, activate.worker_id), activate.callback_token_hash,
+    result = rig.ctx.control_side.dispatch.reports.activate(fence_of(activate, activate.worker_id), activate.callback_token_hash,
                                        activate.log_artifact_id)
     assert result.result == "applied"
 
@@ -176,7 +176,7 @@ def test_a_drain_whose_leave_is_never_answered_does_not_finish(make_rig):
     assert session_row(rig, s1.session_id).status == "online"  # unanswered: nothing was applied
 
 
-# -- the Gateway's side: a Leave applied with end_session, on SQLite and PostgreSQL ---------------
+# -- the Gateway's side: a Leave applied with Sessions.end, on SQLite and PostgreSQL ---------------
 
 @pytest.fixture
 def cluster_gateway(tmp_path, store_url):
@@ -206,8 +206,8 @@ def leave_of(session, status: str, generation: int | None = None) -> m.Leave:
 def test_the_gateway_applies_a_leave_from_the_current_session_and_fences_a_superseded_one(cluster_gateway):
     h, peer = cluster_gateway
     dispatch = h.ctx.control_side.dispatch
-    old = dispatch.register_session("w1", 2, boot_id="b", session_lease_ms=60_000)
-    current = dispatch.register_session("w1", 2, boot_id="b", session_lease_ms=60_000)
+    old = dispatch.sessions.register("w1", 2, boot_id="b", session_lease_ms=60_000)
+    current = dispatch.sessions.register("w1", 2, boot_id="b", session_lease_ms=60_000)
     peer.send(leave_of(old, "draining"))
     fenced = peer.expect(m.Ack)
     assert (fenced.of, fenced.result, fenced.detail) == ("leave", "fenced", "superseded")

@@ -87,7 +87,7 @@ def test_a_start_failure_is_owed_until_answered_and_its_row_kept_until_then(make
     assert [r.attempt_id for r in _journal_rows(rig)] == [offer.attempt_id]  # kept while owed
     again = rig.peer.expect(m.StartFailed, strict=False)  # the first copy was lost: sent again
     assert again == failed
-    outcome = rig.ctx.control_side.dispatch.start_failed(fence_of(again, again.worker_id), again.reason)
+    outcome = rig.ctx.control_side.dispatch.reports.start_failed(fence_of(again, again.worker_id), again.reason)
     assert outcome.result == "applied"
     rig.peer.send(ack_message("start_failed", again.run_id, again.attempt_id, outcome.result,
                               offer_id=again.offer_id, answer_to=again.request_id))
@@ -183,4 +183,4 @@ def test_offers_of_a_pull_no_longer_waited_for_are_declined_at_once(make_rig):
     decline = rig.peer.expect(m.Decline, strict=False)
     assert (decline.attempt_id, decline.offer_id, decline.lease_token) == (
         late.attempt_id, pull.offers[1].offer_id, pull.offers[1].lease_token)
-    assert rig.ctx.control_side.dispatch.decline(fence_of(decline, decline.worker_id)).result == "applied"
+    assert rig.ctx.control_side.dispatch.reports.decline(fence_of(decline, decline.worker_id)).result == "applied"

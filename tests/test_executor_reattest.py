@@ -47,7 +47,7 @@ class ClusterRig(ExecutorRig):
 
     def new_session(self):
         """A new generation in the store (the older sessions end, as a Register does)."""
-        return self.ctx.control_side.dispatch.register_session(self.worker_id, self.h.config.runtime.slots, boot_id=BOOT_ID,
+        return self.ctx.control_side.dispatch.sessions.register(self.worker_id, self.h.config.runtime.slots, boot_id=BOOT_ID,
                                                   session_lease_ms=LEASES["session_lease_ms"],
                                                   resume_secret_hash=token_hash(new_token()))
 
@@ -206,7 +206,7 @@ def test_a_re_register_gives_back_an_accepted_offer_that_was_never_launched(make
     assert rig.ctx.executor_side.journal.get(offer.attempt_id) is None
     rig.peer.expect(m.Pull, strict=False)  # its slot is free again
     # A late Activated for the old session's offer launches nothing.
-    assert rig.ctx.control_side.dispatch.activate(fence_of(act, act.worker_id), act.callback_token_hash,
+    assert rig.ctx.control_side.dispatch.reports.activate(fence_of(act, act.worker_id), act.callback_token_hash,
                                      act.log_artifact_id).result == "fenced"
     rig.peer.send(m.Activated(answer_to=act.request_id, run_id=offer.run_id, attempt_id=offer.attempt_id, offer_id=offer.offer_id,
                               lease_version=1, deadline_at_ms=None))
@@ -262,7 +262,7 @@ def _leased_attempt(h: ActorHarness, session, state: str, identity=None) -> tupl
     h.repo.tasks.add(spec("job"))
     run_id = h.repo.runs.request("job").run.id
     offer_id, lease_token, callback = new_id(), new_token(), new_token()
-    view = h.ctx.control_side.dispatch.offer(session.worker_id, session.session_id, session.generation, offer_id,
+    view = h.ctx.control_side.dispatch.offers.one(session.worker_id, session.session_id, session.generation, offer_id,
                                 token_hash(lease_token), log_cap_bytes=0)
     lease = LeaseFacts(offer_id, view.lease_generation, lease_token, session.session_id, session.generation)
     attempt_id = view.attempt_id
@@ -271,7 +271,7 @@ def _leased_attempt(h: ActorHarness, session, state: str, identity=None) -> tupl
                      offer_id=offer_id, lease_generation=view.lease_generation, lease_token=lease_token,
                      lease_version=view.lease_version, callback_token_hash=token_hash(callback),
                      log_artifact_id=h.ctx.executor_side.logs.artifact_id(run_id, attempt_id))
-    assert h.ctx.control_side.dispatch.activate(fence_of(act, session.worker_id), act.callback_token_hash,
+    assert h.ctx.control_side.dispatch.reports.activate(fence_of(act, session.worker_id), act.callback_token_hash,
                                    act.log_artifact_id).result == "applied"
     h.ctx.executor_side.journal.accept(attempt_id, run_id, str(h.ctx.executor_side.logs.path_for(run_id, attempt_id)),
                          str(h.ctx.executor_side.receipts.final_path(attempt_id)), token_hash(callback), lease)
@@ -280,7 +280,7 @@ def _leased_attempt(h: ActorHarness, session, state: str, identity=None) -> tupl
 
 
 def _first_session(h: ActorHarness):
-    return h.ctx.control_side.dispatch.register_session(h.ctx.executor_side.session.worker_id, 1, boot_id=BOOT_ID,
+    return h.ctx.control_side.dispatch.sessions.register(h.ctx.executor_side.session.worker_id, 1, boot_id=BOOT_ID,
                                            session_lease_ms=LEASES["session_lease_ms"])
 
 
@@ -422,7 +422,7 @@ def test_an_activation_fenced_for_its_session_is_given_back_by_the_next_session(
 
     rig = make_rig()
     act = _offered(rig, rig.new_session())
-    committed = rig.ctx.control_side.dispatch.activate(fence_of(act, act.worker_id), act.callback_token_hash,
+    committed = rig.ctx.control_side.dispatch.reports.activate(fence_of(act, act.worker_id), act.callback_token_hash,
                                           act.log_artifact_id)  # the first copy, committed
     assert committed.result == "applied"
     rig.peer.send(ack_message("activate", act.run_id, act.attempt_id, "fenced", "session_expired",

@@ -39,7 +39,7 @@ def _heard(h, peer, session) -> None:
 
 def test_a_worker_that_left_offline_is_nudged_no_more(cluster_gateway):  # noqa: F811
     h, peer = cluster_gateway
-    session = h.ctx.control_side.dispatch.register_session("w1", 2, boot_id="b", session_lease_ms=60_000)
+    session = h.ctx.control_side.dispatch.sessions.register("w1", 2, boot_id="b", session_lease_ms=60_000)
     _heard(h, peer, session)
     peer.send(leave_of(session, "draining"))
     assert peer.expect(m.Ack).result == "applied"
@@ -53,9 +53,9 @@ def test_a_worker_that_left_offline_is_nudged_no_more(cluster_gateway):  # noqa:
 
 def test_a_worker_whose_heartbeat_says_its_session_ended_is_nudged_no_more(cluster_gateway):  # noqa: F811
     h, peer = cluster_gateway
-    old = h.ctx.control_side.dispatch.register_session("w1", 2, boot_id="b", session_lease_ms=60_000)
+    old = h.ctx.control_side.dispatch.sessions.register("w1", 2, boot_id="b", session_lease_ms=60_000)
     _heard(h, peer, old)
-    h.ctx.control_side.dispatch.register_session("w1", 2, boot_id="b", session_lease_ms=60_000)  # supersedes it
+    h.ctx.control_side.dispatch.sessions.register("w1", 2, boot_id="b", session_lease_ms=60_000)  # supersedes it
     peer.send(_heartbeat(old, seq=2))
     assert peer.expect(m.HeartbeatAck).session_ended
     h.directory.tell("gateway", ToWorkers(nudge=True))
@@ -65,7 +65,7 @@ def test_a_worker_whose_heartbeat_says_its_session_ended_is_nudged_no_more(clust
 def test_a_worker_not_heard_for_a_session_lease_is_forgotten(cluster_gateway, monkeypatch, caplog):  # noqa: F811
     h, peer = cluster_gateway
     caplog.set_level(logging.INFO, logger="qlactors.gateway")
-    session = h.ctx.control_side.dispatch.register_session("w1", 2, boot_id="b", session_lease_ms=60_000)
+    session = h.ctx.control_side.dispatch.sessions.register("w1", 2, boot_id="b", session_lease_ms=60_000)
     _heard(h, peer, session)
     start = gateway._clock()
     monkeypatch.setattr(gateway, "_clock", lambda: start + LEASES["session_lease_ms"] / 1000 - 1)
@@ -92,10 +92,10 @@ def test_a_send_names_its_worker_only_while_that_peer_is_a_live_sessions(cluster
 
     monkeypatch.setattr(Outbox, "to_peer", spy)
     h, peer = cluster_gateway
-    old = h.ctx.control_side.dispatch.register_session("w1", 2, boot_id="b", session_lease_ms=60_000)
+    old = h.ctx.control_side.dispatch.sessions.register("w1", 2, boot_id="b", session_lease_ms=60_000)
     _heard(h, peer, old)
     assert sent == [("HeartbeatAck", "w1"), ("Nudge", "w1")]
-    h.ctx.control_side.dispatch.register_session("w1", 2, boot_id="b", session_lease_ms=60_000)  # supersedes it
+    h.ctx.control_side.dispatch.sessions.register("w1", 2, boot_id="b", session_lease_ms=60_000)  # supersedes it
     peer.send(_heartbeat(old, seq=2))
     assert peer.expect(m.HeartbeatAck).session_ended
     assert sent[-1] == ("HeartbeatAck", "")  # its session ended: forgotten before the answer
@@ -106,7 +106,7 @@ def test_a_refused_register_from_another_peer_keeps_the_remembered_peer(cluster_
     (here: a protocol mismatch; a duplicate_worker refusal takes the same path) leaves the first one's
     peer remembered, so its nudges and stops still reach it."""
     h, peer = cluster_gateway
-    session = h.ctx.control_side.dispatch.register_session("w1", 2, boot_id="b", session_lease_ms=60_000)
+    session = h.ctx.control_side.dispatch.sessions.register("w1", 2, boot_id="b", session_lease_ms=60_000)
     _heard(h, peer, session)
     other = h.dealer(peer.sock.getsockopt_string(zmq.LAST_ENDPOINT))
     other.send(register_message("w1", "b2", protocol_min=0, protocol_max=0))
@@ -129,7 +129,7 @@ def test_a_heartbeat_quoting_a_non_ascii_lease_token_is_refused_and_the_gateway_
     """token_hash refuses the token (a PeerFault): the Gateway answers `refused` with the reason and
     keeps serving the same worker."""
     h, peer = cluster_gateway
-    session = h.ctx.control_side.dispatch.register_session("w1", 2, boot_id="b", session_lease_ms=60_000)
+    session = h.ctx.control_side.dispatch.sessions.register("w1", 2, boot_id="b", session_lease_ms=60_000)
     bad = m.LeaseRef(run_id=new_id(), attempt_id=new_id(), offer_id=new_id(), lease_generation=1,
                      lease_token="jeton-\u00e9")
     sent = m.Heartbeat(request_id=new_id(), worker_id=session.worker_id, session_id=session.session_id,
@@ -148,7 +148,7 @@ def test_reports_with_a_bad_value_are_refused_one_by_one_and_the_others_answered
     whose pid 0 the store refuses (BadInput), are each refused; the sound one (a fence quoting a run
     that does not exist) is answered `fenced` as usual."""
     h, peer = cluster_gateway
-    session = h.ctx.control_side.dispatch.register_session("w1", 2, boot_id="b", session_lease_ms=60_000)
+    session = h.ctx.control_side.dispatch.sessions.register("w1", 2, boot_id="b", session_lease_ms=60_000)
     non_ascii = _started(session, "jeton-\u00e9")
     pid_0 = dataclasses.replace(_started(session, "t" * 43), pid=0)
     sound = _started(session, "t" * 43)

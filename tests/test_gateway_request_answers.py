@@ -63,11 +63,11 @@ def pull_of(session, pairs) -> m.Pull:
 
 def test_a_repeated_decline_is_answered_applied_again_and_releases_the_lease_once(replicas):
     (h, peer), (_h2, other) = replicas
-    session = h.ctx.control_side.dispatch.register_session(W, 2, boot_id="b", session_lease_ms=60_000)
+    session = h.ctx.control_side.dispatch.sessions.register(W, 2, boot_id="b", session_lease_ms=60_000)
     h.repo.tasks.add(spec("job"))
     run_id = h.repo.runs.request("job").run.id
     offer_id, lease_token = secrets.token_hex(8), secrets.token_urlsafe(32)
-    offer = h.ctx.control_side.dispatch.offer(W, session.session_id, session.generation, offer_id, token_hash(lease_token),
+    offer = h.ctx.control_side.dispatch.offers.one(W, session.session_id, session.generation, offer_id, token_hash(lease_token),
                                  log_cap_bytes=0, lease_ttl_ms=60_000)
     decline = m.Decline(request_id=new_id(), worker_id=W, session_id=session.session_id,
                         session_generation=session.generation, run_id=run_id, attempt_id=offer.attempt_id,
@@ -86,7 +86,7 @@ def test_a_repeated_decline_is_answered_applied_again_and_releases_the_lease_onc
 
 def test_a_pull_repeated_after_its_answer_left_a_pair_unused_claims_nothing_new(replicas):
     (h, peer), (_h2, other) = replicas
-    session = h.ctx.control_side.dispatch.register_session(W, 4, boot_id="b", session_lease_ms=60_000)
+    session = h.ctx.control_side.dispatch.sessions.register(W, 4, boot_id="b", session_lease_ms=60_000)
     h.repo.tasks.add(spec("job"))
     first_run = h.repo.runs.request("job").run.id
     pull = pull_of(session, [(secrets.token_hex(8), secrets.token_urlsafe(32)) for _ in range(2)])

@@ -226,30 +226,90 @@ def side_graph(side: str) -> dict[str, set[str]]:
     return graph
 
 
-def in_circles(graph: dict[str, set[str]]) -> list[str]:
-    """The modules that reach themselves through their imports."""
-    def reaches(start: str, goal: str) -> bool:
-        todo, seen = list(graph.get(start, ())), set()
-        while todo:
-            here = todo.pop()
-            if here == goal:
-                return True
-            if here not in seen:
-                seen.add(here)
-                todo.extend(graph.get(here, ()))
-        return False
-    return sorted(m for m in graph if reaches(m, m))
-
-
-def test_no_import_circle_inside_the_executor_side():
-    assert in_circles(side_graph("executor")) == []
-
-
-def test_the_circle_check_sees_a_circle():
-    graph = {"a": {"b"}, "b": {"a", "c"}, "c": set()}
-    assert in_circles(graph) == ["a", "b"]
-
-
 def test_the_executor_parts_never_import_the_executor_actor():
     importers = sorted(m for m, imported in side_graph("executor").items() if "qlactors.executor.executor" in imported)
     assert importers == [], importers
+
+
+def test_dispatch_and_control_are_records_of_parts_that_inherit_nothing():
+    # Composition, not mixins (docs/architecture.md): each part is reached by its name on the
+    # record, no part inherits another, and the record forwards nothing.
+    import dataclasses
+    import typing
+
+    from qlactors.store.control import Control
+    from qlactors.store.dispatch import Dispatch
+
+    for record, parts in ((Dispatch, {"sessions", "heartbeats", "attestations", "offers", "reports"}),
+                          (Control, {"stops", "recovery", "status"})):
+        fields = {f.name for f in dataclasses.fields(record)}
+        assert fields == parts | {"store"}, record
+        assert record.__bases__ == (object,), record
+        hints = typing.get_type_hints(record)
+        assert all(hints[name].__bases__ == (object,) for name in parts), {n: hints[n].__bases__ for n in parts}
+        assert [n for n in vars(record) if not n.startswith("_") and n not in fields] == ["open"], record
+
+
+# -- no import circles ------------------------------------------------------------------------------
+
+def module_graph() -> dict[str, set[str]]:
+    """qlactors module -> the qlactors modules it imports (function-level imports count too)."""
+    graph: dict[str, set[str]] = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        module = _module_name(path)
+        targets = graph.setdefault(module, set())
+        for name, _line in imports_in_source(path.read_text(), module, path.name == "__init__.py", str(path)):
+            if _module_file(name) is not None and name != module:
+                targets.add(name)
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph.get(root, ()))))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, edges = work[-1]
+            step = next(edges, None)
+            if step is not None:
+                if step not in index:
+                    index[step] = low[step] = len(index)
+                    stack.append(step)
+                    on_stack.add(step)
+                    work.append((step, iter(sorted(graph.get(step, ())))))
+                elif step in on_stack:
+                    low[node] = min(low[node], index[step])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_no_import_circle():
+    assert circles(module_graph()) == []
+
+
+def test_the_circle_finder_finds_one():
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": set()}) == []

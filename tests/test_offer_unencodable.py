@@ -30,7 +30,7 @@ def plant(write, name: str, **columns) -> None:
 
 
 def offer(dispatch, session, offer_id: str, check=check_offer):
-    return dispatch.offer(session.worker_id, session.session_id, session.generation, offer_id, new_hash(),
+    return dispatch.offers.one(session.worker_id, session.session_id, session.generation, offer_id, new_hash(),
                           log_cap_bytes=0, check=check)
 
 
@@ -62,7 +62,7 @@ def test_an_unencodable_run_fails_and_the_same_pull_gets_the_next_run(repo, disp
     plant(repo.store.write, "bad", **bad_columns)
     bad = repo.runs.request("bad").run.id  # the oldest: offered first
     good = repo.runs.request("good").run.id
-    session = dispatch.register_session("edge", 1)
+    session = dispatch.sessions.register("edge", 1)
     got = offer(dispatch, session, "o-1")
     assert got is not None and got.run_id == good
     assert_failed_unencodable(repo, bad, fragment)
@@ -76,11 +76,11 @@ def test_a_declined_claim_that_cannot_be_encoded_fails_when_offered_again(repo, 
     repo.tasks.add(spec("good"))
     bad = repo.runs.request("bad").run.id
     good = repo.runs.request("good").run.id
-    session = dispatch.register_session("edge", 1)
+    session = dispatch.sessions.register("edge", 1)
     lease_hash = new_hash()
-    first = dispatch.offer("edge", session.session_id, 1, "o-old", lease_hash, log_cap_bytes=0)
+    first = dispatch.offers.one("edge", session.session_id, 1, "o-old", lease_hash, log_cap_bytes=0)
     assert first.run_id == bad
-    assert dispatch.release_unstarted(first.fence(lease_hash), "declined").result == "applied"
+    assert dispatch.reports.decline(first.fence(lease_hash), "declined").result == "applied"
     plant(repo.store.write, "bad", env_json=HUGE_ENV)
     got = offer(dispatch, session, "o-new")
     assert got is not None and got.run_id == good
@@ -95,7 +95,7 @@ def test_only_the_unencodable_run_ends_and_all_others_are_offered_in_turn(repo, 
     plant(repo.store.write, "bad1", env_json=HUGE_ENV)
     plant(repo.store.write, "bad2", command_json="not json")
     order = [repo.runs.request(n).run.id for n in ("bad1", "good", "bad2", "good", "bad1")]
-    session = dispatch.register_session("edge", 8)
+    session = dispatch.sessions.register("edge", 8)
     offered = [offer(dispatch, session, f"o-{i}") for i in range(3)]
     assert [o.run_id if o else None for o in offered] == [order[1], order[3], None]
     for run_id in (order[0], order[2], order[4]):
@@ -105,7 +105,7 @@ def test_only_the_unencodable_run_ends_and_all_others_are_offered_in_turn(repo, 
 def test_without_a_check_an_encodable_revision_is_offered_unchanged(repo, dispatch):
     repo.tasks.add(spec("job", env={"A": "1"}))
     run_id = repo.runs.request("job").run.id
-    session = dispatch.register_session("edge", 1)
+    session = dispatch.sessions.register("edge", 1)
     got = offer(dispatch, session, "o-1", check=None)
     assert got.run_id == run_id and dict(got.env) == {"A": "1"}
     with repo.store.read() as conn:
@@ -184,7 +184,7 @@ def test_a_schema_4_database_migrates_to_5_with_its_attempts_and_references_kept
                 offer_id="o-1", created_at_ms=t, updated_at_ms=t))
         assert current_version(store) == 4
         assert migrate(store) == latest_version(store.dialect_name) >= 5
-        repo, dispatch = Repository(store), Dispatch(store)
+        repo, dispatch = Repository(store), Dispatch.open(store)
         with store.read() as conn:
             if store.dialect_name == "sqlite":
                 assert conn.exec_driver_sql("PRAGMA foreign_key_check").all() == []
@@ -200,7 +200,7 @@ def test_a_schema_4_database_migrates_to_5_with_its_attempts_and_references_kept
         repo.tasks.add(spec("bad"))
         plant(store.write, "bad", env_json=HUGE_ENV)
         bad = repo.runs.request("bad").run.id
-        session = dispatch.register_session("edge", 2)
+        session = dispatch.sessions.register("edge", 2)
         assert offer(dispatch, session, "o-2") is None  # "old" is at its limit; "bad" cannot go
         assert db_state(repo, bad)[1][0]["error_code"] == "OFFER_UNENCODABLE"
     finally:

@@ -48,7 +48,7 @@ def test_a_recovery_restarted_during_an_outage_retries_its_resume_instead_of_fai
     h.stub("scheduler")
     h.start("recovery", Recovery)
     h.inbox.wait("scheduler", Tick, where=lambda t: t.reason == "recovery_resumed")
-    real = h.ctx.control_side.control.recovery_candidates
+    real = h.ctx.control_side.control.recovery.candidates
     failures = [0]
 
     def unavailable(*args, **kwargs):
@@ -57,7 +57,7 @@ def test_a_recovery_restarted_during_an_outage_retries_its_resume_instead_of_fai
             raise StoreUnavailable("the database is unavailable (database is locked); nothing was changed")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(h.ctx.control_side.control, "recovery_candidates", unavailable)
+    monkeypatch.setattr(h.ctx.control_side.control.recovery, "candidates", unavailable)
     caplog.set_level(logging.WARNING)
     rig.fail("recovery")
     h.inbox.wait("scheduler", Tick, count=2, where=lambda t: t.reason == "recovery_resumed")

@@ -111,16 +111,16 @@ def count(repo, table, column, run_id) -> int:
 
 def completed_run(repo, dispatch, task: str) -> str:
     """A run that really ran: offered (a lease), activated, started, completed from a receipt."""
-    session = dispatch.register_session("edge", 8)
+    session = dispatch.sessions.register("edge", 8)
     run_id = repo.runs.request(task).run.id
     lease_hash = token_hash(secrets.token_urlsafe(32))
-    offer = dispatch.offer(session.worker_id, session.session_id, session.generation, secrets.token_hex(8),
+    offer = dispatch.offers.one(session.worker_id, session.session_id, session.generation, secrets.token_hex(8),
                            lease_hash, log_cap_bytes=0)
     assert offer.run_id == run_id
     fence = offer.fence(lease_hash)
     token = secrets.token_urlsafe(32)
-    assert dispatch.activate(fence, token_hash(token), "log").result == "applied"
-    assert dispatch.started(fence, "boot", 100, 100, 5).result == "applied"
+    assert dispatch.reports.activate(fence, token_hash(token), "log").result == "applied"
+    assert dispatch.reports.started(fence, "boot", 100, 100, 5).result == "applied"
     receipt = Receipt(schema_version=1, run_id=run_id, attempt_id=offer.attempt_id, callback_sequence=1,
                       token=token, started_at_ms=1, finished_at_ms=2, exit_code=0)
     assert CompletionService(repo.store).complete(run_id, offer.attempt_id, receipt, 0).result == "applied"

@@ -61,7 +61,7 @@ def test_the_other_process_coming_back_to_a_noted_session_is_refused_within_a_le
 
 
 def _register(dispatch, boot: str, lost=None, *, register_id=None):
-    return dispatch.register_session("w1", 2, boot_id=boot, session_lease_ms=LEASE,
+    return dispatch.sessions.register("w1", 2, boot_id=boot, session_lease_ms=LEASE,
                                      resume_secret_hash=new_hash(), require_key=False,
                                      lost_session_id=None if lost is None else lost.session_id,
                                      register_id=register_id)

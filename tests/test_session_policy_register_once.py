@@ -68,7 +68,7 @@ def test_the_same_register_on_a_second_replica_gets_the_same_welcome(repo, dispa
     try:
         msg = register_msg("reg-1")
         first = replica(dispatch).register(msg, "w1")
-        second = replica(Dispatch(other)).register(msg, "w1")
+        second = replica(Dispatch.open(other)).register(msg, "w1")
         assert second == first
         assert len(rows(repo)) == 1
     finally:
@@ -105,7 +105,7 @@ def test_a_resume_after_revoke_is_refused(repo, dispatch):
     keys.allow("w1", "k" * 40)
     control = replica(dispatch)
     opened = control.register(register_msg("reg-1"), "w1")
-    assert dispatch.end_session("w1", opened.session_id, 1).result == "applied"  # drained (SIGTERM)
+    assert dispatch.sessions.end("w1", opened.session_id, 1).result == "applied"  # drained (SIGTERM)
     keys.revoke("w1")  # this replica's allow-list cache still lets the worker in
     answer = control.register(register_msg("reg-2", resume=opened), "w1")
     assert isinstance(answer, str) and "not on the allow-list" in answer
@@ -116,7 +116,7 @@ def test_a_resume_after_revoke_is_refused(repo, dispatch):
 def test_a_session_retired_after_its_drain_is_not_resumed(repo, dispatch):
     control = replica(dispatch)
     opened = control.register(register_msg("reg-1"), "w1")
-    assert dispatch.end_session("w1", opened.session_id, 1).result == "applied"
+    assert dispatch.sessions.end("w1", opened.session_id, 1).result == "applied"
     WorkerRetirement(repo.store).retire("w1")
     answer = control.register(register_msg("reg-2", resume=opened), "w1")
     assert (answer.session_generation, answer.resumed) == (2, False)  # a new session, never the old one

@@ -177,8 +177,8 @@ def test_an_idempotent_attempt_of_a_superseded_session_counts_from_its_end(repo,
 def test_a_drained_session_counts_as_ended_only_after_the_drain_grace(repo, dispatch, cases, worker):
     flight = launch(repo, dispatch, worker, **IDEMPOTENT)
     expire_lease(repo, flight.quote.attempt_id)
-    assert dispatch.end_session("w1", worker.session_id, 1, status="draining").result == "applied"
-    assert dispatch.end_session("w1", worker.session_id, 1, status="offline").result == "applied"
+    assert dispatch.sessions.end("w1", worker.session_id, 1, status="draining").result == "applied"
+    assert dispatch.sessions.end("w1", worker.session_id, 1, status="offline").result == "applied"
     register(dispatch, "w1")  # the planned restart: superseded, still drained
     ended = now_ms(repo) - GRACE_MS - 60_000
     set_session(repo, worker.session_id, ended_at_ms=ended)
@@ -195,7 +195,7 @@ def test_a_draining_session_whose_lease_expired_counts_from_its_expiry_plus_the_
                                                                                            worker):
     flight = launch(repo, dispatch, worker, **IDEMPOTENT)
     expire_lease(repo, flight.quote.attempt_id)
-    assert dispatch.end_session("w1", worker.session_id, 1, status="draining").result == "applied"
+    assert dispatch.sessions.end("w1", worker.session_id, 1, status="draining").result == "applied"
     expired = now_ms(repo) - GRACE_MS - 60_000
     set_session(repo, worker.session_id, lease_expires_at_ms=expired)
     assert page_ids(cases) == []

@@ -29,7 +29,7 @@ class Flight(NamedTuple):
 
 @pytest.fixture
 def session(dispatch):
-    return dispatch.register_session("edge", 8)
+    return dispatch.sessions.register("edge", 8)
 
 
 @pytest.fixture
@@ -43,14 +43,14 @@ def launch(repo, dispatch, session, *, started=True, **task) -> Flight:
     repo.tasks.add(spec(name, **task))
     run_id = repo.runs.request(name).run.id
     lease_hash = token_hash(secrets.token_urlsafe(32))
-    offer = dispatch.offer(session.worker_id, session.session_id, session.generation,
+    offer = dispatch.offers.one(session.worker_id, session.session_id, session.generation,
                            secrets.token_hex(8), lease_hash, log_cap_bytes=0)
     assert offer.run_id == run_id
     fence = offer.fence(lease_hash)
     token = secrets.token_urlsafe(32)
-    assert dispatch.activate(fence, token_hash(token), "log").result == "applied"
+    assert dispatch.reports.activate(fence, token_hash(token), "log").result == "applied"
     if started:
-        assert dispatch.started(fence, "boot", 100, 100, 5).result == "applied"
+        assert dispatch.reports.started(fence, "boot", 100, 100, 5).result == "applied"
     return Flight(run_id, offer.attempt_id, fence, token)
 
 
@@ -132,7 +132,7 @@ def test_receipt_before_started_completes_and_started_is_then_fenced(repo, dispa
     assert attempt["started_at_ms"] == attempt["created_at_ms"] == run["started_at_ms"]
     # the lease completed with the attempt: the late Started is fenced (SEMANTICS.md §9), no change
     before = rows(repo, flight)
-    assert dispatch.started(flight.fence, "boot", 100, 100, 5).detail == "attempt_succeeded"
+    assert dispatch.reports.started(flight.fence, "boot", 100, 100, 5).detail == "attempt_succeeded"
     assert rows(repo, flight) == before
 
 
@@ -195,7 +195,7 @@ def test_replay_after_applied_is_already_terminal_without_an_event(repo, dispatc
 
 def test_receipt_for_a_lost_attempt_is_already_terminal(repo, dispatch, session, service):
     flight = launch(repo, dispatch, session)
-    assert Control(repo.store).mark_lost(flight.run_id, flight.attempt_id,
+    assert Control.open(repo.store).recovery.mark_lost(flight.run_id, flight.attempt_id,
                                          "RECOVERY_PROCESS_EXITED_WITHOUT_RECEIPT").result == "applied"
     before = rows(repo, flight)
     out = service.complete(flight.run_id, flight.attempt_id, receipt(flight, 0))
@@ -288,7 +288,7 @@ def test_a_schema_2_receipt_with_its_output_closed_records_the_dropped_count(rep
 def test_timeout_intent_with_a_receipt_finished_in_time_completes_normally(repo, dispatch, session, service):
     flight = launch(repo, dispatch, session, timeout_ms=60_000)
     set_deadline(repo, flight, 1_000)
-    assert [o.run_id for o in Control(repo.store).commit_timeouts()] == [flight.run_id]
+    assert [o.run_id for o in Control.open(repo.store).stops.commit_timeouts()] == [flight.run_id]
     out = service.complete(flight.run_id, flight.attempt_id, receipt(flight, 0, finished_at_ms=1_000))
     assert out.run_state == "succeeded"
     assert repo.runs.get(flight.run_id).cancel_reason == "timeout"
@@ -297,7 +297,7 @@ def test_timeout_intent_with_a_receipt_finished_in_time_completes_normally(repo,
 def test_timeout_intent_with_a_receipt_finished_late_times_out(repo, dispatch, session, service):
     flight = launch(repo, dispatch, session, timeout_ms=60_000)
     set_deadline(repo, flight, 1_000)
-    Control(repo.store).commit_timeouts()
+    Control.open(repo.store).stops.commit_timeouts()
     out = service.complete(flight.run_id, flight.attempt_id, receipt(flight, 0, finished_at_ms=1_001))
     assert out.run_state == "timed_out"
     run, attempt, _, _ = rows(repo, flight)
@@ -306,7 +306,7 @@ def test_timeout_intent_with_a_receipt_finished_late_times_out(repo, dispatch, s
 
 def test_receipt_lands_after_the_executor_session_was_replaced(repo, dispatch, session, service):
     flight = launch(repo, dispatch, session)
-    dispatch.register_session("edge", 8)  # a restart: the old fence is dead, the receipt is not
+    dispatch.sessions.register("edge", 8)  # a restart: the old fence is dead, the receipt is not
     assert service.complete(flight.run_id, flight.attempt_id, receipt(flight, 0)).result == "applied"
 
 
@@ -332,7 +332,7 @@ def test_concurrent_completions_of_one_receipt_apply_once(repo, dispatch, sessio
 
 def test_completed_lands_from_a_later_session_of_the_same_worker(repo, dispatch, session, service):
     flight = launch(repo, dispatch, session)
-    dispatch.register_session("edge", 8)  # the worker restarted: its old session is superseded
+    dispatch.sessions.register("edge", 8)  # the worker restarted: its old session is superseded
     out = service.complete(flight.run_id, flight.attempt_id, receipt(flight, 0), 0,
                            worker_id="edge", final_log_offset=1234)
     assert (out.result, out.run_state) == ("applied", "succeeded")
@@ -359,7 +359,7 @@ def test_completed_of_a_superseded_attempt_is_already_terminal(repo, dispatch, s
 
     policy = RetryPolicy(retry_on_lost=True, max_attempts=2, safety="idempotent", backoff_base_ms=0)
     flight = launch(repo, dispatch, session, retry=policy)
-    assert Control(repo.store).mark_lost(flight.run_id, flight.attempt_id, "RECOVERY_PROCESS_EXITED_WITHOUT_RECEIPT").result == "applied"
+    assert Control.open(repo.store).recovery.mark_lost(flight.run_id, flight.attempt_id, "RECOVERY_PROCESS_EXITED_WITHOUT_RECEIPT").result == "applied"
     retries = LostRetry(repo.store)
     retries.resolve_lost(flight.run_id)
     assert retries.requeue(flight.run_id).result == "applied"  # attempt 2 is the run's now

@@ -33,12 +33,12 @@ class Flight(NamedTuple):
 
 @pytest.fixture
 def session(dispatch):
-    return dispatch.register_session("edge", 64)
+    return dispatch.sessions.register("edge", 64)
 
 
 @pytest.fixture
 def control(repo):
-    return Control(repo.store)
+    return Control.open(repo.store)
 
 
 @pytest.fixture
@@ -56,14 +56,14 @@ def launch(repo, dispatch, session, stage="running", *, name=None, **task) -> Fl
 
 def advance(dispatch, session, run_id, stage="running") -> Flight:
     lease_hash = new_hash()
-    offer = dispatch.offer(session.worker_id, session.session_id, session.generation,
+    offer = dispatch.offers.one(session.worker_id, session.session_id, session.generation,
                            secrets.token_hex(8), lease_hash, log_cap_bytes=0)
     assert offer.run_id == run_id
     fence, token = offer.fence(lease_hash), secrets.token_urlsafe(32)
     if stage in ("starting", "running"):
-        assert dispatch.activate(fence, token_hash(token), "log").result == "applied"
+        assert dispatch.reports.activate(fence, token_hash(token), "log").result == "applied"
     if stage == "running":
-        assert dispatch.started(fence, *vars_of(IDENTITY)).result == "applied"
+        assert dispatch.reports.started(fence, *vars_of(IDENTITY)).result == "applied"
     return Flight(run_id, offer.attempt_id, fence, token)
 
 
@@ -100,15 +100,15 @@ def n_events(repo, run_id):
 # -- deadlines and stops -----------------------------------------------------------------------
 
 def test_next_deadline_is_the_earliest_without_an_intent(repo, dispatch, session, control):
-    assert control.next_deadline_ms() is None
+    assert control.stops.next_deadline_ms() is None
     a = launch(repo, dispatch, session, timeout_ms=60_000)
     b = launch(repo, dispatch, session, "starting", timeout_ms=60_000)
     launch(repo, dispatch, session)  # no timeout, no deadline
     set_deadline(repo, a.attempt_id, 5_000)
     set_deadline(repo, b.attempt_id, 4_000)
-    assert control.next_deadline_ms() == 4_000
+    assert control.stops.next_deadline_ms() == 4_000
     repo.runs.cancel(b.run_id)
-    assert control.next_deadline_ms() == 5_000
+    assert control.stops.next_deadline_ms() == 5_000
 
 
 def test_commit_timeouts_takes_only_past_deadlines_and_keeps_a_user_intent(repo, dispatch, session, control):
@@ -118,7 +118,7 @@ def test_commit_timeouts_takes_only_past_deadlines_and_keeps_a_user_intent(repo,
     set_deadline(repo, past.attempt_id, 1_000)
     set_deadline(repo, user.attempt_id, 1_000)
     repo.runs.cancel(user.run_id)
-    orders = control.commit_timeouts()
+    orders = control.stops.commit_timeouts()
     assert [(o.run_id, o.attempt_id, o.reason, o.grace_ms) for o in orders] == [
         (past.run_id, past.attempt_id, "timeout", 2500)]
     assert orders[0].identity == IDENTITY and orders[0].attempt_status == "running"
@@ -127,7 +127,7 @@ def test_commit_timeouts_takes_only_past_deadlines_and_keeps_a_user_intent(repo,
     assert repo.runs.get(user.run_id).cancel_reason == "user"
     assert repo.runs.get(future.run_id).cancel_reason is None
     assert repo.runs.get(past.run_id).state == "running"  # intent only: the process must be stopped
-    assert control.commit_timeouts() == []
+    assert control.stops.commit_timeouts() == []
 
 
 def test_pending_stops_lists_intents_with_a_live_process(repo, dispatch, session, control):
@@ -137,18 +137,18 @@ def test_pending_stops_lists_intents_with_a_live_process(repo, dispatch, session
     launch(repo, dispatch, session)  # no intent
     for flight in (running, starting, claimed):
         repo.runs.cancel(flight.run_id)
-    stops = control.pending_stops()
+    stops = control.stops.pending()
     assert [(s.run_id, s.reason) for s in stops] == [(running.run_id, "user"), (starting.run_id, "user")]
     assert stops[0].grace_ms == 3000 and stops[0].identity == IDENTITY
     assert stops[1].identity is None and stops[1].attempt_status == "starting"
-    assert [s.run_id for s in control.pending_stops(limit=1)] == [running.run_id]
+    assert [s.run_id for s in control.stops.pending(limit=1)] == [running.run_id]
 
 
 def test_end_by_intent_ends_a_stopped_run_as_its_intent_says(repo, dispatch, session, control):
     flight = launch(repo, dispatch, session, timeout_ms=60_000)
     set_deadline(repo, flight.attempt_id, 1)
-    control.commit_timeouts()
-    out = control.end_by_intent(flight.run_id, flight.attempt_id)
+    control.stops.commit_timeouts()
+    out = control.stops.end_by_intent(flight.run_id, flight.attempt_id)
     assert (out.result, out.run_state) == ("applied", "timed_out")
     attempt = attempt_row(repo, flight.attempt_id)
     assert attempt.status == "timed_out" and attempt.exit_code is None
@@ -157,21 +157,21 @@ def test_end_by_intent_ends_a_stopped_run_as_its_intent_says(repo, dispatch, ses
     assert (lease.status, lease.release_reason, lease.version) == ("released", "declined", 2)
     assert event_types(repo, flight.run_id)[-2:] == [("attempt.timed_out", "scheduler"),
                                                      ("run.timed_out", "scheduler")]
-    assert control.end_by_intent(flight.run_id, flight.attempt_id).result == "already_terminal"
+    assert control.stops.end_by_intent(flight.run_id, flight.attempt_id).result == "already_terminal"
 
 
 def test_end_by_intent_of_a_shutdown_releases_with_shutdown(repo, dispatch, session, control):
     flight = launch(repo, dispatch, session)
     repo.runs.cancel(flight.run_id, "shutdown")
-    assert control.end_by_intent(flight.run_id, flight.attempt_id).run_state == "cancelled"
+    assert control.stops.end_by_intent(flight.run_id, flight.attempt_id).run_state == "cancelled"
     assert lease_rows(repo, flight.attempt_id)[0].release_reason == "shutdown"
 
 
 def test_end_by_intent_needs_an_intent(repo, dispatch, session, control):
     flight = launch(repo, dispatch, session)
     n = n_events(repo, flight.run_id)
-    assert control.end_by_intent(flight.run_id, flight.attempt_id).detail == "no_intent"
-    assert control.end_by_intent(flight.run_id, "0" * 36).detail == "not_current_attempt"
+    assert control.stops.end_by_intent(flight.run_id, flight.attempt_id).detail == "no_intent"
+    assert control.stops.end_by_intent(flight.run_id, "0" * 36).detail == "not_current_attempt"
     assert n_events(repo, flight.run_id) == n
 
 
@@ -179,7 +179,7 @@ def test_end_by_intent_needs_an_intent(repo, dispatch, session, control):
 
 def test_mark_lost_releases_the_lease_in_the_same_transaction(repo, dispatch, session, control):
     flight = launch(repo, dispatch, session)
-    out = control.mark_lost(flight.run_id, flight.attempt_id, LOST)
+    out = control.recovery.mark_lost(flight.run_id, flight.attempt_id, LOST)
     assert (out.result, out.run_state) == ("applied", "lost")
     attempt = attempt_row(repo, flight.attempt_id)
     assert attempt.status == "lost" and attempt.error_code == LOST and attempt.lease_version == 2
@@ -187,41 +187,41 @@ def test_mark_lost_releases_the_lease_in_the_same_transaction(repo, dispatch, se
     (lease,) = lease_rows(repo, flight.attempt_id)
     assert (lease.status, lease.release_reason, lease.version) == ("released", "lease_expired", 2)
     assert event_types(repo, flight.run_id)[-2:] == [("attempt.lost", "recovery"), ("run.lost", "recovery")]
-    assert control.mark_lost(flight.run_id, flight.attempt_id, LOST).result == "already_terminal"
+    assert control.recovery.mark_lost(flight.run_id, flight.attempt_id, LOST).result == "already_terminal"
     # the old executor's reports are over too: fenced (SEMANTICS.md §9), so it stops its process
-    assert Dispatch(repo.store).started(flight.fence, "boot", 100, 100, 5).detail == "attempt_lost"
+    assert Dispatch.open(repo.store).reports.started(flight.fence, "boot", 100, 100, 5).detail == "attempt_lost"
 
 
 def test_mark_lost_of_an_unstarted_claim(repo, dispatch, session, control):
     flight = launch(repo, dispatch, session, "claimed")
-    assert control.mark_lost(flight.run_id, flight.attempt_id, "RECOVERY_UNSTARTED_CLAIM").run_state == "lost"
+    assert control.recovery.mark_lost(flight.run_id, flight.attempt_id, "RECOVERY_UNSTARTED_CLAIM").run_state == "lost"
     assert lease_rows(repo, flight.attempt_id)[0].status == "released"
 
 
 def test_release_unactivated_frees_the_claim_for_a_new_offer_and_never_loses_it(repo, dispatch, session, control):
     flight = launch(repo, dispatch, session, "claimed")
     n = n_events(repo, flight.run_id)
-    assert not control.queued_waiting()  # held by a live lease: nothing to offer
-    out = dispatch.release_unactivated(flight.run_id, flight.attempt_id)
+    assert not control.status.queued_waiting()  # held by a live lease: nothing to offer
+    out = dispatch.reports.release_unactivated(flight.run_id, flight.attempt_id)
     assert (out.result, out.detail, out.run_state) == ("applied", None, "dispatching")
     (lease,) = lease_rows(repo, flight.attempt_id)
     assert (lease.status, lease.release_reason, lease.version) == ("released", "lease_expired", 2)
     attempt = attempt_row(repo, flight.attempt_id)
     assert (attempt.status, attempt.error_code, attempt.lease_version) == ("claimed", None, 2)
     assert n_events(repo, flight.run_id) == n  # no status change, no event
-    assert control.queued_waiting()
-    assert control.recovery_candidates(16) == ([], False)  # backlog now, not a candidate
+    assert control.status.queued_waiting()
+    assert control.recovery.candidates(16) == ([], False)  # backlog now, not a candidate
     # the old executor's Activate is over; the claim is offered again under generation 2
-    assert dispatch.activate(flight.fence, new_hash(), "log").result == "fenced"
+    assert dispatch.reports.activate(flight.fence, new_hash(), "log").result == "fenced"
     again = advance(dispatch, session, flight.run_id, "claimed")
     assert (again.attempt_id, again.fence.lease_generation) == (flight.attempt_id, 2)
-    assert dispatch.release_unactivated(flight.run_id, flight.attempt_id).result == "applied"
-    assert dispatch.release_unactivated(flight.run_id, flight.attempt_id).detail == "no_live_lease"
+    assert dispatch.reports.release_unactivated(flight.run_id, flight.attempt_id).result == "applied"
+    assert dispatch.reports.release_unactivated(flight.run_id, flight.attempt_id).detail == "no_live_lease"
 
 
 def test_release_unactivated_refuses_an_activated_attempt(repo, dispatch, session, control):
     flight = launch(repo, dispatch, session, "starting")
-    out = dispatch.release_unactivated(flight.run_id, flight.attempt_id)
+    out = dispatch.reports.release_unactivated(flight.run_id, flight.attempt_id)
     assert (out.result, out.detail) == ("refused", "attempt_starting")
     assert lease_rows(repo, flight.attempt_id)[0].status == "leased"
 
@@ -230,14 +230,14 @@ def test_mark_lost_refuses_with_an_intent_or_for_backlog(repo, dispatch, session
     flight = launch(repo, dispatch, session)
     repo.runs.cancel(flight.run_id)
     n = n_events(repo, flight.run_id)
-    assert control.mark_lost(flight.run_id, flight.attempt_id, LOST).detail == "cancel_intent"
+    assert control.recovery.mark_lost(flight.run_id, flight.attempt_id, LOST).detail == "cancel_intent"
     assert n_events(repo, flight.run_id) == n and lease_rows(repo, flight.attempt_id)[0].status == "leased"
     repo.tasks.add(spec("queued"))
     queued = repo.runs.request("queued").run.id
     attempt_id = repo.runs.get(queued).attempts[0].id
-    assert control.mark_lost(queued, attempt_id, LOST).detail == "run_queued"
+    assert control.recovery.mark_lost(queued, attempt_id, LOST).detail == "run_queued"
     with pytest.raises(BadInput):
-        control.mark_lost(flight.run_id, flight.attempt_id, "lower case")
+        control.recovery.mark_lost(flight.run_id, flight.attempt_id, "lower case")
 
 
 def test_mark_lost_and_a_completion_race_and_exactly_one_wins(repo, dispatch, session, control):
@@ -248,7 +248,7 @@ def test_mark_lost_and_a_completion_race_and_exactly_one_wins(repo, dispatch, se
 
     def lose():
         barrier.wait()
-        results["lost"] = control.mark_lost(flight.run_id, flight.attempt_id, LOST).result
+        results["lost"] = control.recovery.mark_lost(flight.run_id, flight.attempt_id, LOST).result
 
     def complete():
         barrier.wait()
@@ -271,7 +271,7 @@ def test_commit_timeout_and_a_user_cancel_race_and_one_intent_sticks(repo, dispa
 
     def timeout():
         barrier.wait()
-        control.commit_timeouts()
+        control.stops.commit_timeouts()
 
     def cancel():
         barrier.wait()
@@ -293,13 +293,13 @@ def test_recovery_candidates_page_with_limit_plus_one_and_skip_backlog(repo, dis
     flights = [launch(repo, dispatch, session, stage) for stage in
                ("claimed", "starting", "running", "running", "claimed")]
     declined = launch(repo, dispatch, session, "claimed")
-    assert dispatch.release_unstarted(declined.fence, "declined").result == "applied"  # backlog again
+    assert dispatch.reports.decline(declined.fence, "declined").result == "applied"  # backlog again
     repo.tasks.add(spec("backlog"))
     repo.runs.request("backlog")  # queued: backlog, never a candidate
 
     seen, after, pages = [], None, []
     while True:
-        page, more = control.recovery_candidates(2, after)
+        page, more = control.recovery.candidates(2, after)
         pages.append((len(page), more))
         seen.extend(page)
         if not more:
@@ -316,17 +316,17 @@ def test_recovery_candidates_page_with_limit_plus_one_and_skip_backlog(repo, dis
     assert by_id[flights[0].attempt_id].attempt_status == "claimed"
     repo.runs.cancel(flights[3].run_id)
     assert by_id[flights[3].attempt_id].cancel_reason is None
-    assert control.candidate(flights[3].attempt_id).cancel_reason == "user"
-    assert control.recovery_candidates(64, worker_id="nobody") == ([], False)
+    assert control.recovery.candidate(flights[3].attempt_id).cancel_reason == "user"
+    assert control.recovery.candidates(64, worker_id="nobody") == ([], False)
     with pytest.raises(BadInput):
-        control.recovery_candidates(65)
+        control.recovery.candidates(65)
 
 
 def test_rebind_adopts_a_surviving_starting_attempt_into_the_new_session(repo, dispatch, session, control):
     flight = launch(repo, dispatch, session, "starting")
-    new_session = dispatch.register_session("edge", 64)  # the runtime restarted
+    new_session = dispatch.sessions.register("edge", 64)  # the runtime restarted
     lease_hash = new_hash()
-    out = control.rebind(flight.run_id, flight.attempt_id, new_session, IDENTITY,
+    out = control.recovery.rebind(flight.run_id, flight.attempt_id, new_session, IDENTITY,
                          offer_id="rebind-1", lease_token_hash=lease_hash)
     assert (out.result, out.run_state) == ("applied", "running")
     assert out.fence.session_id == new_session.session_id and out.fence.lease_generation == 2
@@ -339,10 +339,10 @@ def test_rebind_adopts_a_surviving_starting_attempt_into_the_new_session(repo, d
     assert attempt.started_at_ms is not None and repo.runs.get(flight.run_id).started_at_ms is not None
     assert event_types(repo, flight.run_id)[-2:] == [("attempt.running", "recovery"), ("run.running", "recovery")]
     # the new fence works, the old one is dead
-    assert dispatch.started(out.fence, *vars_of(IDENTITY)).detail == "already_running"
-    assert dispatch.started(flight.fence, *vars_of(IDENTITY)).result == "fenced"
+    assert dispatch.reports.started(out.fence, *vars_of(IDENTITY)).detail == "already_running"
+    assert dispatch.reports.started(flight.fence, *vars_of(IDENTITY)).result == "fenced"
     n = n_events(repo, flight.run_id)
-    again = control.rebind(flight.run_id, flight.attempt_id, new_session, IDENTITY,
+    again = control.recovery.rebind(flight.run_id, flight.attempt_id, new_session, IDENTITY,
                            offer_id="rebind-1", lease_token_hash=lease_hash)
     assert (again.result, again.detail, again.fence) == ("applied", "already_bound", out.fence)
     assert n_events(repo, flight.run_id) == n and len(lease_rows(repo, flight.attempt_id)) == 2
@@ -350,9 +350,9 @@ def test_rebind_adopts_a_surviving_starting_attempt_into_the_new_session(repo, d
 
 def test_rebind_of_a_running_attempt_keeps_it_running_without_events(repo, dispatch, session, control):
     flight = launch(repo, dispatch, session)
-    new_session = dispatch.register_session("edge", 64)
+    new_session = dispatch.sessions.register("edge", 64)
     n = n_events(repo, flight.run_id)
-    out = control.rebind(flight.run_id, flight.attempt_id, new_session, IDENTITY,
+    out = control.recovery.rebind(flight.run_id, flight.attempt_id, new_session, IDENTITY,
                          offer_id="rebind-2", lease_token_hash=new_hash())
     assert out.result == "applied" and n_events(repo, flight.run_id) == n
     assert [lease.status for lease in lease_rows(repo, flight.attempt_id)] == ["released", "leased"]
@@ -360,12 +360,12 @@ def test_rebind_of_a_running_attempt_keeps_it_running_without_events(repo, dispa
 
 def test_rebind_refuses_another_identity_and_a_stale_session(repo, dispatch, session, control):
     flight = launch(repo, dispatch, session)
-    new_session = dispatch.register_session("edge", 64)
+    new_session = dispatch.sessions.register("edge", 64)
     other = Identity("boot", 101, 101, 5)
-    out = control.rebind(flight.run_id, flight.attempt_id, new_session, other,
+    out = control.recovery.rebind(flight.run_id, flight.attempt_id, new_session, other,
                          offer_id="rebind-3", lease_token_hash=new_hash())
     assert (out.result, out.detail) == ("refused", "identity_mismatch")
-    stale = control.rebind(flight.run_id, flight.attempt_id, session, IDENTITY,
+    stale = control.recovery.rebind(flight.run_id, flight.attempt_id, session, IDENTITY,
                            offer_id="rebind-3", lease_token_hash=new_hash())
     assert stale.result == "fenced"
     assert [lease.status for lease in lease_rows(repo, flight.attempt_id)] == ["leased"]
@@ -375,7 +375,7 @@ def test_rebind_refuses_another_identity_and_a_stale_session(repo, dispatch, ses
 
 def lost_run(repo, dispatch, session, control, **task) -> Flight:
     flight = launch(repo, dispatch, session, **task)
-    assert control.mark_lost(flight.run_id, flight.attempt_id, LOST).result == "applied"
+    assert control.recovery.mark_lost(flight.run_id, flight.attempt_id, LOST).result == "applied"
     return flight
 
 
@@ -386,7 +386,7 @@ def lost_run(repo, dispatch, session, control, **task) -> Flight:
 ])
 def test_resolve_lost_fails_runs_that_may_not_retry(repo, dispatch, session, control, policy, code, retries):
     flight = lost_run(repo, dispatch, session, control, retry=policy)
-    assert retries.lost_runs() == [flight.run_id] and control.lost_count() == 1
+    assert retries.lost_runs() == [flight.run_id] and control.status.lost_count() == 1
     out = retries.resolve_lost(flight.run_id)
     assert (out.result, out.detail, out.run_state) == ("applied", code, "failed")
     run = repo.runs.get(flight.run_id)
@@ -434,7 +434,7 @@ def test_a_due_retry_requeues_with_a_fresh_attempt_that_inherits_nothing(repo, d
     second = advance(dispatch, session, flight.run_id)
     assert second.attempt_id == out.detail and second.fence.lease_generation == 1
     # and when it is lost too, the policy is exhausted
-    control.mark_lost(flight.run_id, second.attempt_id, LOST)
+    control.recovery.mark_lost(flight.run_id, second.attempt_id, LOST)
     assert retries.resolve_lost(flight.run_id).detail == "RUN_LOST_RETRY_EXHAUSTED"
 
 
@@ -457,7 +457,7 @@ def test_status_counts(repo, dispatch, session, control):
     lost_run(repo, dispatch, session, control)
     repo.tasks.add(spec("q"))
     repo.runs.request("q")
-    counts = control.status_counts()
+    counts = control.status.counts()
     assert counts.runs["queued"] == 1 and counts.runs["running"] == 1 and counts.runs["lost"] == 1
     assert counts.runs["succeeded"] == 0 and set(counts.runs) >= {"timed_out", "retry_wait"}
     assert counts.attempts == {"claimed": 1, "starting": 0, "running": 1}

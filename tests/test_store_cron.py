@@ -344,8 +344,8 @@ def test_a_queued_run_is_not_offered_before_its_not_before_and_the_cadence_wakes
     from qlactors.store.control import Control
     from qlactors.store.dispatch import Dispatch
 
-    dispatch, control = Dispatch(repo.store), Control(repo.store)
-    session = dispatch.register_session("edge", 8)
+    dispatch, control = Dispatch.open(repo.store), Control.open(repo.store)
+    session = dispatch.sessions.register("edge", 8)
     repo.tasks.add(spec("later"))
     run_id = repo.runs.request("later").run.id
     with repo.store.read() as conn:
@@ -354,15 +354,15 @@ def test_a_queued_run_is_not_offered_before_its_not_before_and_the_cadence_wakes
         conn.execute(runs.update().where(runs.c.id == run_id).values(not_before_ms=now + 3_600_000))
 
     def offer():
-        return dispatch.offer(session.worker_id, session.session_id, session.generation, new_id(), new_hash(),
+        return dispatch.offers.one(session.worker_id, session.session_id, session.generation, new_id(), new_hash(),
                               log_cap_bytes=4096)
 
     assert offer() is None
-    assert not control.queued_waiting()  # nothing to nudge executors for yet
+    assert not control.status.queued_waiting()  # nothing to nudge executors for yet
     assert cron.next_not_before_ms() == now + 3_600_000  # the Scheduler's wake-up
     with repo.store.write() as conn:
         conn.execute(runs.update().where(runs.c.id == run_id).values(not_before_ms=now - 1))
     assert cron.next_not_before_ms() is None  # reached: the offer's business, not a wake-up's
-    assert control.queued_waiting()
+    assert control.status.queued_waiting()
     offered = offer()
     assert offered is not None and offered.run_id == run_id

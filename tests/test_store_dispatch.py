@@ -19,19 +19,19 @@ from store_helpers import db_state, new_hash, spec
 
 @pytest.fixture
 def session(dispatch):
-    return dispatch.register_session("edge", 8)
+    return dispatch.sessions.register("edge", 8)
 
 
 def pull(dispatch, session, offer_id=None, lease_hash=None, cap=4096):
     """Offer once; returns (OfferView or None, fence or None)."""
     lease_hash = lease_hash or new_hash()
-    offer = dispatch.offer(session.worker_id, session.session_id, session.generation,
+    offer = dispatch.offers.one(session.worker_id, session.session_id, session.generation,
                            offer_id or secrets.token_hex(8), lease_hash, log_cap_bytes=cap)
     return offer, (offer.fence(lease_hash) if offer else None)
 
 
 def activate(dispatch, fence, token=None):
-    return dispatch.activate(fence, token_hash(token or secrets.token_urlsafe(32)), "log-artifact")
+    return dispatch.reports.activate(fence, token_hash(token or secrets.token_urlsafe(32)), "log-artifact")
 
 
 def leases_of(repo, run_id):
@@ -65,9 +65,9 @@ def in_threads(n, fn):
 # -- sessions ----------------------------------------------------------------------------------
 
 def test_register_session_bumps_generation_and_retires_older_sessions(repo, dispatch):
-    first = dispatch.register_session("w1", 2)
-    second = dispatch.register_session("w1", 3)
-    other = dispatch.register_session("w2", 1)
+    first = dispatch.sessions.register("w1", 2)
+    second = dispatch.sessions.register("w1", 3)
+    other = dispatch.sessions.register("w2", 1)
     assert (first.generation, second.generation, other.generation) == (1, 2, 1)
     assert second.capacity == 3 and first.session_id != second.session_id
     with repo.store.read() as conn:
@@ -76,7 +76,7 @@ def test_register_session_bumps_generation_and_retires_older_sessions(repo, disp
     assert rows[second.session_id].status == "online" and rows[second.session_id].lease_expires_at_ms is None
     assert rows[other.session_id].status == "online"
     with pytest.raises(BadInput):
-        dispatch.register_session("w1", -1)
+        dispatch.sessions.register("w1", -1)
 
 
 # -- offer -------------------------------------------------------------------------------------
@@ -132,7 +132,7 @@ def test_offer_respects_max_concurrent_of_the_task(repo, dispatch, session):
     assert pull(dispatch, session)[0] is None  # the task is at its limit of 1
     assert repo.runs.get(second).state == "queued"
     activate(dispatch, fence)
-    assert dispatch.start_failed(fence, "no such file").result == "applied"
+    assert dispatch.reports.start_failed(fence, "no such file").result == "applied"
     offer2, _ = pull(dispatch, session)
     assert offer2.run_id == second
 
@@ -160,7 +160,7 @@ def test_offer_skips_a_task_at_its_limit_for_another_task(repo, dispatch, sessio
 
 
 def test_offer_respects_session_capacity(repo, dispatch):
-    small = dispatch.register_session("small", 1)
+    small = dispatch.sessions.register("small", 1)
     repo.tasks.add(spec("a"))
     repo.tasks.add(spec("b"))
     a = repo.runs.request("a").run.id
@@ -168,7 +168,7 @@ def test_offer_respects_session_capacity(repo, dispatch):
     offer, fence = pull(dispatch, small)
     assert offer.run_id == a
     assert pull(dispatch, small)[0] is None
-    assert dispatch.release_unstarted(fence, "declined").result == "applied"
+    assert dispatch.reports.decline(fence, "declined").result == "applied"
     # the slot is free again; the declined run is the oldest and is offered again
     again, _ = pull(dispatch, small)
     assert again.run_id == a and again.lease_generation == 2
@@ -193,7 +193,7 @@ def test_offer_is_idempotent_per_offer_id(repo, dispatch, session):
 
 
 def test_concurrent_offers_for_one_run_give_it_to_exactly_one(repo, dispatch):
-    sessions = [dispatch.register_session(f"w{i}", 4) for i in range(2)]
+    sessions = [dispatch.sessions.register(f"w{i}", 4) for i in range(2)]
     repo.tasks.add(spec())
     run_id = repo.runs.request("job").run.id
     results = in_threads(2, lambda i: pull(dispatch, sessions[i])[0])
@@ -203,7 +203,7 @@ def test_concurrent_offers_for_one_run_give_it_to_exactly_one(repo, dispatch):
 
 
 def test_concurrent_offers_never_exceed_max_concurrent(repo, dispatch):
-    sessions = [dispatch.register_session(f"w{i}", 4) for i in range(4)]
+    sessions = [dispatch.sessions.register(f"w{i}", 4) for i in range(4)]
     repo.tasks.add(spec(max_concurrent=2))
     ids = [repo.runs.request("job").run.id for _ in range(5)]
     results = in_threads(4, lambda i: pull(dispatch, sessions[i])[0])
@@ -217,12 +217,12 @@ def test_pull_from_a_dead_session_is_fenced(repo, dispatch, session):
     repo.tasks.add(spec())
     run_id = repo.runs.request("job").run.id
     with pytest.raises(Fenced):
-        dispatch.offer("edge", "no-such-session", 1, "o1", new_hash(), log_cap_bytes=0)
+        dispatch.offers.one("edge", "no-such-session", 1, "o1", new_hash(), log_cap_bytes=0)
     with pytest.raises(Fenced):
-        dispatch.offer("edge", session.session_id, 2, "o1", new_hash(), log_cap_bytes=0)
+        dispatch.offers.one("edge", session.session_id, 2, "o1", new_hash(), log_cap_bytes=0)
     with pytest.raises(Fenced):
-        dispatch.offer("other", session.session_id, 1, "o1", new_hash(), log_cap_bytes=0)
-    dispatch.register_session("edge", 8)
+        dispatch.offers.one("other", session.session_id, 1, "o1", new_hash(), log_cap_bytes=0)
+    dispatch.sessions.register("edge", 8)
     with pytest.raises(Fenced):
         pull(dispatch, session)
     assert repo.runs.get(run_id).state == "queued" and leases_of(repo, run_id) == []
@@ -230,7 +230,7 @@ def test_pull_from_a_dead_session_is_fenced(repo, dispatch, session):
 
 def test_offer_refuses_a_raw_token(repo, dispatch, session):
     with pytest.raises(BadInput):
-        dispatch.offer("edge", session.session_id, 1, "o1", "not-a-hash", log_cap_bytes=0)
+        dispatch.offers.one("edge", session.session_id, 1, "o1", "not-a-hash", log_cap_bytes=0)
 
 
 # -- fence -------------------------------------------------------------------------------------
@@ -256,9 +256,9 @@ def test_a_fence_with_any_field_wrong_is_fenced_and_changes_nothing(repo, dispat
     assert db_state(repo, offer.run_id) == before
     assert activate(dispatch, fence).result == "applied"
     before = db_state(repo, offer.run_id)
-    assert dispatch.started(bad, "boot", 10, 10, 99).result == "fenced"
-    assert dispatch.start_failed(bad, "x").result == "fenced"
-    assert dispatch.release_unstarted(bad, "declined").result == "fenced"
+    assert dispatch.reports.started(bad, "boot", 10, 10, 99).result == "fenced"
+    assert dispatch.reports.start_failed(bad, "x").result == "fenced"
+    assert dispatch.reports.decline(bad, "declined").result == "fenced"
     assert db_state(repo, offer.run_id) == before
 
 
@@ -266,7 +266,7 @@ def test_a_newer_session_generation_fences_the_old_one(repo, dispatch, session):
     repo.tasks.add(spec())
     repo.runs.request("job")
     offer, fence = pull(dispatch, session)
-    dispatch.register_session("edge", 8)
+    dispatch.sessions.register("edge", 8)
     before = db_state(repo, offer.run_id)
     result = activate(dispatch, fence)
     assert (result.result, result.detail) == ("fenced", "session_offline")
@@ -277,7 +277,7 @@ def test_an_expired_lease_is_fenced(repo, dispatch, session):
     repo.tasks.add(spec())
     repo.runs.request("job")
     lease_hash = new_hash()
-    offer = dispatch.offer("edge", session.session_id, 1, "o-ttl", lease_hash, log_cap_bytes=0,
+    offer = dispatch.offers.one("edge", session.session_id, 1, "o-ttl", lease_hash, log_cap_bytes=0,
                            lease_ttl_ms=60_000)
     with repo.store.write() as conn:
         conn.execute(run_dispatch_leases.update().values(expires_at_ms=1))
@@ -292,7 +292,7 @@ def test_activate_sets_token_log_and_deadline_from_database_time(repo, dispatch,
     repo.runs.request("job")
     offer, fence = pull(dispatch, session)
     token = secrets.token_urlsafe(32)
-    result = dispatch.activate(fence, token_hash(token), "artifact-1")
+    result = dispatch.reports.activate(fence, token_hash(token), "artifact-1")
     assert (result.result, result.lease_version) == ("applied", 1)
     _, (attempt,), _, _ = db_state(repo, offer.run_id)
     assert attempt["status"] == "starting"
@@ -335,7 +335,7 @@ def test_cancelled_run_never_activates(repo, dispatch, session):
     assert db_state(repo, run_id) == before
     assert "attempt.starting" not in [t for t, _ in events(repo, run_id)]
     # the cancel already ended its lease: the executor's decline is fenced and changes nothing
-    assert dispatch.release_unstarted(fence, "declined").result == "fenced"
+    assert dispatch.reports.decline(fence, "declined").result == "fenced"
     assert db_state(repo, run_id) == before
     assert leases_of(repo, run_id)[0]["status"] == "released"
 
@@ -357,7 +357,7 @@ def test_cancel_of_an_offered_attempt_releases_its_lease_as_cancelled_in_the_sam
     repo.tasks.add(spec("other"))
     repo.runs.request("other")
     assert pull(dispatch, session)[0] is not None
-    assert dispatch.release_unstarted(fence, "declined").detail == "attempt_cancelled"
+    assert dispatch.reports.decline(fence, "declined").detail == "attempt_cancelled"
 
 
 def test_cancel_of_a_started_attempt_keeps_its_lease_until_the_process_ends(repo, dispatch, session):
@@ -384,19 +384,19 @@ def test_started_records_identity_and_is_idempotent(repo, dispatch, session):
     repo.tasks.add(spec())
     run_id = repo.runs.request("job").run.id
     _, fence = pull(dispatch, session)
-    assert dispatch.started(fence, "boot", 10, 10, 99).detail == "attempt_claimed"  # not activated
+    assert dispatch.reports.started(fence, "boot", 10, 10, 99).detail == "attempt_claimed"  # not activated
     activate(dispatch, fence)
-    result = dispatch.started(fence, "boot", 10, 10, 99)
+    result = dispatch.reports.started(fence, "boot", 10, 10, 99)
     assert (result.result, result.run_state) == ("applied", "running")
     run, (attempt,), _, n = db_state(repo, run_id)
     assert run["status"] == "running" and attempt["status"] == "running"
     assert (attempt["boot_id"], attempt["pid"], attempt["pgid"], attempt["start_ticks"]) == ("boot", 10, 10, 99)
     assert attempt["started_at_ms"] == run["started_at_ms"] == attempt["updated_at_ms"]
     assert events(repo, run_id)[-2:] == [("attempt.running", "executor"), ("run.running", "executor")]
-    again = dispatch.started(fence, "boot", 10, 10, 99)
+    again = dispatch.reports.started(fence, "boot", 10, 10, 99)
     assert (again.result, again.detail) == ("applied", "already_running")
     assert db_state(repo, run_id)[3] == n
-    other = dispatch.started(fence, "boot", 11, 11, 99)
+    other = dispatch.reports.started(fence, "boot", 11, 11, 99)
     assert (other.result, other.detail) == ("refused", "identity_mismatch")
     assert db_state(repo, run_id)[3] == n
 
@@ -407,7 +407,7 @@ def test_started_with_a_cancel_intent_still_records_the_process(repo, dispatch, 
     _, fence = pull(dispatch, session)
     activate(dispatch, fence)
     assert repo.runs.cancel(run_id).outcome == "requested"
-    assert dispatch.started(fence, "boot", 10, 10, 99).result == "applied"
+    assert dispatch.reports.started(fence, "boot", 10, 10, 99).result == "applied"
     assert repo.runs.get(run_id).state == "running"
 
 
@@ -418,7 +418,7 @@ def test_start_failed_fails_the_run_and_releases_the_lease(repo, dispatch, sessi
     run_id = repo.runs.request("job").run.id
     _, fence = pull(dispatch, session)
     activate(dispatch, fence)
-    result = dispatch.start_failed(fence, "x" * 2000)
+    result = dispatch.reports.start_failed(fence, "x" * 2000)
     assert (result.result, result.run_state) == ("applied", "failed")
     run, (attempt,), (lease,), _ = db_state(repo, run_id)
     assert run["error_code"] == attempt["error_code"] == "EXECUTOR_START_FAILED"
@@ -428,8 +428,8 @@ def test_start_failed_fails_the_run_and_releases_the_lease(repo, dispatch, sessi
     assert events(repo, run_id)[-2:] == [("attempt.failed", "executor"), ("run.failed", "executor")]
     # the lease has ended with the attempt: a repeat is fenced (SEMANTICS.md §9) and changes nothing
     before = db_state(repo, run_id)
-    assert dispatch.start_failed(fence, "again").detail == "attempt_failed"
-    assert dispatch.started(fence, "boot", 10, 10, 99).result == "fenced"
+    assert dispatch.reports.start_failed(fence, "again").detail == "attempt_failed"
+    assert dispatch.reports.started(fence, "boot", 10, 10, 99).result == "fenced"
     assert db_state(repo, run_id) == before
 
 
@@ -439,7 +439,7 @@ def test_start_failed_with_a_cancel_intent_ends_as_the_intent(repo, dispatch, se
     _, fence = pull(dispatch, session)
     activate(dispatch, fence)
     repo.runs.cancel(run_id)
-    assert dispatch.start_failed(fence, "spawn: ENOENT").run_state == "cancelled"
+    assert dispatch.reports.start_failed(fence, "spawn: ENOENT").run_state == "cancelled"
     assert repo.runs.get(run_id).error_code == "EXECUTION_CANCELLED"
 
 
@@ -448,17 +448,17 @@ def test_released_unstarted_offer_is_offered_again_under_a_new_generation(repo, 
     run_id = repo.runs.request("job").run.id
     offer, fence = pull(dispatch, session)
     n = len(events(repo, run_id))
-    result = dispatch.release_unstarted(fence, "shutdown")
+    result = dispatch.reports.decline(fence, "shutdown")
     assert (result.result, result.run_state) == ("applied", "dispatching")
     run, (attempt,), (lease,), _ = db_state(repo, run_id)
     assert attempt["status"] == "claimed" and run["status"] == "dispatching"
     assert (lease["status"], lease["release_reason"], lease["version"]) == ("released", "shutdown", 2)
-    assert dispatch.release_unstarted(fence, "shutdown").detail == "lease_released"
+    assert dispatch.reports.decline(fence, "shutdown").detail == "lease_released"
     assert activate(dispatch, fence).result == "fenced"  # the released lease no longer authorises
     again, fence2 = pull(dispatch, session)
     assert (again.run_id, again.attempt_id, again.lease_generation) == (run_id, offer.attempt_id, 2)
     assert len(events(repo, run_id)) == n  # no status changed, so no event
     assert activate(dispatch, fence2).result == "applied"
-    assert dispatch.release_unstarted(fence2, "declined").result == "refused"  # activated: too late
+    assert dispatch.reports.decline(fence2, "declined").result == "refused"  # activated: too late
     with pytest.raises(BadInput):
-        dispatch.release_unstarted(fence2, "lease_expired")
+        dispatch.reports.decline(fence2, "lease_expired")

@@ -48,19 +48,19 @@ def page_ids(cases) -> list[str]:
 
 
 def start(dispatch, fence):
-    return dispatch.started(fence, IDENTITY.boot_id, IDENTITY.pid, IDENTITY.pgid, IDENTITY.start_ticks)
+    return dispatch.reports.started(fence, IDENTITY.boot_id, IDENTITY.pid, IDENTITY.pgid, IDENTITY.start_ticks)
 
 
 def offer_again(dispatch, session, run_id, *, activated=True, started=True) -> Flight:
     """The next offer to `session` (the attempt given back), activated and started by default."""
     lease_hash = new_hash()
-    offer = dispatch.offer(session.worker_id, session.session_id, session.generation,
+    offer = dispatch.offers.one(session.worker_id, session.session_id, session.generation,
                            secrets.token_hex(8), lease_hash, log_cap_bytes=0, lease_ttl_ms=30_000)
     assert offer is not None and offer.run_id == run_id
     fence = offer.fence(lease_hash)
     token = secrets.token_urlsafe(32)
     if activated:
-        assert dispatch.activate(fence, token_hash(token), "log").result == "applied"
+        assert dispatch.reports.activate(fence, token_hash(token), "log").result == "applied"
     if started:
         assert start(dispatch, fence).result == "applied"
     quote = LeaseQuote(run_id, offer.attempt_id, offer.offer_id, offer.lease_generation, lease_hash)
@@ -105,7 +105,7 @@ def test_a_fact_recorded_for_a_claim_is_cleared_by_its_activation(repo, dispatch
     flight = launch(repo, dispatch, worker, activated=False, started=False)
     assert attest(dispatch, worker, flight, worker, fact).result == "applied"
     assert evidence_of(repo, flight.quote.attempt_id)[:2] == (fact, 1)
-    assert dispatch.activate(flight.fence, token_hash(flight.token), "log").result == "applied"
+    assert dispatch.reports.activate(flight.fence, token_hash(flight.token), "log").result == "applied"
     assert evidence_of(repo, flight.quote.attempt_id)[:3] == (None, None, None)
     assert start(dispatch, flight.fence).result == "applied"
     assert_waits(repo, cases, flight)
@@ -114,7 +114,7 @@ def test_a_fact_recorded_for_a_claim_is_cleared_by_its_activation(repo, dispatch
 def test_a_fact_about_a_declined_lease_is_cleared_by_the_re_offer(repo, dispatch, cases, worker):
     flight = launch(repo, dispatch, worker, activated=False, started=False)
     assert attest(dispatch, worker, flight, worker, "stopped").result == "applied"
-    assert dispatch.decline(flight.fence).result == "applied"
+    assert dispatch.reports.decline(flight.fence).result == "applied"
     again = offer_again(dispatch, worker, flight.quote.run_id, activated=False, started=False)
     assert evidence_of(repo, again.quote.attempt_id) == (None, None, None, 2)
 
@@ -214,7 +214,7 @@ def test_never_launched_for_a_claim_releases_its_lease_at_once_and_it_is_offered
     assert (again.result, again.detail, again.lease_version) == ("applied", "released", 2)
     assert db_state(repo, flight.quote.run_id) == before
     # A late Activate of the given-back lease launches nothing; the next Pull offers it again.
-    assert dispatch.activate(flight.fence, token_hash(flight.token), "log").result == "fenced"
+    assert dispatch.reports.activate(flight.fence, token_hash(flight.token), "log").result == "fenced"
     other = register(dispatch, "w2")
     assert offer_again(dispatch, other, flight.quote.run_id, activated=False,
                        started=False).quote.lease_generation == 2

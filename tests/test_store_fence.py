@@ -22,22 +22,22 @@ WORKER = "w1"
 
 def offer_one(dispatch, session):
     lease_hash = new_hash()
-    offer = dispatch.offer(session.worker_id, session.session_id, session.generation,
+    offer = dispatch.offers.one(session.worker_id, session.session_id, session.generation,
                            secrets.token_hex(8), lease_hash, log_cap_bytes=0, lease_ttl_ms=60_000)
     assert offer is not None
     return offer.fence(lease_hash)
 
 
 def activate(dispatch, fence):
-    return dispatch.activate(fence, token_hash(secrets.token_urlsafe(32)), "log")
+    return dispatch.reports.activate(fence, token_hash(secrets.token_urlsafe(32)), "log")
 
 
 # Each report, the state it applies in, and how it is sent.
 REPORTS = {
     "activate": (False, lambda d, f: activate(d, f).result),
-    "started": (True, lambda d, f: d.started(f, "boot", 10, 10, 99).result),
-    "start_failed": (True, lambda d, f: d.start_failed(f, "spawn failed").result),
-    "decline": (False, lambda d, f: d.decline(f).result),
+    "started": (True, lambda d, f: d.reports.started(f, "boot", 10, 10, 99).result),
+    "start_failed": (True, lambda d, f: d.reports.start_failed(f, "spawn failed").result),
+    "decline": (False, lambda d, f: d.reports.decline(f).result),
 }
 
 
@@ -48,7 +48,7 @@ def set_lease(repo, fence, **values):
 
 
 def superseded(repo, dispatch, fence):
-    dispatch.register_session(WORKER, 4)
+    dispatch.sessions.register(WORKER, 4)
     return fence
 
 
@@ -76,7 +76,7 @@ CASES = {"superseded_session": superseded, "released_lease": released, "complete
 
 @pytest.fixture
 def session(dispatch):
-    return dispatch.register_session(WORKER, 4)
+    return dispatch.sessions.register(WORKER, 4)
 
 
 def prepared(repo, dispatch, session, activated):
@@ -104,7 +104,7 @@ def test_an_old_lease_generation_is_fenced(repo, dispatch, session, report):
     repo.tasks.add(spec())
     repo.runs.request("job")
     old = offer_one(dispatch, session)
-    assert dispatch.decline(old).result == "applied"
+    assert dispatch.reports.decline(old).result == "applied"
     new = offer_one(dispatch, session)  # the same attempt under lease generation 2
     assert (new.attempt_id, new.lease_generation) == (old.attempt_id, 2)
     if activated:
@@ -132,7 +132,7 @@ def test_an_expired_lease_fences_activate_only(repo, dispatch, session, report):
     set_lease(repo, fence, expires_at_ms=1)
     before = db_state(repo, fence.run_id)
     if report == "activate":
-        result = dispatch.activate(fence, new_hash(), "log")
+        result = dispatch.reports.activate(fence, new_hash(), "log")
         assert (result.result, result.detail) == ("fenced", "lease_expired")
         assert db_state(repo, fence.run_id) == before
     else:
@@ -144,7 +144,7 @@ def test_decline_releases_the_lease_and_the_attempt_is_offered_again(repo, dispa
     run_id = repo.runs.request("job").run.id
     fence = offer_one(dispatch, session)
     events = db_state(repo, run_id)[3]
-    out = dispatch.decline(fence)
+    out = dispatch.reports.decline(fence)
     assert (out.result, out.run_state) == ("applied", "dispatching")
     run, (attempt,), (lease,), n = db_state(repo, run_id)
     assert (attempt["status"], run["status"], n) == ("claimed", "dispatching", events)
@@ -152,18 +152,18 @@ def test_decline_releases_the_lease_and_the_attempt_is_offered_again(repo, dispa
     again = offer_one(dispatch, session)
     assert (again.attempt_id, again.lease_generation) == (fence.attempt_id, 2)
     assert activate(dispatch, again).result == "applied"
-    assert dispatch.decline(again).result == "refused"  # activated: too late to give back
+    assert dispatch.reports.decline(again).result == "refused"  # activated: too late to give back
 
 
 def test_a_draining_session_still_reports_and_an_ended_one_does_not(repo, dispatch, session):
     fence = prepared(repo, dispatch, session, activated=True)
     with repo.store.write() as conn:
         conn.execute(worker_sessions.update().values(status="draining"))
-    assert dispatch.started(fence, "boot", 10, 10, 99).result == "applied"
+    assert dispatch.reports.started(fence, "boot", 10, 10, 99).result == "applied"
     with repo.store.write() as conn:
         conn.execute(worker_sessions.update().values(ended_at_ms=1))
     before = db_state(repo, fence.run_id)
-    assert dispatch.start_failed(fence, "x").result == "fenced"
+    assert dispatch.reports.start_failed(fence, "x").result == "fenced"
     assert db_state(repo, fence.run_id) == before
 
 
@@ -182,8 +182,8 @@ def test_pulls_racing_activations_and_declines_never_deadlock(pg_schema_url):
         for name in ("a", "b"):
             for _ in range(15):
                 repo.runs.request(name)
-        puller, reporter = Dispatch(repo.store), Dispatch(other)
-        session = puller.register_session(WORKER, 6)
+        puller, reporter = Dispatch.open(repo.store), Dispatch.open(other)
+        session = puller.sessions.register(WORKER, 6)
         offered, errors, done = [], [], threading.Event()
         lock = threading.Lock()
 
@@ -191,7 +191,7 @@ def test_pulls_racing_activations_and_declines_never_deadlock(pg_schema_url):
             try:
                 for _ in range(40):
                     the_pairs = [(secrets.token_hex(8), new_hash()) for _ in range(3)]
-                    got = puller.offer_batch(WORKER, session.session_id, session.generation, the_pairs,
+                    got = puller.offers.batch(WORKER, session.session_id, session.generation, the_pairs,
                                              log_cap_bytes=0)
                     hashes = dict(the_pairs)
                     with lock:
@@ -209,10 +209,10 @@ def test_pulls_racing_activations_and_declines_never_deadlock(pg_schema_url):
                     if fence is None:
                         continue
                     if int(fence.offer_id, 16) % 2:
-                        assert reporter.decline(fence).result == "applied"
+                        assert reporter.reports.decline(fence).result == "applied"
                     else:
                         assert activate(reporter, fence).result == "applied"
-                        assert reporter.start_failed(fence, "x").result == "applied"
+                        assert reporter.reports.start_failed(fence, "x").result == "applied"
             except Exception as err:  # reported below
                 errors.append(err)
 

@@ -24,7 +24,7 @@ pg = pytest.mark.postgres
 
 
 def beat(dispatch, session, seq):
-    return dispatch.heartbeat(session.worker_id, session.session_id, session.generation, seq,
+    return dispatch.heartbeats.apply(session.worker_id, session.session_id, session.generation, seq,
                               free_slots=1, worker_clock_ms=1, renewals=(), session_lease_ms=45_000,
                               run_lease_ms=30_000)
 
@@ -74,8 +74,8 @@ def test_sqlite_takes_none_of_the_postgresql_settings(tmp_path):
 
 @pg
 def test_a_lock_wait_beyond_lock_timeout_is_transient_and_the_retry_succeeds(stores, pg_schema_url):
-    dispatch = Dispatch(stores(lock_timeout_ms=200))
-    session = dispatch.register_session("w1", 2, session_lease_ms=45_000)
+    dispatch = Dispatch.open(stores(lock_timeout_ms=200))
+    session = dispatch.sessions.register("w1", 2, session_lease_ms=45_000)
     with psycopg.connect(libpq_url(pg_schema_url)) as holder:  # another client holds the row
         holder.execute("SELECT * FROM worker_sessions WHERE session_id = %s FOR UPDATE",
                        (session.session_id,))
@@ -111,8 +111,8 @@ def test_an_idle_transaction_beyond_its_timeout_is_ended_by_the_server(stores):
 
 @pg
 def test_a_terminated_backend_mid_write_is_transient_and_the_retry_commits(stores):
-    dispatch = Dispatch(stores())
-    session = dispatch.register_session("w1", 2, session_lease_ms=45_000)
+    dispatch = Dispatch.open(stores())
+    session = dispatch.sessions.register("w1", 2, session_lease_ms=45_000)
     with pytest.raises(StoreUnavailable, match="is unavailable"):
         with dispatch.store.write() as conn:
             pid = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
@@ -133,8 +133,8 @@ def test_a_terminated_backend_inside_a_batch_of_events_is_still_transient(stores
     the block up on the dead connection (which failed the replica's Gateway actor)."""
     from qlactors.store.plans import events_together
 
-    dispatch = Dispatch(stores())
-    dispatch.register_session("w1", 2, session_lease_ms=45_000)
+    dispatch = Dispatch.open(stores())
+    dispatch.sessions.register("w1", 2, session_lease_ms=45_000)
     with pytest.raises(StoreUnavailable, match="is unavailable"):
         with dispatch.store.write() as conn, events_together(conn):
             pid = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
@@ -148,9 +148,9 @@ def test_a_terminated_backend_inside_a_batch_of_events_is_still_transient(stores
 @pg
 def test_a_deadlock_is_transient(stores, pg_schema_url):
     """Two transactions lock two rows in opposite orders: the server cancels one (40P01)."""
-    dispatch = Dispatch(stores())
-    a = dispatch.register_session("a", 1)
-    b = dispatch.register_session("b", 1)
+    dispatch = Dispatch.open(stores())
+    a = dispatch.sessions.register("a", 1)
+    b = dispatch.sessions.register("b", 1)
     locked, errors = threading.Barrier(2, timeout=30), []
 
     def cross(first, second):

@@ -28,14 +28,14 @@ def chunks(repo):
 @pytest.fixture
 def flight(repo, dispatch):
     """A started attempt of worker w1: (run id, attempt id, callback token)."""
-    session = dispatch.register_session(WORKER, 4)
+    session = dispatch.sessions.register(WORKER, 4)
     repo.tasks.add(spec())
     run_id = repo.runs.request("job").run.id
     lease_hash = new_hash()
-    offer = dispatch.offer(WORKER, session.session_id, session.generation, "o1", lease_hash, log_cap_bytes=0)
+    offer = dispatch.offers.one(WORKER, session.session_id, session.generation, "o1", lease_hash, log_cap_bytes=0)
     token = secrets.token_urlsafe(32)
-    assert dispatch.activate(offer.fence(lease_hash), token_hash(token), "log").result == "applied"
-    assert dispatch.started(offer.fence(lease_hash), "boot", 10, 10, 99).result == "applied"
+    assert dispatch.reports.activate(offer.fence(lease_hash), token_hash(token), "log").result == "applied"
+    assert dispatch.reports.started(offer.fence(lease_hash), "boot", 10, 10, 99).result == "applied"
     return run_id, offer.attempt_id, token
 
 
@@ -150,14 +150,14 @@ def test_retention_deletes_a_runs_chunks_with_it(repo, chunks, flight):
 
 def _capped_flight(repo, dispatch, cap: int):
     """A started attempt of worker w1 offered with a log cap of `cap` bytes."""
-    session = dispatch.register_session(WORKER, 4)
+    session = dispatch.sessions.register(WORKER, 4)
     repo.tasks.add(spec())
     repo.runs.request("job")
     lease_hash = new_hash()
-    offer = dispatch.offer(WORKER, session.session_id, session.generation, "o1", lease_hash, log_cap_bytes=cap)
+    offer = dispatch.offers.one(WORKER, session.session_id, session.generation, "o1", lease_hash, log_cap_bytes=cap)
     assert offer.log_cap_bytes == cap
     token = secrets.token_urlsafe(32)
-    assert dispatch.activate(offer.fence(lease_hash), token_hash(token), "log").result == "applied"
+    assert dispatch.reports.activate(offer.fence(lease_hash), token_hash(token), "log").result == "applied"
     return offer.run_id, offer.attempt_id, token
 
 
@@ -193,10 +193,10 @@ def test_a_chunk_past_the_log_cap_the_offer_carried_is_refused_and_stores_nothin
 def test_a_repeated_pull_offers_the_cap_first_recorded(repo, dispatch):
     """The same Pull again (its answer was lost) through a replica with another `log_cap_bytes`
     is answered with the cap the attempt's chunks are judged by."""
-    session = dispatch.register_session(WORKER, 4)
+    session = dispatch.sessions.register(WORKER, 4)
     repo.tasks.add(spec())
     repo.runs.request("job")
     lease_hash = new_hash()
-    first = dispatch.offer(WORKER, session.session_id, session.generation, "o1", lease_hash, log_cap_bytes=100)
-    again = dispatch.offer(WORKER, session.session_id, session.generation, "o1", lease_hash, log_cap_bytes=999)
+    first = dispatch.offers.one(WORKER, session.session_id, session.generation, "o1", lease_hash, log_cap_bytes=100)
+    again = dispatch.offers.one(WORKER, session.session_id, session.generation, "o1", lease_hash, log_cap_bytes=999)
     assert (again.attempt_id, again.log_cap_bytes) == (first.attempt_id, 100)

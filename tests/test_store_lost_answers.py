@@ -15,7 +15,7 @@ from test_store_sessions import IDENTITY, beat, launch, register
 
 
 def started(dispatch, flight):
-    return dispatch.started(flight.fence, IDENTITY.boot_id, IDENTITY.pid, IDENTITY.pgid, IDENTITY.start_ticks)
+    return dispatch.reports.started(flight.fence, IDENTITY.boot_id, IDENTITY.pid, IDENTITY.pgid, IDENTITY.start_ticks)
 
 
 def completed(repo, flight, worker_id, exit_code, *, token=None, final_log_offset=None):

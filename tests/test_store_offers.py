@@ -25,7 +25,7 @@ def pairs(n):
 
 def batch(dispatch, session, the_pairs, **kw):
     kw.setdefault("log_cap_bytes", 0)
-    return dispatch.offer_batch(session.worker_id, session.session_id, session.generation, the_pairs, **kw)
+    return dispatch.offers.batch(session.worker_id, session.session_id, session.generation, the_pairs, **kw)
 
 
 def set_labels(repo, session, labels):
@@ -57,7 +57,7 @@ class Commits:
 
 
 def test_n_pairs_get_up_to_n_offers_oldest_first_from_one_transaction(repo, dispatch):
-    session = dispatch.register_session("w", 8)
+    session = dispatch.sessions.register("w", 8)
     for name in ("a", "b", "c", "d"):
         repo.tasks.add(spec(name))
     ids = [repo.runs.request(name).run.id for name in ("a", "b", "c", "d")]
@@ -78,14 +78,14 @@ def test_n_pairs_get_up_to_n_offers_oldest_first_from_one_transaction(repo, disp
 
 
 def test_a_batch_never_oversells_the_session_capacity(repo, dispatch):
-    session = dispatch.register_session("small", 2)
+    session = dispatch.sessions.register("small", 2)
     repo.tasks.add(spec(max_concurrent=10))
     for _ in range(5):
         repo.runs.request("job")
     first = batch(dispatch, session, pairs(5))
     assert len(first) == 2
     assert batch(dispatch, session, pairs(5)) == []
-    dispatch.decline(first[0].fence(_hash_of(repo, first[0])))
+    dispatch.reports.decline(first[0].fence(_hash_of(repo, first[0])))
     again = batch(dispatch, session, pairs(5))
     assert [(o.run_id, o.lease_generation) for o in again] == [(first[0].run_id, 2)]
     assert lease_count(repo) == 3  # 2 offers + the re-offer; the declined one is released
@@ -98,7 +98,7 @@ def _hash_of(repo, offer):
 
 
 def test_max_concurrent_holds_across_one_batch_and_other_tasks_fill_the_rest(repo, dispatch):
-    session = dispatch.register_session("w", 8)
+    session = dispatch.sessions.register("w", 8)
     repo.tasks.add(spec("two", max_concurrent=2))
     repo.tasks.add(spec("one"))
     two = [repo.runs.request("two").run.id for _ in range(4)]
@@ -110,9 +110,9 @@ def test_max_concurrent_holds_across_one_batch_and_other_tasks_fill_the_rest(rep
 
 
 def test_labels_a_revision_requires_must_all_be_the_sessions(repo, dispatch):
-    plain = dispatch.register_session("plain", 4)
-    gpu = dispatch.register_session("gpu", 4)
-    partial = dispatch.register_session("partial", 4)
+    plain = dispatch.sessions.register("plain", 4)
+    gpu = dispatch.sessions.register("gpu", 4)
+    partial = dispatch.sessions.register("partial", 4)
     set_labels(repo, gpu, ["x", "gpu", "ssd"])
     set_labels(repo, partial, ["gpu"])
     repo.tasks.add(spec("needs", labels=("gpu", "ssd")))
@@ -127,7 +127,7 @@ def test_labels_a_revision_requires_must_all_be_the_sessions(repo, dispatch):
 
 
 def test_repeated_pairs_answer_the_same_offers_and_take_no_second_lease(repo, dispatch):
-    session = dispatch.register_session("w", 8)
+    session = dispatch.sessions.register("w", 8)
     for name in ("a", "b", "c"):
         repo.tasks.add(spec(name))
         repo.runs.request(name)
@@ -144,12 +144,12 @@ def test_repeated_pairs_answer_the_same_offers_and_take_no_second_lease(repo, di
     # a known offer id with another token yields nothing, and takes nothing
     assert batch(dispatch, session, [(asked[0][0], new_hash())]) == []
     # a repeated offer whose lease was declined meanwhile is not answered again
-    dispatch.decline(first[1].fence(asked[1][1]))
+    dispatch.reports.decline(first[1].fence(asked[1][1]))
     assert batch(dispatch, session, asked) == first[:1]
 
 
 def test_the_budget_stops_the_batch_and_the_first_offer_always_goes(repo, dispatch):
-    session = dispatch.register_session("w", 8)
+    session = dispatch.sessions.register("w", 8)
     for name in ("a", "b", "c", "d"):
         repo.tasks.add(spec(name))
         repo.runs.request(name)
@@ -167,7 +167,7 @@ def test_the_budget_stops_the_batch_and_the_first_offer_always_goes(repo, dispat
 
 
 def test_an_unencodable_pick_fails_and_the_batch_goes_on(repo, dispatch):
-    session = dispatch.register_session("w", 8)
+    session = dispatch.sessions.register("w", 8)
     repo.tasks.add(spec("bad"))
     repo.tasks.add(spec("good"))
     bad = repo.runs.request("bad").run.id
@@ -183,13 +183,13 @@ def test_an_unencodable_pick_fails_and_the_batch_goes_on(repo, dispatch):
 
 
 def test_a_pull_from_a_session_that_is_not_current_is_fenced_and_takes_nothing(repo, dispatch):
-    old = dispatch.register_session("w", 8)
+    old = dispatch.sessions.register("w", 8)
     repo.tasks.add(spec())
     run_id = repo.runs.request("job").run.id
-    dispatch.register_session("w", 8)
+    dispatch.sessions.register("w", 8)
     with pytest.raises(Fenced):
         batch(dispatch, old, pairs(2))
-    current = dispatch.register_session("w", 8)
+    current = dispatch.sessions.register("w", 8)
     with repo.store.write() as conn:
         conn.execute(worker_sessions.update().where(worker_sessions.c.session_id == current.session_id)
                      .values(lease_expires_at_ms=1))
@@ -199,7 +199,7 @@ def test_a_pull_from_a_session_that_is_not_current_is_fenced_and_takes_nothing(r
 
 
 def test_a_pull_checks_its_pairs(repo, dispatch):
-    session = dispatch.register_session("w", 8)
+    session = dispatch.sessions.register("w", 8)
     (offer_id, token_hash), = pairs(1)
     with pytest.raises(BadInput):
         batch(dispatch, session, [])
@@ -220,8 +220,8 @@ def test_two_sessions_pulling_at_once_never_lease_an_attempt_twice(pg_schema_url
         for name in ("a", "b", "c", "d"):
             repo.tasks.add(spec(name, max_concurrent=6))
         ids = {repo.runs.request(name).run.id for name in ("a", "b", "c", "d") for _ in range(10)}
-        dispatchers = [Dispatch(repo.store), Dispatch(other)]
-        sessions = [d.register_session(f"w{i}", 40) for i, d in enumerate(dispatchers)]
+        dispatchers = [Dispatch.open(repo.store), Dispatch.open(other)]
+        sessions = [d.sessions.register(f"w{i}", 40) for i, d in enumerate(dispatchers)]
         barrier, got, errors = threading.Barrier(2), [[], []], []
 
         def puller(i):

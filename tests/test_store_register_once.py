@@ -26,13 +26,13 @@ def sessions_of(repo, worker_id="w1"):
 
 
 def register(dispatch, register_id, secret_hash, worker_id="w1", capacity=4):
-    return dispatch.register_session(worker_id, capacity, boot_id=BOOT, labels=("gpu",),
+    return dispatch.sessions.register(worker_id, capacity, boot_id=BOOT, labels=("gpu",),
                                      session_lease_ms=LEASE_MS, resume_secret_hash=secret_hash,
                                      register_id=register_id)
 
 
 def resume(dispatch, session, quoted_hash, new_secret_hash, register_id, capacity=4):
-    return dispatch.resume_session(session.worker_id, session.session_id, session.generation, quoted_hash,
+    return dispatch.sessions.resume(session.worker_id, session.session_id, session.generation, quoted_hash,
                                    new_secret_hash, BOOT, capacity=capacity, labels=("gpu",),
                                    session_lease_ms=LEASE_MS, register_id=register_id)
 
@@ -66,7 +66,7 @@ def test_a_late_copy_after_a_newer_register_gets_its_first_answer_and_ends_nothi
 def test_two_replicas_racing_with_one_register_give_one_answer(repo, store_url):
     other = Store(store_url)  # the second replica's engine, on the same database
     try:
-        dispatchers = [Dispatch(repo.store), Dispatch(other)]
+        dispatchers = [Dispatch.open(repo.store), Dispatch.open(other)]
         barrier, got, errors = threading.Barrier(2), [None, None], []
         secret = new_hash()
 

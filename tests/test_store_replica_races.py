@@ -43,7 +43,7 @@ class Replica:
 
     def __init__(self, url: str) -> None:
         self.repo = Repository.open(url, **DatabaseSettings(url=url).store_options())
-        self.dispatch = Dispatch(self.repo.store)
+        self.dispatch = Dispatch.open(self.repo.store)
         self.completion = CompletionService(self.repo.store)
 
     def close(self) -> None:
@@ -89,7 +89,7 @@ def pairs(n):
 
 
 def pull(replica, session, the_pairs):
-    return replica.dispatch.offer_batch(session.worker_id, session.session_id, session.generation, the_pairs,
+    return replica.dispatch.offers.batch(session.worker_id, session.session_id, session.generation, the_pairs,
                                         log_cap_bytes=0, lease_ttl_ms=30_000)
 
 
@@ -238,7 +238,7 @@ def test_two_replicas_recovering_the_same_attempt_mark_it_lost_once_and_release_
         session = register(a.dispatch, f"w{r}")
         flight = launch(a.repo, a.dispatch, session)
         quote = flight.quote
-        assert a.dispatch.attest(session.worker_id, session.session_id, session.generation, quote,
+        assert a.dispatch.attestations.apply(session.worker_id, session.session_id, session.generation, quote,
                                  session.session_id, session.generation, "stopped",
                                  run_lease_ms=30_000).result == "applied"
         with a.repo.store.write() as conn:
@@ -265,7 +265,7 @@ def test_two_replicas_retrying_the_same_lost_run_make_exactly_one_new_attempt(re
         session = register(a.dispatch, f"w{r}")
         flight = launch(a.repo, a.dispatch, session, retry=policy)
         run_id = flight.quote.run_id
-        assert Control(a.repo.store).mark_lost(run_id, flight.quote.attempt_id,
+        assert Control.open(a.repo.store).recovery.mark_lost(run_id, flight.quote.attempt_id,
                                                "RECOVERY_PROCESS_STOPPED").result == "applied"
         resolved = race(lambda: retry_a.resolve_lost(run_id), lambda: retry_b.resolve_lost(run_id))
         assert "applied" in [o.result for o in resolved]

@@ -36,7 +36,7 @@ class Replica:
 
     def __init__(self, url: str) -> None:
         self.repo = Repository.open(url)
-        self.dispatch = Dispatch(self.repo.store)
+        self.dispatch = Dispatch.open(self.repo.store)
         self.completion = CompletionService(self.repo.store)
         self.batch = ReportBatch(self.repo.store, ledger=True)
 
@@ -46,23 +46,23 @@ class Replica:
 
     def activate(self, fence, callback_hash, request_id):
         return self._one(LockRequest(fence.attempt_id, fence.run_id, fence, revision=True),
-                         lambda c, r: self.dispatch.activate_in(c, r, fence, callback_hash, "log"),
+                         lambda c, r: self.dispatch.reports.activate_in(c, r, fence, callback_hash, "log"),
                          "activate", ActivateResult, request_id)
 
     def started(self, fence, request_id):
         return self._one(LockRequest(fence.attempt_id, fence.run_id, fence),
-                         lambda c, r: self.dispatch.started_in(c, r, fence, IDENTITY.boot_id, IDENTITY.pid,
+                         lambda c, r: self.dispatch.reports.started_in(c, r, fence, IDENTITY.boot_id, IDENTITY.pid,
                                                                IDENTITY.pgid, IDENTITY.start_ticks),
                          "started", Outcome, request_id)
 
     def start_failed(self, fence, request_id):
         return self._one(LockRequest(fence.attempt_id, fence.run_id, fence),
-                         lambda c, r: self.dispatch.start_failed_in(c, r, fence, "spawn failed"),
+                         lambda c, r: self.dispatch.reports.start_failed_in(c, r, fence, "spawn failed"),
                          "start_failed", Outcome, request_id)
 
     def decline(self, fence, request_id):
         return self._one(LockRequest(fence.attempt_id, fence.run_id, fence),
-                         lambda c, r: self.dispatch.decline_in(c, r, fence),
+                         lambda c, r: self.dispatch.reports.decline_in(c, r, fence),
                          "decline", Outcome, request_id)
 
     def complete(self, flight, request_id):
@@ -76,17 +76,17 @@ class Replica:
                          "completed", CompletionOutcome, request_id)
 
     def pull(self, session, pairs, request_id):
-        return self.dispatch.offer_batch(session.worker_id, session.session_id, session.generation, pairs,
+        return self.dispatch.offers.batch(session.worker_id, session.session_id, session.generation, pairs,
                                          log_cap_bytes=0, lease_ttl_ms=30_000,
                                          answer=AnswerKey(W, request_id, "pull", PullAnswer))
 
     def attest(self, session, flight, fact, request_id):
-        return self.dispatch.attest(W, session.session_id, session.generation, flight.quote,
+        return self.dispatch.attestations.apply(W, session.session_id, session.generation, flight.quote,
                                     flight.offer.session_id, flight.offer.session_generation, fact,
                                     run_lease_ms=30_000, answer=AnswerKey(W, request_id, "attest", AttestResult))
 
     def leave(self, session, status, request_id):
-        return self.dispatch.end_session(W, session.session_id, session.generation, status=status,
+        return self.dispatch.sessions.end(W, session.session_id, session.generation, status=status,
                                          answer=AnswerKey(W, request_id, "leave", Outcome))
 
     def close(self) -> None:
@@ -256,7 +256,7 @@ def test_without_a_ledger_nothing_is_kept(repo, dispatch):
     flight = launch(repo, dispatch, session, activated=False, started=False)
     batch = ReportBatch(repo.store)
     report = Report(LockRequest(flight.fence.attempt_id, flight.fence.run_id, flight.fence),
-                    lambda c, r: dispatch.decline_in(c, r, flight.fence),
+                    lambda c, r: dispatch.reports.decline_in(c, r, flight.fence),
                     answer=AnswerKey(W, new_id(), "decline", Outcome))
     assert batch.apply([report])[0].result == "applied"
     assert kept(repo) == 0

@@ -39,7 +39,7 @@ def worker(dispatch):
 
 
 def register(dispatch, worker_id, secret_hash=None, boot_id=BOOT, capacity=4) -> Session:
-    return dispatch.register_session(worker_id, capacity, boot_id=boot_id, labels=("gpu", "eu", "gpu"),
+    return dispatch.sessions.register(worker_id, capacity, boot_id=boot_id, labels=("gpu", "eu", "gpu"),
                                      session_lease_ms=LEASE_MS, resume_secret_hash=secret_hash or new_hash())
 
 
@@ -50,22 +50,22 @@ def launch(repo, dispatch, session, *, activated=True, started=True, **spec_kw) 
     repo.tasks.add(spec(name, **spec_kw))
     run_id = repo.runs.request(name).run.id
     lease_hash = new_hash()
-    offer = dispatch.offer(session.worker_id, session.session_id, session.generation,
+    offer = dispatch.offers.one(session.worker_id, session.session_id, session.generation,
                            secrets.token_hex(8), lease_hash, log_cap_bytes=0, lease_ttl_ms=30_000)
     assert offer.run_id == run_id
     fence = offer.fence(lease_hash)
     token = secrets.token_urlsafe(32)
     if activated:
-        assert dispatch.activate(fence, token_hash(token), "log").result == "applied"
+        assert dispatch.reports.activate(fence, token_hash(token), "log").result == "applied"
     if started:
-        assert dispatch.started(fence, IDENTITY.boot_id, IDENTITY.pid, IDENTITY.pgid,
+        assert dispatch.reports.started(fence, IDENTITY.boot_id, IDENTITY.pid, IDENTITY.pgid,
                                 IDENTITY.start_ticks).result == "applied"
     quote = LeaseQuote(run_id, offer.attempt_id, offer.offer_id, offer.lease_generation, lease_hash)
     return Flight(offer, fence, quote, token)
 
 
 def beat(dispatch, session, seq, *quotes, free_slots=2, clock=None, run_lease_ms=30_000):
-    return dispatch.heartbeat(session.worker_id, session.session_id, session.generation, seq,
+    return dispatch.heartbeats.apply(session.worker_id, session.session_id, session.generation, seq,
                               free_slots=free_slots, worker_clock_ms=clock or 1_000, renewals=quotes,
                               session_lease_ms=LEASE_MS, run_lease_ms=run_lease_ms)
 
@@ -125,24 +125,24 @@ def test_a_worker_off_the_allow_list_cannot_register_and_nothing_changes(repo, d
     keys.allow("w1", "k" * 40)
     keys.revoke("w1")  # a replica whose allow-list cache still has the key lets its Register in
     with pytest.raises(Fenced, match="not on the allow-list"):
-        dispatch.register_session("w1", 2, session_lease_ms=LEASE_MS, require_key=True)
+        dispatch.sessions.register("w1", 2, session_lease_ms=LEASE_MS, require_key=True)
     with repo.store.read() as conn:
         rows = conn.execute(select(worker_sessions.c.generation, worker_sessions.c.status)
                             .where(worker_sessions.c.worker_id == "w1")).all()
     assert [tuple(r) for r in rows] == [(old.generation, "offline")]  # ended by `revoke`; no new one
     keys.allow("w1", "k" * 40)
-    assert dispatch.register_session("w1", 2, session_lease_ms=LEASE_MS, require_key=True).generation == 2
+    assert dispatch.sessions.register("w1", 2, session_lease_ms=LEASE_MS, require_key=True).generation == 2
 
 
 def test_register_checks_its_arguments(dispatch):
     with pytest.raises(BadInput):
-        dispatch.register_session("w1", 1, labels="gpu")
+        dispatch.sessions.register("w1", 1, labels="gpu")
     with pytest.raises(BadInput):
-        dispatch.register_session("w1", 1, labels=("bad label",))
+        dispatch.sessions.register("w1", 1, labels=("bad label",))
     with pytest.raises(BadInput):
-        dispatch.register_session("w1", 1, session_lease_ms=0)
+        dispatch.sessions.register("w1", 1, session_lease_ms=0)
     with pytest.raises(BadInput):
-        dispatch.register_session("w1", 1, resume_secret_hash="raw-secret")
+        dispatch.sessions.register("w1", 1, resume_secret_hash="raw-secret")
 
 
 def test_resume_within_the_lease_on_the_same_boot_rotates_the_secret(repo, dispatch):
@@ -150,7 +150,7 @@ def test_resume_within_the_lease_on_the_same_boot_rotates_the_secret(repo, dispa
     session = register(dispatch, "w1", secret)
     assert beat(dispatch, session, 3).renewed == ()
     before = session_row(repo, session.session_id)
-    resumed = dispatch.resume_session("w1", session.session_id, 1, secret, rotated, BOOT,
+    resumed = dispatch.sessions.resume("w1", session.session_id, 1, secret, rotated, BOOT,
                                       capacity=2, labels=["cpu"], session_lease_ms=LEASE_MS)
     assert (resumed.session_id, resumed.generation, resumed.capacity) == (session.session_id, 1, 2)
     assert resumed.labels == ("cpu",) and resumed.heartbeat_seq == 3
@@ -158,7 +158,7 @@ def test_resume_within_the_lease_on_the_same_boot_rotates_the_secret(repo, dispa
     assert row.resume_secret_hash == rotated and row.free_slots == 2 and row.status == "online"
     assert row.lease_expires_at_ms >= before.lease_expires_at_ms and row.version == before.version + 1
     with pytest.raises(Fenced, match="^wrong_secret"):  # the old secret is refused afterwards
-        dispatch.resume_session("w1", session.session_id, 1, secret, new_hash(), BOOT,
+        dispatch.sessions.resume("w1", session.session_id, 1, secret, new_hash(), BOOT,
                                 capacity=2, labels=(), session_lease_ms=LEASE_MS)
 
 
@@ -184,19 +184,19 @@ def test_resume_is_refused_and_changes_nothing(repo, dispatch, case):
         generation = 2
     before = session_row(repo, session_id)
     with pytest.raises(Fenced, match=f"^{case}"):
-        dispatch.resume_session("w1", session_id, generation, quoted, new_hash(), boot,
+        dispatch.sessions.resume("w1", session_id, generation, quoted, new_hash(), boot,
                                 capacity=4, labels=(), session_lease_ms=LEASE_MS)
     assert session_row(repo, session_id) == before
 
 
 def test_end_session_drains_then_goes_offline(repo, dispatch, worker):
-    assert dispatch.end_session("w1", worker.session_id, 1, status="draining").result == "applied"
+    assert dispatch.sessions.end("w1", worker.session_id, 1, status="draining").result == "applied"
     row = session_row(repo, worker.session_id)
     assert (row.status, row.ended_at_ms) == ("draining", None) and row.drained_at_ms is not None
     drained_at = row.drained_at_ms
     # a draining session still heartbeats (it keeps its running jobs renewed)
     assert not beat(dispatch, worker, 1).session_ended
-    outcome = dispatch.end_session("w1", worker.session_id, 1)
+    outcome = dispatch.sessions.end("w1", worker.session_id, 1)
     row = session_row(repo, worker.session_id)
     assert (outcome.result, outcome.detail, row.status) == ("applied", None, "offline")
     assert row.ended_at_ms is not None and row.drained_at_ms == drained_at  # drained since the first
@@ -204,21 +204,21 @@ def test_end_session_drains_then_goes_offline(repo, dispatch, worker):
 
 
 def test_end_session_repeated_is_idempotent_and_changes_nothing(repo, dispatch, worker):
-    assert dispatch.end_session("w1", worker.session_id, 1, status="draining").result == "applied"
+    assert dispatch.sessions.end("w1", worker.session_id, 1, status="draining").result == "applied"
     draining = session_row(repo, worker.session_id)
-    again = dispatch.end_session("w1", worker.session_id, 1, status="draining")
+    again = dispatch.sessions.end("w1", worker.session_id, 1, status="draining")
     assert (again.result, again.detail) == ("applied", "already_draining")
     assert session_row(repo, worker.session_id) == draining
-    assert dispatch.end_session("w1", worker.session_id, 1).result == "applied"
+    assert dispatch.sessions.end("w1", worker.session_id, 1).result == "applied"
     offline = session_row(repo, worker.session_id)
     for status in ("offline", "draining"):  # a late repeat of either, after a failover
-        outcome = dispatch.end_session("w1", worker.session_id, 1, status=status)
+        outcome = dispatch.sessions.end("w1", worker.session_id, 1, status=status)
         assert (outcome.result, outcome.detail) == ("applied", "already_offline")
     assert session_row(repo, worker.session_id) == offline
 
 
 def test_end_session_offline_without_draining_first_is_a_drain_too(repo, dispatch, worker):
-    assert dispatch.end_session("w1", worker.session_id, 1).result == "applied"
+    assert dispatch.sessions.end("w1", worker.session_id, 1).result == "applied"
     row = session_row(repo, worker.session_id)
     assert row.status == "offline" and row.drained_at_ms is not None and row.ended_at_ms is not None
 
@@ -228,11 +228,11 @@ def test_end_session_from_a_superseded_or_foreign_session_is_fenced_and_changes_
         repo, dispatch, worker, status):
     newer = register(dispatch, "w1")  # generation 2 supersedes the fixture's session
     old, current = session_row(repo, worker.session_id), session_row(repo, newer.session_id)
-    superseded = dispatch.end_session("w1", worker.session_id, 1, status=status)
+    superseded = dispatch.sessions.end("w1", worker.session_id, 1, status=status)
     assert (superseded.result, superseded.detail) == ("fenced", "superseded")
-    assert dispatch.end_session("w2", newer.session_id, 2, status=status).detail == "session_worker"
-    assert dispatch.end_session("w1", newer.session_id, 1, status=status).detail == "session_generation"
-    assert dispatch.end_session("w1", "0" * 26, 2, status=status).detail == "unknown_session"
+    assert dispatch.sessions.end("w2", newer.session_id, 2, status=status).detail == "session_worker"
+    assert dispatch.sessions.end("w1", newer.session_id, 1, status=status).detail == "session_generation"
+    assert dispatch.sessions.end("w1", "0" * 26, 2, status=status).detail == "unknown_session"
     assert session_row(repo, worker.session_id) == old and session_row(repo, newer.session_id) == current
     assert old.drained_at_ms is None  # superseded, not drained: no drain grace for it
 
@@ -245,16 +245,16 @@ def test_end_session_of_a_revoked_session_is_fenced(repo, dispatch, worker):
     assert keys.revoke("w1").sessions_ended == 1  # offline, not drained, ended by `revoked`
     before = session_row(repo, worker.session_id)
     assert (before.status, before.ended_by, before.drained_at_ms) == ("offline", "revoked", None)
-    outcome = dispatch.end_session("w1", worker.session_id, 1, status="offline")
+    outcome = dispatch.sessions.end("w1", worker.session_id, 1, status="offline")
     assert (outcome.result, outcome.detail) == ("fenced", "session_offline")
     assert session_row(repo, worker.session_id) == before
 
 
 def test_draining_a_session_whose_lease_expired_is_refused_but_it_may_go_offline(repo, dispatch, worker):
     expire_session(repo, worker.session_id)
-    refused = dispatch.end_session("w1", worker.session_id, 1, status="draining")
+    refused = dispatch.sessions.end("w1", worker.session_id, 1, status="draining")
     assert (refused.result, refused.detail) == ("refused", "session_expired")
-    assert dispatch.end_session("w1", worker.session_id, 1).result == "applied"
+    assert dispatch.sessions.end("w1", worker.session_id, 1).result == "applied"
     row = session_row(repo, worker.session_id)
     assert (row.status, row.ended_at_ms) == ("offline", 1)  # it ended when its lease expired
 
@@ -262,9 +262,9 @@ def test_draining_a_session_whose_lease_expired_is_refused_but_it_may_go_offline
 def test_a_drained_session_is_resumed_within_its_lease_and_is_online_again(repo, dispatch):
     secret, rotated = new_hash(), new_hash()
     session = register(dispatch, "w1", secret)
-    assert dispatch.end_session("w1", session.session_id, 1, status="draining").result == "applied"
-    assert dispatch.end_session("w1", session.session_id, 1).result == "applied"
-    resumed = dispatch.resume_session("w1", session.session_id, 1, secret, rotated, BOOT,
+    assert dispatch.sessions.end("w1", session.session_id, 1, status="draining").result == "applied"
+    assert dispatch.sessions.end("w1", session.session_id, 1).result == "applied"
+    resumed = dispatch.sessions.resume("w1", session.session_id, 1, secret, rotated, BOOT,
                                       capacity=4, labels=(), session_lease_ms=LEASE_MS)
     assert (resumed.session_id, resumed.generation) == (session.session_id, 1)
     row = session_row(repo, session.session_id)
@@ -324,7 +324,7 @@ def test_a_heartbeat_of_an_ended_session_renews_nothing(repo, dispatch, worker, 
     elif session_case == "expired":
         expire_session(repo, worker.session_id)
     else:
-        dispatch.end_session("w1", worker.session_id, 1)
+        dispatch.sessions.end("w1", worker.session_id, 1)
     before = db_state(repo, flight.quote.run_id), session_row(repo, worker.session_id)
     answer = beat(dispatch, worker, 1, flight.quote)
     assert answer.session_ended and answer.renewed == () and answer.reason.startswith("session_")
@@ -337,7 +337,7 @@ def test_each_fenced_renewal_changes_nothing(repo, dispatch, worker, case):
     flight = launch(repo, dispatch, worker, activated=case != "lease_released", started=False)
     quote = flight.quote
     if case == "lease_released":
-        assert dispatch.release_unstarted(flight.fence, "declined").result == "applied"
+        assert dispatch.reports.decline(flight.fence, "declined").result == "applied"
     elif case == "lease_completed":
         complete(repo, flight)
     elif case == "lease_token":
@@ -349,7 +349,7 @@ def test_each_fenced_renewal_changes_nothing(repo, dispatch, worker, case):
     elif case == "unknown_attempt":
         quote = dataclasses.replace(quote, attempt_id="no-such-attempt")
     elif case == "mark_lost":
-        assert Control(repo.store).mark_lost(quote.run_id, quote.attempt_id, "WORKER_LOST").result == "applied"
+        assert Control.open(repo.store).recovery.mark_lost(quote.run_id, quote.attempt_id, "WORKER_LOST").result == "applied"
     session = worker
     if case == "lease_session":  # another worker's session quoting this worker's lease
         session = register(dispatch, "w2")
@@ -375,7 +375,7 @@ def test_renewal_fence_of_a_live_lease_whose_attempt_ended():
 
 def test_one_heartbeat_renews_some_and_fences_others(repo, dispatch, worker):
     kept, released = launch(repo, dispatch, worker), launch(repo, dispatch, worker, activated=False, started=False)
-    assert dispatch.release_unstarted(released.fence, "declined").result == "applied"
+    assert dispatch.reports.decline(released.fence, "declined").result == "applied"
     answer = beat(dispatch, worker, 1, released.quote, kept.quote, kept.quote)
     assert [r[0] for r in answer.renewed] == [kept.quote.attempt_id]
     assert answer.fenced == ((released.quote.attempt_id, 1, "lease_released"),)
@@ -389,7 +389,7 @@ def attest(dispatch, session, flight, quoted_session, fact="running", **kw):
         kw.setdefault("new_lease_token_hash", new_hash())
         kw.setdefault("new_offer_id", secrets.token_hex(8))
         kw.setdefault("identity", IDENTITY)
-    return dispatch.attest(session.worker_id, session.session_id, session.generation, flight.quote,
+    return dispatch.attestations.apply(session.worker_id, session.session_id, session.generation, flight.quote,
                            quoted_session.session_id, quoted_session.generation, fact,
                            run_lease_ms=30_000, **kw)
 
@@ -547,19 +547,19 @@ def test_unactivated_leases_lists_the_sessions_offers_never_activated(repo):
     from qlactors.store.dispatch import Dispatch
     from store_helpers import new_hash, spec
 
-    dispatch = Dispatch(repo.store)
+    dispatch = Dispatch.open(repo.store)
     repo.tasks.add(spec("u", max_concurrent=2))
     first, second = (repo.runs.request("u").run.id for _ in range(2))
-    session = dispatch.register_session("w-u", 2, session_lease_ms=60_000)
-    offers = dispatch.offer_batch("w-u", session.session_id, session.generation,
+    session = dispatch.sessions.register("w-u", 2, session_lease_ms=60_000)
+    offers = dispatch.offers.batch("w-u", session.session_id, session.generation,
                                   [("o-u1", new_hash()), ("o-u2", new_hash())], log_cap_bytes=1024,
                                   lease_ttl_ms=60_000)
     assert {o.run_id for o in offers} == {first, second}
     activated = offers[0]
-    dispatch.activate(activated.fence(_token_hash_of(dispatch, activated)), new_hash(), "ab/x.log")
-    listed = dispatch.unactivated_leases(session.session_id)
+    dispatch.reports.activate(activated.fence(_token_hash_of(dispatch, activated)), new_hash(), "ab/x.log")
+    listed = dispatch.sessions.unactivated_leases(session.session_id)
     assert [(u.attempt_id, u.offer_id) for u in listed] == [(offers[1].attempt_id, offers[1].offer_id)]
-    assert dispatch.unactivated_leases("no-such-session") == []
+    assert dispatch.sessions.unactivated_leases("no-such-session") == []
 
 
 def _token_hash_of(dispatch, view) -> str:

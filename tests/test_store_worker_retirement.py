@@ -49,7 +49,7 @@ def test_retire_ends_the_sessions_and_marks_the_running_attempts_retired(repo, d
     assert _evidence(repo, other.quote.attempt_id).evidence is None
     # Every report of the ended session is fenced from now on; nothing else changed.
     assert beat(dispatch, w1, 1, running.quote).session_ended
-    assert dispatch.started(starting.fence, "boot-1", 1, 1, 1).result == "fenced"
+    assert dispatch.reports.started(starting.fence, "boot-1", 1, 1, 1).result == "fenced"
 
 
 def test_retire_keeps_a_proof_already_given_and_replaces_an_unknown_launch(repo, dispatch):
@@ -82,13 +82,13 @@ def test_retire_twice_is_harmless_and_an_unknown_worker_is_refused(repo, dispatc
 # -- Revoked and retired (SEMANTICS.md §9): every session ends, drained ones included -----------
 
 def _drain(dispatch, session, *, offline):
-    assert dispatch.end_session("w1", session.session_id, session.generation, status="draining").result == "applied"
+    assert dispatch.sessions.end("w1", session.session_id, session.generation, status="draining").result == "applied"
     if offline:
-        assert dispatch.end_session("w1", session.session_id, session.generation).result == "applied"
+        assert dispatch.sessions.end("w1", session.session_id, session.generation).result == "applied"
 
 
 def _resume(dispatch, session, secret, **kw):
-    return dispatch.resume_session("w1", session.session_id, session.generation, secret, new_hash(), "boot-1",
+    return dispatch.sessions.resume("w1", session.session_id, session.generation, secret, new_hash(), "boot-1",
                                    capacity=4, labels=(), session_lease_ms=60_000, **kw)
 
 

@@ -1,4 +1,4 @@
-"""Commands of the cluster: `keys new`, `worker allow|revoke`, `workers`, `control`, `worker`,
+"""CLI: the commands of the cluster: `keys new`, `worker allow|revoke`, `workers`, `control`, `worker`,
 and the cluster side of `status`, `logs` and `run --wait` (no local runtime socket: the store)."""
 
 from __future__ import annotations
@@ -161,7 +161,7 @@ def status(repo: Repository, args: argparse.Namespace) -> int:
     cluster = read_cluster_status(repo.store, settings.cadence_tick_ms, recovery_grace_ms=settings.recovery_grace_ms,
                                   drain_grace_ms=settings.drain_grace_ms)
     listed = Workers(repo.store).list()
-    counts = {k: v for k, v in Control(repo.store).status_counts().runs.items() if v}
+    counts = {k: v for k, v in Control.open(repo.store).status.counts().runs.items() if v}
     active = {k: v for k, v in sorted(counts.items()) if not RunStatus(k).terminal}
     listing, reasons = active_with_reasons(repo, [(w.worker_id, w.labels) for w in listed.workers if w.serving])
     up = cluster.replicas_up > 0

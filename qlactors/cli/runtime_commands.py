@@ -1,4 +1,5 @@
-"""Commands that need the runtime's side of the home: `edge`, `status`, `run --wait`, `logs`, `audit`."""
+"""CLI: the commands that need the runtime's side of the home: `edge`, `status`, `run --wait`, `logs`,
+`audit`."""
 
 from __future__ import annotations
 
@@ -222,7 +223,7 @@ def status(repo: Repository, args: argparse.Namespace) -> int:
     up = runtime_is_up(home)
     from ..store.control import Control
 
-    counts = {k: v for k, v in Control(repo.store).status_counts().runs.items() if v}
+    counts = {k: v for k, v in Control.open(repo.store).status.counts().runs.items() if v}
     active = {k: v for k, v in sorted(counts.items()) if not RunStatus(k).terminal}
     unresolved = read_recovery_status(home) if up else []
     hold = read_disk_hold(home) if up else None  # a file left by a runtime that died says nothing

@@ -1,5 +1,5 @@
-"""Control side: the Gateway: the control side's face to executors — sessions, offers, fenced reports,
-completions, log chunks and attestations, each answered; and the stops and nudges for one worker.
+"""Control side: the Gateway, the face to executors — sessions, offers, fenced reports, completions,
+log chunks and attestations, each answered; and the stops and nudges for one worker.
 
 Both profiles use it: on edge the one executor is in this process (its session lives as long as
 the process); on a cluster every worker connects over CurveZMQ and every decision is the
@@ -232,7 +232,7 @@ class Gateway(RuntimeActor):
     def _forget_the_silent(self) -> None:
         """A cluster peer not heard from for a whole session lease: its session has expired (or
         its worker was revoked, whose frames the bridge refuses), or it talks to another replica,
-        which reaches it. Its stops reach it with a later heartbeat's answer (`pending_stops`)."""
+        which reaches it. Its stops reach it with a later heartbeat's answer (`Stops.pending`)."""
         lease_ms = getattr(self.sessions, "session_lease_ms", None)  # edge: its own, for good
         if lease_ms is None:
             return
@@ -253,7 +253,7 @@ class Gateway(RuntimeActor):
         if (self.ctx.admitting.is_set() and self.ctx.authority.is_set() and msg.offers
                 and self.sessions.may_offer()):
             try:
-                views = self.ctx.dispatch.offer_batch(
+                views = self.ctx.dispatch.offers.batch(
                     self.worker_id, msg.session_id, msg.session_generation,
                     [(slot.offer_id, token_hash(slot.lease_token)) for slot in msg.offers],
                     log_cap_bytes=self.ctx.config.runtime.log_cap_bytes,
@@ -288,7 +288,7 @@ class Gateway(RuntimeActor):
         """The store Report for a report message and what answers its result; None when it was
         answered already (a receipt that does not decode; a log chunk on edge). The answer to a
         repeat is built from the result its first copy got (the ledger), by the same code."""
-        d, worker = self.ctx.dispatch, self.worker_id
+        reports, worker = self.ctx.dispatch.reports, self.worker_id
         if isinstance(msg, m.LogChunk):
             chunks = self.sessions.log_chunks
             if chunks is None:
@@ -305,21 +305,21 @@ class Gateway(RuntimeActor):
         fence = fence_of(msg, worker)
         locks = LockRequest(msg.attempt_id, msg.run_id, fence, revision=isinstance(msg, m.Activate))
         if isinstance(msg, m.Activate):
-            return (Report(locks, lambda conn, rows: d.activate_in(conn, rows, fence, msg.callback_token_hash,
-                                                                    msg.log_artifact_id),
+            return (Report(locks, lambda conn, rows: reports.activate_in(conn, rows, fence, msg.callback_token_hash,
+                                                                          msg.log_artifact_id),
                            answer=self._answer_key(msg, ActivateResult)),
                     lambda result: self._answer_activate(msg, peer, result))
         answer = self._answer_key(msg, Outcome)
         if isinstance(msg, m.Started):
-            return (Report(locks, lambda conn, rows: d.started_in(conn, rows, fence, msg.boot_id, msg.pid,
-                                                                   msg.pgid, msg.start_ticks), durable=False,
+            return (Report(locks, lambda conn, rows: reports.started_in(conn, rows, fence, msg.boot_id, msg.pid,
+                                                                         msg.pgid, msg.start_ticks), durable=False,
                            answer=answer),
                     lambda outcome: self._ack(peer, "started", msg, outcome.result, outcome.detail))
         if isinstance(msg, m.StartFailed):
-            return (Report(locks, lambda conn, rows: d.start_failed_in(conn, rows, fence, msg.reason),
+            return (Report(locks, lambda conn, rows: reports.start_failed_in(conn, rows, fence, msg.reason),
                            answer=answer),
                     lambda outcome: self._ack(peer, "start_failed", msg, outcome.result, outcome.detail))
-        return (Report(locks, lambda conn, rows: d.decline_in(conn, rows, fence), answer=answer),
+        return (Report(locks, lambda conn, rows: reports.decline_in(conn, rows, fence), answer=answer),
                 lambda outcome: self._answer_decline(msg, peer, outcome))
 
     def _answer_activate(self, msg: m.Activate, peer: bytes, result: Any) -> None:

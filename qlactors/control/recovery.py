@@ -1,5 +1,5 @@
-"""Control side: recovery of local attempts (SEMANTICS.md §6): a full startup pass, then only what the
-Executor reports.
+"""Control side: edge's recovery of local attempts (SEMANTICS.md §6): a full startup pass, then only
+what the Executor reports.
 
 For each candidate: a receipt wins; an unstarted claim has its lease released without probing (it
 is offered again); otherwise the
@@ -85,7 +85,7 @@ class Recovery(RuntimeActor):
         """Every in-flight attempt of this node, page after page (keyset on the attempt id)."""
         after = None
         while True:
-            candidates, more = self.ctx.control.recovery_candidates(STARTUP_PAGE, after)
+            candidates, more = self.ctx.control.recovery.candidates(STARTUP_PAGE, after)
             yield candidates
             if not more or not candidates:
                 return
@@ -95,7 +95,7 @@ class Recovery(RuntimeActor):
         page = self.ctx.config.runtime.recovery_page
         wanted = sorted(self.ended | set(self.unresolved))[:page]
         try:
-            candidates = self.ctx.control.candidates_for(wanted)
+            candidates = self.ctx.control.recovery.candidates_for(wanted)
             known = {c.attempt_id for c in candidates}
             for attempt_id in wanted:
                 if attempt_id not in known:  # already resolved (e.g. a receipt landed meanwhile)
@@ -184,10 +184,10 @@ class Recovery(RuntimeActor):
     def _end(self, c: Any, code: str) -> str:
         control = self.ctx.control
         if c.cancel_reason is not None:
-            control.end_by_intent(c.run_id, c.attempt_id)
+            control.stops.end_by_intent(c.run_id, c.attempt_id)
             outcome = "ended_by_intent"
         else:
-            control.mark_lost(c.run_id, c.attempt_id, code)
+            control.recovery.mark_lost(c.run_id, c.attempt_id, code)
             outcome = "lost"
         log.warning("event=attempt_%s run=%s attempt=%s code=%s", outcome, c.run_id, c.attempt_id, code)
         self.local.ended(c.attempt_id)
@@ -196,7 +196,7 @@ class Recovery(RuntimeActor):
 
     def _release_claim(self, c: Any) -> str:
         """Offered, never activated: release its lease and let it be offered again (never `lost`)."""
-        outcome = self.ctx.dispatch.release_unactivated(c.run_id, c.attempt_id)
+        outcome = self.ctx.dispatch.reports.release_unactivated(c.run_id, c.attempt_id)
         log.info("event=claim_released run=%s attempt=%s result=%s detail=%s", c.run_id, c.attempt_id,
                  outcome.result, outcome.detail)
         if outcome.result == "applied":
@@ -205,7 +205,7 @@ class Recovery(RuntimeActor):
         return "released"
 
     def _rebind(self, c: Any, identity: Any) -> None:
-        self.ctx.control.rebind(c.run_id, c.attempt_id, self.local.session, identity,
+        self.ctx.control.recovery.rebind(c.run_id, c.attempt_id, self.local.session, identity,
                                 offer_id=new_id(), lease_token_hash=token_hash(secrets.token_urlsafe(32)))
         # The Executor re-adopts from its journal: make sure the identity is there (it usually
         # is; only a crash between spawn and the journal write leaves it to the start marker).

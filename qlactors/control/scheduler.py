@@ -1,4 +1,4 @@
-"""Control side: the Scheduler: one non-overlapping cycle per cadence tick, steps in a fixed order,
+"""Control side: the Scheduler, one non-overlapping cycle per cadence tick, steps in a fixed order,
 each with a deadline.
 
 Order (SEMANTICS.md §10): 1. recovery page, 2. retry page, 3. cron admission (one page of due
@@ -128,14 +128,14 @@ class Scheduler(RuntimeActor):
             try:
                 page = self.ctx.config.runtime.recovery_page
                 control = self.ctx.control
-                orders = [*control.commit_timeouts(page), *control.pending_stops(page)]
+                orders = [*control.stops.commit_timeouts(page), *control.stops.pending(page)]
                 # A timeout committed now is also pending: one stop order per attempt.
                 stops = tuple({o.attempt_id: o for o in orders}.values())
-                work = self.ctx.admitting.is_set() and control.queued_waiting()
-                due = [t for t in (control.next_due_ms(), self.ctx.cron.next_fire_ms(),
+                work = self.ctx.admitting.is_set() and control.status.queued_waiting()
+                due = [t for t in (control.stops.next_due_ms(), self.ctx.cron.next_fire_ms(),
                                    self.ctx.cron.next_not_before_ms()) if t is not None]
                 next_due = min(due) if due else None
-                idle = not (stops or work or self.busy or control.active_run_ids(1))
+                idle = not (stops or work or self.busy or control.status.active_run_ids(1))
             except Exception as err:  # a database error ends the cycle like a failed step
                 ok, step, detail = False, "stops/admission", str(err)
         if ok:

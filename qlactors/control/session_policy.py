@@ -1,6 +1,5 @@
-"""Control side: who the Gateway's executors are: the one local session of an edge process, or the
-cluster's workers, whose sessions, leases and log chunks the database decides (SEMANTICS.md §9,
-§13).
+"""Control side: who the Gateway's executors are: the one local session of an edge process, or the cluster's
+workers, whose sessions, leases and log chunks the database decides (SEMANTICS.md §9, §13).
 
 A policy answers the session messages (Register, Heartbeat), says how long a run lease lasts and
 whether offers may go out, and judges what differs between the profiles in a completion, a log
@@ -135,7 +134,7 @@ class ClusterSessions:
         labels = tuple(sorted(set(msg.labels)))
         if msg.resume_session_id is not None and msg.resume_generation is not None and msg.resume_secret:
             try:
-                session = self.dispatch.resume_session(
+                session = self.dispatch.sessions.resume(
                     worker_id, msg.resume_session_id, msg.resume_generation, token_hash(msg.resume_secret),
                     token_hash(secret), msg.boot_id, capacity=msg.capacity, labels=labels,
                     session_lease_ms=self.session_lease_ms, require_key=True, register_id=msg.register_id,
@@ -145,9 +144,9 @@ class ClusterSessions:
                          msg.resume_session_id, err)
             else:
                 return self._welcome(msg, session, secret, resumed=True,
-                                     unactivated=self.dispatch.unactivated_leases(session.session_id))
+                                     unactivated=self.dispatch.sessions.unactivated_leases(session.session_id))
         try:
-            session = self.dispatch.register_session(
+            session = self.dispatch.sessions.register(
                 worker_id, msg.capacity, boot_id=msg.boot_id, labels=labels,
                 session_lease_ms=self.session_lease_ms, resume_secret_hash=token_hash(secret), require_key=True,
                 register_id=msg.register_id, worker_clock_ms=msg.worker_clock_ms,
@@ -177,7 +176,7 @@ class ClusterSessions:
     def heartbeat(self, msg: m.Heartbeat, worker_id: str) -> tuple[m.HeartbeatAck, list]:
         from ..store.records import LeaseQuote
 
-        answer = self.dispatch.heartbeat(
+        answer = self.dispatch.heartbeats.apply(
             worker_id, msg.session_id, msg.session_generation, msg.seq, free_slots=msg.free_slots,
             worker_clock_ms=msg.worker_clock_ms,
             renewals=[LeaseQuote(run_id=r.run_id, attempt_id=r.attempt_id, offer_id=r.offer_id,
@@ -190,13 +189,13 @@ class ClusterSessions:
                      for a, g, v, e in answer.renewed],
             fenced=[m.FencedLease(attempt_id=a, lease_generation=g, reason=r) for a, g, r in answer.fenced],
             detail=answer.reason or "")
-        stops = [] if answer.session_ended else self.control.pending_stops(worker_id=worker_id)
+        stops = [] if answer.session_ended else self.control.stops.pending(worker_id=worker_id)
         return ack, stops
 
     def leave(self, msg: m.Leave, worker_id: str) -> tuple[str, str]:
         """A worker's drain (SEMANTICS.md §9 Drain): its session `draining`, then `offline`, from
-        the authenticated worker's session only (`end_session` fences any other)."""
-        outcome = self.dispatch.end_session(worker_id, msg.session_id, msg.session_generation, status=msg.status,
+        the authenticated worker's session only (`Sessions.end` fences any other)."""
+        outcome = self.dispatch.sessions.end(worker_id, msg.session_id, msg.session_generation, status=msg.status,
                                             answer=AnswerKey(worker_id, msg.request_id, msg.KIND, Outcome))
         return outcome.result, outcome.detail or ""
 
@@ -233,7 +232,7 @@ class ClusterSessions:
         identity = None
         if msg.fact == "running":
             identity = Identity(msg.boot_id or "", msg.pid, msg.pgid or 0, msg.start_ticks or 0)
-        result = self.dispatch.attest(
+        result = self.dispatch.attestations.apply(
             worker_id, msg.session_id, msg.session_generation,
             LeaseQuote(run_id=lease.run_id, attempt_id=lease.attempt_id, offer_id=lease.offer_id,
                        lease_generation=lease.lease_generation, lease_token_hash=token_hash(lease.lease_token)),

@@ -92,8 +92,8 @@ class ControlRuntime(Runner):
                         heartbeat_ms=cfg.heartbeat_ms)
         directory = Directory()
         fatal = Fatal(on_trip=self._poke)
-        dispatch = Dispatch(store)
-        control = Control(store)
+        dispatch = Dispatch.open(store)
+        control = Control.open(store)
         self.replica_id = replicas.register(socket.gethostname(), os.getpid(), cfg.bind)
 
         def authenticator_running() -> None:

@@ -1,4 +1,4 @@
-"""Profile: the edge profile: one process, one SQLite file, all six actors, ZeroMQ inproc between them.
+"""Profile: edge, one process, one SQLite file, all six actors, ZeroMQ inproc between them.
 
 Start order: lock the home, migrate, register the local session, start the bridge, the
 Supervisor, the Gateway, then Recovery — whose startup pass finishes before anything is admitted — then
@@ -130,15 +130,15 @@ class EdgeRuntime(Runner):
         directory = Directory()
         fatal = Fatal(on_trip=self._poke)
         admitting = threading.Event()
-        dispatch = Dispatch(store)
-        session = dispatch.register_session(LOCAL_WORKER, self.config.runtime.slots)
+        dispatch = Dispatch.open(store)
+        session = dispatch.sessions.register(LOCAL_WORKER, self.config.runtime.slots)
         local_receipts = LocalReceipts(receipts, journal, self.config.runtime.quarantine_retention_ms)
         shared = SharedContext(config=self.config, zmq=zctx, bridge=bridge, directory=directory, fatal=fatal,
                                admitting=admitting, health=store.health)
         ctx = EdgeContext.over(
             shared,
             control=dict(
-                repo=repo, dispatch=dispatch, completion=CompletionService(store), control=Control(store),
+                repo=repo, dispatch=dispatch, completion=CompletionService(store), control=Control.open(store),
                 lost_retry=LostRetry(store), cron=CronAdmission(store),
                 retention=Retention(store, EdgeFiles(journal, logs, receipts)),
                 sessions=LocalSessions(session, self.config.runtime.cadence_tick_ms,
@@ -186,8 +186,8 @@ class EdgeRuntime(Runner):
     def _cancel_running(self, ctx: EdgeContext, deadline: float) -> None:
         """`edge --cancel-running`: commit a `shutdown` intent (never over another reason), stop, wait."""
         control = ctx.control_side
-        for run_id in control.control.active_run_ids():
+        for run_id in control.control.status.active_run_ids():
             control.repo.runs.cancel(run_id, CancelReason.SHUTDOWN, actor_type="system")
         ctx.directory.tell("scheduler", Tick("shutdown"))
-        while time.monotonic() < deadline and control.control.active_run_ids():
+        while time.monotonic() < deadline and control.control.status.active_run_ids():
             time.sleep(0.05)

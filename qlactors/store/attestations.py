@@ -1,4 +1,4 @@
-"""Attestations (SEMANTICS.md §9 Re-attest): after every start a worker tells the control side,
+"""Store: attestations (SEMANTICS.md §9 Re-attest): after every start a worker tells the control side,
 from its current session, what it knows about each attempt in its journal, quoting the lease
 (of whichever of its sessions) the attempt was offered under.
 
@@ -28,6 +28,7 @@ from ..domain.states import AttemptStatus, LeaseReleaseReason, LeaseStatus
 from ..domain.transitions import plan_started
 from ..errors import BadInput, Conflict
 from .dispatch_queries import LEASE_BY_OFFER, LEASE_LOCKED, MAX_GENERATION, SESSION_SHARED
+from .engine import Store
 from .evidence import NO_EVIDENCE
 from .plans import apply_plan, attempt_snapshot, current_attempt, end_lease, load_attempt, load_run, run_snapshot
 from .records import (
@@ -55,9 +56,12 @@ _REBIND = _A.update().where(and_(_A.c.id == bindparam("w_id"), _A.c.status == bi
 
 
 class Attestations:
-    """`attest`: what a worker knows about one attempt's process; needs `self.store`."""
+    """`apply` an attestation: what a worker knows about one attempt's process."""
 
-    def attest(self, worker_id: str, session_id: str, generation: int, quote: LeaseQuote,
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def apply(self, worker_id: str, session_id: str, generation: int, quote: LeaseQuote,
                quote_session_id: str, quote_session_generation: int, fact: str, *,
                new_lease_token_hash: str | None = None, new_offer_id: str | None = None,
                identity: Any = None, run_lease_ms: int, answer: AnswerKey | None = None) -> AttestResult:
@@ -116,7 +120,7 @@ class Attestations:
                quote_session_generation: int, fact: str, new_lease_token_hash: str | None,
                new_offer_id: str | None, identity: Any, run_lease_ms: int, session, run, attempt,
                lease, now: int) -> AttestResult:
-        """`attest` under its locks, with the rows they read."""
+        """`apply` under its locks, with the rows they read."""
         detail = session_mismatch(session, worker_id, generation, now, online_only=False)
         if detail is not None:
             return AttestResult(FENCED, detail)

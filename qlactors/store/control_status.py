@@ -1,4 +1,4 @@
-"""What the cadence and `qlactors status` read without changing anything: whether a run waits for
+"""Store: what the cadence and `qlactors status` read without changing anything: whether a run waits for
 an offer, the runs not yet terminal, and runs and live attempts counted by state."""
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ class StatusCounts:
 class ControlStatus:
     """The waiting test, the active runs and the status counts."""
 
-    store: Store
+    def __init__(self, store: Store) -> None:
+        self.store = store
 
     def queued_waiting(self) -> bool:
         """True when a run waits for an offer (the Scheduler then nudges executors): one `queued`
@@ -54,7 +55,7 @@ class ControlStatus:
             return conn.execute(select(func.count()).select_from(runs).where(
                 runs.c.status == _R.LOST.value)).scalar_one()
 
-    def status_counts(self) -> StatusCounts:
+    def counts(self) -> StatusCounts:
         """Runs by state (every state present, zero included) and live attempts by state."""
         with self.store.read() as conn:
             by_run = dict(conn.execute(select(runs.c.status, func.count()).group_by(runs.c.status)).all())

@@ -1,4 +1,4 @@
-"""Fenced executor reports about an offered attempt: Activate, Started, start failure, decline
+"""Store: fenced executor reports about an offered attempt: Activate, Started, start failure, decline
 (SEMANTICS.md §4, §9 Fence), and the release of an offer nobody activated (§6, §10).
 
 Every report quotes its `Fence` (worker, session and generation, run, attempt, offer id, lease
@@ -252,8 +252,6 @@ class FencedReports:
             return Outcome(REFUSED, f"attempt_{held.attempt.status}", held.run.status)
         end_lease(conn, held.attempt.id, held.now, _L.RELEASED, reason)
         return Outcome(APPLIED, None, held.run.status)
-
-    release_unstarted = decline  # the name the edge runtime's tests and drain use
 
     def release_unactivated(self, run_id: str, attempt_id: str) -> Outcome:
         """An attempt offered but never activated that no executor holds: its live lease ends

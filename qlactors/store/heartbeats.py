@@ -1,4 +1,4 @@
-"""Numbered heartbeats and the lease renewals they carry (SEMANTICS.md §9 Sessions, Renewal).
+"""Store: numbered heartbeats and the lease renewals they carry (SEMANTICS.md §9 Sessions, Renewal).
 
 One transaction per heartbeat and no advisory locks: the session row first (`FOR UPDATE`), then
 the quoted leases' run rows, attempts and lease rows, each in id order (`report_locks.lock_rows`,
@@ -18,6 +18,7 @@ from sqlalchemy import and_, bindparam, select, tuple_
 from ..domain.states import LeaseStatus
 from ..errors import BadInput, Conflict
 from .dispatch_queries import SESSION_LOCKED
+from .engine import Store
 from .records import HeartbeatAnswer, LeaseQuote, check_id
 from .report_locks import HeldRows, lock_rows
 from .schema import run_attempts, run_dispatch_leases
@@ -27,6 +28,7 @@ from .session_rules import (
     answer_from_json,
     answer_json,
     check_ms,
+    clock_skew,
     check_quote,
     renewal_fence,
     session_mismatch,
@@ -48,9 +50,12 @@ _PROJECTION = (_A.update()
 
 
 class Heartbeats:
-    """`heartbeat`: renew the session and the leases it quotes; needs `self.store`."""
+    """`apply` a heartbeat: renew the session and the leases it quotes."""
 
-    def heartbeat(self, worker_id: str, session_id: str, generation: int, seq: int, *,
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    def apply(self, worker_id: str, session_id: str, generation: int, seq: int, *,
                   free_slots: int, worker_clock_ms: int, renewals: Sequence[LeaseQuote],
                   session_lease_ms: int | None, run_lease_ms: int) -> HeartbeatAnswer:
         """Heartbeat number `seq` of a session, renewing every lease in `renewals` it still holds.
@@ -92,8 +97,6 @@ class Heartbeats:
             lock_rows(conn, rows, run_ids=sorted({q.run_id for q in quotes}),
                       attempt_ids=sorted({q.attempt_id for q in quotes}),
                       pairs=sorted({(q.attempt_id, q.lease_generation) for q in quotes}))
-            from .sessions import clock_skew  # sessions imports this module
-
             fenced, renewable = [], []
             for quote in quotes:
                 pair = (quote.attempt_id, quote.lease_generation)

@@ -1,4 +1,4 @@
-"""Offers: a Pull's (offer id, lease token hash) pairs answered with up to that many claimed
+"""Store: offers, a Pull's (offer id, lease token hash) pairs answered with up to that many claimed
 attempts, each under a new lease, in one short transaction (SEMANTICS.md §4 step 1, §9 Offers).
 
 Lock order, the global one of §9 (advisory locks in key order, then the session row, then run,
@@ -89,19 +89,18 @@ def command_argv(command_json: str) -> tuple[str, ...]:
 
 
 class Offers:
-    """`offer_batch` (and `offer`, its one-pair form)."""
+    """`batch` (and `one`, its one-pair form)."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
 
-    def offer(self, worker_id: str, session_id: str, session_generation: int, offer_id: str,
-              lease_token_hash: str, **options) -> OfferView | None:
-        """`offer_batch` with one pair: the offer, or None."""
-        found = self.offer_batch(worker_id, session_id, session_generation, [(offer_id, lease_token_hash)],
-                                 **options)
+    def one(self, worker_id: str, session_id: str, session_generation: int, offer_id: str,
+            lease_token_hash: str, **options) -> OfferView | None:
+        """`batch` with one pair: the offer, or None."""
+        found = self.batch(worker_id, session_id, session_generation, [(offer_id, lease_token_hash)], **options)
         return found[0] if found else None
 
-    def offer_batch(
+    def batch(
         self,
         worker_id: str,
         session_id: str,
@@ -158,7 +157,7 @@ class Offers:
 
 
 class _Batch:
-    """One offer_batch transaction's state: the session, the pairs left, the picks and the budget."""
+    """One `Offers.batch` transaction's state: the session, the pairs left, the picks and the budget."""
 
     def __init__(self, store, conn, worker_id, session_id, generation, pairs, log_cap_bytes,
                  lease_ttl_ms, check, budget_bytes, size, *, answer: AnswerKey | None = None) -> None:

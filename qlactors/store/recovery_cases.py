@@ -1,4 +1,4 @@
-"""Recovery's store operations (SEMANTICS.md §10): marking an attempt lost, the candidates recovery
+"""Store: recovery's operations (SEMANTICS.md §10): marking an attempt lost, the candidates recovery
 judges (the database's facts; edge's Recovery adds its journal's), and re-binding a process that survived a
 restart to the current session.
 
@@ -31,7 +31,8 @@ _ERROR_CODE = re.compile(r"[A-Z][A-Z0-9_]{0,63}")
 class RecoveryCases:
     """Lost attempts, recovery candidates and re-binding survivors."""
 
-    store: Store
+    def __init__(self, store: Store) -> None:
+        self.store = store
 
     def mark_lost(self, run_id: str, attempt_id: str, error_code: str, *,
                   actor_type: str = "recovery") -> Outcome:
@@ -50,7 +51,7 @@ class RecoveryCases:
                 return ended
             return lost_in(conn, run, attempt, error_code, self.store.now_ms(conn), actor_type=actor_type)
 
-    def recovery_candidates(self, limit: int = DEFAULT_PAGE, after_attempt_id: str | None = None, *,
+    def candidates(self, limit: int = DEFAULT_PAGE, after_attempt_id: str | None = None, *,
                             worker_id: str | None = None) -> tuple[list[Candidate], bool]:
         """One page of attempts to judge, ascending attempt id, and whether more remain (`limit + 1`).
 

@@ -406,7 +406,7 @@ worker_sessions = Table(
     Column("labels_json", Text, nullable=False, server_default=text("'[]'")),
     Column("clock_skew_ms", BigInteger),
     Column("ended_at_ms", MS),
-    # Schema 8: when the session was drained (`end_session`: a planned stop); recovery counts a
+    # Schema 8: when the session was drained (`Sessions.end`: a planned stop); recovery counts a
     # drained session as ended only `drain_grace_ms` after it ended (SEMANTICS.md §9 Drain).
     Column("drained_at_ms", MS),
     # Schema 10 (SEMANTICS.md §9 Register once, Revoked and retired): the `register_id` of the

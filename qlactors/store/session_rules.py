@@ -1,4 +1,4 @@
-"""The pure decisions of worker sessions, renewals and attestations (SEMANTICS.md §9): argument
+"""Store: the pure decisions of worker sessions, renewals and attestations (SEMANTICS.md §9): argument
 checks, why a session cannot act or resume, why a quoted lease is not renewed, and the stored
 heartbeat answer. No I/O: sessions.py, heartbeats.py and attestations.py read the rows and act.
 """
@@ -162,6 +162,13 @@ def duplicate_verdict(lost, successor, now: int, session_lease_ms: int | None) -
     if not _took_over(lost, successor):
         return None
     return DUPLICATE_WORKER if successor.note == DUPLICATE else DUPLICATE
+
+
+def clock_skew(now_ms: int, worker_clock_ms: int | None) -> int | None:
+    """Database time minus the worker's clock (for `workers`; a value no clock gives is no skew)."""
+    if type(worker_clock_ms) is not int or worker_clock_ms < 0:
+        return None
+    return now_ms - worker_clock_ms
 
 
 def ended_at(session, now: int) -> int:

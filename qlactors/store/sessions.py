@@ -1,5 +1,5 @@
-"""Worker sessions (SEMANTICS.md §9 Sessions): register, resume and end; heartbeats with their
-lease renewals (heartbeats.py) and attestations (attestations.py) complete the class.
+"""Store: worker sessions (SEMANTICS.md §9 Sessions): register, resume and end them; heartbeats with
+their lease renewals (heartbeats.py) and attestations (attestations.py) are their own collaborators.
 
 Every method is one short transaction and every expiry is judged on database time
 (`Store.now_ms`). A session's generation is the worker's last + 1, taken under the advisory lock
@@ -28,17 +28,15 @@ from ..domain.recovery_evidence import LAUNCH_UNKNOWN, REBOOTED
 from ..domain.states import AttemptStatus, LeaseStatus
 from ..errors import BadInput, Conflict
 from ..ids import new_id
-from .attestations import Attestations
 from .dispatch_queries import SESSION_LOCKED
 from .engine import Store
-from .heartbeats import Heartbeats
 from .plans import sql_states
 from .records import APPLIED, FENCED, REFUSED, Fenced, Outcome, Session, check_hash, check_id
 from .request_answers import AnswerKey, first_answers, keep_answers
 from .schema import run_attempts, run_dispatch_leases, worker_keys, worker_sessions
 from .session_rows import LATEST_GENERATION, update_session
-from .session_rules import (DUPLICATE_WORKER, REVOKED, check_capacity, check_ms, duplicate_verdict, ended_at,
-                            labels_json, normal_labels, resume_refusal, session_mismatch)
+from .session_rules import (DUPLICATE_WORKER, REVOKED, check_capacity, check_ms, clock_skew, duplicate_verdict,
+                            ended_at, labels_json, normal_labels, resume_refusal, session_mismatch)
 
 _WS = worker_sessions
 _END_STATUSES = ("offline", "draining")
@@ -90,20 +88,13 @@ def _as_session(row) -> Session:
                    boot_id=row.boot_id, heartbeat_seq=row.heartbeat_seq)
 
 
-def clock_skew(now_ms: int, worker_clock_ms: int | None) -> int | None:
-    """Database time minus the worker's clock (for `workers`; a value no clock gives is no skew)."""
-    if type(worker_clock_ms) is not int or worker_clock_ms < 0:
-        return None
-    return now_ms - worker_clock_ms
-
-
-class Sessions(Heartbeats, Attestations):
-    """Register, resume and end worker sessions; heartbeat and attest (the base classes)."""
+class Sessions:
+    """Register, resume and end worker sessions."""
 
     def __init__(self, store: Store) -> None:
         self.store = store
 
-    def register_session(self, worker_id: str, capacity: int, *, boot_id: str | None = None,
+    def register(self, worker_id: str, capacity: int, *, boot_id: str | None = None,
                          labels: Iterable[str] = (), session_lease_ms: int | None = None,
                          resume_secret_hash: str | None = None, require_key: bool = False,
                          register_id: str | None = None, worker_clock_ms: int | None = None,
@@ -184,12 +175,12 @@ class Sessions(Heartbeats, Attestations):
             return Session(session_id, worker_id, generation, capacity, lease_expires_at_ms=expires,
                            labels=labels, boot_id=boot_id, note=note)
 
-    def resume_session(self, worker_id: str, session_id: str, generation: int, resume_secret_hash: str,
+    def resume(self, worker_id: str, session_id: str, generation: int, resume_secret_hash: str,
                        new_resume_secret_hash: str, boot_id: str, *, capacity: int,
                        labels: Iterable[str], session_lease_ms: int, require_key: bool = False,
                        register_id: str | None = None, worker_clock_ms: int | None = None) -> Session:
         """Resume the worker's current session after a restart within its lease, on the same boot.
-        A session its worker drained (`end_session`) is resumed too: it is `online` again, no
+        A session its worker drained (`end`) is resumed too: it is `online` again, no
         longer ended nor drained; one the operator ended (`worker revoke`, `worker retire`) never.
 
         Raises `Fenced` whose message starts with the reason word (`unknown_session`,
@@ -252,7 +243,7 @@ class Sessions(Heartbeats, Attestations):
         with self.store.read() as conn:
             return [Unactivated(*row) for row in conn.execute(query)]
 
-    def end_session(self, worker_id: str, session_id: str, generation: int, *,
+    def end(self, worker_id: str, session_id: str, generation: int, *,
                     status: str = "offline", answer: AnswerKey | None = None) -> Outcome:
         """Its worker drains the session (SEMANTICS.md §9 Drain, the wire's `Leave`): `draining`
         (no more offers to it; its reports still count) then `offline`.
@@ -281,7 +272,7 @@ class Sessions(Heartbeats, Attestations):
             return result
 
     def _end(self, conn, session, worker_id: str, generation: int, status: str, now: int) -> Outcome:
-        """`end_session` under the session row lock."""
+        """`end` under the session row lock."""
         detail = session_mismatch(session, worker_id, generation, now, online_only=False)
         if detail in ("unknown_session", "session_worker", "session_generation"):
             return Outcome(FENCED, detail)

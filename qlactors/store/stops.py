@@ -1,4 +1,4 @@
-"""Deadlines and stops (SEMANTICS.md §6, §7): when the cadence must wake next, committing timeouts,
+"""Store: deadlines and stops (SEMANTICS.md §6, §7): when the cadence must wake next, committing timeouts,
 the stops still to enforce, and ending a run by its cancel intent when its process is gone.
 
 Every write is one short transaction per run; a page of work is a read that lists ids, then one
@@ -32,7 +32,8 @@ _R, _L = RunStatus, LeaseStatus
 class Stops:
     """Deadlines, timeouts, pending stops and the end of a run by its intent."""
 
-    store: Store
+    def __init__(self, store: Store) -> None:
+        self.store = store
 
     def next_deadline_ms(self) -> int | None:
         """The earliest deadline of a `starting|running` attempt whose run has no cancel intent."""
@@ -56,7 +57,7 @@ class Stops:
 
         One transaction per run, each re-checking deadline (database time) and intent under the
         run lock, so a user's intent committed meanwhile is never overwritten. Only the runs this
-        call gave an intent are returned; `pending_stops` lists every intent still to enforce.
+        call gave an intent are returned; `pending` lists every intent still to enforce.
         """
         page_size(limit, MAX_STOP_PAGE)
         with self.store.read() as conn:
@@ -93,7 +94,7 @@ class Stops:
             return stop_order(run.id, attempt, CancelReason.TIMEOUT.value,
                                pinned_revision(conn, run).stop_grace_ms)
 
-    def pending_stops(self, limit: int = DEFAULT_PAGE, *, worker_id: str | None = None) -> list[StopOrder]:
+    def pending(self, limit: int = DEFAULT_PAGE, *, worker_id: str | None = None) -> list[StopOrder]:
         """Runs with a committed cancel intent whose attempt is `starting|running`, oldest intent first.
 
         Re-sending StopRequested for them is idempotent, so this is also how stops survive a restart
