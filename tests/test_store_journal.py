@@ -92,7 +92,7 @@ def test_each_pages_through_every_row_while_the_caller_clears_them(journal):
     ids = sorted(accept(journal) for _ in range(7))
     journal.set_state(ids[3], "started", identity=IDENTITY)
     seen = []
-    for entry in journal.each(["accepted"], page=2):
+    for entry in journal.walk(["accepted"], page=2):
         seen.append(entry.attempt_id)
         journal.clear(entry.attempt_id)  # as the Executor does with a dead instance's offers
     assert seen == ids[:3] + ids[4:]

@@ -57,7 +57,7 @@ class LogSender(RuntimeActor):
     def on_resume(self, _msg: Resume, _peer: bytes) -> None:
         """Ship on from the journal: every log not yet acknowledged to its final offset, from the
         acknowledged offset (the journal's `shipped_offset`)."""
-        for e in self.ctx.journal.each(("launching", "started", "completed")):
+        for e in self.ctx.journal.walk(("launching", "started", "completed")):
             if e.attempt_id in self.shipping:
                 continue
             if e.final_offset is not None and e.shipped_offset >= e.final_offset:

@@ -219,17 +219,6 @@ class Journal:
         with self.store.read() as conn:
             return [JournalEntry.from_row(r) for r in conn.execute(query)]
 
-    def each(self, states: Iterable[str], page: int = 64) -> Iterator[JournalEntry]:
-        """Every row in `states`, ascending attempt id, read a page at a time (each page after the
-        caller handled the one before, so it may clear rows as it goes)."""
-        after = None
-        while True:
-            entries = self.list(states, page, after)
-            yield from entries
-            if len(entries) < page:
-                return
-            after = entries[-1].attempt_id
-
     def due_purge(self, now_ms: int, limit: int = 32) -> builtins.list[JournalEntry]:
         """Quarantined rows whose retention ended by `now_ms`, oldest first."""
         if type(now_ms) is not int:
@@ -241,7 +230,9 @@ class Journal:
             return [JournalEntry.from_row(r) for r in conn.execute(query)]
 
     def walk(self, states: Iterable[str] = IN_FLIGHT, page: int = 64) -> Iterator[JournalEntry]:
-        """Every row in `states`, page after page (a short read per page): the post-start probe."""
+        """Every row in `states`, ascending attempt id, page after page (a short read per page, each
+        after the caller handled the one before, so it may clear rows as it goes): the post-start
+        probe, log shipping's restart."""
         wanted = tuple(states)
         after = None
         while True:
