@@ -250,7 +250,11 @@ def test_dispatch_and_control_are_records_of_parts_that_inherit_nothing():
         assert [n for n in vars(record) if not n.startswith("_") and n not in fields] == ["open"], record
 
 
-# -- no import circles ------------------------------------------------------------------------------
+# -- no import circles; modules and functions of a readable size (or a `Size:` reason) --------------
+
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 60
+
 
 def module_graph() -> dict[str, set[str]]:
     """qlactors module -> the qlactors modules it imports (function-level imports count too)."""
@@ -313,3 +317,37 @@ def test_no_import_circle():
 def test_the_circle_finder_finds_one():
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert circles({"a": {"b"}, "b": set()}) == []
+
+
+def _size_reason(source: str) -> str | None:
+    """A module says why it is long in one docstring line starting `Size:`."""
+    doc = ast.get_docstring(ast.parse(source)) or ""
+    return next((line for line in doc.splitlines() if line.startswith("Size:")), None)
+
+
+def too_long(source: str, where: str) -> list[str]:
+    """What in one module is over the bounds, unless its docstring has a `Size:` line."""
+    if _size_reason(source) is not None:
+        return []
+    long = []
+    lines = source.count("\n")
+    if lines > MAX_MODULE_LINES:
+        long.append(f"{where}: {lines} lines")
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            length = node.end_lineno - node.lineno + 1
+            if length > MAX_FUNCTION_LINES:
+                long.append(f"{where}:{node.lineno} {node.name}: {length} lines")
+    return long
+
+
+def test_modules_and_functions_are_short_or_say_why():
+    long = [line for path in sorted(ROOT.rglob("*.py"))
+            for line in too_long(path.read_text(), str(path.relative_to(ROOT.parent)))]
+    assert not long, "too long, and no `Size:` line in the module docstring says why:\n" + "\n".join(long)
+
+
+def test_the_size_check_sees_a_long_function_and_takes_a_reason():
+    body = "def f():\n" + "    x = 1\n" * MAX_FUNCTION_LINES
+    assert too_long(body, "m.py") == [f"m.py:1 f: {MAX_FUNCTION_LINES + 1} lines"]
+    assert too_long('"""Doc.\n\nSize: one table read whole."""\n' + body, "m.py") == []

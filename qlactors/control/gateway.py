@@ -13,6 +13,7 @@ frame's User-Id through the allow-list); the bridge refuses a message naming ano
 from __future__ import annotations
 
 import logging
+from types import SimpleNamespace
 from typing import Any
 
 from ..clock import monotonic
@@ -22,7 +23,7 @@ from ..faults import crash_point, drop_point
 from ..runtime.actor import RuntimeActor
 from ..runtime.signals import AttemptEnded, Redeliver, Tick, ToWorkers, WakeAt
 from ..store.completion import CompletionOutcome
-from ..store.records import ActivateResult, Outcome
+from ..store.records import ActivateResult, Fence, Fenced, Outcome
 from ..store.report_batch import Report, ReportBatch, groups
 from ..store.report_locks import LockRequest
 from ..store.request_answers import AnswerKey, PullAnswer
@@ -49,8 +50,6 @@ _clock = monotonic  # when a peer was last heard from (a test moves it on)
 
 def fence_of(report: Any, worker_id: str):
     """The store's Fence for a fenced wire report (only the lease token's hash is compared)."""
-    from ..store.records import Fence
-
     return Fence(worker_id=worker_id, session_id=report.session_id,
                  session_generation=report.session_generation, run_id=report.run_id,
                  attempt_id=report.attempt_id, offer_id=report.offer_id,
@@ -244,8 +243,6 @@ class Gateway(RuntimeActor):
     # -- offers and fenced reports ---------------------------------------------------------------
 
     def on_pull(self, msg: m.Pull, peer: bytes) -> None:
-        from ..store.records import Fenced
-
         views = []
         # Nothing is offered before startup recovery is done, during shutdown, while the last
         # cycle failed (authority unknown, SEMANTICS.md §10), beyond the pairs the executor
@@ -268,7 +265,9 @@ class Gateway(RuntimeActor):
         if views and drop_point("gateway_drop_offers"):
             log.warning("event=fault_offers_dropped pull=%s offers=%d", msg.pull_id, len(views))
             return
-        self._to_peer(peer, offers_message(_SessionName(self.worker_id, msg), msg, views))
+        # The session an Offers answer names: the one the Pull quoted (the store checked it).
+        named = SimpleNamespace(worker_id=self.worker_id, session_id=msg.session_id, generation=msg.session_generation)
+        self._to_peer(peer, offers_message(named, msg, views))
 
     # -- reports: applied in batches (`_flush`), or alone (`on_report`) --------------------------
 
@@ -394,12 +393,3 @@ class Gateway(RuntimeActor):
     def _send_stop(self, peer: bytes, order: Any) -> None:
         self._to_peer(peer, m.StopRequested(run_id=order.run_id, attempt_id=order.attempt_id,
                                                reason=order.reason, grace_ms=order.grace_ms))
-
-
-class _SessionName:
-    """The session an Offers answer names: the one the Pull quoted (the store checked it)."""
-
-    __slots__ = ("worker_id", "session_id", "generation")
-
-    def __init__(self, worker_id: str, pull: m.Pull) -> None:
-        self.worker_id, self.session_id, self.generation = worker_id, pull.session_id, pull.session_generation

@@ -62,9 +62,9 @@ class Attestations:
         self.store = store
 
     def apply(self, worker_id: str, session_id: str, generation: int, quote: LeaseQuote,
-               quote_session_id: str, quote_session_generation: int, fact: str, *,
-               new_lease_token_hash: str | None = None, new_offer_id: str | None = None,
-               identity: Any = None, run_lease_ms: int, answer: AnswerKey | None = None) -> AttestResult:
+              quote_session_id: str, quote_session_generation: int, fact: str, *,
+              new_lease_token_hash: str | None = None, new_offer_id: str | None = None,
+              identity: Any = None, run_lease_ms: int, answer: AnswerKey | None = None) -> AttestResult:
         """Apply one attestation from the worker's current session (worker, session, generation).
 
         `fenced` (nothing changed) when that session is not current, or the quoted lease does not

@@ -92,38 +92,20 @@ class CompletionService:
             final_log_offset=final_log_offset, finished_in_time=finished_in_time))
 
     def complete_in(self, conn, rows: HeldRows, run_id: str, attempt_id: str, receipt: Receipt,
-                 log_dropped_bytes: int | None = None, stopped_by: str = "exit", *,
-                 worker_id: str | None = None, final_log_offset: int | None = None,
-                 finished_in_time: bool | None = None) -> CompletionOutcome:
+                    log_dropped_bytes: int | None = None, stopped_by: str = "exit", *,
+                    worker_id: str | None = None, final_log_offset: int | None = None,
+                    finished_in_time: bool | None = None) -> CompletionOutcome:
         """`complete` in a transaction holding `rows` (`report_locks.hold`, one report or a batch)."""
-        if log_dropped_bytes is not None and (type(log_dropped_bytes) is not int or log_dropped_bytes < 0):
-            raise BadInput("log_dropped_bytes must be a non-negative integer or None (unknown)")
-        if stopped_by not in _SENT:
-            raise BadInput(f"stopped_by must be one of {sorted(_SENT)}")
-        if not isinstance(receipt, Receipt):
-            raise BadInput("complete() takes a decoded Receipt")
-        if final_log_offset is not None and (type(final_log_offset) is not int or final_log_offset < 0):
-            raise BadInput("final_log_offset must be a non-negative integer or None")
-        if finished_in_time not in (None, True, False):
-            raise BadInput("finished_in_time must be a boolean or None")
+        _check_arguments(receipt, log_dropped_bytes, stopped_by, final_log_offset, finished_in_time)
         run = rows.runs.get(run_id) if isinstance(run_id, str) else None
         if run is None:
             return CompletionOutcome(REFUSED, "unknown_run")
         attempt = rows.attempts.get(attempt_id)
         if attempt is None:
             return CompletionOutcome(REFUSED, "unknown_attempt", run.status)
-        if attempt.run_id != run.id:
-            return CompletionOutcome(REFUSED, "wrong_run", run.status)
-        if attempt.executor_type != EXECUTOR_TYPE:
-            return CompletionOutcome(REFUSED, "wrong_executor", run.status)
-        if worker_id is not None and attempt.worker_id != worker_id:
-            return CompletionOutcome(REFUSED, "wrong_worker", run.status)
-        if receipt.run_id != run_id or receipt.attempt_id != attempt_id:
-            return CompletionOutcome(REFUSED, "receipt_mismatch", run.status)
-        if attempt.callback_token_hash is None:
-            return CompletionOutcome(REFUSED, "no_token", run.status)
-        if not token_matches(receipt.token, attempt.callback_token_hash):
-            return CompletionOutcome(REFUSED, "bad_token", run.status)
+        refusal = _whose(run, attempt, receipt, worker_id)
+        if refusal is not None:
+            return CompletionOutcome(REFUSED, refusal, run.status)
         a_status, r_status = AttemptStatus(attempt.status), RunStatus(run.status)
         if ((a_status.terminal and attempt.callback_sequence == receipt.callback_sequence)
                 or r_status.terminal or a_status is AttemptStatus.LOST):
@@ -162,3 +144,35 @@ class CompletionService:
                                        **({} if final_log_offset is None
                                           else {"log_final_offset": final_log_offset}), **projection))
         return CompletionOutcome(APPLIED, None, plan.run_to.value)
+
+
+def _check_arguments(receipt: Receipt, log_dropped_bytes: int | None, stopped_by: str,
+                     final_log_offset: int | None, finished_in_time: bool | None) -> None:
+    """BadInput for a caller's value `complete` cannot take (nothing is read or written)."""
+    if log_dropped_bytes is not None and (type(log_dropped_bytes) is not int or log_dropped_bytes < 0):
+        raise BadInput("log_dropped_bytes must be a non-negative integer or None (unknown)")
+    if stopped_by not in _SENT:
+        raise BadInput(f"stopped_by must be one of {sorted(_SENT)}")
+    if not isinstance(receipt, Receipt):
+        raise BadInput("complete() takes a decoded Receipt")
+    if final_log_offset is not None and (type(final_log_offset) is not int or final_log_offset < 0):
+        raise BadInput("final_log_offset must be a non-negative integer or None")
+    if finished_in_time not in (None, True, False):
+        raise BadInput("finished_in_time must be a boolean or None")
+
+
+def _whose(run, attempt, receipt: Receipt, worker_id: str | None) -> str | None:
+    """Why the receipt is not this attempt's to complete (its detail word), or None."""
+    if attempt.run_id != run.id:
+        return "wrong_run"
+    if attempt.executor_type != EXECUTOR_TYPE:
+        return "wrong_executor"
+    if worker_id is not None and attempt.worker_id != worker_id:
+        return "wrong_worker"
+    if receipt.run_id != run.id or receipt.attempt_id != attempt.id:
+        return "receipt_mismatch"
+    if attempt.callback_token_hash is None:
+        return "no_token"
+    if not token_matches(receipt.token, attempt.callback_token_hash):
+        return "bad_token"
+    return None

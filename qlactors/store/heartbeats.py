@@ -56,8 +56,8 @@ class Heartbeats:
         self.store = store
 
     def apply(self, worker_id: str, session_id: str, generation: int, seq: int, *,
-                  free_slots: int, worker_clock_ms: int, renewals: Sequence[LeaseQuote],
-                  session_lease_ms: int | None, run_lease_ms: int) -> HeartbeatAnswer:
+              free_slots: int, worker_clock_ms: int, renewals: Sequence[LeaseQuote],
+              session_lease_ms: int | None, run_lease_ms: int) -> HeartbeatAnswer:
         """Heartbeat number `seq` of a session, renewing every lease in `renewals` it still holds.
 
         A session that is not the worker's current live one answers `session_ended` (register

@@ -52,7 +52,7 @@ class RecoveryCases:
             return lost_in(conn, run, attempt, error_code, self.store.now_ms(conn), actor_type=actor_type)
 
     def candidates(self, limit: int = DEFAULT_PAGE, after_attempt_id: str | None = None, *,
-                            worker_id: str | None = None) -> tuple[list[Candidate], bool]:
+                   worker_id: str | None = None) -> tuple[list[Candidate], bool]:
         """One page of attempts to judge, ascending attempt id, and whether more remain (`limit + 1`).
 
         Attempts `claimed|starting|running` of runs `dispatching|running`. A `claimed` attempt
@@ -127,40 +127,48 @@ class RecoveryCases:
             if conn.execute(select(run_dispatch_leases.c.attempt_id).where(
                     run_dispatch_leases.c.offer_id == offer_id)).first() is not None:
                 return RebindResult(REFUSED, "offer_id_taken", run.status)
-            now = self.store.now_ms(conn)
-            if live is not None:
-                end_lease(conn, attempt_id, now, _L.RELEASED, LeaseReleaseReason.SHUTDOWN)
-            generation = conn.execute(select(func.coalesce(func.max(run_dispatch_leases.c.lease_generation), 0))
-                                      .where(run_dispatch_leases.c.attempt_id == attempt_id)).scalar_one() + 1
-            lease = dict(attempt_id=attempt_id, lease_generation=generation, run_id=run_id,
-                         status=_L.LEASED.value, version=1, worker_id=session.worker_id,
-                         session_id=session.session_id, session_generation=session.generation,
-                         token_hash=lease_token_hash, offer_id=offer_id, expires_at_ms=None,
-                         release_reason=None, created_at_ms=now, updated_at_ms=now)
-            if not self.store.insert_new(conn, run_dispatch_leases, lease):
-                raise Conflict(f"attempt {attempt_id} was leased again meanwhile")
-            values: dict[str, Any] = dict(
-                offer_id=offer_id, lease_generation=generation, lease_version=1, lease_expires_at_ms=None,
-                worker_id=session.worker_id, session_id=session.session_id,
-                session_generation=session.generation, boot_id=ident.boot_id, pid=ident.pid,
-                pgid=ident.pgid, start_ticks=ident.start_ticks)
-            if attempt.started_at_ms is None:
-                values["started_at_ms"] = now
-            if attempt.status == _A.STARTING.value:
-                plan = plan_started(run_snapshot(run), attempt_snapshot(attempt))
-                apply_plan(conn, plan, now, actor_type=actor_type,
-                           expected_callback_sequence=attempt.callback_sequence, attempt_values=values,
-                           run_values={"started_at_ms": now} if run.started_at_ms is None else None)
-            else:
-                changed = conn.execute(run_attempts.update().where(and_(
-                    run_attempts.c.id == attempt_id, run_attempts.c.status == attempt.status,
-                    run_attempts.c.callback_sequence == attempt.callback_sequence))
-                    .values(updated_at_ms=now, **values)).rowcount
-                if changed != 1:
-                    raise Conflict(f"attempt {attempt_id} changed meanwhile")
-            fence = Fence(session.worker_id, session.session_id, session.generation, run_id, attempt_id,
-                          offer_id, generation, lease_token_hash, 1)
-            return RebindResult(APPLIED, None, _R.RUNNING.value, fence)
+            return self._bind(conn, run, attempt, live, session, ident, offer_id, lease_token_hash, actor_type)
+
+
+    def _bind(self, conn, run, attempt, live, session: Session, ident: Identity, offer_id: str,
+              lease_token_hash: str, actor_type: str) -> RebindResult:
+        """`rebind`'s writes, in its transaction once every check passed: the old lease ends, the new
+        one is written, the attempt projects it (and `starting` becomes `running`)."""
+        run_id, attempt_id = run.id, attempt.id
+        now = self.store.now_ms(conn)
+        if live is not None:
+            end_lease(conn, attempt_id, now, _L.RELEASED, LeaseReleaseReason.SHUTDOWN)
+        generation = conn.execute(select(func.coalesce(func.max(run_dispatch_leases.c.lease_generation), 0))
+                                  .where(run_dispatch_leases.c.attempt_id == attempt_id)).scalar_one() + 1
+        lease = dict(attempt_id=attempt_id, lease_generation=generation, run_id=run_id,
+                     status=_L.LEASED.value, version=1, worker_id=session.worker_id,
+                     session_id=session.session_id, session_generation=session.generation,
+                     token_hash=lease_token_hash, offer_id=offer_id, expires_at_ms=None,
+                     release_reason=None, created_at_ms=now, updated_at_ms=now)
+        if not self.store.insert_new(conn, run_dispatch_leases, lease):
+            raise Conflict(f"attempt {attempt_id} was leased again meanwhile")
+        values: dict[str, Any] = dict(
+            offer_id=offer_id, lease_generation=generation, lease_version=1, lease_expires_at_ms=None,
+            worker_id=session.worker_id, session_id=session.session_id,
+            session_generation=session.generation, boot_id=ident.boot_id, pid=ident.pid,
+            pgid=ident.pgid, start_ticks=ident.start_ticks)
+        if attempt.started_at_ms is None:
+            values["started_at_ms"] = now
+        if attempt.status == _A.STARTING.value:
+            plan = plan_started(run_snapshot(run), attempt_snapshot(attempt))
+            apply_plan(conn, plan, now, actor_type=actor_type,
+                       expected_callback_sequence=attempt.callback_sequence, attempt_values=values,
+                       run_values={"started_at_ms": now} if run.started_at_ms is None else None)
+        else:
+            changed = conn.execute(run_attempts.update().where(and_(
+                run_attempts.c.id == attempt_id, run_attempts.c.status == attempt.status,
+                run_attempts.c.callback_sequence == attempt.callback_sequence))
+                .values(updated_at_ms=now, **values)).rowcount
+            if changed != 1:
+                raise Conflict(f"attempt {attempt_id} changed meanwhile")
+        fence = Fence(session.worker_id, session.session_id, session.generation, run_id, attempt_id,
+                      offer_id, generation, lease_token_hash, 1)
+        return RebindResult(APPLIED, None, _R.RUNNING.value, fence)
 
 
 def lost_in(conn, run, attempt, error_code: str, now: int, *, actor_type: str) -> Outcome:

@@ -95,10 +95,10 @@ class Sessions:
         self.store = store
 
     def register(self, worker_id: str, capacity: int, *, boot_id: str | None = None,
-                         labels: Iterable[str] = (), session_lease_ms: int | None = None,
-                         resume_secret_hash: str | None = None, require_key: bool = False,
-                         register_id: str | None = None, worker_clock_ms: int | None = None,
-                         lost_session_id: str | None = None) -> Session:
+                 labels: Iterable[str] = (), session_lease_ms: int | None = None,
+                 resume_secret_hash: str | None = None, require_key: bool = False,
+                 register_id: str | None = None, worker_clock_ms: int | None = None,
+                 lost_session_id: str | None = None) -> Session:
         """A new `online` session, generation = previous + 1; older sessions of the worker go `offline`
         (`ended_at_ms` set, unless they had already ended).
 
@@ -125,14 +125,7 @@ class Sessions:
         With a `boot_id`, the worker's `starting|running` attempts of another boot get the evidence
         `rebooted` (unless a trusted fact is recorded already) for recovery (SEMANTICS.md §10).
         """
-        check_id("worker id", worker_id, 128)
-        check_capacity(capacity)
-        if boot_id is not None:
-            check_id("boot id", boot_id, 64)
-        if resume_secret_hash is not None:
-            check_hash("resume secret hash", resume_secret_hash)
-        check_ms("session_lease_ms", session_lease_ms, optional=True)
-        _check_register_id(register_id)
+        _check_register_arguments(worker_id, capacity, boot_id, resume_secret_hash, session_lease_ms, register_id)
         labels = normal_labels(labels)
         with self.store.write() as conn:
             # Two registrations of one worker would both compute the same next generation.
@@ -146,39 +139,25 @@ class Sessions:
                         return _as_session(row)
             now = self.store.now_ms(conn)
             generation = max((s.generation for s in previous), default=0) + 1
-            lost = next((s for s in previous if s.session_id == lost_session_id), None)
-            successor = next((s for s in previous if lost is not None and s.generation == lost.generation + 1
-                              and s.generation == generation - 1), None)
-            note = duplicate_verdict(lost, successor, now, session_lease_ms)
-            if note == DUPLICATE_WORKER:
-                raise Fenced(f"{DUPLICATE_WORKER}: another live process presents the key of worker "
-                             f"{worker_id!r} and holds its session (generation {generation - 1}); two "
-                             "processes with one key take the session from each other: stop this one, "
-                             "or give it a key of its own (qlactors keys new, worker allow)")
-            for old in previous:
-                if old.status != "offline":
-                    update_session(conn, old, now, status="offline", ended_at_ms=ended_at(old, now))
-            if boot_id is not None:
-                _record_reboot(conn, worker_id, boot_id, now)
+            note = _duplicate_note(worker_id, previous, lost_session_id, generation, now, session_lease_ms)
+            _end_previous(conn, previous, worker_id, boot_id, now)
             expires = now + session_lease_ms if session_lease_ms is not None else None
-            session_id = new_id()
-            if not self.store.insert_new(conn, _WS, dict(
-                    session_id=session_id, worker_id=worker_id, generation=generation, status="online",
-                    version=1, capacity=capacity, free_slots=capacity, heartbeat_at_ms=now,
-                    lease_expires_at_ms=expires, created_at_ms=now, updated_at_ms=now, boot_id=boot_id,
-                    resume_secret_hash=resume_secret_hash, heartbeat_seq=0, heartbeat_answer=None,
-                    labels_json=labels_json(labels), ended_at_ms=None,
-                    clock_skew_ms=clock_skew(now, worker_clock_ms),
-                    drained_at_ms=None, register_id=register_id, resume_register_id=None, ended_by=None,
-                    note=note)):
+            row = dict(session_id=new_id(), worker_id=worker_id, generation=generation, status="online",
+                       version=1, capacity=capacity, free_slots=capacity, heartbeat_at_ms=now,
+                       lease_expires_at_ms=expires, created_at_ms=now, updated_at_ms=now, boot_id=boot_id,
+                       resume_secret_hash=resume_secret_hash, heartbeat_seq=0, heartbeat_answer=None,
+                       labels_json=labels_json(labels), ended_at_ms=None,
+                       clock_skew_ms=clock_skew(now, worker_clock_ms), drained_at_ms=None,
+                       register_id=register_id, resume_register_id=None, ended_by=None, note=note)
+            if not self.store.insert_new(conn, _WS, row):
                 raise Conflict(f"worker {worker_id!r} registered generation {generation} meanwhile")
-            return Session(session_id, worker_id, generation, capacity, lease_expires_at_ms=expires,
+            return Session(row["session_id"], worker_id, generation, capacity, lease_expires_at_ms=expires,
                            labels=labels, boot_id=boot_id, note=note)
 
     def resume(self, worker_id: str, session_id: str, generation: int, resume_secret_hash: str,
-                       new_resume_secret_hash: str, boot_id: str, *, capacity: int,
-                       labels: Iterable[str], session_lease_ms: int, require_key: bool = False,
-                       register_id: str | None = None, worker_clock_ms: int | None = None) -> Session:
+               new_resume_secret_hash: str, boot_id: str, *, capacity: int,
+               labels: Iterable[str], session_lease_ms: int, require_key: bool = False,
+               register_id: str | None = None, worker_clock_ms: int | None = None) -> Session:
         """Resume the worker's current session after a restart within its lease, on the same boot.
         A session its worker drained (`end`) is resumed too: it is `online` again, no
         longer ended nor drained; one the operator ended (`worker revoke`, `worker retire`) never.
@@ -244,7 +223,7 @@ class Sessions:
             return [Unactivated(*row) for row in conn.execute(query)]
 
     def end(self, worker_id: str, session_id: str, generation: int, *,
-                    status: str = "offline", answer: AnswerKey | None = None) -> Outcome:
+            status: str = "offline", answer: AnswerKey | None = None) -> Outcome:
         """Its worker drains the session (SEMANTICS.md §9 Drain, the wire's `Leave`): `draining`
         (no more offers to it; its reports still count) then `offline`.
 
@@ -292,3 +271,42 @@ class Sessions:
             update_session(conn, session, now, status="offline", ended_at_ms=ended_at(session, now),
                            drained_at_ms=session.drained_at_ms or now)
         return Outcome(APPLIED)
+
+
+def _duplicate_note(worker_id: str, previous: list, lost_session_id: str | None, generation: int, now: int,
+                    session_lease_ms: int | None) -> str | None:
+    """The new session's note (`session_rules.duplicate_verdict`), or `Fenced` when this Register is
+    the other of two live processes presenting one key coming back (nothing is changed then)."""
+    lost = next((s for s in previous if s.session_id == lost_session_id), None)
+    successor = next((s for s in previous if lost is not None and s.generation == lost.generation + 1
+                      and s.generation == generation - 1), None)
+    note = duplicate_verdict(lost, successor, now, session_lease_ms)
+    if note == DUPLICATE_WORKER:
+        raise Fenced(f"{DUPLICATE_WORKER}: another live process presents the key of worker "
+                     f"{worker_id!r} and holds its session (generation {generation - 1}); two "
+                     "processes with one key take the session from each other: stop this one, "
+                     "or give it a key of its own (qlactors keys new, worker allow)")
+    return note
+
+
+def _check_register_arguments(worker_id: str, capacity: int, boot_id: str | None, resume_secret_hash: str | None,
+                              session_lease_ms: int | None, register_id: str | None) -> None:
+    """BadInput for what `register` cannot take (nothing is written)."""
+    check_id("worker id", worker_id, 128)
+    check_capacity(capacity)
+    if boot_id is not None:
+        check_id("boot id", boot_id, 64)
+    if resume_secret_hash is not None:
+        check_hash("resume secret hash", resume_secret_hash)
+    check_ms("session_lease_ms", session_lease_ms, optional=True)
+    _check_register_id(register_id)
+
+
+def _end_previous(conn, previous: list, worker_id: str, boot_id: str | None, now: int) -> None:
+    """A new registration's effects on what came before: every older session goes `offline`, and
+    with a `boot_id` the worker's attempts of another boot get the evidence `rebooted`."""
+    for old in previous:
+        if old.status != "offline":
+            update_session(conn, old, now, status="offline", ended_at_ms=ended_at(old, now))
+    if boot_id is not None:
+        _record_reboot(conn, worker_id, boot_id, now)
