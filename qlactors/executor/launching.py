@@ -22,7 +22,7 @@ from ..errors import StoreUnavailable
 from ..faults import crash_point, raise_point
 from ..ids import new_id
 from ..process.identity import Liveness, read_identity
-from ..process.launch import job_environment, signal_job, spawn, uptime_ms
+from ..process.launch import LaunchFiles, launcher_environment, signal_job, spawn, uptime_ms
 from ..process.logs import LogStore
 from ..process.receipts import ReceiptStore
 from ..runtime.context import Named
@@ -115,22 +115,26 @@ class Launching:
         log_cap = min(offer.log_cap_bytes, self.config.runtime.log_cap_bytes)
         self.journal.set_state(offer.attempt_id, "launching")
         boot_id = self.boot_id()
-        env = self._environment(offer, log_cap)
-        if offer.cwd:
+        receipt_dir = str(self.receipts.shard_dir(offer.attempt_id))  # made (0700) before anything else
+        if offer.cwd and not os.path.isdir(offer.cwd):
             # Checked by `task add` when it could be; a directory gone since then is a start
             # failure, not a job that "exited 126" (the launcher's own check stays, for a race).
-            if not os.path.isdir(offer.cwd):
-                log.error("event=start_failed run=%s attempt=%s reason=cwd_not_a_directory",
-                          offer.run_id, offer.attempt_id)
-                self._start_failed(local, msg, f"working directory {offer.cwd} is not a directory "
-                                               f"(or is gone)")
-                return
-            env["QLACTORS_CWD"] = offer.cwd
+            log.error("event=start_failed run=%s attempt=%s reason=cwd_not_a_directory",
+                      offer.run_id, offer.attempt_id)
+            self._start_failed(local, msg, f"working directory {offer.cwd} is not a directory "
+                                           f"(or is gone)")
+            return
         # The log-cap FIFO is made here, not by the launcher (mkdir + mkfifo + rm would cost it
         # three execs). Without one the launcher runs the job uncapped rather than not at all.
         fifo = self.local_receipts.make_fifo(offer.attempt_id) if log_cap > 0 else None
-        if fifo is not None:
-            env["QLACTORS_FIFO"] = str(fifo)
+        files = LaunchFiles(receipt_dir=receipt_dir, marker=str(self.receipts.marker_path(offer.attempt_id)),
+                            log=str(self.logs.path_for(offer.run_id, offer.attempt_id)),
+                            dropped=str(self.local_receipts.dropped_path(offer.attempt_id)),
+                            fifo=None if fifo is None else str(fifo))
+        env = launcher_environment(os.environ, offer.env, run_id=offer.run_id, attempt_id=offer.attempt_id,
+                                   files=files, log_cap=log_cap, clock_base_ms=wall_ms() - uptime_ms(),
+                                   stop_grace_ms=offer.stop_grace_ms, drain_ms=self.config.runtime.output_drain_ms,
+                                   cwd=offer.cwd, keep_leftovers=offer.keep_leftovers)
         try:
             pid = spawn(list(offer.argv), env, token=local.token, shell=self.launcher_shell)
         except OSError as err:
@@ -140,25 +144,6 @@ class Launching:
             return
         crash_point("after_spawn")
         self._launched(local, msg, pid, boot_id)
-
-    def _environment(self, offer: m.Offer, log_cap: int) -> dict[str, str]:
-        """The launcher's environment: the job's own, and where its receipt, marker and log go."""
-        env = job_environment(os.environ, offer.env)
-        receipts = self.receipts
-        env.update({
-            "QLACTORS_RUN_ID": offer.run_id, "QLACTORS_ATTEMPT_ID": offer.attempt_id,
-            "QLACTORS_RECEIPT_DIR": str(receipts.shard_dir(offer.attempt_id)),
-            "QLACTORS_MARKER": str(receipts.marker_path(offer.attempt_id)),
-            "QLACTORS_LOG": str(self.logs.path_for(offer.run_id, offer.attempt_id)),
-            "QLACTORS_LOG_CAP": str(log_cap),
-            "QLACTORS_DROPPED": str(self.local_receipts.dropped_path(offer.attempt_id)),
-            "QLACTORS_CLOCK_BASE_MS": str(wall_ms() - uptime_ms()),
-            "QLACTORS_STOP_GRACE_MS": str(offer.stop_grace_ms),
-            "QLACTORS_DRAIN_MS": str(self.config.runtime.output_drain_ms),
-        })
-        if offer.keep_leftovers:
-            env["QLACTORS_KEEP_LEFTOVERS"] = "1"
-        return env
 
     def _launched(self, local: Local, msg: m.Activated, pid: int, boot_id: str) -> None:
         """Spawned: its identity before anything can reap it (we are the only reaper, and only of

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping
@@ -36,6 +37,41 @@ def job_environment(runtime_env: Mapping[str, str], task_env: Mapping[str, str])
     """The runtime's own environment plus the task's, minus qlactors' internal variables."""
     env = {k: v for k, v in runtime_env.items() if not k.startswith(INTERNAL_PREFIX)}
     env.update(task_env)
+    return env
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchFiles:
+    """Where one attempt's launcher writes: its receipt shard, start marker, log, the log-cap
+    reader's dropped-byte count and (with a cap) the FIFO the executor made for it."""
+
+    receipt_dir: str
+    marker: str
+    log: str
+    dropped: str
+    fifo: str | None = None
+
+
+def launcher_environment(runtime_env: Mapping[str, str], task_env: Mapping[str, str], *, run_id: str,
+                         attempt_id: str, files: LaunchFiles, log_cap: int, clock_base_ms: int,
+                         stop_grace_ms: int, drain_ms: int, cwd: str | None = None,
+                         keep_leftovers: bool = False) -> dict[str, str]:
+    """The launcher's environment: the job's own (`job_environment`) and LAUNCHER_VARIABLES, which
+    launcher.sh unsets before the job runs."""
+    env = job_environment(runtime_env, task_env)
+    env.update({
+        "QLACTORS_RUN_ID": run_id, "QLACTORS_ATTEMPT_ID": attempt_id,
+        "QLACTORS_RECEIPT_DIR": files.receipt_dir, "QLACTORS_MARKER": files.marker, "QLACTORS_LOG": files.log,
+        "QLACTORS_LOG_CAP": str(log_cap), "QLACTORS_DROPPED": files.dropped,
+        "QLACTORS_CLOCK_BASE_MS": str(clock_base_ms), "QLACTORS_STOP_GRACE_MS": str(stop_grace_ms),
+        "QLACTORS_DRAIN_MS": str(drain_ms),
+    })
+    if cwd:
+        env["QLACTORS_CWD"] = cwd
+    if files.fifo is not None:
+        env["QLACTORS_FIFO"] = files.fifo
+    if keep_leftovers:
+        env["QLACTORS_KEEP_LEFTOVERS"] = "1"
     return env
 
 
