@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import logging
 import secrets
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from ..domain.receipt import token_hash
-from ..store.records import AttestResult, Fenced, Outcome
+from ..store.control import Control
+from ..store.dispatch import Dispatch
+from ..store.log_chunks import LogChunks
+from ..store.records import AttestResult, Fenced, Outcome, Session
 from ..store.request_answers import AnswerKey, RequestAnswers
 from ..store.session_rules import DUPLICATE, DUPLICATE_WORKER
 from ..wire import codec
@@ -29,6 +32,14 @@ def _protocol_refusal(msg: m.Register) -> str | None:
             f"{msg.protocol_min}..{msg.protocol_max}: upgrade one of them")
 
 
+class DiskRoom(Protocol):
+    """Edge: the disk reserve of the logs' file system (executor/disk_reserve.DiskReserve), which
+    the Gateway checks before it offers."""
+
+    def has_room(self) -> bool:
+        """False while the free space is below the reserve."""
+
+
 class LocalSessions:
     """Edge: the executor in this process, its session registered at startup; leases live as long
     as the process (nothing to renew), logs stay in local files, recovery reads the process."""
@@ -37,7 +48,7 @@ class LocalSessions:
     log_chunks = None  # logs stay in local files: a LogChunk is answered by `log_chunk`
     ledger = None  # one in-process executor sends no copies: no answer ledger, no statement for it
 
-    def __init__(self, session: Any, heartbeat_ms: int, disk_reserve: Any = None) -> None:
+    def __init__(self, session: Session, heartbeat_ms: int, disk_reserve: DiskRoom | None = None) -> None:
         self.session = session
         self.heartbeat_ms = heartbeat_ms
         self.disk_reserve = disk_reserve
@@ -101,7 +112,7 @@ class ClusterSessions:
     every copy of one Register, on any replica, is answered with the same secret.
     """
 
-    def __init__(self, dispatch: Any, log_chunks: Any, control: Any, *, heartbeat_ms: int,
+    def __init__(self, dispatch: Dispatch, log_chunks: LogChunks | None, control: Control, *, heartbeat_ms: int,
                  session_lease_ms: int, run_lease_ms: int, resume_secret: Callable[[str, str], str]) -> None:
         self.dispatch = dispatch
         self.resume_secret = resume_secret
