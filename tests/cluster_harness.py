@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,16 +17,11 @@ from pathlib import Path
 import psycopg
 
 from actor_harness import wait_until
+from wire_harness import free_port
 from conftest import PG_URL, _pg_admin_conninfo, _require_postgres
 
 QLACTORS = [sys.executable, "-m", "qlactors"]
 TERMINAL = {"succeeded", "failed", "cancelled", "timed_out"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

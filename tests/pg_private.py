@@ -36,11 +36,9 @@ def available() -> str | None:
 
 
 def _free_port() -> int:
-    import socket
+    from wire_harness import free_port
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_port()
 
 
 class PrivatePostgres:

@@ -5,6 +5,7 @@ processes on a fresh PostgreSQL database, real `qlactors` commands (issue 18 ite
 from __future__ import annotations
 
 import subprocess
+import threading
 import uuid
 
 import psycopg
@@ -79,10 +80,16 @@ def test_a_command_waits_while_a_replica_holds_the_migration_lock(fresh):
                                          "datname = current_database())")[0][0] == 1 or not replica.alive(),
                        30, "the replica to queue on the migration lock")
             assert replica.alive(), replica.log()
-            assert command.poll() is None, command.communicate()  # still waiting, not refused
+            # The command says it waits before the lock goes (a still-starting command would not
+            # have seen the lock at all).
+            said: list[str] = []
+            threading.Thread(target=lambda: said.append(command.stderr.readline()), daemon=True).start()
+            wait_until(lambda: said or command.poll() is not None, 30, "the command to say it waits")
+            assert command.poll() is None and said, command.communicate()  # still waiting, not refused
         finally:
             holder.rollback()  # the lock goes; the queued replica takes it and migrates
-        out, err = command.communicate(timeout=60)
+        out, rest = command.communicate(timeout=60)
+        err = said[0] + rest
     finally:
         holder.close()
     assert command.returncode == 0, err

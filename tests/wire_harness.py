@@ -8,9 +8,11 @@ DEALER with a monitor (so a test waits for the handshake's outcome instead of sl
 from __future__ import annotations
 
 import queue
+import random
 import socket
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import zmq
@@ -25,11 +27,28 @@ WAIT_S = 10.0  # the longest a liveness expectation waits (it normally holds in 
 QUIET_S = 0.5  # how long "nothing arrives" is watched for, after a positive event proved the path
 
 
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    """A tcp port nobody listens on right now (the kernel's pick, released at once)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    """A tcp port nobody listens on right now, below the kernel's ephemeral range: the kernel's own
+    pick (port 0) comes from that range, where any outgoing connection (a PostgreSQL client, a
+    ZeroMQ connect) may take it before the process it is meant for binds it."""
+    low = _ephemeral_low()
+    rng = random.SystemRandom()
+    for _ in range(500):
+        port = rng.randrange(max(1024, low - 12000), low)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free tcp port below the ephemeral range")
 
 
 def tcp_endpoint() -> str:

@@ -83,11 +83,9 @@ class SeedResult:
 
 
 def _free_tcp() -> str:
-    import socket
+    from wire_harness import free_port
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"tcp://127.0.0.1:{s.getsockname()[1]}"
+    return f"tcp://127.0.0.1:{free_port()}"
 
 
 class _Thread:
