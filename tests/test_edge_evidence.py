@@ -52,13 +52,13 @@ def test_journal_entry_and_record_started(edge):
         entry = evidence.journal_entry(attempt_id)
         assert (entry.state, entry.identity.pid, entry.identity.start_ticks) == ("started", proc.pid,
                                                                                  identity.start_ticks)
-        assert evidence.liveness(entry.identity) == "running"
+        assert evidence.liveness(entry.identity, evidence.boot_id()) == "running"
     finally:
         proc.kill()
         proc.wait(10)
-    assert evidence.liveness(entry.identity) == "gone"
+    assert evidence.liveness(entry.identity, evidence.boot_id()) == "gone"
     other_boot = read_identity(os.getpid(), boot_id=str(uuid.uuid4()))
-    assert evidence.liveness(other_boot) == "gone"  # another boot: it cannot be running
+    assert evidence.liveness(other_boot, evidence.boot_id()) == "gone"  # another boot: it cannot be running
 
 
 def test_released_clears_only_an_accepted_row(edge):

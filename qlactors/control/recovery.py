@@ -117,6 +117,7 @@ class Recovery(RuntimeActor):
     def _examine(self, candidates: list, *, startup: bool) -> list[str]:
         outcomes: list[str] = []
         later: list[tuple[Any, Any]] = []  # (candidate, identity or None)
+        boot_id = self.local.boot_id()  # read once for the batch
         for c in candidates:
             if self._consume_receipt(c):
                 outcomes.append("completed")
@@ -131,7 +132,7 @@ class Recovery(RuntimeActor):
             if identity is None:
                 later.append((c, None))
                 continue
-            liveness = self.local.liveness(identity)  # the executor side's probe of /proc
+            liveness = self.local.liveness(identity, boot_id)  # the executor side's probe of /proc
             if liveness == "unreadable":
                 self.unresolved[c.attempt_id] = "process identity unreadable"
                 outcomes.append("unresolved")

@@ -27,8 +27,8 @@ class EdgeEvidence:
     def journal_entry(self, attempt_id: str) -> JournalEntry | None:
         return self.journal.get(attempt_id)
 
-    def liveness(self, identity: Any) -> str:
-        alive = liveness_of(identity, self.boot_id())
+    def liveness(self, identity: Any, current_boot_id: str) -> str:
+        alive = liveness_of(identity, current_boot_id)
         return {Alive.RUNNING: "running", Alive.UNREADABLE: "unreadable"}.get(alive, "gone")
 
     def marker_identity(self, attempt_id: str) -> Any:

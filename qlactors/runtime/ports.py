@@ -37,7 +37,10 @@ class LocalEvidence(Protocol):
     def journal_entry(self, attempt_id: str) -> JournalFacts | None:
         """The journal's row of the attempt, or None."""
 
-    def liveness(self, identity: Any) -> str:
+    def boot_id(self) -> str:
+        """The current boot id (read from /proc, or the test override)."""
+
+    def liveness(self, identity: Any, current_boot_id: str) -> str:
         """"running", "gone" (on this boot, or another boot) or "unreadable", from /proc."""
 
     def marker_identity(self, attempt_id: str) -> Any:
