@@ -32,6 +32,7 @@ import pykka
 import zmq
 from sqlalchemy import select
 
+from qlactors.domain.results import Result
 from qlactors.runtime.context import Directory, Fatal, SharedContext
 from qlactors.executor.disk_reserve import DiskReserve
 from qlactors.runtime.outage import watch_store
@@ -374,9 +375,11 @@ def offers_message(pull: m.Pull, *offers: m.Offer) -> m.Offers:
                     session_generation=pull.session_generation, pull_id=pull.pull_id, offers=list(offers))
 
 
-def ack_message(of: str, run_id: str, attempt_id: str, result: str, detail: str = "",
+def ack_message(of: str, run_id: str, attempt_id: str, result: Result | str, detail: str = "",
                 offer_id: str = "", answer_to: str = "") -> m.Ack:
-    return m.Ack(answer_to=answer_to, of=of, run_id=run_id, attempt_id=attempt_id, offer_id=offer_id, result=result, detail=detail)
+    """An Ack as the Gateway sends it: `result` a Result (a store Outcome's) or its word."""
+    return m.Ack(answer_to=answer_to, of=of, run_id=run_id, attempt_id=attempt_id, offer_id=offer_id,
+                 result=Result(result).value, detail=detail)
 
 
 # -- store helpers ------------------------------------------------------------------------------

@@ -809,7 +809,7 @@ class ExecutorRig:
         result = self.ctx.control_side.dispatch.reports.activate(fence_of(act, act.worker_id), act.callback_token_hash, act.log_artifact_id)
         assert result.result == "applied", result
         activated = m.Activated(answer_to=act.request_id, run_id=act.run_id, attempt_id=act.attempt_id, offer_id=act.offer_id,
-                                lease_version=result.lease_version, deadline_at_ms=result.deadline_at_ms)
+                                lease_version=result.value.lease_version, deadline_at_ms=result.value.deadline_at_ms)
         self.peer.send(activated)
         return activated
 
@@ -830,7 +830,7 @@ class ExecutorRig:
         outcome = self.ctx.control_side.completion.complete(completed.run_id, completed.attempt_id, receipt,
                                                completed.log_dropped_bytes, completed.stopped_by)
         self.peer.send(ack_message("completed", completed.run_id, completed.attempt_id, outcome.result,
-                                   outcome.reason or ""))
+                                   outcome.detail or ""))
         return outcome.result
 
     def launch(self, words: list[str], **task: Any) -> tuple[m.Offer, m.Activate, m.Started]:
@@ -992,7 +992,7 @@ def test_executor_stop_requested_terms_the_process_group_and_the_receipt_says_14
     assert (identity.pgid, identity.start_ticks) == (started.pgid, started.start_ticks)
     assert probe(identity, current_boot_id=BOOT_ID) is Liveness.RUNNING
     rig.ack_started(started)
-    assert rig.repo.runs.cancel(offer.run_id).outcome == "requested"
+    assert rig.repo.runs.cancel(offer.run_id).result == "requested"
     job_running(rig)
 
     rig.peer.send(m.StopRequested(run_id=offer.run_id, attempt_id=offer.attempt_id, reason="user", grace_ms=5_000))
@@ -1199,7 +1199,7 @@ class ReceiptRig:
                               finished_at_ms=completed.finished_at_ms, exit_code=completed.exit_code)
             outcome = self.ctx.control_side.completion.complete(completed.run_id, completed.attempt_id, receipt,
                                                    completed.log_dropped_bytes)
-            result, detail = outcome.result, outcome.reason or ""
+            result, detail = outcome.result, outcome.detail or ""
         self.peer.send(ack_message("completed", completed.run_id, completed.attempt_id, result, detail))
         return result
 

@@ -44,8 +44,8 @@ def second_offer(rig: ClusterRig, session) -> tuple[m.Offer, m.Activate]:
 
 
 def answer_leave(rig: ClusterRig, leave: m.Leave) -> m.Ack:
-    result, detail = rig.control.leave(leave, rig.worker_id)
-    ack = ack_message("leave", "", "", result, detail, answer_to=leave.request_id)
+    outcome = rig.control.leave(leave, rig.worker_id)
+    ack = ack_message("leave", "", "", outcome.result, outcome.detail or "", answer_to=leave.request_id)
     rig.peer.send(ack)
     return ack
 
@@ -123,7 +123,7 @@ def test_an_offer_activated_before_its_decline_is_never_launched_and_is_given_ba
     answer_leave(rig, rig.peer.expect(m.Leave, strict=False))
     decline = rig.peer.expect(m.Decline, strict=False)
     rig.peer.send(m.Activated(answer_to=activate.request_id, run_id=activate.run_id, attempt_id=activate.attempt_id, offer_id=activate.offer_id,
-                              lease_version=result.lease_version, deadline_at_ms=result.deadline_at_ms))
+                              lease_version=result.value.lease_version, deadline_at_ms=result.value.deadline_at_ms))
     ack = answer_decline(rig, decline)
     assert (ack.result, ack.detail) == ("refused", "attempt_starting")
     given_back = rig.peer.expect(m.Attest, strict=False)

@@ -428,7 +428,7 @@ def test_an_activation_fenced_for_its_session_is_given_back_by_the_next_session(
     rig.peer.send(ack_message("activate", act.run_id, act.attempt_id, "fenced", "session_expired",
                               offer_id=act.offer_id, answer_to=act.request_id))  # the answer to the re-sent copy
     rig.peer.send(m.Activated(answer_to=act.request_id, run_id=act.run_id, attempt_id=act.attempt_id, offer_id=act.offer_id,
-                              lease_version=committed.lease_version, deadline_at_ms=None))  # late
+                              lease_version=committed.value.lease_version, deadline_at_ms=None))  # late
     s2 = end_session_by_heartbeat(rig)
     rig.welcome_to(s2)
     attest = attest_from(rig, s2)  # the give-back sent from the ended session is re-made from this one

@@ -70,8 +70,8 @@ def test_the_stores_wrong_worker_refusal_leaves_the_receipt(rc):  # noqa: F811
                       callback_sequence=1, token=token, started_at_ms=completed.started_at_ms,
                       finished_at_ms=completed.finished_at_ms, exit_code=0)
     outcome = rc.ctx.control_side.completion.complete(run_id, attempt_id, receipt, worker_id="another-worker")
-    assert (outcome.result, outcome.reason) == ("refused", "wrong_worker")
-    rc.answer(completed, outcome.result, outcome.reason)
+    assert (outcome.result, outcome.detail) == ("refused", "wrong_worker")
+    rc.answer(completed, outcome.result, outcome.detail)
     _refused_and_kept(rc, run_id, attempt_id, path)
 
 

@@ -267,7 +267,7 @@ def test_a_renewal_between_page_and_resolve_is_refused(repo, dispatch, cases, wo
 def test_a_cancel_intent_wins_over_lost(repo, dispatch, cases, worker):
     flight = launch(repo, dispatch, worker)
     attest(dispatch, worker, flight, worker, "stopped")
-    assert repo.runs.cancel(flight.quote.run_id).outcome == "requested"
+    assert repo.runs.cancel(flight.quote.run_id).result == "requested"
     expire_lease(repo, flight.quote.attempt_id)
     assert resolve_one(cases, flight).result == "applied"
     run, attempts, leases, _ = db_state(repo, flight.quote.run_id)
@@ -304,7 +304,7 @@ def test_a_safety_without_retry_on_lost_is_still_trusted_and_the_run_is_not_retr
 def test_a_pending_stop_is_named_and_an_idempotent_run_ends_by_its_intent_after_the_grace(repo, dispatch, cases,
                                                                                           worker):
     flight = launch(repo, dispatch, worker, **IDEMPOTENT)
-    assert repo.runs.cancel(flight.quote.run_id).outcome == "requested"
+    assert repo.runs.cancel(flight.quote.run_id).result == "requested"
     pending = repo.runs.get(flight.quote.run_id).stop_pending
     assert pending[0] == "user" and abs(pending[1] - now_ms(repo)) < 60_000
     expire_lease(repo, flight.quote.attempt_id)

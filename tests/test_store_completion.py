@@ -87,7 +87,7 @@ def set_deadline(repo, flight, deadline_ms):
 def test_exit_zero_succeeds_and_completes_the_lease(repo, dispatch, session, service):
     flight = launch(repo, dispatch, session)
     out = service.complete(flight.run_id, flight.attempt_id, receipt(flight, 0), 17)
-    assert (out.result, out.reason, out.run_state) == ("applied", None, "succeeded")
+    assert (out.result, out.detail, out.run_state) == ("applied", None, "succeeded")
     run, attempt, (lease,), _ = rows(repo, flight)
     assert run["status"] == attempt["status"] == "succeeded" and run["error_code"] is None
     assert (attempt["exit_code"], attempt["callback_sequence"], attempt["log_dropped_bytes"]) == (0, 1, 17)
@@ -141,7 +141,7 @@ def test_wrong_token_is_refused_and_changes_nothing(repo, dispatch, session, ser
     before = rows(repo, flight)
     out = service.complete(flight.run_id, flight.attempt_id,
                            receipt(flight, 0, token=secrets.token_urlsafe(32)), 5)
-    assert (out.result, out.reason) == ("refused", "bad_token")
+    assert (out.result, out.detail) == ("refused", "bad_token")
     assert rows(repo, flight) == before
 
 
@@ -149,7 +149,7 @@ def test_wrong_sequence_is_refused(repo, dispatch, session, service):
     flight = launch(repo, dispatch, session)
     before = rows(repo, flight)
     out = service.complete(flight.run_id, flight.attempt_id, receipt(flight, 0, sequence=2))
-    assert (out.result, out.reason) == ("refused", "wrong_sequence")
+    assert (out.result, out.detail) == ("refused", "wrong_sequence")
     assert rows(repo, flight) == before
 
 
@@ -158,16 +158,16 @@ def test_receipts_that_do_not_belong_are_refused(repo, dispatch, session, servic
     other = launch(repo, dispatch, session)
     before = rows(repo, flight)
     good = receipt(flight)
-    assert service.complete("0" * 36, flight.attempt_id, good).reason == "unknown_run"
-    assert service.complete(flight.run_id, "0" * 36, good).reason == "unknown_attempt"
-    assert service.complete(other.run_id, flight.attempt_id, good).reason == "wrong_run"
+    assert service.complete("0" * 36, flight.attempt_id, good).detail == "unknown_run"
+    assert service.complete(flight.run_id, "0" * 36, good).detail == "unknown_attempt"
+    assert service.complete(other.run_id, flight.attempt_id, good).detail == "wrong_run"
     assert service.complete(flight.run_id, flight.attempt_id,
-                            dataclasses.replace(good, run_id=other.run_id)).reason == "receipt_mismatch"
+                            dataclasses.replace(good, run_id=other.run_id)).detail == "receipt_mismatch"
     assert rows(repo, flight) == before
     with repo.store.write() as conn:
         conn.execute(run_attempts.update().where(run_attempts.c.id == flight.attempt_id)
                      .values(executor_type="remote"))
-    assert service.complete(flight.run_id, flight.attempt_id, good).reason == "wrong_executor"
+    assert service.complete(flight.run_id, flight.attempt_id, good).detail == "wrong_executor"
     with pytest.raises(BadInput):
         service.complete(flight.run_id, flight.attempt_id, good, -1)
 
@@ -178,7 +178,7 @@ def test_receipt_for_a_claimed_attempt_has_no_token_to_match(repo, dispatch, ses
     with repo.store.read() as conn:
         attempt_id = conn.execute(select(run_attempts.c.id).where(run_attempts.c.run_id == run_id)).scalar_one()
     flight = Flight(run_id, attempt_id, None, secrets.token_urlsafe(32))
-    assert service.complete(run_id, attempt_id, receipt(flight)).reason == "no_token"
+    assert service.complete(run_id, attempt_id, receipt(flight)).detail == "no_token"
 
 
 def test_replay_after_applied_is_already_terminal_without_an_event(repo, dispatch, session, service):
@@ -205,7 +205,7 @@ def test_receipt_for_a_lost_attempt_is_already_terminal(repo, dispatch, session,
 
 def test_user_cancel_intent_wins_over_exit_zero(repo, dispatch, session, service):
     flight = launch(repo, dispatch, session)
-    assert repo.runs.cancel(flight.run_id).outcome == "requested"
+    assert repo.runs.cancel(flight.run_id).result == "requested"
     out = service.complete(flight.run_id, flight.attempt_id, receipt(flight, 0, finished_at_ms=later_ms()))
     assert out.run_state == "cancelled"
     run, attempt, (lease,), _ = rows(repo, flight)
@@ -219,7 +219,7 @@ def test_a_job_that_ended_before_the_cancel_keeps_its_own_outcome(repo, dispatch
     # (A job the executor did signal was alive after the commit: see the signalled case below.)
     flight = launch(repo, dispatch, session)
     ended_ms = rows(repo, flight)[1]["started_at_ms"]  # at once, before the cancel below
-    assert repo.runs.cancel(flight.run_id).outcome == "requested"
+    assert repo.runs.cancel(flight.run_id).result == "requested"
     out = service.complete(flight.run_id, flight.attempt_id, receipt(flight, 4, finished_at_ms=ended_ms),
                            stopped_by="exit")
     assert out.run_state == "failed"
@@ -233,7 +233,7 @@ def test_a_job_the_stop_signalled_is_cancelled_whatever_its_finish_time_says(rep
     # its launcher-clock finish time may still read a tick earlier than the commit's.
     flight = launch(repo, dispatch, session)
     ended_ms = rows(repo, flight)[1]["started_at_ms"]
-    assert repo.runs.cancel(flight.run_id).outcome == "requested"
+    assert repo.runs.cancel(flight.run_id).result == "requested"
     out = service.complete(flight.run_id, flight.attempt_id, receipt(flight, 143, finished_at_ms=ended_ms),
                            stopped_by="term")
     assert out.run_state == "cancelled"
@@ -246,7 +246,7 @@ def test_a_job_the_stop_signalled_is_cancelled_whatever_its_finish_time_says(rep
 def test_signal_is_the_stop_signal_that_ended_the_job(repo, dispatch, session, service,
                                                     stopped_by, exit_code, expected):
     flight = launch(repo, dispatch, session)
-    assert repo.runs.cancel(flight.run_id).outcome == "requested"
+    assert repo.runs.cancel(flight.run_id).result == "requested"
     out = service.complete(flight.run_id, flight.attempt_id,
                            receipt(flight, exit_code, finished_at_ms=later_ms()), stopped_by=stopped_by)
     assert out.run_state == "cancelled"
@@ -346,10 +346,10 @@ def test_completed_for_another_workers_attempt_is_refused_and_changes_nothing(re
     before = rows(repo, flight)
     out = service.complete(flight.run_id, flight.attempt_id, receipt(flight, 0), worker_id="intruder",
                            final_log_offset=5)
-    assert (out.result, out.reason) == ("refused", "wrong_worker")
+    assert (out.result, out.detail) == ("refused", "wrong_worker")
     wrong = service.complete(flight.run_id, flight.attempt_id, receipt(flight, 0, token=secrets.token_urlsafe(32)),
                              worker_id="edge", final_log_offset=5)
-    assert (wrong.result, wrong.reason) == ("refused", "bad_token")
+    assert (wrong.result, wrong.detail) == ("refused", "bad_token")
     assert rows(repo, flight) == before
 
 

@@ -145,13 +145,13 @@ def test_cancel_of_queued_run_ends_it_at_once(repo):
     repo.tasks.add(spec())
     run_id = repo.runs.request("job").run.id
     result = repo.runs.cancel(run_id)
-    assert result.outcome == "cancelled" and result.run.state == "cancelled"
+    assert result.result == "cancelled" and result.value.state == "cancelled"
     run = repo.runs.get(run_id)
     assert run.attempts[0].state == "cancelled" and run.cancel_reason == "user"
     assert run.finished_at_ms is not None
     assert events_of(repo, run_id)[3:] == ["run.cancel_requested", "attempt.cancelled", "run.cancelled"]
     again = repo.runs.cancel(run_id)
-    assert again.outcome == "already_terminal"
+    assert again.result == "already_terminal"
     assert len(events_of(repo, run_id)) == 6
 
 
@@ -160,11 +160,11 @@ def test_cancel_of_running_run_records_intent_only(repo):
     run_id = repo.runs.request("job").run.id
     make_running(repo, run_id)
     result = repo.runs.cancel(run_id)
-    assert result.outcome == "requested" and result.run.state == "running"
-    assert result.run.cancel_reason == "user"
-    assert repo.runs.cancel(run_id).outcome == "already_requested"
+    assert result.result == "requested" and result.value.state == "running"
+    assert result.value.cancel_reason == "user"
+    assert repo.runs.cancel(run_id).result == "already_requested"
     # the first committed reason sticks: shutdown does not overwrite it
-    assert repo.runs.cancel(run_id, CancelReason.SHUTDOWN).outcome == "already_requested"
+    assert repo.runs.cancel(run_id, CancelReason.SHUTDOWN).result == "already_requested"
     run = repo.runs.get(run_id)
     assert run.cancel_reason == "user"
     assert [e.type for e in run.events].count("run.cancel_requested") == 1
@@ -174,7 +174,7 @@ def test_cancel_of_offered_but_unactivated_run_ends_it(repo):
     repo.tasks.add(spec())
     run_id = repo.runs.request("job").run.id
     advance(repo, run_id, plan_offer)
-    assert repo.runs.cancel(run_id).outcome == "cancelled"
+    assert repo.runs.cancel(run_id).result == "cancelled"
 
 
 def test_unknown_run_is_not_found(repo):
@@ -218,7 +218,7 @@ def test_concurrent_cancels_add_one_intent(repo):
     def cancel():
         barrier.wait()
         try:
-            outcomes.append(repo.runs.cancel(run_id).outcome)
+            outcomes.append(repo.runs.cancel(run_id).result)
         except Conflict:
             outcomes.append("conflict")
 

@@ -329,7 +329,7 @@ def test_rebind_adopts_a_surviving_starting_attempt_into_the_new_session(repo, d
     out = control.recovery.rebind(flight.run_id, flight.attempt_id, new_session, IDENTITY,
                          offer_id="rebind-1", lease_token_hash=lease_hash)
     assert (out.result, out.run_state) == ("applied", "running")
-    assert out.fence.session_id == new_session.session_id and out.fence.lease_generation == 2
+    assert out.value.session_id == new_session.session_id and out.value.lease_generation == 2
     old, new = lease_rows(repo, flight.attempt_id)
     assert (old.status, old.release_reason, old.version) == ("released", "shutdown", 2)
     assert (new.status, new.version, new.session_generation, new.offer_id) == ("leased", 1, 2, "rebind-1")
@@ -339,12 +339,12 @@ def test_rebind_adopts_a_surviving_starting_attempt_into_the_new_session(repo, d
     assert attempt.started_at_ms is not None and repo.runs.get(flight.run_id).started_at_ms is not None
     assert event_types(repo, flight.run_id)[-2:] == [("attempt.running", "recovery"), ("run.running", "recovery")]
     # the new fence works, the old one is dead
-    assert dispatch.reports.started(out.fence, *vars_of(IDENTITY)).detail == "already_running"
+    assert dispatch.reports.started(out.value, *vars_of(IDENTITY)).detail == "already_running"
     assert dispatch.reports.started(flight.fence, *vars_of(IDENTITY)).result == "fenced"
     n = n_events(repo, flight.run_id)
     again = control.recovery.rebind(flight.run_id, flight.attempt_id, new_session, IDENTITY,
                            offer_id="rebind-1", lease_token_hash=lease_hash)
-    assert (again.result, again.detail, again.fence) == ("applied", "already_bound", out.fence)
+    assert (again.result, again.detail, again.value) == ("applied", "already_bound", out.value)
     assert n_events(repo, flight.run_id) == n and len(lease_rows(repo, flight.attempt_id)) == 2
 
 

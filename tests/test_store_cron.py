@@ -184,7 +184,7 @@ def test_manual_runs_and_retries_are_never_counted_against_max_queued_nor_refuse
     assert third.outcome == "skipped"  # one cron run waits now: max_queued 1 reached
     # a manual run and a retry are admitted whatever waits
     assert repo.runs.request("mixed").created
-    assert repo.runs.cancel(manual[0]).outcome == "cancelled"  # a finished run, to retry
+    assert repo.runs.cancel(manual[0]).result == "cancelled"  # a finished run, to retry
     assert repo.runs.retry(manual[0]).created
     [fourth] = cycle(cron, T0 + 3 * MINUTE)
     assert fourth.outcome == "skipped"  # and they did not change the count either way

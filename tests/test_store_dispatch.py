@@ -293,13 +293,13 @@ def test_activate_sets_token_log_and_deadline_from_database_time(repo, dispatch,
     offer, fence = pull(dispatch, session)
     token = secrets.token_urlsafe(32)
     result = dispatch.reports.activate(fence, token_hash(token), "artifact-1")
-    assert (result.result, result.lease_version) == ("applied", 1)
+    assert (result.result, result.value.lease_version) == ("applied", 1)
     _, (attempt,), _, _ = db_state(repo, offer.run_id)
     assert attempt["status"] == "starting"
     assert attempt["callback_token_hash"] == token_hash(token) and token not in str(attempt)
     assert attempt["log_artifact_id"] == "artifact-1"
     # the deadline is the activation's own database time + the pinned timeout
-    assert attempt["deadline_at_ms"] == result.deadline_at_ms == attempt["updated_at_ms"] + 7000
+    assert attempt["deadline_at_ms"] == result.value.deadline_at_ms == attempt["updated_at_ms"] + 7000
     assert events(repo, offer.run_id)[-1] == ("attempt.starting", "executor")
 
 
@@ -308,7 +308,7 @@ def test_activate_without_timeout_has_no_deadline(repo, dispatch, session):
     repo.runs.request("job")
     _, fence = pull(dispatch, session)
     result = activate(dispatch, fence)
-    assert result.result == "applied" and result.deadline_at_ms is None
+    assert result.result == "applied" and result.value.deadline_at_ms is None
 
 
 def test_activate_again_with_the_same_token_is_idempotent(repo, dispatch, session):
@@ -319,7 +319,7 @@ def test_activate_again_with_the_same_token_is_idempotent(repo, dispatch, sessio
     first = activate(dispatch, fence, token)
     n = len(events(repo, offer.run_id))
     again = activate(dispatch, fence, token)
-    assert (again.result, again.deadline_at_ms) == ("applied", first.deadline_at_ms)
+    assert (again.result, again.value.deadline_at_ms) == ("applied", first.value.deadline_at_ms)
     assert len(events(repo, offer.run_id)) == n
     assert activate(dispatch, fence).result == "refused"  # another token: never a second activation
 
@@ -328,7 +328,7 @@ def test_cancelled_run_never_activates(repo, dispatch, session):
     repo.tasks.add(spec())
     run_id = repo.runs.request("job").run.id
     _, fence = pull(dispatch, session)
-    assert repo.runs.cancel(run_id).outcome == "cancelled"
+    assert repo.runs.cancel(run_id).result == "cancelled"
     before = db_state(repo, run_id)
     result = activate(dispatch, fence)
     assert (result.result, result.detail) == ("fenced", "attempt_cancelled")
@@ -347,7 +347,7 @@ def test_cancel_of_an_offered_attempt_releases_its_lease_as_cancelled_in_the_sam
     offer, fence = pull(dispatch, session)
     assert leases_of(repo, run_id)[0]["status"] == "leased"
     result = repo.runs.cancel(run_id)
-    assert (result.outcome, result.run.state) == ("cancelled", "cancelled")
+    assert (result.result, result.value.state) == ("cancelled", "cancelled")
     run, attempts, leases, _ = db_state(repo, run_id)
     assert attempts[0]["status"] == "cancelled"
     assert [(lease["status"], lease["release_reason"], lease["version"]) for lease in leases] == [
@@ -365,7 +365,7 @@ def test_cancel_of_a_started_attempt_keeps_its_lease_until_the_process_ends(repo
     run_id = repo.runs.request("job").run.id
     _, fence = pull(dispatch, session)
     assert activate(dispatch, fence).result == "applied"
-    assert repo.runs.cancel(run_id).outcome == "requested"
+    assert repo.runs.cancel(run_id).result == "requested"
     assert [lease["status"] for lease in leases_of(repo, run_id)] == ["leased"]
 
 
@@ -406,7 +406,7 @@ def test_started_with_a_cancel_intent_still_records_the_process(repo, dispatch, 
     run_id = repo.runs.request("job").run.id
     _, fence = pull(dispatch, session)
     activate(dispatch, fence)
-    assert repo.runs.cancel(run_id).outcome == "requested"
+    assert repo.runs.cancel(run_id).result == "requested"
     assert dispatch.reports.started(fence, "boot", 10, 10, 99).result == "applied"
     assert repo.runs.get(run_id).state == "running"
 

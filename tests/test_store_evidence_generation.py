@@ -190,7 +190,7 @@ def test_never_launched_after_a_running_re_bind_is_refused(repo, dispatch, worke
     restarted = register(dispatch, "w1")
     bound = attest(dispatch, restarted, flight, worker, new_lease_token_hash=(token := new_hash()),
                    new_offer_id="offer-2")
-    assert (bound.result, bound.lease_generation) == ("applied", 2)
+    assert (bound.result, bound.value.lease_generation) == ("applied", 2)
     rebound = flight._replace(quote=dataclasses.replace(flight.quote, offer_id="offer-2", lease_generation=2,
                                                         lease_token_hash=token))
     before = db_state(repo, flight.quote.run_id)
@@ -202,7 +202,7 @@ def test_never_launched_after_a_running_re_bind_is_refused(repo, dispatch, worke
 def test_never_launched_for_a_claim_releases_its_lease_at_once_and_it_is_offered_again(repo, dispatch, worker):
     flight = launch(repo, dispatch, worker, activated=False, started=False)
     result = attest(dispatch, worker, flight, worker, "never_launched")
-    assert (result.result, result.detail, result.lease_generation, result.lease_version) == (
+    assert (result.result, result.detail, result.value.lease_generation, result.value.lease_version) == (
         "applied", "released", 1, 2)
     run, (attempt,), (lease,), _events = db_state(repo, flight.quote.run_id)
     assert (lease["status"], lease["release_reason"], lease["version"]) == ("released", "declined", 2)
@@ -211,7 +211,7 @@ def test_never_launched_for_a_claim_releases_its_lease_at_once_and_it_is_offered
     # A repeat (its answer was lost) gets the same answer and changes nothing more.
     before = db_state(repo, flight.quote.run_id)
     again = attest(dispatch, worker, flight, worker, "never_launched")
-    assert (again.result, again.detail, again.lease_version) == ("applied", "released", 2)
+    assert (again.result, again.detail, again.value.lease_version) == ("applied", "released", 2)
     assert db_state(repo, flight.quote.run_id) == before
     # A late Activate of the given-back lease launches nothing; the next Pull offers it again.
     assert dispatch.reports.activate(flight.fence, token_hash(flight.token), "log").result == "fenced"
@@ -228,11 +228,11 @@ def test_confirm_stopped_ends_the_attempt_lost_with_the_operator_recorded(repo, 
     expire_lease(repo, flight.quote.attempt_id)
     assert page_ids(cases) == []
     done = ConfirmStopped(repo.store).confirm_stopped(flight.quote.run_id, "alice")
-    assert (done.result, done.detail, done.attempt_id, done.by, done.lease_generation) == (
+    assert (done.result, done.detail, done.value.attempt_id, done.value.by, done.value.lease_generation) == (
         "applied", None, flight.quote.attempt_id, "alice", 1)
     assert evidence_of(repo, flight.quote.attempt_id) == ("confirmed_stopped", 1, "alice", 1)
     again = ConfirmStopped(repo.store).confirm_stopped(flight.quote.run_id, "bob")
-    assert (again.result, again.detail, again.by) == ("applied", "already_confirmed_stopped", "alice")
+    assert (again.result, again.detail, again.value.by) == ("applied", "already_confirmed_stopped", "alice")
     assert evidence_of(repo, flight.quote.attempt_id)[2] == "alice"
     assert_lost(repo, cases, flight, ErrorCode.RECOVERY_CONFIRMED_STOPPED)
 
@@ -255,7 +255,7 @@ def test_confirm_stopped_speaks_only_of_the_lease_it_was_given_for(repo, dispatc
     restarted = register(dispatch, "w1")
     token = new_hash()
     assert attest(dispatch, restarted, flight, worker, new_lease_token_hash=token,
-                  new_offer_id="offer-2").lease_generation == 2
+                  new_offer_id="offer-2").value.lease_generation == 2
     assert evidence_of(repo, flight.quote.attempt_id) == (None, None, None, 2)
     assert_waits(repo, cases, flight)
 
@@ -280,6 +280,6 @@ def test_confirm_stopped_refuses_without_a_matching_attempt_and_writes_nothing(r
     for flight, detail, run_status in expected:
         before = db_state(repo, flight.quote.run_id)
         done = confirm(flight.quote.run_id, "alice")
-        assert (done.result, done.detail, done.run_status) == ("refused", detail, run_status)
+        assert (done.result, done.detail, done.run_state) == ("refused", detail, run_status)
         assert db_state(repo, flight.quote.run_id) == before
-    assert confirm(live.quote.run_id, "alice").lease_expires_at_ms is not None
+    assert confirm(live.quote.run_id, "alice").value.lease_expires_at_ms is not None

@@ -59,7 +59,7 @@ def test_chunks_append_at_the_expected_offset_and_read_back_exactly(chunks, flig
     for part in parts:
         result = send(chunks, flight, offset, part)
         offset += len(part)
-        assert (result.result, result.acked_offset, result.detail) == ("applied", offset, None)
+        assert (result.result, result.value, result.detail) == ("applied", offset, None)
     whole = b"".join(parts)
     assert chunks.acked_offset(attempt_id) == len(whole)
     assert chunks.read(attempt_id, 0, 10_000) == whole
@@ -73,9 +73,9 @@ def test_a_repeat_is_acknowledged_again_and_a_different_one_is_refused(repo, chu
     send(chunks, flight, 0, b"abc")
     send(chunks, flight, 3, b"def")
     again = send(chunks, flight, 0, b"abc")
-    assert (again.result, again.acked_offset, again.detail) == ("applied", 6, "repeated")
+    assert (again.result, again.value, again.detail) == ("applied", 6, "repeated")
     other = send(chunks, flight, 0, b"abX")
-    assert (other.result, other.acked_offset, other.detail) == ("refused", 6, "conflict")
+    assert (other.result, other.value, other.detail) == ("refused", 6, "conflict")
     inside = send(chunks, flight, 1, b"bc")  # not a chunk's start: a conflict, not a repeat
     assert (inside.result, inside.detail) == ("refused", "conflict")
     assert stored(repo, attempt_id) == 2 and chunks.read(attempt_id, 0, 100) == b"abcdef"
@@ -84,7 +84,7 @@ def test_a_repeat_is_acknowledged_again_and_a_different_one_is_refused(repo, chu
 def test_a_gap_is_refused_and_says_where_to_resume(chunks, flight):
     send(chunks, flight, 0, b"abc")
     gap = send(chunks, flight, 10, b"later")
-    assert (gap.result, gap.acked_offset, gap.detail) == ("refused", 3, "gap")
+    assert (gap.result, gap.value, gap.detail) == ("refused", 3, "gap")
 
 
 @pytest.mark.parametrize("data, checksum, detail", [
@@ -94,19 +94,19 @@ def test_a_gap_is_refused_and_says_where_to_resume(chunks, flight):
 ])
 def test_invalid_chunks_are_refused(repo, chunks, flight, data, checksum, detail):
     result = send(chunks, flight, 0, data, checksum=checksum)
-    assert (result.result, result.acked_offset, result.detail) == ("refused", 0, detail)
+    assert (result.result, result.value, result.detail) == ("refused", 0, detail)
     assert stored(repo, flight[1]) == 0
 
 
 def test_a_full_size_chunk_is_accepted(chunks, flight):
     data = secrets.token_bytes(MAX_CHUNK_BYTES)
-    assert send(chunks, flight, 0, data).acked_offset == MAX_CHUNK_BYTES
+    assert send(chunks, flight, 0, data).value == MAX_CHUNK_BYTES
     assert chunks.read(flight[1], 0, MAX_CHUNK_BYTES) == data
 
 
 def test_chunks_are_authenticated_by_worker_and_callback_token(repo, chunks, flight):
     other = send(chunks, flight, 0, b"abc", worker="intruder")
-    assert (other.result, other.acked_offset, other.detail) == ("refused", 0, "wrong_worker")
+    assert (other.result, other.value, other.detail) == ("refused", 0, "wrong_worker")
     forged = send(chunks, flight, 0, b"abc", token=secrets.token_urlsafe(32))
     assert (forged.result, forged.detail) == ("refused", "bad_token")
     unknown = chunks.append(WORKER, "0" * 36, new_hash(), 0, b"abc", hashlib.sha256(b"abc").hexdigest())
@@ -126,7 +126,7 @@ def test_the_tail_lands_after_the_run_is_terminal_and_the_final_offset_is_kept(r
                                                  final_log_offset=12)
     assert out.run_state == "succeeded"
     assert chunks.final_offset(attempt_id) == 12
-    assert send(chunks, flight, 6, b"second").acked_offset == 12
+    assert send(chunks, flight, 6, b"second").value == 12
     assert chunks.read(attempt_id, 0, 100) == b"first\nsecond"
 
 
@@ -168,9 +168,9 @@ def test_a_chunk_past_the_final_offset_is_refused_and_stores_nothing(repo, chunk
                       token=token, started_at_ms=1, finished_at_ms=2, exit_code=0)
     CompletionService(repo.store).complete(run_id, attempt_id, receipt, 0, worker_id=WORKER, final_log_offset=12)
     result = send(chunks, flight, 6, b"second and more")  # ends at 21, past the final 12
-    assert (result.result, result.acked_offset, result.detail) == ("refused", 6, "past_final_offset")
+    assert (result.result, result.value, result.detail) == ("refused", 6, "past_final_offset")
     assert stored(repo, attempt_id) == 1 and chunks.read(attempt_id, 0, 100) == b"first\n"
-    assert send(chunks, flight, 6, b"second").acked_offset == 12  # up to the final offset: kept
+    assert send(chunks, flight, 6, b"second").value == 12  # up to the final offset: kept
     assert send(chunks, flight, 12, b"x").detail == "past_final_offset"  # not one byte after it
     assert chunks.read(attempt_id, 0, 100) == b"first\nsecond"
 
@@ -183,9 +183,9 @@ def test_a_chunk_past_the_log_cap_the_offer_carried_is_refused_and_stores_nothin
             run_attempts.c.id == attempt_id)).scalar_one() == 10
     assert send(chunks, capped, 0, b"0123").result == "applied"
     result = send(chunks, capped, 4, b"456789ab")  # ends at 12, past the cap of 10
-    assert (result.result, result.acked_offset, result.detail) == ("refused", 4, "past_log_cap")
+    assert (result.result, result.value, result.detail) == ("refused", 4, "past_log_cap")
     assert stored(repo, attempt_id) == 1
-    assert send(chunks, capped, 4, b"456789").acked_offset == 10  # exactly the cap: kept
+    assert send(chunks, capped, 4, b"456789").value == 10  # exactly the cap: kept
     assert send(chunks, capped, 10, b"!").detail == "past_log_cap"
     assert chunks.read(attempt_id, 0, 100) == b"0123456789"
 

@@ -66,7 +66,7 @@ def test_a_lost_heartbeat_answer_then_every_report_applies_and_the_run_ends_with
     assert again == lost and the_lease(repo, flight)["version"] == 2
     data = b"half of the output\n"
     appended = chunk(repo, flight, "w1", 0, data)
-    assert (appended.result, appended.acked_offset) == ("applied", len(data))
+    assert (appended.result, appended.value) == ("applied", len(data))
     later = beat(dispatch, session, 2, flight.quote)
     assert later.fenced == () and [(r[0], r[2]) for r in later.renewed] == [(flight.quote.attempt_id, 3)]
     assert db_state(repo, flight.quote.run_id)[0]["status"] == "running"  # nothing stopped it
@@ -84,6 +84,6 @@ def test_a_completed_from_a_later_session_with_a_wrong_token_is_refused_and_chan
     register(dispatch, "w1")  # the worker restarted: a later session
     before = db_state(repo, flight.quote.run_id)
     outcome = completed(repo, flight, "w1", 0, token=secrets.token_urlsafe(32))
-    assert (outcome.result, outcome.reason) == ("refused", "bad_token")
+    assert (outcome.result, outcome.detail) == ("refused", "bad_token")
     assert db_state(repo, flight.quote.run_id) == before
     assert completed(repo, flight, "w1", 0).result == "applied"  # the right token still lands

@@ -210,16 +210,16 @@ def test_a_completed_racing_a_cancel_ends_in_exactly_one_allowed_outcome(replica
         run, (attempt,), (lease,), _ = db_state(a.repo, flight.quote.run_id)
         types = event_types(a.repo, flight.quote.run_id)
         assert done.result == "applied" and lease["status"] == "completed" and attempt["exit_code"] == 0
-        if cancel.outcome == "already_terminal":
+        if cancel.result == "already_terminal":
             assert (done.run_state, run["status"], run["cancel_requested_at_ms"]) == ("succeeded", "succeeded", None)
             assert "run.cancel_requested" not in types
         else:
-            assert cancel.outcome == "requested"
+            assert cancel.result == "requested"
             assert (done.run_state, run["status"], run["error_code"]) == ("cancelled", "cancelled",
                                                                          "EXECUTION_CANCELLED")
             assert types.count("run.cancel_requested") == 1
         assert sum(t in TERMINAL_EVENTS for t in types) == 1
-        orders.add(cancel.outcome)
+        orders.add(cancel.result)
     assert orders <= {"already_terminal", "requested"}
 
 
@@ -276,4 +276,4 @@ def test_two_replicas_retrying_the_same_lost_run_make_exactly_one_new_attempt(re
         assert run["status"] == "queued"
         assert [(x["number"], x["status"]) for x in attempts] == [(1, "lost"), (2, "claimed")]
         assert event_types(a.repo, run_id).count("run.queued") == 2  # admission, then the retry
-        assert a.repo.runs.cancel(run_id).outcome == "cancelled"  # not offered in the next round
+        assert a.repo.runs.cancel(run_id).result == "cancelled"  # not offered in the next round

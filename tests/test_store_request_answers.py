@@ -16,14 +16,15 @@ import pytest
 from sqlalchemy import func, select, update
 
 from qlactors.domain.receipt import Receipt, token_hash
+from qlactors.domain.results import Outcome, Result
 from qlactors.ids import new_id
-from qlactors.store.completion import CompletionOutcome, CompletionService
+from qlactors.store.completion import CompletionService
 from qlactors.store.dispatch import Dispatch
-from qlactors.store.records import ActivateResult, AttestResult, Outcome
+from qlactors.store.records import Activation, LeaseTerms
 from qlactors.store.report_batch import Report, ReportBatch
 from qlactors.store.report_locks import LockRequest
 from qlactors.store.repository import Repository
-from qlactors.store.request_answers import RETENTION_MS, AnswerKey, PullAnswer, RequestAnswers
+from qlactors.store.request_answers import RETENTION_MS, AnswerKey, PullAnswer, RequestAnswers, decode, encode
 from qlactors.store.schema import worker_requests
 from store_helpers import db_state, new_hash, spec
 from test_store_sessions import IDENTITY, launch, register
@@ -47,23 +48,23 @@ class Replica:
     def activate(self, fence, callback_hash, request_id):
         return self._one(LockRequest(fence.attempt_id, fence.run_id, fence, revision=True),
                          lambda c, r: self.dispatch.reports.activate_in(c, r, fence, callback_hash, "log"),
-                         "activate", ActivateResult, request_id)
+                         "activate", Outcome[Activation], request_id)
 
     def started(self, fence, request_id):
         return self._one(LockRequest(fence.attempt_id, fence.run_id, fence),
                          lambda c, r: self.dispatch.reports.started_in(c, r, fence, IDENTITY.boot_id, IDENTITY.pid,
                                                                IDENTITY.pgid, IDENTITY.start_ticks),
-                         "started", Outcome, request_id)
+                         "started", Outcome[None], request_id)
 
     def start_failed(self, fence, request_id):
         return self._one(LockRequest(fence.attempt_id, fence.run_id, fence),
                          lambda c, r: self.dispatch.reports.start_failed_in(c, r, fence, "spawn failed"),
-                         "start_failed", Outcome, request_id)
+                         "start_failed", Outcome[None], request_id)
 
     def decline(self, fence, request_id):
         return self._one(LockRequest(fence.attempt_id, fence.run_id, fence),
                          lambda c, r: self.dispatch.reports.decline_in(c, r, fence),
-                         "decline", Outcome, request_id)
+                         "decline", Outcome[None], request_id)
 
     def complete(self, flight, request_id):
         receipt = Receipt(schema_version=2, run_id=flight.quote.run_id, attempt_id=flight.quote.attempt_id,
@@ -73,7 +74,7 @@ class Replica:
                          lambda c, r: self.completion.complete_in(c, r, flight.quote.run_id, flight.quote.attempt_id,
                                                                   receipt, 0, "exit", worker_id=W,
                                                                   final_log_offset=0),
-                         "completed", CompletionOutcome, request_id)
+                         "completed", Outcome[None], request_id)
 
     def pull(self, session, pairs, request_id):
         return self.dispatch.offers.batch(session.worker_id, session.session_id, session.generation, pairs,
@@ -83,11 +84,11 @@ class Replica:
     def attest(self, session, flight, fact, request_id):
         return self.dispatch.attestations.apply(W, session.session_id, session.generation, flight.quote,
                                     flight.offer.session_id, flight.offer.session_generation, fact,
-                                    run_lease_ms=30_000, answer=AnswerKey(W, request_id, "attest", AttestResult))
+                                    run_lease_ms=30_000, answer=AnswerKey(W, request_id, "attest", Outcome[LeaseTerms]))
 
     def leave(self, session, status, request_id):
         return self.dispatch.sessions.end(W, session.session_id, session.generation, status=status,
-                                         answer=AnswerKey(W, request_id, "leave", Outcome))
+                                         answer=AnswerKey(W, request_id, "leave", Outcome[None]))
 
     def close(self) -> None:
         self.repo.close()
@@ -152,7 +153,7 @@ def test_a_repeated_activate_gets_its_first_answer_after_the_job_started(replica
     flight = flight_of(a, session, activated=False, started=False, timeout_ms=60_000)
     request_id, callback = new_id(), token_hash(flight.token)
     first = a.activate(flight.fence, callback, request_id)
-    assert first.result == "applied" and first.deadline_at_ms is not None and first.detail is None
+    assert first.result == "applied" and first.value.deadline_at_ms is not None and first.detail is None
     assert a.started(flight.fence, new_id()).result == "applied"
     before = db_state(a.repo, flight.quote.run_id)
     for replica in (a, b):
@@ -257,7 +258,7 @@ def test_without_a_ledger_nothing_is_kept(repo, dispatch):
     batch = ReportBatch(repo.store)
     report = Report(LockRequest(flight.fence.attempt_id, flight.fence.run_id, flight.fence),
                     lambda c, r: dispatch.reports.decline_in(c, r, flight.fence),
-                    answer=AnswerKey(W, new_id(), "decline", Outcome))
+                    answer=AnswerKey(W, new_id(), "decline", Outcome[None]))
     assert batch.apply([report])[0].result == "applied"
     assert kept(repo) == 0
 
@@ -331,3 +332,34 @@ def test_two_copies_racing_on_two_replicas_get_one_answer_and_one_effect(pg_sche
     finally:
         b.close()
         a.close()
+
+
+@pytest.mark.parametrize("result_type, result", [
+    (Outcome[None], Outcome(Result.APPLIED, None, "running")),
+    (Outcome[None], Outcome(Result.REFUSED, "bad_token", "running")),
+    (Outcome[Activation], Outcome(Result.APPLIED, "already_starting", value=Activation(1_700_000_000_000, 2))),
+    (Outcome[Activation], Outcome(Result.REFUSED, "cancel_requested", value=Activation(lease_version=3))),
+    (Outcome[Activation], Outcome(Result.FENCED, "lease_token")),
+    (Outcome[LeaseTerms], Outcome(Result.APPLIED, "rebound", value=LeaseTerms(2, 1, 1_700_000_030_000))),
+    (Outcome[LeaseTerms], Outcome(Result.SUPERSEDED, "later_attempt")),
+    (PullAnswer, PullAnswer(("offer-1", "offer-2"))),
+])
+def test_an_answer_reads_back_as_it_was_kept(result_type, result):
+    assert decode(result_type, encode(result)) == result
+
+
+@pytest.mark.parametrize("result_type, kept, expected", [
+    # rows a replica wrote before the one Outcome (kept up to 24 h across an upgrade)
+    (Outcome[None], '{"reason":"bad_token","result":"refused","run_state":"running"}',
+     Outcome(Result.REFUSED, "bad_token", "running")),
+    (Outcome[None], '{"detail":null,"result":"applied","run_state":"succeeded"}',
+     Outcome(Result.APPLIED, None, "succeeded")),
+    (Outcome[Activation], '{"deadline_at_ms":null,"detail":null,"lease_version":1,"result":"applied"}',
+     Outcome(Result.APPLIED, value=Activation(None, 1))),
+    (Outcome[LeaseTerms], '{"detail":"rebound","expires_at_ms":9,"lease_generation":2,"lease_version":1,'
+                          '"result":"applied"}', Outcome(Result.APPLIED, "rebound", value=LeaseTerms(2, 1, 9))),
+    (Outcome[LeaseTerms], '{"detail":"lease_token","expires_at_ms":null,"lease_generation":null,'
+                          '"lease_version":null,"result":"fenced"}', Outcome(Result.FENCED, "lease_token")),
+])
+def test_an_answer_kept_in_the_earlier_form_reads_back_the_same(result_type, kept, expected):
+    assert decode(result_type, kept) == expected

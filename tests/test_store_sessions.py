@@ -399,12 +399,12 @@ def test_attest_running_from_the_current_session_rebinds_an_old_sessions_lease(r
     restarted = register(dispatch, "w1")
     new_token = new_hash()
     result = attest(dispatch, restarted, flight, worker, new_lease_token_hash=new_token, new_offer_id="offer-2")
-    assert (result.result, result.lease_generation, result.lease_version) == ("applied", 2, 1)
+    assert (result.result, result.value.lease_generation, result.value.lease_version) == ("applied", 2, 1)
     old, new = db_state(repo, flight.quote.run_id)[2]
     assert (old["status"], old["release_reason"]) == ("released", "lease_expired")
     assert (new["status"], new["session_id"], new["session_generation"], new["offer_id"]) == (
         "leased", restarted.session_id, 2, "offer-2")
-    assert new["token_hash"] == new_token and new["expires_at_ms"] == result.expires_at_ms
+    assert new["token_hash"] == new_token and new["expires_at_ms"] == result.value.expires_at_ms
     attempt = db_state(repo, flight.quote.run_id)[1][0]
     assert (attempt["lease_generation"], attempt["session_id"], attempt["offer_id"], attempt["status"]) == (
         2, restarted.session_id, "offer-2", "running")
@@ -430,7 +430,7 @@ def test_attest_running_of_an_attempt_whose_started_never_landed_records_it_runn
     flight = launch(repo, dispatch, worker, started=False)
     restarted = register(dispatch, "w1")
     result = attest(dispatch, restarted, flight, worker)
-    assert (result.result, result.lease_generation) == ("applied", 2)
+    assert (result.result, result.value.lease_generation) == ("applied", 2)
     run, (attempt,), leases, _ = db_state(repo, flight.quote.run_id)
     assert (run["status"], attempt["status"], attempt["session_id"]) == ("running", "running", restarted.session_id)
     assert Identity.from_row(SimpleNamespace(**attempt)) == IDENTITY and attempt["started_at_ms"] is not None
@@ -481,7 +481,7 @@ def test_attest_evidence_is_recorded_on_the_attempt_only(repo, dispatch, worker)
     restarted = register(dispatch, "w1")
     run_before, attempts_before, leases_before, events_before = db_state(repo, flight.quote.run_id)
     result = attest(dispatch, restarted, flight, worker, "stopped")
-    assert (result.result, result.lease_generation, result.lease_version) == ("applied", 1, 1)
+    assert (result.result, result.value.lease_generation, result.value.lease_version) == ("applied", 1, 1)
     run, (attempt,), leases, events = db_state(repo, flight.quote.run_id)
     assert attempt["evidence"] == "stopped" and attempt["evidence_at_ms"] is not None
     assert (run, leases, events) == (run_before, leases_before, events_before)

@@ -76,7 +76,7 @@ def confirm_stopped(repo: Repository, args: argparse.Namespace) -> int:
     by = args.by if args.by is not None else operator_name()
     view = repo.runs.get(args.run_id)  # an unknown or retired run, in its own words
     done = ConfirmStopped(repo.store).confirm_stopped(view.id, by)
-    if done.result != "applied":
+    if not done.applied:
         raise BadInput(confirm_refusal(done))
     print(confirm_line(done))
     return 0

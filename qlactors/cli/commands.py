@@ -13,6 +13,7 @@ from ..domain.labels import check_labels
 from ..domain.model import Command, TaskSpec, parse_env_pairs, seconds_to_ms
 from ..domain.numbers import parse_whole
 from ..domain.retention import RetentionPolicy, TaskRetention, parse_keep_days, parse_keep_runs
+from ..domain.results import Result
 from ..domain.retry import RetryPolicy
 from ..errors import BadInput
 from ..store.repository import Repository
@@ -305,16 +306,16 @@ def _recovery_waiting(repo: Repository, args: argparse.Namespace, view) -> Any:
 
 
 _CANCEL_TEXT = {
-    "cancelled": "cancelled",
-    "requested": "cancel requested: the runtime stops the job and the run ends cancelled",
-    "already_requested": "cancel already requested",
-    "already_terminal": "already finished ({state}): nothing to cancel",
+    Result.CANCELLED: "cancelled",
+    Result.REQUESTED: "cancel requested: the runtime stops the job and the run ends cancelled",
+    Result.ALREADY_REQUESTED: "cancel already requested",
+    Result.ALREADY_TERMINAL: "already finished ({state}): nothing to cancel",
 }
 
 
 def cancel(repo: Repository, args: argparse.Namespace) -> int:
-    result = repo.runs.cancel(args.run_id)
-    print(f"run {result.run.id}: " + _CANCEL_TEXT[result.outcome].format(state=result.run.state))
+    outcome = repo.runs.cancel(args.run_id)
+    print(f"run {outcome.value.id}: " + _CANCEL_TEXT[outcome.result].format(state=outcome.run_state))
     return 0
 
 

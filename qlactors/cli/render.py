@@ -277,11 +277,12 @@ def cycle_failure_line(failure: dict, prefix: str = "cadence") -> str:
             f"{failure.get('error')}; nothing is offered until a cycle gets through")
 
 
-def confirm_line(c) -> str:
-    """`confirm-stopped`: what was recorded (a store/evidence.py Confirmation, applied)."""
+def confirm_line(outcome) -> str:
+    """`confirm-stopped`: what was recorded (its applied Outcome, the value a store/evidence.py Found)."""
+    c = outcome.value
     attempt = f"run {c.run_id} attempt {c.attempt_number} ({c.attempt_id})"
-    if c.detail is not None and c.detail.startswith("already_"):
-        fact = c.detail.removeprefix("already_")
+    if outcome.detail is not None and outcome.detail.startswith("already_"):
+        fact = outcome.detail.removeprefix("already_")
         who = f" by {c.by}" if c.by else ""
         return (f"{attempt}: already recorded as `{fact}`{who} for lease generation {c.lease_generation}; "
                 "nothing written: recovery ends it `lost` on its next page")
@@ -289,19 +290,20 @@ def confirm_line(c) -> str:
             "ends it `lost` (RECOVERY_CONFIRMED_STOPPED) on its next page, then its retry policy applies")
 
 
-def confirm_refusal(c) -> str:
+def confirm_refusal(outcome) -> str:
     """`confirm-stopped` refused (nothing written): why, and what to do instead, in one line."""
+    c, detail = outcome.value, outcome.detail
     run = f"run {c.run_id}"
     attempt = f"attempt {c.attempt_number}" if c.attempt_number is not None else "its attempt"
-    if c.detail == "lease_live":
+    if detail == "lease_live":
         until = "never expires" if c.lease_expires_at_ms is None else f"expires {when(c.lease_expires_at_ms)}"
         return (f"{run}: {attempt} holds a live lease (worker {c.worker_id or '?'} renews it; it {until}), so its "
                 f"worker still runs it: stop it there, or `qlactors cancel {c.run_id}`; nothing was changed")
-    if c.detail == "attempt_changed":
+    if detail == "attempt_changed":
         return f"{run}: its current attempt changed meanwhile; look again (`qlactors show {c.run_id}`); nothing was changed"
-    if c.detail is not None and c.detail.startswith("attempt_"):
-        state = c.detail.removeprefix("attempt_")
+    if detail is not None and detail.startswith("attempt_"):
+        state = detail.removeprefix("attempt_")
         why = ("never activated: nothing of it runs, and recovery offers it again once its offer expires"
                if state == "claimed" else f"{state}: no live attempt to confirm")
-        return f"{run} ({c.run_status}): {attempt} is {why}; nothing was changed"
-    return f"{run} is {c.run_status}: no live attempt to confirm; nothing was changed"
+        return f"{run} ({outcome.run_state}): {attempt} is {why}; nothing was changed"
+    return f"{run} is {outcome.run_state}: no live attempt to confirm; nothing was changed"

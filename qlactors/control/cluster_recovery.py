@@ -68,14 +68,14 @@ class ClusterRecovery(RuntimeActor):
         claims, claims_more = self.claims.page(page)
         released = 0
         for claim in claims:
-            if self.claims.release(claim).result == "applied":
+            if self.claims.release(claim).applied:
                 released += 1
                 log.info("event=expired_offer_released run=%s attempt=%s", claim.run_id, claim.attempt_id)
         candidates, cases_more = self.cases.page(page)
         resolved = 0
         for candidate in candidates:
             outcome = self.cases.resolve(candidate)
-            if outcome.result == "applied":
+            if outcome.applied:
                 resolved += 1
                 log.warning("event=attempt_recovered run=%s attempt=%s evidence=%s run_state=%s",
                             candidate.run_id, candidate.attempt_id, candidate.kind, outcome.run_state)

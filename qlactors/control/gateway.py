@@ -18,12 +18,12 @@ from typing import Any
 
 from ..clock import monotonic
 from ..domain.receipt import Receipt, ReceiptError, token_hash
+from ..domain.results import Outcome, Result
 from ..errors import PeerFault
 from ..faults import crash_point, drop_point
 from ..runtime.actor import RuntimeActor
 from ..runtime.signals import AttemptEnded, Redeliver, Tick, ToWorkers, WakeAt
-from ..store.completion import CompletionOutcome
-from ..store.records import ActivateResult, Fence, Fenced, Outcome
+from ..store.records import Activation, Fence, Fenced
 from ..store.report_batch import Report, ReportBatch, groups
 from ..store.report_locks import LockRequest
 from ..store.request_answers import AnswerKey, PullAnswer
@@ -162,12 +162,12 @@ class Gateway(RuntimeActor):
     def _refuse(self, inbound: Inbound, err: PeerFault) -> None:
         report = inbound.message
         log.warning("event=report_refused kind=%s error=%s", report.KIND, err)
-        self._ack(inbound.peer, report.KIND, report, "refused", str(err))
+        self._ack(inbound.peer, report.KIND, report, Result.REFUSED, str(err))
 
-    def _ack(self, peer: bytes, of: str, msg: Any, result: str, detail: str = "") -> None:
+    def _ack(self, peer: bytes, of: str, msg: Any, result: Result, detail: str | None = "") -> None:
         self._to_peer(peer, m.Ack(answer_to=msg.request_id, of=of, run_id=getattr(msg, "run_id", ""),
                                      attempt_id=getattr(msg, "attempt_id", ""),
-                                     offer_id=getattr(msg, "offer_id", ""), result=result,
+                                     offer_id=getattr(msg, "offer_id", ""), result=result.value,
                                      detail=(detail or "")[:500]))
 
     # -- sessions -----------------------------------------------------------------------------
@@ -176,7 +176,7 @@ class Gateway(RuntimeActor):
         answer = self.sessions.register(msg, self.worker_id)
         if isinstance(answer, str):
             log.warning("event=register_refused worker=%s reason=%s", self.worker_id, answer)
-            self._ack(peer, "register", msg, "refused", answer)
+            self._ack(peer, "register", msg, Result.REFUSED, answer)
             # Only this peer's: a second process presenting the same key (duplicate_worker) has the
             # same worker id, and refusing it must not drop the peer of the one that keeps the session.
             if self.peers.get(self.worker_id) == peer:
@@ -202,11 +202,11 @@ class Gateway(RuntimeActor):
 
     def on_leave(self, msg: m.Leave, peer: bytes) -> None:
         """A worker drains (SIGTERM): its session `draining` (no more offers), then `offline`."""
-        result, detail = self.sessions.leave(msg, self.worker_id)
+        outcome = self.sessions.leave(msg, self.worker_id)
         log.info("event=session_%s worker=%s session=%s generation=%d result=%s detail=%s", msg.status,
-                 self.worker_id, msg.session_id, msg.session_generation, result, detail or "-")
-        self._ack(peer, "leave", msg, result, detail)
-        if result == "applied" and msg.status == "offline":
+                 self.worker_id, msg.session_id, msg.session_generation, outcome.result, outcome.detail or "-")
+        self._ack(peer, "leave", msg, outcome.result, outcome.detail)
+        if outcome.applied and msg.status == "offline":
             self._forget(self.worker_id)
 
     def _remember(self, worker_id: str, peer: bytes) -> None:
@@ -259,7 +259,7 @@ class Gateway(RuntimeActor):
                     size=check_offer, budget_bytes=BATCH_BUDGET_BYTES,
                     answer=self._answer_key(msg, PullAnswer))
             except Fenced as err:
-                self._ack(peer, "pull", msg, "fenced", str(err))
+                self._ack(peer, "pull", msg, Result.FENCED, str(err))
                 return
         self._remember(self.worker_id, peer)
         if views and drop_point("gateway_drop_offers"):
@@ -277,7 +277,7 @@ class Gateway(RuntimeActor):
             report, answer = item
             answer(self.batch.apply([report])[0])
 
-    def _answer_key(self, msg: Any, result_type: type) -> AnswerKey | None:
+    def _answer_key(self, msg: Any, result_type: Any) -> AnswerKey | None:
         """The request as the answer ledger knows it; None without a ledger (edge)."""
         if self.sessions.ledger is None:
             return None
@@ -306,9 +306,9 @@ class Gateway(RuntimeActor):
         if isinstance(msg, m.Activate):
             return (Report(locks, lambda conn, rows: reports.activate_in(conn, rows, fence, msg.callback_token_hash,
                                                                           msg.log_artifact_id),
-                           answer=self._answer_key(msg, ActivateResult)),
+                           answer=self._answer_key(msg, Outcome[Activation])),
                     lambda result: self._answer_activate(msg, peer, result))
-        answer = self._answer_key(msg, Outcome)
+        answer = self._answer_key(msg, Outcome[None])
         if isinstance(msg, m.Started):
             return (Report(locks, lambda conn, rows: reports.started_in(conn, rows, fence, msg.boot_id, msg.pid,
                                                                          msg.pgid, msg.start_ticks), durable=False,
@@ -321,19 +321,20 @@ class Gateway(RuntimeActor):
         return (Report(locks, lambda conn, rows: reports.decline_in(conn, rows, fence), answer=answer),
                 lambda outcome: self._answer_decline(msg, peer, outcome))
 
-    def _answer_activate(self, msg: m.Activate, peer: bytes, result: Any) -> None:
-        if result.result == "applied":
+    def _answer_activate(self, msg: m.Activate, peer: bytes, outcome: Outcome[Activation]) -> None:
+        if outcome.applied:
+            activation = outcome.value
             self._to_peer(peer, m.Activated(answer_to=msg.request_id, run_id=msg.run_id, attempt_id=msg.attempt_id,
-                                               offer_id=msg.offer_id, lease_version=result.lease_version,
-                                               deadline_at_ms=result.deadline_at_ms))
-            if result.deadline_at_ms is not None:
-                self.ctx.directory.tell("supervisor", WakeAt(result.deadline_at_ms))
+                                               offer_id=msg.offer_id, lease_version=activation.lease_version,
+                                               deadline_at_ms=activation.deadline_at_ms))
+            if activation.deadline_at_ms is not None:
+                self.ctx.directory.tell("supervisor", WakeAt(activation.deadline_at_ms))
         else:
-            self._ack(peer, "activate", msg, result.result, result.detail)
+            self._ack(peer, "activate", msg, outcome.result, outcome.detail)
 
-    def _answer_decline(self, msg: m.Decline, peer: bytes, outcome: Any) -> None:
+    def _answer_decline(self, msg: m.Decline, peer: bytes, outcome: Outcome) -> None:
         self._ack(peer, "decline", msg, outcome.result, outcome.detail)
-        if outcome.result == "applied":
+        if outcome.applied:
             log.info("event=offer_declined run=%s attempt=%s reason=%s", msg.run_id, msg.attempt_id,
                      msg.reason[:80])
             self.ctx.directory.tell("scheduler", Tick("decline"))  # offered again at once
@@ -345,7 +346,7 @@ class Gateway(RuntimeActor):
                               started_at_ms=msg.started_at_ms, finished_at_ms=msg.finished_at_ms,
                               exit_code=msg.exit_code, output_open=msg.output_open)
         except ReceiptError as err:
-            self._ack(peer, "completed", msg, "refused", f"invalid_receipt: {err.reason}")
+            self._ack(peer, "completed", msg, Result.REFUSED, f"invalid_receipt: {err.reason}")
             return None
         facts = self.sessions.completion_facts(self.worker_id, msg)
 
@@ -355,12 +356,12 @@ class Gateway(RuntimeActor):
                                                    msg.log_dropped_bytes, msg.stopped_by, **facts)
 
         return (Report(LockRequest(msg.attempt_id, msg.run_id, live_lease=True), apply,
-                       answer=self._answer_key(msg, CompletionOutcome)),
+                       answer=self._answer_key(msg, Outcome[None])),
                 lambda outcome: self._answer_completed(msg, peer, outcome))
 
-    def _answer_completed(self, msg: m.Completed, peer: bytes, outcome: Any) -> None:
-        self._ack(peer, "completed", msg, outcome.result, outcome.reason or "")
-        if outcome.result in ("applied", "already_terminal") and self.ctx.admitting.is_set():
+    def _answer_completed(self, msg: m.Completed, peer: bytes, outcome: Outcome) -> None:
+        self._ack(peer, "completed", msg, outcome.result, outcome.detail)
+        if outcome.settled and self.ctx.admitting.is_set():
             # Its slot is free in the database now: pull again (after the flush's other answers).
             if self.nudges is not None:
                 self.nudges.add(peer)
@@ -371,7 +372,7 @@ class Gateway(RuntimeActor):
 
     def on_attest(self, msg: m.Attest, peer: bytes) -> None:
         answer = self.sessions.attest(msg, self.worker_id)
-        if answer.result == "applied" and msg.fact not in ("running", "launch_unknown"):
+        if answer.result == Result.APPLIED and msg.fact not in ("running", "launch_unknown"):
             # Evidence for recovery, which judges it on its next page (now: a cycle is asked for).
             self.ctx.directory.tell("recovery", AttemptEnded(msg.run_id, msg.attempt_id))
             self.ctx.directory.tell("scheduler", Tick("attest"))

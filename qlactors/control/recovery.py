@@ -175,7 +175,7 @@ class Recovery(RuntimeActor):
             self.local.quarantine(c.attempt_id)
             return False
         outcome = self.ctx.completion.complete(c.run_id, c.attempt_id, found.receipt, found.dropped)
-        if outcome.result in ("applied", "already_terminal"):
+        if outcome.settled:
             self.local.receipt_applied(c.attempt_id)
             self._resolved(c.attempt_id)
             return True
@@ -200,7 +200,7 @@ class Recovery(RuntimeActor):
         outcome = self.ctx.dispatch.reports.release_unactivated(c.run_id, c.attempt_id)
         log.info("event=claim_released run=%s attempt=%s result=%s detail=%s", c.run_id, c.attempt_id,
                  outcome.result, outcome.detail)
-        if outcome.result == "applied":
+        if outcome.applied:
             self.local.released(c.attempt_id)  # its journal row, if the executor that took it is gone
         self._resolved(c.attempt_id)
         return "released"

@@ -13,10 +13,11 @@ import secrets
 from typing import Any, Callable, Protocol
 
 from ..domain.receipt import token_hash
+from ..domain.results import Outcome, Result
 from ..store.control import Control
 from ..store.dispatch import Dispatch
 from ..store.log_chunks import LogChunks
-from ..store.records import AttestResult, Fenced, Outcome, Session
+from ..store.records import Fenced, LeaseTerms, Session
 from ..store.request_answers import AnswerKey, RequestAnswers
 from ..store.session_rules import DUPLICATE, DUPLICATE_WORKER
 from ..wire import codec
@@ -77,9 +78,9 @@ class LocalSessions:
         return m.HeartbeatAck(answer_to=msg.request_id, seq=msg.seq, session_ended=ended, session_expires_at_ms=None, renewed=renewed,
                               fenced=[], detail="stale session" if ended else ""), []
 
-    def leave(self, msg: m.Leave, worker_id: str) -> tuple[str, str]:
+    def leave(self, msg: m.Leave, worker_id: str) -> Outcome:
         # The edge executor never drains its session: it lives and ends with this process.
-        return "refused", "an edge session lives as long as its process"
+        return Outcome(Result.REFUSED, "an edge session lives as long as its process")
 
     def may_offer(self) -> bool:
         return self.disk_reserve is None or self.disk_reserve.has_room()
@@ -88,16 +89,17 @@ class LocalSessions:
         return {}  # one clock on edge: the store compares the finish with the deadline itself
 
     def log_chunk(self, msg: m.LogChunk, worker_id: str) -> m.LogAck:
-        return m.LogAck(answer_to=msg.request_id, attempt_id=msg.attempt_id, result="refused", acked_offset=0,
-                        detail="edge keeps logs in local files")
+        return m.LogAck(answer_to=msg.request_id, attempt_id=msg.attempt_id, result=Result.REFUSED.value,
+                        acked_offset=0, detail="edge keeps logs in local files")
 
     def attest(self, msg: m.Attest, worker_id: str) -> m.Attested:
         # The executor shares this process; recovery judges by its own records and the process
         # identity (SEMANTICS.md §6): an attestation only tells it where to look now.
-        result = "applied" if self._current(msg, worker_id) else "fenced"
-        return m.Attested(answer_to=msg.request_id, run_id=msg.run_id, attempt_id=msg.attempt_id, fact=msg.fact, result=result,
+        current = self._current(msg, worker_id)
+        return m.Attested(answer_to=msg.request_id, run_id=msg.run_id, attempt_id=msg.attempt_id, fact=msg.fact,
+                          result=(Result.APPLIED if current else Result.FENCED).value,
                           offer_id=None, lease_generation=None, lease_version=None,
-                          lease_expires_at_ms=None, detail="" if result == "applied" else "stale session")
+                          lease_expires_at_ms=None, detail="" if current else "stale session")
 
     def worker_of(self, order: Any) -> str:
         return self.session.worker_id
@@ -203,12 +205,11 @@ class ClusterSessions:
         stops = [] if answer.session_ended else self.control.stops.pending(worker_id=worker_id)
         return ack, stops
 
-    def leave(self, msg: m.Leave, worker_id: str) -> tuple[str, str]:
+    def leave(self, msg: m.Leave, worker_id: str) -> Outcome:
         """A worker's drain (SEMANTICS.md §9 Drain): its session `draining`, then `offline`, from
         the authenticated worker's session only (`Sessions.end` fences any other)."""
-        outcome = self.dispatch.sessions.end(worker_id, msg.session_id, msg.session_generation, status=msg.status,
-                                            answer=AnswerKey(worker_id, msg.request_id, msg.KIND, Outcome))
-        return outcome.result, outcome.detail or ""
+        return self.dispatch.sessions.end(worker_id, msg.session_id, msg.session_generation, status=msg.status,
+                                          answer=AnswerKey(worker_id, msg.request_id, msg.KIND, Outcome[None]))
 
     def may_offer(self) -> bool:
         return True  # a worker checks its own disk before it pulls (executor/pulling.py)
@@ -219,31 +220,32 @@ class ClusterSessions:
         return dict(worker_id=worker_id, final_log_offset=msg.final_log_offset,
                     finished_in_time=msg.finished_in_time)
 
-    def log_ack(self, msg: m.LogChunk, result: Any) -> m.LogAck:
-        """The answer to a chunk the Gateway stored through `log_chunks` (a ChunkResult)."""
-        if result.result != "applied":
-            log.warning("event=log_chunk_%s attempt=%s offset=%d detail=%s", result.result, msg.attempt_id,
-                        msg.offset, result.detail)
-        return m.LogAck(answer_to=msg.request_id, attempt_id=msg.attempt_id, result=result.result, acked_offset=result.acked_offset,
-                        detail=result.detail or "")
+    def log_ack(self, msg: m.LogChunk, outcome: Outcome[int]) -> m.LogAck:
+        """The answer to a chunk the Gateway stored through `log_chunks` (its value: the acked offset)."""
+        if not outcome.applied:
+            log.warning("event=log_chunk_%s attempt=%s offset=%d detail=%s", outcome.result, msg.attempt_id,
+                        msg.offset, outcome.detail)
+        return m.LogAck(answer_to=msg.request_id, attempt_id=msg.attempt_id, result=outcome.result.value,
+                        acked_offset=outcome.value, detail=outcome.detail or "")
 
     def attest(self, msg: m.Attest, worker_id: str) -> m.Attested:
         from ..store.records import Identity, LeaseQuote
 
-        def answer(result: str, detail: str = "") -> m.Attested:
-            return m.Attested(answer_to=msg.request_id, run_id=msg.run_id, attempt_id=msg.attempt_id, fact=msg.fact, result=result,
+        def answer(result: Result, detail: str = "") -> m.Attested:
+            return m.Attested(answer_to=msg.request_id, run_id=msg.run_id, attempt_id=msg.attempt_id, fact=msg.fact,
+                              result=result.value,
                               offer_id=None, lease_generation=None, lease_version=None,
                               lease_expires_at_ms=None, detail=detail)
 
         if msg.lease is None or msg.lease_session_id is None or msg.lease_session_generation is None:
-            return answer("refused", "an attestation on a cluster quotes its lease")
+            return answer(Result.REFUSED, "an attestation on a cluster quotes its lease")
         if msg.fact == "running" and (msg.new_slot is None or msg.pid is None):
-            return answer("refused", "a `running` attestation carries the identity and a fresh lease pair")
+            return answer(Result.REFUSED, "a `running` attestation carries the identity and a fresh lease pair")
         lease = msg.lease
         identity = None
         if msg.fact == "running":
             identity = Identity(msg.boot_id or "", msg.pid, msg.pgid or 0, msg.start_ticks or 0)
-        result = self.dispatch.attestations.apply(
+        outcome = self.dispatch.attestations.apply(
             worker_id, msg.session_id, msg.session_generation,
             LeaseQuote(run_id=lease.run_id, attempt_id=lease.attempt_id, offer_id=lease.offer_id,
                        lease_generation=lease.lease_generation, lease_token_hash=token_hash(lease.lease_token)),
@@ -251,13 +253,14 @@ class ClusterSessions:
             new_lease_token_hash=token_hash(msg.new_slot.lease_token) if msg.new_slot else None,
             new_offer_id=msg.new_slot.offer_id if msg.new_slot else None,
             identity=identity, run_lease_ms=self.run_lease_ms,
-            answer=AnswerKey(worker_id, msg.request_id, msg.KIND, AttestResult))
-        if result.result == "applied" and msg.fact == "running":
-            return m.Attested(answer_to=msg.request_id, run_id=msg.run_id, attempt_id=msg.attempt_id, fact=msg.fact, result="applied",
-                              offer_id=msg.new_slot.offer_id, lease_generation=result.lease_generation,
-                              lease_version=result.lease_version, lease_expires_at_ms=result.expires_at_ms,
-                              detail="")
-        return answer(result.result, result.detail or "")
+            answer=AnswerKey(worker_id, msg.request_id, msg.KIND, Outcome[LeaseTerms]))
+        if outcome.applied and msg.fact == "running":
+            held = outcome.value
+            return m.Attested(answer_to=msg.request_id, run_id=msg.run_id, attempt_id=msg.attempt_id, fact=msg.fact,
+                              result=Result.APPLIED.value, offer_id=msg.new_slot.offer_id,
+                              lease_generation=held.lease_generation, lease_version=held.lease_version,
+                              lease_expires_at_ms=held.expires_at_ms, detail="")
+        return answer(outcome.result, outcome.detail or "")
 
     def worker_of(self, order: Any) -> str | None:
         return getattr(order, "worker_id", None)

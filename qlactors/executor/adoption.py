@@ -31,6 +31,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from ..domain.results import Result
 from ..ids import new_id
 from ..process.identity import Liveness, probe
 from ..runtime.context import Named
@@ -178,7 +179,7 @@ class Adoption:
             log.info("event=answer_ignored of=attest attempt=%s fact=%s result=%s (not the answer waited for)",
                      msg.attempt_id, msg.fact, msg.result)
             return
-        if msg.fact != ev.RUNNING and msg.result == "fenced" and session_fence(msg.detail):
+        if msg.fact != ev.RUNNING and msg.result == Result.FENCED and session_fence(msg.detail):
             self.owed.fenced_by_session(report, msg)  # re-made from the current session
             return
         self.owed.settle(report)
@@ -187,12 +188,12 @@ class Adoption:
         if msg.fact != ev.RUNNING or pending is None or local is None:
             if pending is not None and local is None:
                 del self.rebinding[msg.attempt_id]  # ended meanwhile: its receipt decides
-            if msg.result != "applied":
+            if msg.result != Result.APPLIED:
                 log.warning("event=attest_%s attempt=%s fact=%s detail=%s", msg.result, msg.attempt_id,
                             msg.fact, msg.detail)
             return
         pending.outstanding = max(0, pending.outstanding - 1)
-        if msg.result == "applied":
+        if msg.result == Result.APPLIED:
             self._rebound(local, pending, msg)
             return
         if pending.outstanding > 0:  # the answer to an earlier attestation: the latest decides
@@ -200,11 +201,11 @@ class Adoption:
                      msg.result, msg.detail)
             return
         del self.rebinding[msg.attempt_id]
-        if msg.result == "superseded":
+        if msg.result == Result.SUPERSEDED:
             if local.identity is not None and local.stop_phase is None:
                 log.warning("event=superseded_process_stopped attempt=%s detail=%s", msg.attempt_id, msg.detail)
-                self.begin_stop(local, "superseded")
-        elif msg.result == "fenced" and session_fence(msg.detail):
+                self.begin_stop(local, Result.SUPERSEDED)
+        elif msg.result == Result.FENCED and session_fence(msg.detail):
             # The session attested from is no longer current: its next heartbeat finds it ended,
             # and the Welcome after the re-register attests again. Its renewals stay held.
             log.warning("event=rebind_fenced_by_session attempt=%s detail=%s action=reattest_next_session",

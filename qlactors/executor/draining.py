@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from ..domain.results import Result
 from ..ids import new_id
 from ..runtime.signals import DrainSession
 from ..wire import messages as m
@@ -99,7 +100,7 @@ class Draining:
             return False
         if msg.of == "leave":
             self.owed.settle(report)
-            if msg.result != "applied":
+            if msg.result != Result.APPLIED:
                 log.warning("event=leave_%s status=%s detail=%s", msg.result, self.phase, msg.detail)
             if self.phase == "offline":
                 log.info("event=session_left result=%s", msg.result)
@@ -115,7 +116,7 @@ class Draining:
         local: Any = self.slots.get(msg.attempt_id)
         if local is not None and local.identity is None:
             self.slots.release(msg.attempt_id)
-            if msg.result == "refused":  # activated meanwhile, never launched: given back
+            if msg.result == Result.REFUSED:  # activated meanwhile, never launched: given back
                 self.owed.give_back(local.run_id, local.attempt_id, local.lease)
             else:  # released and offered again, or no longer this worker's
                 self.journal.clear(msg.attempt_id)

@@ -17,6 +17,7 @@ import os
 import time
 from typing import Any
 
+from ..domain.results import SETTLED, Result
 from ..runtime.actor import RuntimeActor
 from ..runtime.signals import (Consume, DrainSession, HeartbeatDue, NoReceipt, OwedDue, RegisterDue,
                                SessionOpen, StopCheck)
@@ -193,17 +194,17 @@ class Executor(RuntimeActor):
             return
         report = self.owed.answered(msg.answer_to)
         if report is None:
-            if msg.result not in ("applied", "already_terminal"):
+            if msg.result not in SETTLED:
                 log.info("event=answer_ignored of=%s attempt=%s result=%s detail=%s (not the answer waited for)",
                          msg.of, msg.attempt_id, msg.result, msg.detail)
             return
         if self.drain.ack(msg, report):
             return
-        if msg.result == "fenced" and session_fence(msg.detail):
+        if msg.result == Result.FENCED and session_fence(msg.detail):
             self.owed.fenced_by_session(report, msg)
             return
         self.owed.settle(report)
-        if msg.result in ("applied", "already_terminal"):
+        if msg.result in SETTLED:
             return
         log.warning("event=report_%s of=%s attempt=%s detail=%s", msg.result, msg.of, msg.attempt_id, msg.detail)
         local = self.slots.get(msg.attempt_id)
@@ -211,7 +212,7 @@ class Executor(RuntimeActor):
                 and self.launching.holds_lease_of(local, report) and local.stop_phase is None:
             # The start was not accepted under the lease it ran under, and it is still that lease
             # here: stop the process by its exact identity. (About an older lease: nothing.)
-            self.launching.begin_stop(local, "refused")
+            self.launching.begin_stop(local, Result.REFUSED)
 
     # -- end ----------------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from typing import Any, Callable
 from ..clock import wall_ms
 from ..config import Config
 from ..domain.receipt import token_hash
+from ..domain.results import SETTLED
 from ..errors import StoreUnavailable
 from ..faults import crash_point, raise_point
 from ..ids import new_id
@@ -183,7 +184,7 @@ class Launching:
 
     def activate_answered(self, msg: m.Ack) -> None:
         local = self.slots.get(msg.attempt_id)
-        if msg.result in ("applied", "already_terminal"):
+        if msg.result in SETTLED:
             return
         if local is None or local.offer is None or local.offer.offer_id != msg.offer_id \
                 or msg.answer_to != local.activate_request_id:

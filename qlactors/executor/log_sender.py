@@ -10,6 +10,7 @@ import logging
 import time
 from dataclasses import dataclass
 
+from ..domain.results import Result
 from ..errors import PeerFault
 from ..ids import new_id
 from ..process.logs import UnsafeLogPath
@@ -90,7 +91,7 @@ class LogSender(RuntimeActor):
         if item is None:
             return
         item.silent_ticks = 0
-        if msg.result != "applied":
+        if msg.result != Result.APPLIED:
             # A gap or a conflict (e.g. after a failover): start again where the control side is.
             log.warning("event=log_chunk_refused attempt=%s acked=%d detail=%s", msg.attempt_id,
                         msg.acked_offset, msg.detail)

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 
 from ..clock import wall_ms
+from ..domain.results import SETTLED, Result
 from ..faults import crash_point
 from ..ids import completion_request_id
 from ..runtime.actor import RuntimeActor
@@ -190,13 +191,13 @@ class ReceiptConsumer(RuntimeActor):
             # to retention was answered before (this is the answer to a second copy of the
             # Completed): its log may still be shipping, so it stays.
             entry = self.ctx.journal.get(msg.attempt_id)
-            if msg.result in ("applied", "already_terminal") and entry is not None \
+            if msg.result in SETTLED and entry is not None \
                     and entry.purge_after_ms is None:
                 self.ctx.local_receipts.finish(msg.attempt_id)
             return
         run_id = pending.completed.run_id
         files = self.ctx.local_receipts
-        if msg.result in ("applied", "already_terminal"):
+        if msg.result in SETTLED:
             crash_point("after_completion_commit")
             final_offset = self.final_offsets.pop(msg.attempt_id, None)
             if final_offset is None:
@@ -205,12 +206,12 @@ class ReceiptConsumer(RuntimeActor):
                 self.ctx.journal.final_offset(msg.attempt_id, final_offset)
                 files.finish(msg.attempt_id, keep_log_until_ms=wall_ms() + LOCAL_LOG_KEEP_MS)
                 self.ctx.directory.tell("logs", LogFinal(msg.attempt_id, final_offset))
-        elif msg.result == "refused" and quarantines(msg.detail):
+        elif msg.result == Result.REFUSED and quarantines(msg.detail):
             log.warning("event=receipt_refused attempt=%s detail=%s", msg.attempt_id, msg.detail)
             files.quarantine(msg.attempt_id)
             self.ctx.directory.tell("executor", NoReceipt(run_id, msg.attempt_id, quarantined=True))
         else:  # fenced, or refused but not for the receipt's fault: leave it; the cleanup pass tries again
-            event = "receipt_fenced" if msg.result == "fenced" else "receipt_refused_kept"
+            event = "receipt_fenced" if msg.result == Result.FENCED else "receipt_refused_kept"
             log.warning("event=%s attempt=%s detail=%s", event, msg.attempt_id, msg.detail)
             # Only now is the row marked `completed` (the cleanup pass lists those): on the fast
             # path an unmarked row costs nothing, and after a crash re-adoption finds it anyway.

@@ -16,6 +16,7 @@ import time
 from typing import Any, Callable
 
 from ..clock import wall_ms
+from ..domain.results import Result
 from ..ids import new_id
 from ..runtime.context import Named
 from ..runtime.signals import HeartbeatDue
@@ -175,7 +176,7 @@ class SessionReports:
             log.warning("event=lease_fenced attempt=%s reason=%s", fenced.attempt_id, fenced.reason)
             if local.identity is not None:
                 if local.stop_phase is None:
-                    self.begin_stop(local, "fenced")
+                    self.begin_stop(local, Result.FENCED)
             else:  # not launched: never will be under this lease
                 self.journal.clear(local.attempt_id)
                 self.slots.release(local.attempt_id)

@@ -24,6 +24,7 @@ from typing import Any
 from sqlalchemy import and_, bindparam
 
 from ..domain.recovery_evidence import NEVER_LAUNCHED
+from ..domain.results import Outcome, Result
 from ..domain.states import AttemptStatus, LeaseReleaseReason, LeaseStatus
 from ..domain.transitions import plan_started
 from ..errors import BadInput, Conflict
@@ -31,18 +32,7 @@ from .dispatch_queries import LEASE_BY_OFFER, LEASE_LOCKED, MAX_GENERATION, SESS
 from .engine import Store
 from .evidence import NO_EVIDENCE
 from .plans import apply_plan, attempt_snapshot, current_attempt, end_lease, load_attempt, load_run, run_snapshot
-from .records import (
-    APPLIED,
-    FENCED,
-    REFUSED,
-    SUPERSEDED,
-    AttestResult,
-    Identity,
-    LeaseQuote,
-    check_hash,
-    check_id,
-    same_hash,
-)
+from .records import Identity, LeaseQuote, LeaseTerms, check_hash, check_id, same_hash
 from .request_answers import AnswerKey, first_answers, keep_answers
 from .schema import run_attempts, run_dispatch_leases
 from .session_rules import EVIDENCE_FACTS, RUNNING, check_ms, check_quote, session_mismatch
@@ -64,7 +54,7 @@ class Attestations:
     def apply(self, worker_id: str, session_id: str, generation: int, quote: LeaseQuote,
               quote_session_id: str, quote_session_generation: int, fact: str, *,
               new_lease_token_hash: str | None = None, new_offer_id: str | None = None,
-              identity: Any = None, run_lease_ms: int, answer: AnswerKey | None = None) -> AttestResult:
+              identity: Any = None, run_lease_ms: int, answer: AnswerKey | None = None) -> Outcome[LeaseTerms]:
         """Apply one attestation from the worker's current session (worker, session, generation).
 
         `fenced` (nothing changed) when that session is not current, or the quoted lease does not
@@ -119,64 +109,64 @@ class Attestations:
     def _judge(self, conn, worker_id: str, generation: int, quote: LeaseQuote, quote_session_id: str,
                quote_session_generation: int, fact: str, new_lease_token_hash: str | None,
                new_offer_id: str | None, identity: Any, run_lease_ms: int, session, run, attempt,
-               lease, now: int) -> AttestResult:
+               lease, now: int) -> Outcome[LeaseTerms]:
         """`apply` under its locks, with the rows they read."""
         detail = session_mismatch(session, worker_id, generation, now, online_only=False)
         if detail is not None:
-            return AttestResult(FENCED, detail)
+            return Outcome(Result.FENCED, detail)
         if run is None or attempt is None or attempt.run_id != run.id:
-            return AttestResult(FENCED, "unknown_attempt")
+            return Outcome(Result.FENCED, "unknown_attempt")
         if lease is None or lease.run_id != run.id:
-            return AttestResult(FENCED, "lease_generation")
+            return Outcome(Result.FENCED, "lease_generation")
         if lease.worker_id != worker_id:
-            return AttestResult(REFUSED, "lease_worker")
+            return Outcome(Result.REFUSED, "lease_worker")
         if (lease.session_id, lease.session_generation) != (quote_session_id, quote_session_generation):
-            return AttestResult(FENCED, "lease_session")
+            return Outcome(Result.FENCED, "lease_session")
         if lease.offer_id != quote.offer_id:
-            return AttestResult(FENCED, "offer_id")
+            return Outcome(Result.FENCED, "offer_id")
         if not same_hash(lease.token_hash, quote.lease_token_hash):
-            return AttestResult(FENCED, "lease_token")
+            return Outcome(Result.FENCED, "lease_token")
         # The worker proved it held this lease: tell it when its process has nothing to run for.
         status = AttemptStatus(attempt.status)
         if status.terminal:
-            return AttestResult(SUPERSEDED, f"attempt_{status.value}")
+            return Outcome(Result.SUPERSEDED, f"attempt_{status.value}")
         if current_attempt(conn, run.id).id != attempt.id:
-            return AttestResult(SUPERSEDED, "later_attempt")
+            return Outcome(Result.SUPERSEDED, "later_attempt")
         if fact == RUNNING:
             replay = conn.execute(LEASE_BY_OFFER, {"offer_id": new_offer_id}).first()
             if replay is not None:
                 return _replayed(replay, attempt.id, session, new_lease_token_hash)
         if fact == NEVER_LAUNCHED and _given_back(lease):  # the answer to the first copy was lost
-            return AttestResult(APPLIED, "released", lease.lease_generation, lease.version, lease.expires_at_ms)
+            return _held("released", lease.lease_generation, lease.version, lease.expires_at_ms)
         if lease.status != LeaseStatus.LEASED.value:
-            return AttestResult(FENCED, f"lease_{lease.status}")
+            return Outcome(Result.FENCED, f"lease_{lease.status}")
         if fact == NEVER_LAUNCHED:
             if attempt.pid is not None:  # a Started (or a `running` re-bind) landed: it was launched
-                return AttestResult(REFUSED, "started")
+                return Outcome(Result.REFUSED, "started")
             if attempt.status == AttemptStatus.CLAIMED.value:
                 version = end_lease(conn, attempt.id, now, LeaseStatus.RELEASED, LeaseReleaseReason.DECLINED)
-                return AttestResult(APPLIED, "released", lease.lease_generation, version, lease.expires_at_ms)
+                return _held("released", lease.lease_generation, version, lease.expires_at_ms)
         if fact != RUNNING:
             if (attempt.evidence, attempt.evidence_lease_generation) != (fact, lease.lease_generation):
                 conn.execute(_EVIDENCE, dict(NO_EVIDENCE, evidence=fact, evidence_at_ms=now,
                                              evidence_lease_generation=lease.lease_generation,
                                              updated_at_ms=now, w_id=attempt.id))
-            return AttestResult(APPLIED, None, lease.lease_generation, lease.version, lease.expires_at_ms)
+            return _held(None, lease.lease_generation, lease.version, lease.expires_at_ms)
         return self._rebind(conn, run, attempt, lease, session, identity, new_offer_id,
                             new_lease_token_hash, now + run_lease_ms, now)
 
     def _rebind(self, conn, run, attempt, lease, session, identity: Identity, offer_id: str,
-                token_hash: str, expires: int, now: int) -> AttestResult:
+                token_hash: str, expires: int, now: int) -> Outcome[LeaseTerms]:
         """`running`: the attempt's lease moves to the current session under a new generation.
 
         A `starting` attempt whose Started never landed (no identity recorded) becomes `running`
         with this identity, as a Started report would have made it.
         """
         if attempt.status not in _LIVE:
-            return AttestResult(REFUSED, f"attempt_{attempt.status}")
+            return Outcome(Result.REFUSED, f"attempt_{attempt.status}")
         stored = Identity.from_row(attempt)
         if stored is not None and stored != identity:
-            return AttestResult(REFUSED, "identity_mismatch")
+            return Outcome(Result.REFUSED, "identity_mismatch")
         end_lease(conn, attempt.id, now, LeaseStatus.RELEASED, LeaseReleaseReason.LEASE_EXPIRED)
         new_generation = conn.execute(MAX_GENERATION, {"attempt_id": attempt.id}).scalar_one() + 1
         if not self.store.insert_new(conn, run_dispatch_leases, dict(
@@ -201,7 +191,12 @@ class Attestations:
         elif conn.execute(_REBIND, dict(projection, updated_at_ms=now, w_id=attempt.id, w_status=attempt.status,
                                         w_generation=lease.lease_generation)).rowcount != 1:
             raise Conflict(f"attempt {attempt.id} changed meanwhile")
-        return AttestResult(APPLIED, "rebound", new_generation, 1, expires)
+        return _held("rebound", new_generation, 1, expires)
+
+
+def _held(detail: str | None, generation: int, version: int, expires_at_ms: int | None) -> Outcome[LeaseTerms]:
+    """`applied`, with the lease the worker holds afterwards."""
+    return Outcome(Result.APPLIED, detail, value=LeaseTerms(generation, version, expires_at_ms))
 
 
 def _given_back(lease) -> bool:
@@ -210,12 +205,12 @@ def _given_back(lease) -> bool:
             and lease.release_reason == LeaseReleaseReason.DECLINED.value)
 
 
-def _replayed(lease, attempt_id: str, session, token_hash: str) -> AttestResult:
+def _replayed(lease, attempt_id: str, session, token_hash: str) -> Outcome[LeaseTerms]:
     """A `running` attestation whose new offer id already names a lease: the same re-bind again
     (its answer was lost), or `fenced` when that offer id belongs to something else."""
     if (lease.attempt_id != attempt_id or lease.session_id != session.session_id
             or not same_hash(lease.token_hash, token_hash)):
-        return AttestResult(FENCED, "offer_id_used")
+        return Outcome(Result.FENCED, "offer_id_used")
     if lease.status != LeaseStatus.LEASED.value:
-        return AttestResult(FENCED, f"lease_{lease.status}")
-    return AttestResult(APPLIED, "rebound", lease.lease_generation, lease.version, lease.expires_at_ms)
+        return Outcome(Result.FENCED, f"lease_{lease.status}")
+    return _held("rebound", lease.lease_generation, lease.version, lease.expires_at_ms)

@@ -40,13 +40,13 @@ from ..domain.recovery_evidence import (
     error_code,
     waiting,
 )
+from ..domain.results import Outcome, Result
 from ..domain.states import AttemptStatus, LeaseStatus, RunStatus
 from ..errors import BadInput
 from .control_rows import page_size
 from .dispatch_queries import SESSION_SHARED
 from .engine import Store
 from .plans import load_open_pair, sql_states
-from .records import REFUSED, Outcome
 from .recovery_cases import lost_in
 from .schema import run_attempts, run_dispatch_leases, run_retry_policies, runs, worker_sessions
 from .stops import end_by_intent_in
@@ -208,13 +208,13 @@ class ClusterRecoveryCases:
             now = self.store.now_ms(conn)
             row = conn.execute(_ONE, self._params(now, attempt_id=attempt_id)).first()
             if row is None:
-                return Outcome(REFUSED, "lease_live", run.status)
+                return Outcome(Result.REFUSED, "lease_live", run.status)
             if row.lease_generation != candidate.lease_generation:
-                return Outcome(REFUSED, "lease_changed", run.status)
+                return Outcome(Result.REFUSED, "lease_changed", run.status)
             if row.session_id != candidate.session_id:
-                return Outcome(REFUSED, "session_changed", run.status)
+                return Outcome(Result.REFUSED, "session_changed", run.status)
             if row.kind is None:
-                return Outcome(REFUSED, "no_evidence", run.status)
+                return Outcome(Result.REFUSED, "no_evidence", run.status)
             if run.cancel_reason is not None:
                 return end_by_intent_in(conn, run, attempt, now, actor_type=ACTOR)
             return lost_in(conn, run, attempt, error_code(row.kind), now, actor_type=ACTOR)

@@ -10,9 +10,9 @@ is not terminal, not `lost` and not superseded by a later attempt of its run.
 from __future__ import annotations
 
 import signal
-from dataclasses import dataclass
 
 from ..domain.receipt import Receipt, token_matches
+from ..domain.results import Outcome, Result
 from ..domain.states import AttemptStatus, LeaseStatus, RunStatus
 from ..domain.transitions import plan_completion, stop_signal
 from ..errors import BadInput
@@ -26,26 +26,14 @@ from .plans import (
     run_snapshot,
 )
 
-APPLIED = "applied"
-ALREADY_TERMINAL = "already_terminal"
-REFUSED = "refused"
-
+# A completion's Outcome: `applied` or `already_terminal` (delete the receipt, then clear the
+# journal row), or `refused` (nothing changed; quarantine the receipt if `detail` is a token
+# failure). Why a receipt was refused (`detail`): unknown_run, unknown_attempt, wrong_run,
+# wrong_executor, wrong_worker, receipt_mismatch, no_token, bad_token, wrong_sequence, attempt_<status>.
 ACTOR = "completion"
 EXECUTOR_TYPE = "local_process"
 # What the executor last sent the job's group before its launcher ended (wire `stopped_by`).
 _SENT = {"exit": None, "term": int(signal.SIGTERM), "kill": int(signal.SIGKILL)}
-
-
-@dataclass(frozen=True, slots=True)
-class CompletionOutcome:
-    """`applied` or `already_terminal`: delete the receipt, then clear the journal row.
-    `refused`: nothing changed; quarantine the receipt if `reason` is a token failure."""
-
-    result: str
-    reason: str | None = None
-    """Why a receipt was refused: unknown_run, unknown_attempt, wrong_run, wrong_executor,
-    wrong_worker, receipt_mismatch, no_token, bad_token, wrong_sequence, attempt_<status>."""
-    run_state: str | None = None
 
 
 class CompletionService:
@@ -57,7 +45,7 @@ class CompletionService:
     def complete(self, run_id: str, attempt_id: str, receipt: Receipt,
                  log_dropped_bytes: int | None = None, stopped_by: str = "exit", *,
                  worker_id: str | None = None, final_log_offset: int | None = None,
-                 finished_in_time: bool | None = None) -> CompletionOutcome:
+                 finished_in_time: bool | None = None) -> Outcome:
         """Apply `receipt` to its attempt; refusals change nothing (the caller quarantines).
 
         Checks, in order: the run exists and the attempt belongs to it, the executor type, the
@@ -94,26 +82,26 @@ class CompletionService:
     def complete_in(self, conn, rows: HeldRows, run_id: str, attempt_id: str, receipt: Receipt,
                     log_dropped_bytes: int | None = None, stopped_by: str = "exit", *,
                     worker_id: str | None = None, final_log_offset: int | None = None,
-                    finished_in_time: bool | None = None) -> CompletionOutcome:
+                    finished_in_time: bool | None = None) -> Outcome:
         """`complete` in a transaction holding `rows` (`report_locks.hold`, one report or a batch)."""
         _check_arguments(receipt, log_dropped_bytes, stopped_by, final_log_offset, finished_in_time)
         run = rows.runs.get(run_id) if isinstance(run_id, str) else None
         if run is None:
-            return CompletionOutcome(REFUSED, "unknown_run")
+            return Outcome(Result.REFUSED, "unknown_run")
         attempt = rows.attempts.get(attempt_id)
         if attempt is None:
-            return CompletionOutcome(REFUSED, "unknown_attempt", run.status)
+            return Outcome(Result.REFUSED, "unknown_attempt", run.status)
         refusal = _whose(run, attempt, receipt, worker_id)
         if refusal is not None:
-            return CompletionOutcome(REFUSED, refusal, run.status)
+            return Outcome(Result.REFUSED, refusal, run.status)
         a_status, r_status = AttemptStatus(attempt.status), RunStatus(run.status)
         if ((a_status.terminal and attempt.callback_sequence == receipt.callback_sequence)
                 or r_status.terminal or a_status is AttemptStatus.LOST):
-            return CompletionOutcome(ALREADY_TERMINAL, None, run.status)
+            return Outcome(Result.ALREADY_TERMINAL, None, run.status)
         if receipt.callback_sequence != attempt.callback_sequence + 1:
-            return CompletionOutcome(REFUSED, "wrong_sequence", run.status)
+            return Outcome(Result.REFUSED, "wrong_sequence", run.status)
         if a_status not in (AttemptStatus.STARTING, AttemptStatus.RUNNING):
-            return CompletionOutcome(REFUSED, f"attempt_{a_status.value}", run.status)
+            return Outcome(Result.REFUSED, f"attempt_{a_status.value}", run.status)
         now = rows.now
         started = attempt.started_at_ms if attempt.started_at_ms is not None else min(
             max(receipt.started_at_ms, attempt.created_at_ms), now)
@@ -143,7 +131,7 @@ class CompletionService:
                                        log_dropped_bytes=None if receipt.output_open else log_dropped_bytes,
                                        **({} if final_log_offset is None
                                           else {"log_final_offset": final_log_offset}), **projection))
-        return CompletionOutcome(APPLIED, None, plan.run_to.value)
+        return Outcome(Result.APPLIED, None, plan.run_to.value)
 
 
 def _check_arguments(receipt: Receipt, log_dropped_bytes: int | None, stopped_by: str,

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .control_rows import DEFAULT_PAGE, MAX_PAGE, MAX_STOP_PAGE, Candidate, RebindResult, StopOrder, page_size
+from .control_rows import DEFAULT_PAGE, MAX_PAGE, MAX_STOP_PAGE, Candidate, StopOrder, page_size
 from .control_status import ControlStatus, StatusCounts
 from .engine import Store
 from .recovery_cases import RecoveryCases
 from .stops import Stops
 
-__all__ = ["Control", "Candidate", "RebindResult", "StatusCounts", "StopOrder", "page_size",
+__all__ = ["Control", "Candidate", "StatusCounts", "StopOrder", "page_size",
            "DEFAULT_PAGE", "MAX_PAGE", "MAX_STOP_PAGE"]
 
 

@@ -13,7 +13,7 @@ from sqlalchemy import and_, select
 
 from ..domain.states import AttemptStatus, LeaseStatus, RunStatus
 from ..errors import BadInput
-from .records import Fence, Identity
+from .records import Identity
 from .schema import run_attempts, run_dispatch_leases, runs
 
 DEFAULT_PAGE = 16
@@ -75,16 +75,6 @@ class Candidate:
     @property
     def identity(self) -> Identity | None:
         return Identity.from_row(self)
-
-
-@dataclass(frozen=True, slots=True)
-class RebindResult:
-    """The answer to `rebind`; on `applied`, `fence` is what the new session's reports quote."""
-
-    result: str
-    detail: str | None = None
-    run_state: str | None = None
-    fence: Fence | None = None
 
 
 def page_size(limit: Any, maximum: int = MAX_PAGE) -> int:

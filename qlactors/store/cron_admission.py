@@ -33,6 +33,7 @@ from ..domain.cron import (
     decide_overlap,
 )
 from ..domain.cron_delay import not_before_ms
+from ..domain.results import Result
 from ..domain.states import RunStatus, TriggerType
 from ..errors import BadInput
 from ..ids import new_id
@@ -199,7 +200,7 @@ class CronAdmission:
             if overlap.action is OverlapAction.ADMIT_AND_CANCEL and admission.created:
                 row = load_run(conn, overlap.cancel_run_id)
                 if self.runs.cancel_in(conn, row, overlap.cancel_reason, actor_type=ACTOR) in (
-                        "cancelled", "requested"):
+                        Result.CANCELLED, Result.REQUESTED):
                     cancelled = overlap.cancel_run_id
             return Fired(due.trigger_id, "admitted", run_id=admission.run.id,
                          scheduled_for_ms=decision.scheduled_for_ms, missed=decision.missed_count,

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from sqlalchemy import and_, bindparam, select
 
 from ..domain.recovery_evidence import CONFIRMED_STOPPED, TRUSTED_FACTS
+from ..domain.results import Outcome, Result
 from ..domain.states import AttemptStatus, LeaseStatus, RunStatus
 from ..errors import BadInput, Conflict, NotFound
 from .engine import Store
 from .plans import current_attempt, load_attempt, load_run
-from .records import APPLIED, REFUSED
 from .schema import run_attempts, run_dispatch_leases
 
 # Written with every new lease (offer, re-offer, re-bind) and every activation: whatever was
@@ -42,15 +42,13 @@ _CONFIRM = _A.update().where(and_(_A.c.id == bindparam("w_id"), _A.c.status == b
 
 
 @dataclass(frozen=True, slots=True)
-class Confirmation:
-    """The answer to `confirm-stopped`: `applied` (recorded, or a trusted fact about the current
-    lease generation was there already: `detail` is `already_<fact>`) or `refused` (nothing
-    written; `detail` a short machine word, the fields below say what was found)."""
+class Found:
+    """What `confirm-stopped` found (the value of its Outcome, whose `run_state` is the run's
+    status): the Outcome is `applied` (recorded, or a trusted fact about the current lease
+    generation was there already: `detail` is `already_<fact>`) or `refused` (nothing written;
+    `detail` a short machine word, these fields say what was found)."""
 
-    result: str
-    detail: str | None
     run_id: str
-    run_status: str
     attempt_id: str | None = None
     attempt_number: int | None = None
     attempt_status: str | None = None
@@ -75,7 +73,7 @@ class ConfirmStopped:
     def __init__(self, store: Store) -> None:
         self.store = store
 
-    def confirm_stopped(self, run_id: str, by: str) -> Confirmation:
+    def confirm_stopped(self, run_id: str, by: str) -> Outcome[Found]:
         """Record that the run's current attempt runs nowhere (see the module's doc); NotFound for
         an unknown run. One transaction: the attempt's advisory lock, the run row, the attempt,
         its live lease, then database time once."""
@@ -89,31 +87,35 @@ class ConfirmStopped:
             if run is None:
                 raise NotFound(f"no run {run_id}")
             if RunStatus(run.status).terminal:
-                return Confirmation(REFUSED, f"run_{run.status}", run.id, run.status)
+                return _answer(Result.REFUSED, f"run_{run.status}", run)
             current = current_attempt(conn, run.id)
             if current is None or current.id != attempt_id:  # a retry admitted meanwhile: look again
-                return Confirmation(REFUSED, "attempt_changed", run.id, run.status)
+                return _answer(Result.REFUSED, "attempt_changed", run)
             attempt = load_attempt(conn, attempt_id)
             found = dict(attempt_id=attempt.id, attempt_number=attempt.number, attempt_status=attempt.status,
                          worker_id=attempt.worker_id, lease_generation=attempt.lease_generation)
             if attempt.status not in _LIVE:
-                return Confirmation(REFUSED, f"attempt_{attempt.status}", run.id, run.status, **found)
+                return _answer(Result.REFUSED, f"attempt_{attempt.status}", run, **found)
             if run.status not in _DISPATCHED:
-                return Confirmation(REFUSED, f"run_{run.status}", run.id, run.status, **found)
+                return _answer(Result.REFUSED, f"run_{run.status}", run, **found)
             lease = conn.execute(_LIVE_LEASE, {"attempt_id": attempt.id}).first()
             now = self.store.now_ms(conn)
             if lease is not None and (lease.expires_at_ms is None or lease.expires_at_ms > now):
-                return Confirmation(REFUSED, "lease_live", run.id, run.status, **dict(
+                return _answer(Result.REFUSED, "lease_live", run, **dict(
                     found, lease_expires_at_ms=lease.expires_at_ms), now_ms=now)
             if attempt.lease_generation is None:
-                return Confirmation(REFUSED, "no_lease", run.id, run.status, **found)
+                return _answer(Result.REFUSED, "no_lease", run, **found)
             if attempt.evidence in TRUSTED_FACTS and attempt.evidence_lease_generation == attempt.lease_generation:
-                return Confirmation(APPLIED, f"already_{attempt.evidence}", run.id, run.status, **found,
-                                    by=attempt.evidence_by, now_ms=now)
+                return _answer(Result.APPLIED, f"already_{attempt.evidence}", run, **found,
+                               by=attempt.evidence_by, now_ms=now)
             changed = conn.execute(_CONFIRM, dict(
                 evidence=CONFIRMED_STOPPED, evidence_at_ms=now, evidence_lease_generation=attempt.lease_generation,
                 evidence_by=by, updated_at_ms=now, w_id=attempt.id, w_status=attempt.status,
                 w_generation=attempt.lease_generation)).rowcount
             if changed != 1:
                 raise Conflict(f"attempt {attempt.id} changed meanwhile")
-            return Confirmation(APPLIED, None, run.id, run.status, **found, by=by, now_ms=now)
+            return _answer(Result.APPLIED, None, run, **found, by=by, now_ms=now)
+
+
+def _answer(result: Result, detail: str | None, run, **found) -> Outcome[Found]:
+    return Outcome(result, detail, run.status, Found(run.id, **found))

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 
 from sqlalchemy import and_, bindparam, select
 
+from ..domain.results import Outcome, Result
 from ..domain.states import AttemptStatus, LeaseReleaseReason, LeaseStatus
 from .engine import Store
 from .plans import end_lease, load_open_pair
-from .records import APPLIED, REFUSED, Outcome
 from .schema import run_attempts, run_dispatch_leases
 
 _EXPIRED = (
@@ -54,10 +54,10 @@ class ExpiredClaims:
             if ended is not None:
                 return ended
             if attempt.status != AttemptStatus.CLAIMED.value:
-                return Outcome(REFUSED, f"attempt_{attempt.status}", run.status)
+                return Outcome(Result.REFUSED, f"attempt_{attempt.status}", run.status)
             now = self.store.now_ms(conn)
             expiry = conn.execute(_LIVE_EXPIRY, {"attempt_id": claim.attempt_id}).scalar()
             if expiry is None or expiry > now:
-                return Outcome(REFUSED, "lease_not_expired", run.status)
+                return Outcome(Result.REFUSED, "lease_not_expired", run.status)
             end_lease(conn, claim.attempt_id, now, LeaseStatus.RELEASED, LeaseReleaseReason.LEASE_EXPIRED)
-            return Outcome(APPLIED, None, run.status)
+            return Outcome(Result.APPLIED, None, run.status)

@@ -18,7 +18,8 @@ changed) when:
 
 The lease version is never a reason: it is kept in the Fence for information only, so a renewal
 committed while a Started is in flight never fences the Started. Answers: `applied`, `fenced`,
-`refused` (the fence holds but the state forbids it), each an `Outcome` (`ActivateResult`).
+`refused` (the fence holds but the state forbids it), each an `Outcome` (an
+Activate's carries its `Activation`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..domain.recovery_evidence import NEVER_LAUNCHED
+from ..domain.results import Outcome, Result
 from ..domain.states import AttemptStatus, LeaseReleaseReason, LeaseStatus, RunStatus
 from ..domain.transitions import plan_activate, plan_end_by_intent, plan_start_failed, plan_started
 from ..errors import BadInput, QlactorsError
@@ -42,18 +44,7 @@ from .plans import (
     pinned_revision,
     run_snapshot,
 )
-from .records import (
-    APPLIED,
-    FENCED,
-    REFUSED,
-    ActivateResult,
-    Fence,
-    Identity,
-    Outcome,
-    check_hash,
-    check_id,
-    same_hash,
-)
+from .records import Activation, Fence, Identity, check_hash, check_id, same_hash
 
 ACTOR = "executor"
 MAX_ERROR_SUMMARY = 512
@@ -122,7 +113,7 @@ class FencedReports:
         return alone(self.store, LockRequest(fence.attempt_id, fence.run_id, fence, revision=revision), apply,
                      durable=durable)
 
-    def activate(self, fence: Fence, callback_token_hash: str, log_artifact_id: str) -> ActivateResult:
+    def activate(self, fence: Fence, callback_token_hash: str, log_artifact_id: str) -> Outcome[Activation]:
         """Attempt `claimed -> starting` with its token hash, log artifact and deadline; spawn only if applied.
 
         `refused` when the attempt is no longer `claimed`, the run not `dispatching`, or a cancel
@@ -134,26 +125,27 @@ class FencedReports:
                                                                      log_artifact_id), revision=True)
 
     def activate_in(self, conn, rows: HeldRows, fence: Fence, callback_token_hash: str,
-                    log_artifact_id: str) -> ActivateResult:
+                    log_artifact_id: str) -> Outcome[Activation]:
         """`activate` in a transaction holding `rows` (`report_locks.hold`, one report or a batch)."""
         check_hash("callback token hash", callback_token_hash)
         check_id("log artifact id", log_artifact_id, 256)
         try:
             held = self.check_fence(rows, fence, for_activate=True)
         except FenceMismatch as mismatch:
-            return ActivateResult(FENCED, detail=mismatch.detail)
+            return Outcome(Result.FENCED, mismatch.detail)
         run, attempt, lease = held.run, held.attempt, held.lease
         status = _A(attempt.status)
         if status is _A.STARTING:
             if same_hash(attempt.callback_token_hash, callback_token_hash):
-                return ActivateResult(APPLIED, attempt.deadline_at_ms, lease.version, "already_starting")
-            return ActivateResult(REFUSED, lease_version=lease.version, detail="activated_with_other_token")
+                return Outcome(Result.APPLIED, "already_starting",
+                               value=Activation(attempt.deadline_at_ms, lease.version))
+            return _refused_activation("activated_with_other_token", lease.version)
         if status is not _A.CLAIMED:
-            return ActivateResult(REFUSED, lease_version=lease.version, detail=f"attempt_{status.value}")
+            return _refused_activation(f"attempt_{status.value}", lease.version)
         if run.status != _R.DISPATCHING.value:
-            return ActivateResult(REFUSED, lease_version=lease.version, detail=f"run_{run.status}")
+            return _refused_activation(f"run_{run.status}", lease.version)
         if run.cancel_reason is not None:
-            return ActivateResult(REFUSED, lease_version=lease.version, detail="cancel_requested")
+            return _refused_activation("cancel_requested", lease.version)
         revision = rows.revisions.get((run.task_id, run.task_revision)) or pinned_revision(conn, run)
         timeout_ms = revision.timeout_ms
         deadline = held.now + timeout_ms if timeout_ms is not None else None
@@ -162,7 +154,7 @@ class FencedReports:
                    actor_type=ACTOR, expected_callback_sequence=attempt.callback_sequence,
                    attempt_values=dict(NO_EVIDENCE, callback_token_hash=callback_token_hash,
                                        log_artifact_id=log_artifact_id, deadline_at_ms=deadline))
-        return ActivateResult(APPLIED, deadline, lease.version)
+        return Outcome(Result.APPLIED, value=Activation(deadline, lease.version))
 
     def started(self, fence: Fence, boot_id: str, pid: int, pgid: int, start_ticks: int) -> Outcome:
         """Attempt and run `running` with the process identity and `started_at_ms` (database time).
@@ -180,15 +172,15 @@ class FencedReports:
         try:
             held = self.check_fence(rows, fence, for_activate=False)
         except FenceMismatch as mismatch:
-            return Outcome(FENCED, mismatch.detail)
+            return Outcome(Result.FENCED, mismatch.detail)
         run, attempt, now = held.run, held.attempt, held.now
         status = _A(attempt.status)
         if status is _A.RUNNING:
             if Identity.from_row(attempt) == identity:
-                return Outcome(APPLIED, "already_running", run.status)
-            return Outcome(REFUSED, "identity_mismatch", run.status)
+                return Outcome(Result.APPLIED, "already_running", run.status)
+            return Outcome(Result.REFUSED, "identity_mismatch", run.status)
         if status is not _A.STARTING:
-            return Outcome(REFUSED, f"attempt_{status.value}", run.status)
+            return Outcome(Result.REFUSED, f"attempt_{status.value}", run.status)
         plan = plan_started(run_snapshot(run), attempt_snapshot(attempt))
         # A launch proves a `never_launched` recorded before it wrong (SEMANTICS.md §9 Exchange:
         # a late answer must never undo a launch): it is void; any other fact still holds.
@@ -198,7 +190,7 @@ class FencedReports:
                    run_values={"started_at_ms": now} if run.started_at_ms is None else None,
                    attempt_values=dict(void, boot_id=identity.boot_id, pid=identity.pid, pgid=identity.pgid,
                                        start_ticks=identity.start_ticks, started_at_ms=now))
-        return Outcome(APPLIED, None, plan.run_to.value)
+        return Outcome(Result.APPLIED, None, plan.run_to.value)
 
     def start_failed(self, fence: Fence, reason: str) -> Outcome:
         """The launcher could not be spawned: attempt and run `failed` (EXECUTOR_START_FAILED).
@@ -217,16 +209,16 @@ class FencedReports:
         try:
             held = self.check_fence(rows, fence, for_activate=False)
         except FenceMismatch as mismatch:
-            return Outcome(FENCED, mismatch.detail)
+            return Outcome(Result.FENCED, mismatch.detail)
         run, attempt, now = held.run, held.attempt, held.now
         if attempt.status != _A.STARTING.value:
-            return Outcome(REFUSED, f"attempt_{attempt.status}", run.status)
+            return Outcome(Result.REFUSED, f"attempt_{attempt.status}", run.status)
         run_s, attempt_s = run_snapshot(run), attempt_snapshot(attempt)
         plan = plan_end_by_intent(run_s, attempt_s) if run.cancel_reason else plan_start_failed(run_s, attempt_s)
         apply_plan(conn, plan, now, actor_type=ACTOR, expected_callback_sequence=attempt.callback_sequence,
                    run_values={"error_summary": summary}, attempt_values={"error_summary": summary})
         end_lease(conn, attempt.id, now, _L.RELEASED, LeaseReleaseReason.START_FAILED)
-        return Outcome(APPLIED, None, plan.run_to.value)
+        return Outcome(Result.APPLIED, None, plan.run_to.value)
 
     def decline(self, fence: Fence, reason: LeaseReleaseReason | str = LeaseReleaseReason.DECLINED) -> Outcome:
         """The executor gives back an offer it never activated: its lease ends `released`.
@@ -247,11 +239,11 @@ class FencedReports:
         try:
             held = self.check_fence(rows, fence, for_activate=False)
         except FenceMismatch as mismatch:
-            return Outcome(FENCED, mismatch.detail)
+            return Outcome(Result.FENCED, mismatch.detail)
         if held.attempt.status != _A.CLAIMED.value:
-            return Outcome(REFUSED, f"attempt_{held.attempt.status}", held.run.status)
+            return Outcome(Result.REFUSED, f"attempt_{held.attempt.status}", held.run.status)
         end_lease(conn, held.attempt.id, held.now, _L.RELEASED, reason)
-        return Outcome(APPLIED, None, held.run.status)
+        return Outcome(Result.APPLIED, None, held.run.status)
 
     def release_unactivated(self, run_id: str, attempt_id: str) -> Outcome:
         """An attempt offered but never activated that no executor holds: its live lease ends
@@ -267,7 +259,12 @@ class FencedReports:
             if ended is not None:
                 return ended
             if attempt.status != _A.CLAIMED.value:
-                return Outcome(REFUSED, f"attempt_{attempt.status}", run.status)
+                return Outcome(Result.REFUSED, f"attempt_{attempt.status}", run.status)
             version = end_lease(conn, attempt_id, self.store.now_ms(conn), _L.RELEASED,
                                 LeaseReleaseReason.LEASE_EXPIRED)
-            return Outcome(APPLIED, None if version is not None else "no_live_lease", run.status)
+            return Outcome(Result.APPLIED, None if version is not None else "no_live_lease", run.status)
+
+
+def _refused_activation(detail: str, lease_version: int) -> Outcome[Activation]:
+    """An Activate the fence let through but the attempt's state refuses: the lease version found."""
+    return Outcome(Result.REFUSED, detail, value=Activation(lease_version=lease_version))

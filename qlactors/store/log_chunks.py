@@ -12,15 +12,15 @@ last one (0 for the first), so `read` concatenates rows without looking for hole
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
 
 from sqlalchemy import and_, bindparam, func, select
 
+from ..domain.results import Outcome, Result
 from ..errors import BadInput
 from .engine import Store
 from .report_batch import alone
 from .report_locks import HeldRows, LockRequest
-from .records import APPLIED, REFUSED, check_id, same_hash
+from .records import check_id, same_hash
 from .schema import log_chunks, run_attempts
 
 MAX_CHUNK_BYTES = 128 * 1024
@@ -39,33 +39,27 @@ _INSERT = log_chunks.insert()
 _FINAL = select(run_attempts.c.log_final_offset).where(run_attempts.c.id == bindparam("attempt_id"))
 
 
-@dataclass(frozen=True, slots=True)
-class ChunkResult:
-    """`applied` (the chunk is stored, now or by an identical earlier send) or `refused`;
-    `acked_offset`: the end of the stored log, where the worker resumes (0 when unauthenticated);
-    `detail`: why it was refused (unknown_attempt, wrong_worker, no_token, bad_token, empty,
-    too_large, checksum, past_final_offset, past_log_cap, conflict, gap) or `repeated` for an
-    identical repeat."""
-
-    result: str
-    acked_offset: int
-    detail: str | None = None
-
-
 class LogChunks:
-    """Append, acknowledge and read a cluster attempt's log chunks."""
+    """Append, acknowledge and read a cluster attempt's log chunks.
+
+    An append's Outcome is `applied` (the chunk is stored, now or by an identical earlier send)
+    or `refused`; its `value` is the acked offset: the end of the stored log, where the worker
+    resumes (0 when unauthenticated); `detail` is why it was refused (unknown_attempt,
+    wrong_worker, no_token, bad_token, empty, too_large, checksum, past_final_offset,
+    past_log_cap, conflict, gap) or `repeated` for an identical repeat.
+    """
 
     def __init__(self, store: Store) -> None:
         self.store = store
 
     def append(self, worker_id: str, attempt_id: str, callback_token_hash: str, offset: int,
-               data: bytes, checksum: str) -> ChunkResult:
+               data: bytes, checksum: str) -> Outcome[int]:
         """Store `data` at `offset` if that is where the log ends; see the class doc for the answers."""
         return alone(self.store, LockRequest(attempt_id, log_end=True), lambda conn, rows: self.append_in(
             conn, rows, worker_id, attempt_id, callback_token_hash, offset, data, checksum))
 
     def append_in(self, conn, rows: HeldRows, worker_id: str, attempt_id: str, callback_token_hash: str,
-                  offset: int, data: bytes, checksum: str) -> ChunkResult:
+                  offset: int, data: bytes, checksum: str) -> Outcome[int]:
         """`append` in a transaction holding `rows` (`report_locks.hold`, one report or a batch)."""
         check_id("worker id", worker_id, 128)
         check_id("attempt id", attempt_id)
@@ -76,31 +70,31 @@ class LogChunks:
         data = bytes(data)
         attempt = rows.attempts.get(attempt_id)
         if attempt is None:
-            return ChunkResult(REFUSED, 0, "unknown_attempt")
+            return Outcome(Result.REFUSED, "unknown_attempt", value=0)
         if attempt.worker_id != worker_id:
-            return ChunkResult(REFUSED, 0, "wrong_worker")
+            return Outcome(Result.REFUSED, "wrong_worker", value=0)
         if attempt.callback_token_hash is None:
-            return ChunkResult(REFUSED, 0, "no_token")
+            return Outcome(Result.REFUSED, "no_token", value=0)
         if not same_hash(attempt.callback_token_hash, callback_token_hash):
-            return ChunkResult(REFUSED, 0, "bad_token")
+            return Outcome(Result.REFUSED, "bad_token", value=0)
         end = rows.log_ends[attempt_id]  # held with `log_end`
         problem = _invalid(data, checksum)
         if problem is not None:
-            return ChunkResult(REFUSED, end, problem)
+            return Outcome(Result.REFUSED, problem, value=end)
         problem = _out_of_bounds(attempt, offset + len(data))
         if problem is not None:
-            return ChunkResult(REFUSED, end, problem)
+            return Outcome(Result.REFUSED, problem, value=end)
         if offset > end:
-            return ChunkResult(REFUSED, end, "gap")
+            return Outcome(Result.REFUSED, "gap", value=end)
         if offset < end:
             stored = conn.execute(_AT, {"attempt_id": attempt_id, "offset": offset}).first()
             if stored is not None and stored.length == len(data) and stored.checksum == checksum:
-                return ChunkResult(APPLIED, end, "repeated")
-            return ChunkResult(REFUSED, end, "conflict")
+                return Outcome(Result.APPLIED, "repeated", value=end)
+            return Outcome(Result.REFUSED, "conflict", value=end)
         conn.execute(_INSERT, dict(attempt_id=attempt_id, start_offset=offset, run_id=attempt.run_id,
                                    length=len(data), checksum=checksum, data=data, created_at_ms=rows.now))
         rows.log_ends[attempt_id] = end + len(data)  # the next chunk of this batch follows it
-        return ChunkResult(APPLIED, end + len(data))
+        return Outcome(Result.APPLIED, value=end + len(data))
 
     def acked_offset(self, attempt_id: str) -> int:
         """The end of the stored log: how many bytes are acknowledged (0 before the first chunk)."""

@@ -12,6 +12,7 @@ from typing import Any
 from sqlalchemy import and_, select
 from sqlalchemy.engine import Connection
 
+from ..domain.results import Outcome, Result
 from ..domain.retry import RetryPolicy, decide_lost
 from ..domain.states import AttemptStatus, RunStatus
 from ..domain.transitions import plan_end_by_intent, plan_lost_failed, plan_requeue, plan_retry_wait
@@ -20,7 +21,6 @@ from ..ids import new_id
 from .control_rows import DEFAULT_PAGE, page_size
 from .engine import Store
 from .plans import apply_plan, attempt_snapshot, current_attempt, load_run, run_snapshot
-from .records import ALREADY_TERMINAL, APPLIED, REFUSED, Outcome
 from .schema import run_attempts, run_retry_policies, runs
 
 _A, _R = AttemptStatus, RunStatus
@@ -38,11 +38,11 @@ class LostRetry:
         self.store.advisory_lock(conn, f"run:{run_id}")
         run = load_run(conn, run_id)
         if run is None:
-            return None, Outcome(REFUSED, "unknown_run")
+            return None, Outcome(Result.REFUSED, "unknown_run")
         if RunStatus(run.status).terminal:
-            return run, Outcome(ALREADY_TERMINAL, None, run.status)
+            return run, Outcome(Result.ALREADY_TERMINAL, None, run.status)
         if run.status != status.value:
-            return run, Outcome(REFUSED, f"run_{run.status}", run.status)
+            return run, Outcome(Result.REFUSED, f"run_{run.status}", run.status)
         return run, None
 
     def lost_runs(self, limit: int = DEFAULT_PAGE) -> list[str]:
@@ -70,18 +70,18 @@ class LostRetry:
             if run.cancel_reason is not None:
                 plan = plan_end_by_intent(run_s, attempt_s)
                 apply_plan(conn, plan, now, actor_type="retry")
-                return Outcome(APPLIED, plan.error_code, plan.run_to.value)
+                return Outcome(Result.APPLIED, plan.error_code, plan.run_to.value)
             policy_row = conn.execute(select(run_retry_policies).where(
                 run_retry_policies.c.run_id == run_id).with_for_update()).first()
             decision = decide_lost(_policy(policy_row), attempt.number, now)
             if not decision.retry:
                 plan = plan_lost_failed(run_s, attempt_s, decision.error_code)
                 apply_plan(conn, plan, now, actor_type="retry")
-                return Outcome(APPLIED, decision.error_code, plan.run_to.value)
+                return Outcome(Result.APPLIED, decision.error_code, plan.run_to.value)
             plan = plan_retry_wait(run_s, attempt_s, decision.next_attempt_at_ms)
             apply_plan(conn, plan, now, actor_type="retry")
             _cas_policy(conn, policy_row, now, next_attempt_at_ms=decision.next_attempt_at_ms)
-            return Outcome(APPLIED, str(decision.next_attempt_at_ms), plan.run_to.value)
+            return Outcome(Result.APPLIED, str(decision.next_attempt_at_ms), plan.run_to.value)
 
     def due_retries(self, limit: int = DEFAULT_PAGE) -> list[str]:
         """Ids of `retry_wait` runs whose backoff ended (policy `next_attempt_at_ms` <= now)."""
@@ -110,9 +110,9 @@ class LostRetry:
                 run_retry_policies.c.run_id == run_id).with_for_update()).first()
             now = self.store.now_ms(conn)
             if policy_row is None or policy_row.next_attempt_at_ms is None:
-                return Outcome(REFUSED, "no_policy", run.status)
+                return Outcome(Result.REFUSED, "no_policy", run.status)
             if policy_row.next_attempt_at_ms > now:
-                return Outcome(REFUSED, "not_due", run.status)
+                return Outcome(Result.REFUSED, "not_due", run.status)
             previous = current_attempt(conn, run_id)
             number = previous.number + 1
             attempt_id = new_id()
@@ -124,7 +124,7 @@ class LostRetry:
             apply_plan(conn, plan, now, actor_type="retry",
                        run_values=dict(queued_at_ms=now, error_code=None, error_summary=None))
             _cas_policy(conn, policy_row, now, next_attempt_at_ms=None)
-            return Outcome(APPLIED, attempt_id, plan.run_to.value)
+            return Outcome(Result.APPLIED, attempt_id, plan.run_to.value)
 
 
 def _policy(row) -> RetryPolicy | None:

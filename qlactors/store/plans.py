@@ -11,11 +11,11 @@ from typing import Any, Iterator, Mapping
 from sqlalchemy import and_, bindparam, literal_column, select, text
 from sqlalchemy.engine import Connection
 
+from ..domain.results import Outcome, Result
 from ..domain.states import AttemptStatus, CancelReason, LeaseReleaseReason, LeaseStatus, RunStatus
 from ..domain.transitions import AttemptSnapshot, Plan, RunSnapshot
 from ..errors import Conflict
 from ..ids import new_id
-from .records import ALREADY_TERMINAL, REFUSED, Outcome
 from .schema import run_attempts, run_dispatch_leases, run_events, runs, task_revisions
 
 MAX_EVENT_PAYLOAD_BYTES = 16 * 1024
@@ -81,12 +81,12 @@ def load_open_pair(conn: Connection, run_id: str, attempt_id: str) -> tuple[Any,
     has ended; None when both are open."""
     run = load_run(conn, run_id)
     if run is None:
-        return None, None, Outcome(REFUSED, "unknown_run")
+        return None, None, Outcome(Result.REFUSED, "unknown_run")
     attempt = load_attempt(conn, attempt_id)
     if attempt is None or attempt.run_id != run.id:
-        return run, attempt, Outcome(REFUSED, "wrong_attempt", run.status)
+        return run, attempt, Outcome(Result.REFUSED, "wrong_attempt", run.status)
     if RunStatus(run.status).terminal or AttemptStatus(attempt.status).terminal:
-        return run, attempt, Outcome(ALREADY_TERMINAL, f"attempt_{attempt.status}", run.status)
+        return run, attempt, Outcome(Result.ALREADY_TERMINAL, f"attempt_{attempt.status}", run.status)
     return run, attempt, None
 
 

@@ -1,6 +1,6 @@
-"""Plain records the store's executor-facing operations exchange: outcomes, sessions, fences,
-offers, lease quotes, heartbeat and attestation answers and process identities, with the checks
-their fields need."""
+"""Plain records the store's executor-facing operations exchange: sessions, fences, offers, lease
+quotes, heartbeat answers, the facts of an activation's and an attestation's `Outcome`, and
+process identities, with the checks their fields need."""
 
 from __future__ import annotations
 
@@ -11,27 +11,11 @@ from typing import Any, Mapping
 
 from ..errors import BadInput, QlactorsError
 
-APPLIED = "applied"
-FENCED = "fenced"
-REFUSED = "refused"
-ALREADY_TERMINAL = "already_terminal"
-SUPERSEDED = "superseded"
-
 _HASH = re.compile(r"[0-9a-f]{64}")
 
 
 class Fenced(QlactorsError):
     """A pull names a worker session that is unknown, superseded, expired or not online: no offer."""
-
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    """The answer to a report or a control operation: `result` (applied, fenced, refused,
-    already_terminal), a short machine word `detail` saying why, and the run's status after it."""
-
-    result: str
-    detail: str | None = None
-    run_state: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,13 +119,11 @@ class HeartbeatAnswer:
 
 
 @dataclass(frozen=True, slots=True)
-class AttestResult:
-    """The answer to an attestation: `result` is applied, fenced, refused or superseded (stop the
-    process: its attempt ended or a later attempt replaced it); the lease fields describe the
-    lease the worker holds afterwards (the new one after a `running` re-bind)."""
+class LeaseTerms:
+    """An applied attestation's `Outcome.value`: the lease the worker holds afterwards (the new
+    one after a `running` re-bind). An attestation answers applied, fenced, refused or
+    superseded (stop the process: its attempt ended or a later attempt replaced it)."""
 
-    result: str
-    detail: str | None = None
     lease_generation: int | None = None
     lease_version: int | None = None
     expires_at_ms: int | None = None
@@ -177,12 +159,12 @@ class OfferView:
 
 
 @dataclass(frozen=True, slots=True)
-class ActivateResult:
-    """The answer to Activate: spawn only on `applied`."""
-    result: str
+class Activation:
+    """An Activate's `Outcome.value` (spawn only on `applied`): the attempt's deadline and the
+    lease's version after it (a refusal names the version it found)."""
+
     deadline_at_ms: int | None = None
     lease_version: int | None = None
-    detail: str | None = None
 
 
 def same_hash(stored: str | None, given: Any) -> bool:

@@ -12,16 +12,16 @@ from typing import Any
 
 from sqlalchemy import and_, func, or_, select
 
+from ..domain.results import Outcome, Result
 from ..domain.states import AttemptStatus, LeaseReleaseReason, LeaseStatus, RunStatus
 from ..domain.transitions import plan_lost, plan_started
 from ..errors import BadInput, Conflict
-from .control_rows import (ACTIVE, DEFAULT_PAGE, DISPATCHED, LIVE, Candidate, RebindResult,
+from .control_rows import (ACTIVE, DEFAULT_PAGE, DISPATCHED, LIVE, Candidate,
                            candidate_from_row, candidate_select, live_lease, page_size)
 from .engine import Store
 from .plans import (apply_plan, attempt_snapshot, current_attempt, end_lease, load_open_pair, load_run,
                     run_snapshot)
-from .records import (ALREADY_TERMINAL, APPLIED, FENCED, REFUSED, Fence, Identity, Outcome, Session,
-                      check_hash, check_id, same_hash)
+from .records import Fence, Identity, Session, check_hash, check_id, same_hash
 from .schema import run_attempts, run_dispatch_leases, runs, worker_sessions
 
 _A, _R, _L = AttemptStatus, RunStatus, LeaseStatus
@@ -85,7 +85,7 @@ class RecoveryCases:
         return candidate_from_row(row) if row is not None else None
 
     def rebind(self, run_id: str, attempt_id: str, session: Session, identity: Any, *,
-               offer_id: str, lease_token_hash: str, actor_type: str = "recovery") -> RebindResult:
+               offer_id: str, lease_token_hash: str, actor_type: str = "recovery") -> Outcome[Fence]:
         """Re-bind a process that survived a restart to the current local session.
 
         The old live lease ends `released` (`shutdown`); a new lease (next generation, the given
@@ -93,7 +93,7 @@ class RecoveryCases:
         projection; `starting` is promoted to `running` (identity written, `started_at_ms` if
         unset). A recorded identity that differs is `refused`. Capacity is not checked: a survivor
         is adopted whatever the slots say. Repeating the call with the same offer id and token
-        hash answers `applied` again. Returns the fence the new session's reports quote.
+        hash answers `applied` again. The Outcome's value is the fence the new session's reports quote.
         """
         ident = Identity.of(identity)
         check_id("offer id", offer_id)
@@ -104,34 +104,34 @@ class RecoveryCases:
                 worker_sessions.c.session_id == session.session_id).with_for_update()).first()
             if (srow is None or srow.worker_id != session.worker_id
                     or srow.generation != session.generation or srow.status != "online"):
-                return RebindResult(FENCED, "session")
+                return Outcome(Result.FENCED, "session")
             run = load_run(conn, run_id)
             if run is None:
-                return RebindResult(REFUSED, "unknown_run")
+                return Outcome(Result.REFUSED, "unknown_run")
             attempt = current_attempt(conn, run_id)
             if attempt is None or attempt.id != attempt_id:
-                return RebindResult(REFUSED, "not_current_attempt", run.status)
+                return Outcome(Result.REFUSED, "not_current_attempt", run.status)
             if RunStatus(run.status).terminal or AttemptStatus(attempt.status).terminal:
-                return RebindResult(ALREADY_TERMINAL, f"attempt_{attempt.status}", run.status)
+                return Outcome(Result.ALREADY_TERMINAL, f"attempt_{attempt.status}", run.status)
             if attempt.status not in LIVE or run.status not in DISPATCHED:
-                return RebindResult(REFUSED, f"attempt_{attempt.status}", run.status)
+                return Outcome(Result.REFUSED, f"attempt_{attempt.status}", run.status)
             stored = Identity.from_row(attempt)
             if stored is not None and stored != ident:
-                return RebindResult(REFUSED, "identity_mismatch", run.status)
+                return Outcome(Result.REFUSED, "identity_mismatch", run.status)
             live = conn.execute(select(run_dispatch_leases).where(and_(
                 run_dispatch_leases.c.attempt_id == attempt_id,
                 run_dispatch_leases.c.status == _L.LEASED.value)).with_for_update()).first()
             if (live is not None and live.offer_id == offer_id and live.session_id == session.session_id
                     and same_hash(live.token_hash, lease_token_hash) and attempt.status == _A.RUNNING.value):
-                return RebindResult(APPLIED, "already_bound", run.status, _fence(session, run_id, live))
+                return Outcome(Result.APPLIED, "already_bound", run.status, _fence(session, run_id, live))
             if conn.execute(select(run_dispatch_leases.c.attempt_id).where(
                     run_dispatch_leases.c.offer_id == offer_id)).first() is not None:
-                return RebindResult(REFUSED, "offer_id_taken", run.status)
+                return Outcome(Result.REFUSED, "offer_id_taken", run.status)
             return self._bind(conn, run, attempt, live, session, ident, offer_id, lease_token_hash, actor_type)
 
 
     def _bind(self, conn, run, attempt, live, session: Session, ident: Identity, offer_id: str,
-              lease_token_hash: str, actor_type: str) -> RebindResult:
+              lease_token_hash: str, actor_type: str) -> Outcome[Fence]:
         """`rebind`'s writes, in its transaction once every check passed: the old lease ends, the new
         one is written, the attempt projects it (and `starting` becomes `running`)."""
         run_id, attempt_id = run.id, attempt.id
@@ -168,7 +168,7 @@ class RecoveryCases:
                 raise Conflict(f"attempt {attempt_id} changed meanwhile")
         fence = Fence(session.worker_id, session.session_id, session.generation, run_id, attempt_id,
                       offer_id, generation, lease_token_hash, 1)
-        return RebindResult(APPLIED, None, _R.RUNNING.value, fence)
+        return Outcome(Result.APPLIED, None, _R.RUNNING.value, fence)
 
 
 def lost_in(conn, run, attempt, error_code: str, now: int, *, actor_type: str) -> Outcome:
@@ -176,16 +176,16 @@ def lost_in(conn, run, attempt, error_code: str, now: int, *, actor_type: str) -
     the attempt's advisory lock and the run row (`load_open_pair`, both open), the attempt and run
     `lost` and the live lease `released` (`lease_expired`, version + 1; none live: none invented)."""
     if run.cancel_reason is not None:
-        return Outcome(REFUSED, "cancel_intent", run.status)
+        return Outcome(Result.REFUSED, "cancel_intent", run.status)
     if run.status not in DISPATCHED:
-        return Outcome(REFUSED, f"run_{run.status}", run.status)
+        return Outcome(Result.REFUSED, f"run_{run.status}", run.status)
     current = current_attempt(conn, run.id)
     if current.id != attempt.id:
-        return Outcome(REFUSED, "not_current_attempt", run.status)
+        return Outcome(Result.REFUSED, "not_current_attempt", run.status)
     plan = plan_lost(run_snapshot(run), attempt_snapshot(attempt), error_code)
     apply_plan(conn, plan, now, actor_type=actor_type, expected_callback_sequence=attempt.callback_sequence)
     end_lease(conn, attempt.id, now, _L.RELEASED, LeaseReleaseReason.LEASE_EXPIRED)
-    return Outcome(APPLIED, None, plan.run_to.value)
+    return Outcome(Result.APPLIED, None, plan.run_to.value)
 
 
 def _fence(session: Session, run_id: str, lease) -> Fence:

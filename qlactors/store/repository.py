@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..domain.results import Result
 from ..domain.states import CancelReason
 from ..errors import BadInput
 from . import sqlite
@@ -57,7 +58,7 @@ class Repository:
             cancelled, requested = [], []
             for run_id in active:
                 outcome = self.runs.cancel_in(conn, load_run(conn, run_id), CancelReason.USER, actor_type="user")
-                (cancelled if outcome == "cancelled" else requested).append(run_id)
+                (cancelled if outcome is Result.CANCELLED else requested).append(run_id)
             self.tasks.mark_removed(conn, name)
             return Removal(name, tuple(cancelled), tuple(requested))
 

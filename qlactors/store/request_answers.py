@@ -2,8 +2,8 @@
 a re-sent copy, or a copy that reached another replica — gets that answer again instead of being
 judged anew by its facts (SEMANTICS.md §9 Owed reports, Pull once).
 
-A row holds the store operation's own result (the fields of an Outcome, ActivateResult,
-AttestResult or CompletionOutcome; a Pull's offer ids), never wire bytes: the caller builds the
+A row holds the store operation's own result (an Outcome's fields, its value's flattened beside
+them; a Pull's offer ids), never wire bytes: the caller builds the
 answer from it with the code that built the first one. It is looked up and written inside the
 transaction of the request's effect, after that transaction's locks, so two copies racing on two
 replicas serialise on those locks and the second finds the first's row. Rows older than
@@ -18,11 +18,12 @@ import functools
 import json
 import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Sequence, get_args, get_origin
 
 from sqlalchemy import bindparam, select, text, tuple_
 from sqlalchemy.engine import Connection
 
+from ..domain.results import Outcome
 from .engine import Store
 from .records import check_id
 from .schema import REQUEST_KINDS, worker_requests
@@ -57,13 +58,14 @@ class PullAnswer:
 
 @dataclass(frozen=True, slots=True)
 class AnswerKey:
-    """One request as the ledger knows it: who sent it, its id, its kind, and the frozen
-    dataclass its store operation returns (the row is read back as one of those)."""
+    """One request as the ledger knows it: who sent it, its id, its kind, and what its store
+    operation returns (the row is read back as one of those): `PullAnswer`, or an `Outcome`
+    parametrised by its value's type (`Outcome[Activation]`; `Outcome[None]` for none)."""
 
     worker_id: str
     request_id: str
     kind: str
-    result_type: type
+    result_type: Any
 
     def __post_init__(self) -> None:
         check_id("worker id", self.worker_id, 128)
@@ -76,16 +78,37 @@ class AnswerKey:
         return self.worker_id, self.request_id
 
 
+# The Outcome's own fields; its value's fields are kept beside them, flat (the rows' form before
+# the one Outcome: a row written then reads back the same), and `reason` was a completion's `detail`.
+_OUTCOME_FIELDS = ("result", "detail", "run_state")
+_LEGACY = {"reason": "detail"}
+
+
 def encode(result: Any) -> str:
-    """A result's fields as JSON (tuples as lists)."""
-    return json.dumps({f.name: getattr(result, f.name) for f in dataclasses.fields(result)},
-                      separators=(",", ":"), sort_keys=True)
+    """A result's fields as JSON (tuples as lists; an Outcome's value flattened beside its own)."""
+    if isinstance(result, Outcome):
+        values = {name: getattr(result, name) for name in _OUTCOME_FIELDS}
+        if result.value is not None:
+            values.update(_fields(result.value))
+    else:
+        values = _fields(result)
+    return json.dumps(values, separators=(",", ":"), sort_keys=True)
 
 
-def decode(result_type: type, text: str) -> Any:
+def decode(result_type: Any, text: str) -> Any:
     """The result `encode` wrote, as `result_type` again."""
-    values = json.loads(text)
-    return result_type(**{name: tuple(v) if isinstance(v, list) else v for name, v in values.items()})
+    values = {_LEGACY.get(name, name): tuple(v) if isinstance(v, list) else v
+              for name, v in json.loads(text).items()}
+    if get_origin(result_type) is not Outcome:
+        return result_type(**values)
+    own = {name: values.pop(name, None) for name in _OUTCOME_FIELDS}
+    (value_type,) = get_args(result_type)
+    found = any(v is not None for v in values.values())
+    return Outcome(**own, value=value_type(**values) if found and value_type is not type(None) else None)
+
+
+def _fields(record: Any) -> dict[str, Any]:
+    return {f.name: getattr(record, f.name) for f in dataclasses.fields(record)}
 
 
 def first_answers(conn: Connection, keys: Sequence[AnswerKey]) -> dict[tuple[str, str], Any]:

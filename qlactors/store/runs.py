@@ -13,6 +13,7 @@ from typing import Any, Sequence
 from sqlalchemy import and_, bindparam, func, or_, select
 from sqlalchemy.engine import Connection
 
+from ..domain.results import Outcome, Result
 from ..domain.states import (RUN_TERMINAL, CancelReason, LeaseReleaseReason, LeaseStatus, RetrySafety, RunStatus,
                              TriggerType)
 from ..domain.transitions import plan_admission, plan_cancel
@@ -47,12 +48,6 @@ _EVENTS_OF = select(run_events).where(run_events.c.run_id == bindparam("run_id")
 class Admission:
     run: RunView
     created: bool  # False: the idempotency key named an existing run, which is returned
-
-
-@dataclass(frozen=True, slots=True)
-class CancelResult:
-    outcome: str  # cancelled | requested | already_requested | already_terminal
-    run: RunView
 
 
 class Runs:
@@ -134,20 +129,24 @@ class Runs:
                                  retry_of_run_id=row.id, actor_type=actor_type,
                                  idempotency_key=idempotency_key)
 
-    def cancel(self, run_id: str, reason: CancelReason = CancelReason.USER, *, actor_type: str = "user") -> CancelResult:
-        """Commit a cancel intent; a run with no live process ends `cancelled` in the same transaction."""
+    def cancel(self, run_id: str, reason: CancelReason = CancelReason.USER, *, actor_type: str = "user") -> Outcome[RunView]:
+        """Commit a cancel intent; a run with no live process ends `cancelled` in the same transaction.
+
+        The Outcome is `cancelled`, `requested` (the runtime stops the job), `already_requested`
+        or `already_terminal`; its value is the run as it is now."""
         with self.store.write() as conn:
             row = self._require(conn, run_id)
             outcome = self.cancel_in(conn, row, reason, actor_type=actor_type)
-            return CancelResult(outcome, self._view(conn, load_run(conn, run_id, lock=False)))
+            view = self._view(conn, load_run(conn, run_id, lock=False))
+            return Outcome(outcome, run_state=view.state, value=view)
 
-    def cancel_in(self, conn: Connection, row, reason: CancelReason, *, actor_type: str) -> str:
-        """Cancel inside the caller's transaction; returns the outcome word."""
+    def cancel_in(self, conn: Connection, row, reason: CancelReason, *, actor_type: str) -> Result:
+        """Cancel inside the caller's transaction; returns what it did (see `cancel`)."""
         snapshot = run_snapshot(row)
         attempt_row = current_attempt(conn, row.id)
         plan = plan_cancel(snapshot, attempt_snapshot(attempt_row), reason)
         if plan is None:
-            return "already_terminal" if snapshot.status.terminal else "already_requested"
+            return Result.ALREADY_TERMINAL if snapshot.status.terminal else Result.ALREADY_REQUESTED
         now = self.store.now_ms(conn)
         apply_plan(conn, plan, now, actor_type=actor_type,
                    expected_callback_sequence=attempt_row.callback_sequence if attempt_row else None)
@@ -155,7 +154,7 @@ class Runs:
             # An attempt offered but never activated holds a live lease: it ends with the run, or
             # it would stay `leased` for ever (SEMANTICS.md §7).
             end_lease(conn, attempt_row.id, now, LeaseStatus.RELEASED, LeaseReleaseReason.CANCELLED)
-        return "cancelled" if plan.run_to.terminal else "requested"
+        return Result.CANCELLED if plan.run_to.terminal else Result.REQUESTED
 
     def active_ids(self, conn: Connection, task_id: str) -> list[str]:
         return list(conn.execute(select(runs.c.id).where(and_(

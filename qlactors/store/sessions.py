@@ -25,17 +25,18 @@ from typing import Iterable
 from sqlalchemy import and_, bindparam, or_, select
 
 from ..domain.recovery_evidence import LAUNCH_UNKNOWN, REBOOTED
+from ..domain.results import Outcome, Result
 from ..domain.states import AttemptStatus, LeaseStatus
 from ..errors import BadInput, Conflict
 from ..ids import new_id
 from .dispatch_queries import SESSION_LOCKED
 from .engine import Store
 from .plans import sql_states
-from .records import APPLIED, FENCED, REFUSED, Fenced, Outcome, Session, check_hash, check_id
+from .records import Fenced, Session, check_hash, check_id
 from .request_answers import AnswerKey, first_answers, keep_answers
 from .schema import run_attempts, run_dispatch_leases, worker_keys, worker_sessions
 from .session_rows import LATEST_GENERATION, update_session
-from .session_rules import (DUPLICATE_WORKER, REVOKED, check_capacity, check_ms, clock_skew, duplicate_verdict,
+from .session_rules import (DUPLICATE_WORKER, REVOKED, SUPERSEDED, check_capacity, check_ms, clock_skew, duplicate_verdict,
                             ended_at, labels_json, normal_labels, resume_refusal, session_mismatch)
 
 _WS = worker_sessions
@@ -254,23 +255,23 @@ class Sessions:
         """`end` under the session row lock."""
         detail = session_mismatch(session, worker_id, generation, now, online_only=False)
         if detail in ("unknown_session", "session_worker", "session_generation"):
-            return Outcome(FENCED, detail)
+            return Outcome(Result.FENCED, detail)
         if conn.execute(LATEST_GENERATION, {"worker_id": worker_id}).scalar_one() > generation:
-            return Outcome(FENCED, "superseded")
+            return Outcome(Result.FENCED, SUPERSEDED)
         if session.status == "offline":
             if session.drained_at_ms is None:
-                return Outcome(FENCED, "session_offline")  # revoked or retired: not its to end
-            return Outcome(APPLIED, "already_offline")
+                return Outcome(Result.FENCED, "session_offline")  # revoked or retired: not its to end
+            return Outcome(Result.APPLIED, "already_offline")
         if status == "draining":
             if session.status == "draining":
-                return Outcome(APPLIED, "already_draining")
+                return Outcome(Result.APPLIED, "already_draining")
             if detail is not None:
-                return Outcome(REFUSED, detail)
+                return Outcome(Result.REFUSED, detail)
             update_session(conn, session, now, status="draining", drained_at_ms=now)
         else:
             update_session(conn, session, now, status="offline", ended_at_ms=ended_at(session, now),
                            drained_at_ms=session.drained_at_ms or now)
-        return Outcome(APPLIED)
+        return Outcome(Result.APPLIED)
 
 
 def _duplicate_note(worker_id: str, previous: list, lost_session_id: str | None, generation: int, now: int,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from sqlalchemy import and_, func, select
 
+from ..domain.results import Outcome, Result
 from ..domain.states import CancelReason, LeaseReleaseReason, LeaseStatus, RunStatus
 from ..domain.transitions import InvalidTransition, plan_cancel, plan_end_by_intent
 from .control_rows import DEFAULT_PAGE, DISPATCHED, LIVE, MAX_STOP_PAGE, StopOrder, page_size, stop_order
@@ -23,7 +24,6 @@ from .plans import (
     pinned_revision,
     run_snapshot,
 )
-from .records import ALREADY_TERMINAL, APPLIED, REFUSED, Outcome
 from .schema import run_attempts, run_retry_policies, runs, task_revisions
 
 _R, _L = RunStatus, LeaseStatus
@@ -127,12 +127,12 @@ class Stops:
             self.store.advisory_lock(conn, f"attempt:{attempt_id}")
             run = load_run(conn, run_id)
             if run is None:
-                return Outcome(REFUSED, "unknown_run")
+                return Outcome(Result.REFUSED, "unknown_run")
             if RunStatus(run.status).terminal:
-                return Outcome(ALREADY_TERMINAL, None, run.status)
+                return Outcome(Result.ALREADY_TERMINAL, None, run.status)
             attempt = current_attempt(conn, run_id)
             if attempt is None or attempt.id != attempt_id:
-                return Outcome(REFUSED, "not_current_attempt", run.status)
+                return Outcome(Result.REFUSED, "not_current_attempt", run.status)
             return end_by_intent_in(conn, run, attempt, self.store.now_ms(conn), actor_type=actor_type)
 
 
@@ -140,13 +140,13 @@ def end_by_intent_in(conn, run, attempt, now: int, *, actor_type: str) -> Outcom
     """`end_by_intent`'s body, shared with cluster recovery: in the caller's transaction, which
     holds the attempt's advisory lock and the run row, `attempt` being the run's current one."""
     if run.cancel_reason is None:
-        return Outcome(REFUSED, "no_intent", run.status)
+        return Outcome(Result.REFUSED, "no_intent", run.status)
     try:
         plan = plan_end_by_intent(run_snapshot(run), attempt_snapshot(attempt))
     except InvalidTransition:
-        return Outcome(REFUSED, f"run_{run.status}", run.status)
+        return Outcome(Result.REFUSED, f"run_{run.status}", run.status)
     apply_plan(conn, plan, now, actor_type=actor_type, expected_callback_sequence=attempt.callback_sequence)
     reason = (LeaseReleaseReason.SHUTDOWN if run.cancel_reason == CancelReason.SHUTDOWN.value
               else LeaseReleaseReason.DECLINED)
     end_lease(conn, attempt.id, now, _L.RELEASED, reason)
-    return Outcome(APPLIED, None, plan.run_to.value)
+    return Outcome(Result.APPLIED, None, plan.run_to.value)

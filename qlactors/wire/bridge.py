@@ -32,6 +32,7 @@ from typing import Any, Callable, Protocol
 
 import zmq
 
+from ..domain.results import Result
 from ..errors import BadInput, QlactorsError
 from ..faults import raise_point
 from . import codec, endpoints
@@ -368,7 +369,8 @@ class Bridge(threading.Thread):
                 if unlogged is not None:
                     log.warning("event=frame_refused reason=unknown_or_revoked_key key=%s unlogged_since=%d "
                                 "(logged at most every %.0f s per key)", key, unlogged, REFUSED_LOG_S)
-                refuse(Ack(answer_to="", of="unknown", run_id="", attempt_id="", offer_id="", result="refused", detail=REFUSED_KEY))
+                refuse(Ack(answer_to="", of="unknown", run_id="", attempt_id="", offer_id="",
+                           result=Result.REFUSED.value, detail=REFUSED_KEY))
                 return
         message = self._decode(body, reply=refuse)
         if message is None:
@@ -412,7 +414,7 @@ class Bridge(threading.Thread):
             if reply is None and isinstance(err, codec.VersionMismatch) and self.on_version_mismatch is not None:
                 self.on_version_mismatch(err.reason)
             if reply is not None:
-                reply(Ack(answer_to="", of="unknown", run_id="", attempt_id="", offer_id="", result="refused",
+                reply(Ack(answer_to="", of="unknown", run_id="", attempt_id="", offer_id="", result=Result.REFUSED.value,
                           detail=str(err)[:500]))
             return None
 

@@ -24,6 +24,7 @@ from typing import Any, Mapping
 import zmq
 from zmq.utils import z85
 
+from ..domain.results import Result
 from ..errors import BadInput, QlactorsError
 from .messages import Ack
 
@@ -166,7 +167,7 @@ def wrong_worker_claim(message: object, worker_id: str) -> Ack | None:
     if not claimed or claimed == worker_id:
         return None
     return Ack(answer_to=getattr(message, "request_id", ""), of=message.KIND, run_id=getattr(message, "run_id", ""), attempt_id=getattr(message, "attempt_id", ""),
-               offer_id=getattr(message, "offer_id", ""), result="refused", detail=f"this key is bound to worker {worker_id!r}, not {claimed!r}"[:500])
+               offer_id=getattr(message, "offer_id", ""), result=Result.REFUSED.value, detail=f"this key is bound to worker {worker_id!r}, not {claimed!r}"[:500])
 
 
 def _is_key_bytes(value: object) -> bool:
