@@ -494,7 +494,7 @@ def test_gateway_conclusive_attest_reaches_recovery_and_ticks_the_scheduler(sup,
     welcome = sup.register()
     sup.peer.send(attest_message(welcome, fact, stopped_by))
     [ended] = sup.h.inbox.wait("recovery", AttemptEnded)
-    assert ended == AttemptEnded("r1", "a1")
+    assert ended == AttemptEnded("r1", "a1", stopped_by)
     [tick] = sup.h.inbox.wait("scheduler", Tick)
     assert tick.reason == "attest"
 

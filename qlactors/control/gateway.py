@@ -374,7 +374,7 @@ class Gateway(RuntimeActor):
         answer = self.sessions.attest(msg, self.worker_id)
         if answer.result == Result.APPLIED and msg.fact not in ("running", "launch_unknown"):
             # Evidence for recovery, which judges it on its next page (now: a cycle is asked for).
-            self.ctx.directory.tell("recovery", AttemptEnded(msg.run_id, msg.attempt_id))
+            self.ctx.directory.tell("recovery", AttemptEnded(msg.run_id, msg.attempt_id, msg.stopped_by))
             self.ctx.directory.tell("scheduler", Tick("attest"))
         self._to_peer(peer, answer)
 

@@ -40,6 +40,7 @@ class Recovery(RuntimeActor):
             raise TypeError("edge's Recovery judges from this process's executor side: ctx.local is required")
         self.local: LocalEvidence = ctx.local
         self.ended: set[str] = set()  # attempt ids the Executor attests ended without completion
+        self.stopped_by: dict[str, str] = {}  # attempt id -> the stop it attested (term, kill, exit)
         self.unresolved: dict[str, str] = {}  # attempt id -> why it could not be judged
 
     def handlers(self):
@@ -70,6 +71,8 @@ class Recovery(RuntimeActor):
 
     def on_ended(self, msg: AttemptEnded, _peer: bytes) -> None:
         self.ended.add(msg.attempt_id)
+        if msg.stopped_by is not None:
+            self.stopped_by[msg.attempt_id] = msg.stopped_by
 
     def on_startup(self, _msg: StartupPass, _peer: bytes) -> dict[str, int]:
         """Examine every in-flight attempt, page after page (asked once, before admission opens)."""
@@ -99,8 +102,7 @@ class Recovery(RuntimeActor):
             known = {c.attempt_id for c in candidates}
             for attempt_id in wanted:
                 if attempt_id not in known:  # already resolved (e.g. a receipt landed meanwhile)
-                    self.ended.discard(attempt_id)
-                    self.unresolved.pop(attempt_id, None)
+                    self._resolved(attempt_id)
             before = dict(self.unresolved)
             self._examine(candidates, startup=False)
             if before != self.unresolved:
@@ -174,7 +176,10 @@ class Recovery(RuntimeActor):
         if found.kind == "bad":
             self.local.quarantine(c.attempt_id)
             return False
-        outcome = self.ctx.completion.complete(c.run_id, c.attempt_id, found.receipt, found.dropped)
+        # A receipt published after the Executor attested the end: the stop that attestation named
+        # (what this process sent the job's group) decides a stop's signal, as a Completed's would.
+        outcome = self.ctx.completion.complete(c.run_id, c.attempt_id, found.receipt, found.dropped,
+                                               self.stopped_by.get(c.attempt_id, "exit"))
         if outcome.settled:
             self.local.receipt_applied(c.attempt_id)
             self._resolved(c.attempt_id)
@@ -219,6 +224,7 @@ class Recovery(RuntimeActor):
 
     def _resolved(self, attempt_id: str) -> None:
         self.ended.discard(attempt_id)
+        self.stopped_by.pop(attempt_id, None)
         self.unresolved.pop(attempt_id, None)
 
 

@@ -80,10 +80,14 @@ class Resume:
 
 @dataclass(frozen=True, slots=True)
 class AttemptEnded:
-    """Supervisor -> Recovery: the executor attests that an attempt's process ended without a completion."""
+    """Supervisor -> Recovery: the executor attests that an attempt's process ended without a completion.
+
+    `stopped_by`: what the executor last sent the job's group (`term`, `kill`) or `exit`, when it
+    says: a receipt published after the attestation then completes with the stop it names."""
 
     run_id: str
     attempt_id: str
+    stopped_by: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
