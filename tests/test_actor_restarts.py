@@ -24,8 +24,8 @@ from qlactors.control import scheduler as scheduler_module
 from qlactors.control.scheduler import Scheduler
 from qlactors.control.recovery import Recovery
 from qlactors.runtime.signals import ActorFailed, AttemptEnded, Consume, NoReceipt, StepDone, StepRequest, Tick
-from qlactors.control.gateway import Gateway, fence_of
-from qlactors.runtime.supervisor import MAX_RESTARTS, Supervisor
+from qlactors.control.gateway import fence_of
+from qlactors.runtime.supervisor import MAX_RESTARTS
 from qlactors.profiles.edge import ORDER
 from qlactors.domain.transitions import ErrorCode
 from qlactors.wire import messages as m
@@ -33,68 +33,9 @@ from qlactors.wire.bridge import Bridge
 
 from actor_harness import WAIT_S, ActorHarness, Stub, ack_message, leases, unique_endpoint, wait_until, welcome_message
 from edge_harness import group_alive
-from test_actors import ExecutorRig, Flights, ReceiptRig, new_token, spec
+from actor_rigs import ExecutorRig, Flights, ReceiptRig, new_token, spec
 from qlactors.domain.receipt import token_hash
-
-
-class Boom:
-    """A test-only message: the actor that receives it raises, as a bug in a handler would."""
-
-
-@pytest.fixture
-def breakable(monkeypatch):
-    """Make every runtime actor class (and any restarted instance of it) fail on Boom."""
-
-    def boom(_msg, _peer):
-        raise RuntimeError("boom")
-
-    for _name, cls in [*ORDER, ("supervisor", Supervisor)]:
-        original = cls.handlers
-        monkeypatch.setattr(cls, "handlers", lambda self, original=original: {**original(self), Boom: boom})
-
-
-class Rig:
-    """An executor-side harness with the real Supervisor restarting the children it is given."""
-
-    def __init__(self, h: ActorHarness, peer, names: tuple[str, ...]) -> None:
-        self.h, self.peer = h, peer
-        classes = dict(ORDER)
-        self.factories = {name: (lambda cls=classes[name]: cls.start(h.ctx.side_of(cls))) for name in names}
-        self.supervisor = h.start("supervisor", Supervisor, self.factories)
-
-    def fail(self, name: str) -> pykka.ActorRef:
-        """Make actor `name` fail for real; returns the instance that replaced it."""
-        old = self.h.directory.get(name)
-        old.tell(Boom())
-        return wait_until(lambda: (ref := self.h.directory.get(name)) is not old and ref is not None
-                          and ref.is_alive() and ref, what=f"{name} restarted")
-
-    def close(self) -> None:
-        for name in self.h.directory.names():  # restarted instances are not in the harness's list
-            ref = self.h.directory.get(name)
-            if ref is not None and ref.is_alive():
-                ref.stop(timeout=WAIT_S)
-
-
-@pytest.fixture
-def make_rig(tmp_path, breakable):
-    made: list[tuple[Rig, ActorHarness]] = []
-
-    def make(*names: str, **runtime: int) -> Rig:
-        endpoint = unique_endpoint("exec")
-        h = ActorHarness(tmp_path, control_connect=endpoint, **runtime)
-        peer = h.router(endpoint)
-        h.route_executor_side()
-        h.start_bridge()
-        h.ctx.admitting.set()
-        rig = Rig(h, peer, names)
-        made.append((rig, h))
-        return rig
-
-    yield make
-    for rig, h in made:
-        rig.close()
-        h.close()
+from restart_rig import Boom, breakable, make_rig  # noqa: F401 - fixtures
 
 
 # -- restart and escalation, for every child ----------------------------------------------------
@@ -215,7 +156,6 @@ def test_an_executor_restarted_mid_stop_re_adopts_its_launcher_and_finishes_the_
     assert h.bridge.is_alive()
     assert not h.ctx.fatal.event.is_set()
     wait_until(lambda: not group_alive(started.pgid), what="the job's group gone")
-
 
 
 # -- the bridge loop itself -------------------------------------------------------------------------

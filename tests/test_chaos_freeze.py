@@ -12,7 +12,7 @@ import pytest
 from actor_harness import wait_until
 from cluster_harness import make_cluster
 from edge_harness import group_alive
-from test_chaos_cluster import _assert_each_ran_once, _request, _task
+from chaos_steps import _assert_each_ran_once, _request, _task
 
 pytestmark = [pytest.mark.postgres, pytest.mark.chaos]
 

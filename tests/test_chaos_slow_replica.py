@@ -18,7 +18,7 @@ import pytest
 from actor_harness import wait_until
 from cluster_harness import make_cluster
 from tcp_proxy import DOWN, UP
-from test_chaos_cluster import _assert_each_ran_once, _assert_no_actor_failed, _request, _running, _task
+from chaos_steps import _assert_each_ran_once, _assert_no_actor_failed, _request, _running, _task
 
 pytestmark = [pytest.mark.postgres, pytest.mark.chaos]
 

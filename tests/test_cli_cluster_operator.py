@@ -13,7 +13,7 @@ from sqlalchemy import insert
 from qlactors.domain.receipt import token_hash
 from qlactors.store.dispatch import Dispatch
 from qlactors.store.schema import control_replicas
-from test_cli_cluster import Cluster
+from cli_cluster_harness import Cluster
 
 pytestmark = pytest.mark.postgres
 

@@ -16,8 +16,8 @@ from qlactors.store.cluster_recovery import ClusterRecoveryCases
 from qlactors.store.dispatch import Dispatch
 from qlactors.store.schema import run_attempts
 from store_helpers import db_state
-from test_cli_cluster import QLACTORS, cluster  # noqa: F401 (the fixture)
-from test_store_sessions import attest, expire_lease, launch, register
+from cli_cluster_harness import QLACTORS, cluster  # noqa: F401 (the fixture)
+from session_steps import attest, expire_lease, launch, register
 
 pytestmark = pytest.mark.postgres
 

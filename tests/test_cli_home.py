@@ -18,7 +18,7 @@ from pathlib import Path
 from edge_harness import Home
 from requires import unavailable
 from qlactors.domain.receipt import receipt_shard
-from test_cli import QLACTORS, assert_refused, clean_env, in_parallel, ok, ok_json, ql
+from cli_harness import QLACTORS, assert_refused, clean_env, in_parallel, ok, ok_json, ql
 
 
 def _modes(root: Path) -> dict[str, str]:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from edge_harness import Home
-from test_cli import QLACTORS, UNKNOWN_RUN, assert_refused, clean_env, in_parallel, ok, ok_json
+from cli_harness import QLACTORS, UNKNOWN_RUN, assert_refused, clean_env, in_parallel, ok, ok_json
 
 
 def ql_bytes(home: Path, *args: str | bytes) -> subprocess.CompletedProcess:

@@ -10,8 +10,8 @@ import pytest
 from qlactors.domain.retry import RetryPolicy
 from qlactors.domain.states import RetrySafety
 from qlactors.store.dispatch import Dispatch
-from test_cli_cluster import cluster  # noqa: F401 (the fixture)
-from test_store_sessions import attest, expire_lease, expire_session, launch, register
+from cli_cluster_harness import cluster  # noqa: F401 (the fixture)
+from session_steps import attest, expire_lease, expire_session, launch, register
 
 pytestmark = pytest.mark.postgres
 

@@ -1,6 +1,6 @@
 """Cron schedules through the real `qlactors task` command: add, update, remove, show and refusals.
 
-Same harness as tests/test_cli.py: a real subprocess per command, a fresh home per test.
+Same harness as tests/test_cli.py (tests/harness/cli_harness.py): a real subprocess per command, a fresh home per test.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import re
 import sqlite3
 import uuid
 
-from test_cli import assert_refused, clean_env, in_parallel, ok, ok_json, ql
+from cli_harness import assert_refused, clean_env, in_parallel, ok, ok_json, ql
 
 ISO_KOLKATA = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\+05:30")  # no DST there: a fixed offset
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from edge_harness import QLACTORS, TERMINAL, Home, clean_env, wait_until
-from test_cli import assert_refused
+from cli_harness import assert_refused
 
 NO_RUNTIME = "no runtime is up for"
 

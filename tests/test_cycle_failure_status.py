@@ -22,7 +22,7 @@ from qlactors.store.health import ErrorTally
 from qlactors.store.replicas import Replicas
 
 from edge_harness import Home, wait_until
-from test_actors import sched, step_stub  # noqa: F401 - the fixture
+from actor_rigs import sched, step_stub  # noqa: F401 - the fixture
 
 
 def _cycle(h, ref, n: int) -> CycleDone:

@@ -2,7 +2,7 @@
 
 SEMANTICS.md §4-§7 and ARCHITECTURE.md "Command line". Each test owns a home (`home` fixture)
 unless it only needs a healthy runtime, in which case it shares one (`shared`, started once for
-the module). The harness (tests/edge_harness.py) stops every edge it started and SIGKILLs every
+the module). The harness (tests/harness/edge_harness.py) stops every edge it started and SIGKILLs every
 job process group the home recorded, by pid/group, whatever the outcome.
 
 Jobs that must still be running at a chosen moment wait for a "go" file the test creates, so

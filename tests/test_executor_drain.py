@@ -12,20 +12,18 @@ from __future__ import annotations
 
 import threading
 
-import pytest
 from sqlalchemy import select
 
 from qlactors.control.gateway import Gateway, fence_of
-from qlactors.control.session_policy import ClusterSessions
 from qlactors.runtime.signals import DrainSession
 from qlactors.process.identity import Liveness, probe
 from qlactors.store.schema import worker_sessions
 from qlactors.wire import messages as m
 
 from actor_harness import ActorHarness, ack_message, attempt_row, leases, unique_endpoint
-from test_actors import spec
-from test_executor_reattest import LEASES, RESUME_SECRET, ClusterRig, held_job, make_rig, ready  # noqa: F401 (fixture)
-from qlactors.ids import new_id
+from actor_rigs import spec
+from cluster_rigs import ClusterRig, held_job, make_rig, ready  # noqa: F401 (fixture)
+from cluster_rigs import cluster_gateway, leave_of  # noqa: F401 - fixtures
 
 
 def second_offer(rig: ClusterRig, session) -> tuple[m.Offer, m.Activate]:
@@ -177,30 +175,6 @@ def test_a_drain_whose_leave_is_never_answered_does_not_finish(make_rig):
 
 
 # -- the Gateway's side: a Leave applied with Sessions.end, on SQLite and PostgreSQL ---------------
-
-@pytest.fixture
-def cluster_gateway(tmp_path, store_url):
-    """A Gateway whose sessions are a cluster replica's (`ClusterSessions`), and a worker's socket."""
-    endpoint = unique_endpoint("control")
-    h = ActorHarness(tmp_path, control_bind=endpoint, database_url=store_url)
-    try:
-        h.ctx.control_side.sessions = ClusterSessions(h.ctx.control_side.dispatch, None, h.ctx.control_side.control, **LEASES,
-                                         resume_secret=RESUME_SECRET)
-        h.bridge.route_control(h.directory.named("gateway"))
-        h.stub("recovery")
-        h.stub("scheduler")
-        h.stub("supervisor")
-        h.start_bridge()
-        h.ctx.admitting.set()
-        h.start("gateway", Gateway)
-        yield h, h.dealer(endpoint)
-    finally:
-        h.close()
-
-
-def leave_of(session, status: str, generation: int | None = None) -> m.Leave:
-    return m.Leave(request_id=new_id(), worker_id=session.worker_id, session_id=session.session_id,
-                   session_generation=session.generation if generation is None else generation, status=status)
 
 
 def test_the_gateway_applies_a_leave_from_the_current_session_and_fences_a_superseded_one(cluster_gateway):

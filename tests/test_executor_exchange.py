@@ -5,7 +5,7 @@ lease it still holds, and keeps every owed report until that answer.
 Each test is one finding of issue 17 that today's protocol got wrong: a late refusal undoing a
 launch, a one-shot report stranding a run, a fenced Started about an older lease stopping a
 re-bound job, a Register sent once, offers of a Pull no longer waited for left to expire.
-The rig is test_executor_reattest's: a real Executor and ReceiptConsumer on a cluster session of
+The rig is ClusterRig (tests/harness/cluster_rigs.py): a real Executor and ReceiptConsumer on a cluster session of
 a real store, the test peer answering with the store's real decisions.
 """
 
@@ -22,8 +22,8 @@ from qlactors.executor.journal.schema import executor_journal
 from qlactors.wire import messages as m
 
 from actor_harness import ack_message, wait_until
-from test_actors import spec
-from test_executor_reattest import (  # noqa: F401 - make_rig is the rig's fixture
+from actor_rigs import spec
+from cluster_rigs import (  # noqa: F401 - make_rig is the rig's fixture
     LEASES,
     end_session_by_heartbeat,
     held_job,

@@ -12,8 +12,8 @@ from qlactors.profiles.worker import WorkerFacts
 from qlactors.wire import messages as m
 
 from actor_harness import WAIT_S
-from test_actors import spec
-from test_executor_reattest import ClusterRig, held_job, make_rig, ready, release  # noqa: F401
+from actor_rigs import spec
+from cluster_rigs import ClusterRig, held_job, make_rig, ready, release  # noqa: F401
 
 TIMEOUT_MS = 1_500
 

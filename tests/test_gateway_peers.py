@@ -19,8 +19,8 @@ from qlactors.ids import new_id
 from qlactors.wire import messages as m
 
 from actor_harness import register_message
-from test_executor_drain import cluster_gateway, leave_of  # noqa: F401 - the fixture
-from test_executor_reattest import LEASES
+from cluster_rigs import cluster_gateway, leave_of  # noqa: F401 - the fixture
+from cluster_rigs import LEASES
 
 
 def _heartbeat(session, seq: int = 1) -> m.Heartbeat:

@@ -19,7 +19,7 @@ from qlactors.wire import messages as m
 
 from actor_harness import ActorHarness, unique_endpoint
 from store_helpers import db_state, spec
-from test_executor_reattest import LEASES, RESUME_SECRET
+from cluster_rigs import LEASES, RESUME_SECRET
 W = "w1"
 
 

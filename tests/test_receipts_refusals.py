@@ -15,7 +15,7 @@ from qlactors.domain.receipt import Receipt
 from qlactors.wire import messages as m
 
 from actor_harness import wait_until
-from test_actors import SupervisorRig, new_token, rc, sup  # noqa: F401 - the fixtures
+from actor_rigs import SupervisorRig, new_token, rc, sup  # noqa: F401 - the fixtures
 
 NOT_THE_RECEIPTS_FAULT = ("unknown_run", "unknown_attempt", "wrong_run", "wrong_executor", "wrong_worker",
                           "attempt_claimed", "log_dropped_bytes must be a non-negative integer or None (unknown)",

@@ -9,7 +9,7 @@ from qlactors.runtime.signals import Consume, SessionOpen
 from qlactors.wire import messages as m
 
 from actor_harness import wait_until
-from test_actors import new_token, rc  # noqa: F401 - the fixture
+from actor_rigs import new_token, rc  # noqa: F401 - the fixture
 
 
 def test_a_new_session_sends_the_unanswered_completed_again_naming_it(rc):  # noqa: F811

@@ -31,9 +31,9 @@ from qlactors.errors import StoreUnavailable
 from qlactors.store.repository import Repository
 
 from actor_harness import WAIT_S, ActorHarness, Stub, attempt_row, wait_until
-from test_actor_restarts import breakable, make_rig  # noqa: F401 - fixtures
-from test_actors import spec
-from test_store_outage import short_busy_timeout, write_locked  # noqa: F401 - fixture
+from restart_rig import breakable, make_rig  # noqa: F401 - fixtures
+from actor_rigs import spec
+from outage_rig import short_busy_timeout, write_locked  # noqa: F401 - fixture
 
 
 def _restarts(caplog, name: str) -> int:

@@ -12,7 +12,7 @@ from qlactors.process.logs import LogStore
 from qlactors.process.receipts import ReceiptStore
 from qlactors.store.repository import Repository
 from qlactors.store.retention import Retention
-from test_cli import UUID, assert_refused, in_parallel, ok, ok_json
+from cli_harness import UUID, assert_refused, in_parallel, ok, ok_json
 
 DAY = 86_400_000
 EXIT_RETIRED = 4

@@ -1,7 +1,7 @@
 """The simulated network (issue 17): the worker's Executor and two replicas' Gateways on a real
 store in one process, a seeded link between them that drops, duplicates, delays and reorders
 every frame and restarts a Gateway now and then; after it settles, every invariant of
-tests/simnet/checker.py holds. A failing seed prints itself and a one-line replay."""
+tests/harness/simnet/checker.py holds. A failing seed prints itself and a one-line replay."""
 
 from __future__ import annotations
 

@@ -14,11 +14,8 @@ from qlactors.store.cluster_recovery import ClusterRecoveryCases
 from qlactors.store.lost_retry import LostRetry
 from qlactors.store.schema import run_attempts, worker_sessions
 from store_helpers import db_state
-from test_store_sessions import attest, beat, expire_lease, expire_session, launch, register
-
-GRACE_MS = 120_000
-DRAIN_MS = 900_000
-IDEMPOTENT = dict(retry=RetryPolicy(max_attempts=2, retry_on_lost=True, safety=RetrySafety.IDEMPOTENT))
+from session_steps import attest, beat, expire_lease, expire_session, launch, register
+from cluster_recovery_steps import GRACE_MS, DRAIN_MS, IDEMPOTENT, page_ids
 
 
 @pytest.fixture
@@ -51,11 +48,6 @@ def set_session(repo, session_id, **values):
 def evidence_of(repo, attempt_id):
     with repo.store.read() as conn:
         return conn.execute(select(run_attempts.c.evidence).where(run_attempts.c.id == attempt_id)).scalar_one()
-
-
-def page_ids(cases, limit=16):
-    page, _more = cases.page(limit)
-    return [c.attempt_id for c in page]
 
 
 def assert_lost(repo, flight, code):

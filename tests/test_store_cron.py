@@ -8,39 +8,18 @@ import subprocess
 import sys
 import textwrap
 import threading
-from datetime import datetime, timezone
 
 import pytest
 from sqlalchemy import func, select
 
-from qlactors.domain.model import Command
 from qlactors.store.cron_admission import CronAdmission
 from qlactors.store.repository import Repository
-from qlactors.store.schema import runs, tasks, trigger_events, trigger_schedules, triggers
-from qlactors.store.triggers import TriggerOptions, set_trigger, settle
+from qlactors.store.schema import runs, tasks, trigger_events, triggers
 from qlactors.ids import new_id
 from store_helpers import new_hash, spec
+from cron_helpers import MINUTE, T0, add_trigger, cron_runs, cursor
 
-MINUTE = 60_000
 DAY = 86_400_000
-
-
-def ms(text: str) -> int:
-    return int(datetime.fromisoformat(text).replace(tzinfo=timezone.utc).timestamp() * 1000)
-
-
-T0 = ms("2026-03-02T10:00:00")  # a Monday, in UTC
-
-
-def add_trigger(repo, task: str, cron: str = "*/5 * * * *", *, tz: str = "UTC", misfire: str = "fire_once",
-                grace_ms: int = 30_000, overlap: str = "queue", since_ms: int = T0,
-                max_concurrent: int = 1, command=("true",), **task_fields) -> str:
-    """A task with one live trigger, written at `since_ms`: its cursor counts from then."""
-    repo.tasks.add(spec(task, command=Command.from_words(list(command)), max_concurrent=max_concurrent, **task_fields))
-    settings = settle(TriggerOptions(cron=cron, tz=tz, misfire=misfire, grace_ms=grace_ms, overlap=overlap), None)
-    with repo.store.write() as conn:
-        task_id = conn.execute(select(tasks.c.id).where(tasks.c.name == task)).scalar_one()
-        return set_trigger(conn, task_id, settings, since_ms).trigger_id
 
 
 def cycle(cron: CronAdmission, now_ms: int, page: int = 16, tick_ms: int = 1000) -> list:
@@ -48,22 +27,10 @@ def cycle(cron: CronAdmission, now_ms: int, page: int = 16, tick_ms: int = 1000)
     return [cron.fire(d, now_ms, tick_ms=tick_ms) for d in cron.due(now_ms, page)]
 
 
-def cron_runs(repo, trigger_id: str) -> list:
-    with repo.store.read() as conn:
-        return conn.execute(select(runs).where(runs.c.trigger_id == trigger_id)
-                            .order_by(runs.c.scheduled_for_ms)).all()
-
-
 def events(repo, trigger_id: str) -> list:
     with repo.store.read() as conn:
         return conn.execute(select(trigger_events).where(trigger_events.c.trigger_id == trigger_id)
                             .order_by(trigger_events.c.created_at_ms, trigger_events.c.scheduled_for_ms)).all()
-
-
-def cursor(repo, trigger_id: str) -> int | None:
-    with repo.store.read() as conn:
-        return conn.execute(select(trigger_schedules.c.next_fire_at_ms).where(
-            trigger_schedules.c.trigger_id == trigger_id)).scalar_one()
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from sqlalchemy import select
 from qlactors.store.cron_admission import CronAdmission
 from qlactors.store.repository import Repository
 from qlactors.store.schema import trigger_events, trigger_schedules
-from test_store_cron import MINUTE, T0, add_trigger, cron_runs, cursor
+from cron_helpers import MINUTE, T0, add_trigger, cron_runs, cursor
 
 pytestmark = pytest.mark.postgres
 

@@ -20,7 +20,7 @@ from qlactors.store.records import LeaseQuote
 from qlactors.store.schema import run_attempts
 from qlactors.store.worker_retirement import WorkerRetirement
 from store_helpers import db_state, new_hash
-from test_store_sessions import IDENTITY, Flight, attest, complete, expire_lease, launch, register
+from session_steps import IDENTITY, Flight, attest, complete, expire_lease, launch, register
 
 GRACE_MS = 120_000
 

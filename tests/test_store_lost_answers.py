@@ -11,7 +11,7 @@ from qlactors.domain.receipt import Receipt, token_hash
 from qlactors.store.completion import CompletionService
 from qlactors.store.log_chunks import LogChunks
 from store_helpers import db_state
-from test_store_sessions import IDENTITY, beat, launch, register
+from session_steps import IDENTITY, beat, launch, register
 
 
 def started(dispatch, flight):

@@ -8,9 +8,7 @@ with "database is locked"; on PostgreSQL the server terminates the store's conne
 
 from __future__ import annotations
 
-import contextlib
 import json
-import sqlite3
 import subprocess
 import sys
 
@@ -20,22 +18,15 @@ from qlactors.control.gateway import Gateway
 from qlactors.runtime.supervisor import Supervisor
 from qlactors.domain.receipt import token_hash
 from qlactors.runtime.home import RuntimeLock, read_store_outage
-from qlactors.store import sqlite as sqlite_store
 from qlactors.errors import StoreUnavailable
 from qlactors.store.health import ErrorTally, StoreHealth
 from qlactors.store.repository import Repository
 from qlactors.wire import messages as m
 
 from actor_harness import ActorHarness, db_state, unique_endpoint, wait_until
-from test_actors import SupervisorRig, make_exe, new_token, spec  # noqa: F401 - make_exe is a fixture
+from actor_rigs import SupervisorRig, make_exe, new_token, spec  # noqa: F401 - make_exe is a fixture
 from qlactors.ids import new_id
-
-
-@pytest.fixture
-def short_busy_timeout(monkeypatch):
-    """Stores opened from now on give up on a held write lock after 100 ms instead of 5 s."""
-    monkeypatch.setattr(sqlite_store, "PRAGMAS", tuple(
-        "PRAGMA busy_timeout=100" if p.startswith("PRAGMA busy_timeout") else p for p in sqlite_store.PRAGMAS))
+from outage_rig import short_busy_timeout, write_locked  # noqa: F401 - fixtures
 
 
 @pytest.fixture
@@ -58,18 +49,6 @@ def make_sup(tmp_path, short_busy_timeout):
     yield make
     for h in made:
         h.close()
-
-
-@contextlib.contextmanager
-def write_locked(db_path):
-    """Hold SQLite's write lock from a connection of our own until the block ends."""
-    conn = sqlite3.connect(db_path, isolation_level=None)
-    try:
-        conn.execute("BEGIN IMMEDIATE")
-        yield
-        conn.execute("ROLLBACK")
-    finally:
-        conn.close()
 
 
 def status(home, *extra: str) -> str:

@@ -15,7 +15,7 @@ from qlactors.store.engine import Store
 from qlactors.store.records import Fenced
 from qlactors.store.schema import worker_sessions
 from store_helpers import new_hash
-from test_store_sessions import BOOT, LEASE_MS, beat, session_row
+from session_steps import BOOT, LEASE_MS, beat, session_row
 
 _WS = worker_sessions
 

@@ -30,7 +30,7 @@ from qlactors.store.lost_retry import LostRetry
 from qlactors.store.repository import Repository
 from qlactors.store.schema import run_dispatch_leases, run_events
 from store_helpers import db_state, new_hash, spec
-from test_store_sessions import beat, launch, register
+from session_steps import beat, launch, register
 
 pytestmark = pytest.mark.postgres
 

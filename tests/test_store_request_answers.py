@@ -26,7 +26,7 @@ from qlactors.store.repository import Repository
 from qlactors.store.request_answers import RETENTION_MS, AnswerKey, PullAnswer, RequestAnswers
 from qlactors.store.schema import worker_requests
 from store_helpers import db_state, new_hash, spec
-from test_store_sessions import IDENTITY, launch, register
+from session_steps import IDENTITY, launch, register
 
 W = "w1"
 

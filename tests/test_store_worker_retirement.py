@@ -18,8 +18,8 @@ from qlactors.store.worker_keys import WorkerKeys
 from qlactors.store.worker_retirement import WorkerRetirement
 from store_helpers import new_hash
 
-from test_store_cluster_recovery import DRAIN_MS, GRACE_MS, IDEMPOTENT, page_ids
-from test_store_sessions import beat, expire_lease, launch, register, session_row
+from cluster_recovery_steps import DRAIN_MS, GRACE_MS, IDEMPOTENT, page_ids
+from session_steps import beat, expire_lease, launch, register, session_row
 
 
 def _evidence(repo, attempt_id):

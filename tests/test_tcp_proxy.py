@@ -1,4 +1,4 @@
-"""The tests' TCP proxy (tests/tcp_proxy.py): bytes forwarded in order both ways, one direction
+"""The tests' TCP proxy (tests/harness/tcp_proxy.py): bytes forwarded in order both ways, one direction
 held back by a delay that can change while it runs or thrown away, and `close` releases its
 port, its connections and its thread. Plain sockets on 127.0.0.1."""
 

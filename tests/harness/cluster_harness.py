@@ -48,7 +48,7 @@ class Cluster:
     workers: dict[str, Proc] = field(default_factory=dict)
     ports: list[int] = field(default_factory=list)
     # worker name -> the ports it reaches the replicas by, in the replicas' order (e.g. the
-    # ports of a TcpProxy each, tests/tcp_proxy.py); a worker not named reaches them directly.
+    # ports of a TcpProxy each, tests/harness/tcp_proxy.py); a worker not named reaches them directly.
     worker_ports: dict[str, list[int]] = field(default_factory=dict)
     proxies: list = field(default_factory=list)  # TcpProxy objects `close` closes
 
