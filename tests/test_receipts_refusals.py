@@ -3,7 +3,8 @@ the token (or names a sequence that is not the next). Any other refusal of a `Co
 attempt the database does not know or that is not running, another worker's, a value the store
 refused — leaves the receipt and its journal row where they are, logged, for the cleanup pass
 to send again, as a `fenced` answer does. The real ReceiptConsumer; the real store where it
-decides (the quarantining refusal itself: tests/test_actors.py::test_receipts_a_refused_ack_quarantines_the_receipt)."""
+decides (the quarantining refusal itself: tests/executor/test_receipt_consumer_actor.py::
+test_receipts_a_refused_ack_quarantines_the_receipt)."""
 
 from __future__ import annotations
 

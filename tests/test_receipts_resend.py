@@ -1,6 +1,6 @@
 """A `Completed` is sent until it is answered (SEMANTICS.md §9 Completion): a new session sends
 the unanswered ones again, naming it (the timer's resend of a cluster worker's Completed is
-tests/test_actors.py::test_receipts_a_cluster_completed_left_unanswered_is_sent_again_until_answered).
+tests/executor/test_receipt_consumer_actor.py::test_receipts_a_cluster_completed_left_unanswered_is_sent_again_until_answered).
 The real ReceiptConsumer, the real store deciding."""
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ import secrets
 import time
 from typing import Any
 
+import msgpack
 import pytest
 
 from qlactors.control.gateway import Gateway, fence_of
@@ -35,6 +36,10 @@ BOOT_ID = read_boot_id()
 
 def spec(name: str = "job", words: list[str] | None = None, **kw: Any) -> TaskSpec:
     return TaskSpec(name=name, command=Command.from_words(words or ["echo", "hi"]), **kw)
+
+
+def _body(**fields: Any) -> bytes:
+    return msgpack.packb(fields, use_bin_type=True)
 
 
 def new_token() -> str:
