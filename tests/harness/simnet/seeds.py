@@ -32,7 +32,7 @@ def replay_seed() -> int:
 
 def replay_line(seed: int, database: str = "sqlite") -> str:
     db = "" if database == "sqlite" else f" QLACTORS_SIMNET_DB={database}"
-    return f"replay: QLACTORS_SIMNET_SEED={seed}{db} pytest tests/test_simnet.py -k replay"
+    return f"replay: QLACTORS_SIMNET_SEED={seed}{db} pytest tests/profiles/test_simnet.py -k replay"
 
 
 def verdict(result: SeedResult, database: str = "sqlite") -> str | None:

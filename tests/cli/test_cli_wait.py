@@ -232,7 +232,7 @@ def test_status_json_names_the_active_runs_as_the_text_does_runtime_up(shared):
 
 # --- the documentation of all this -------------------------------------------------------------------
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_docs_cli_has_one_exit_status_table_with_every_code():

@@ -13,7 +13,7 @@ from qlactors import config
 from qlactors.config import DatabaseSettings, defaults_of
 from qlactors.errors import BadInput
 
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 PG = "postgresql+psycopg://qlactors@db.example:5432/qlactors"
 
 

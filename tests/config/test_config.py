@@ -9,7 +9,7 @@ import pytest
 from qlactors import config
 from qlactors.errors import BadInput
 
-CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
 @pytest.mark.parametrize("profile", config.PROFILES)

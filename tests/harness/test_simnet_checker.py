@@ -102,6 +102,6 @@ def test_the_fault_plan_is_a_function_of_its_seed_and_bounded():
 
 
 def test_a_failing_seed_prints_a_one_line_replay():
-    assert replay_line(1234) == "replay: QLACTORS_SIMNET_SEED=1234 pytest tests/test_simnet.py -k replay"
+    assert replay_line(1234) == "replay: QLACTORS_SIMNET_SEED=1234 pytest tests/profiles/test_simnet.py -k replay"
     assert replay_line(7, "postgres") == ("replay: QLACTORS_SIMNET_SEED=7 QLACTORS_SIMNET_DB=postgres "
-                                          "pytest tests/test_simnet.py -k replay")
+                                          "pytest tests/profiles/test_simnet.py -k replay")

@@ -1,6 +1,7 @@
 """Cron schedules through the real `qlactors task` command: add, update, remove, show and refusals.
 
-Same harness as tests/test_cli.py (tests/harness/cli_harness.py): a real subprocess per command, a fresh home per test.
+Same harness as tests/cli/test_cli.py (tests/harness/cli_harness.py): a real subprocess per
+command, a fresh home per test.
 """
 
 from __future__ import annotations
