@@ -19,7 +19,7 @@ then S seconds (30, quick 10) of fires; per run, created_at_ms - scheduled_for_m
 its occurrence the cadence admitted it), median and max, plus the seconds folded into `missed`.
 Baseline, same run: this script sleeping to each whole second and admitting a run through the
 Python API on another fresh home, timed from the second until the call returned: the same
-admission, woken by a plain sleep instead of the cadence. (tests/test_scheduling_e2e.py asserts each occurrence admitted once; how late is here.)
+admission, woken by a plain sleep instead of the cadence. (tests/profiles/test_scheduling_e2e.py asserts each occurrence admitted once; how late is here.)
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ store/attestations.py) as a worker's reports would write it: a fresh PostgreSQL 
 `true` (`--retry-on-lost --max-attempts 2 --safety idempotent --backoff 1`), N runs, one worker
 session that is offered, activates and starts all N, then attests each `stopped` (a trusted
 fact, SEMANTICS.md §10 step 1) as a worker's Attest after a restart would. Only the leases'
-expiry is direct SQL (`expires_at_ms = 1`, as tests/test_store_sessions.py `expire_lease`
+expiry is direct SQL (`expires_at_ms = 1`, as tests/harness/session_steps.py `expire_lease`
 does): waiting out a real run lease would only add time. That database is the template of two
 copies (`CREATE DATABASE ... TEMPLATE`), so both sides start from the same rows.
 

@@ -70,7 +70,7 @@ def pytest_terminal_summary(terminalreporter):
 
 @pytest.fixture(scope="session")
 def private_pg():
-    """A private PostgreSQL server for this test run (tests/pg_private.py), for tests that restart,
+    """A private PostgreSQL server for this test run (tests/harness/pg_private.py), for tests that restart,
     kill or freeze the database; stopped by its PID and removed at the end, whatever failed."""
     from pg_private import PrivatePostgres, available
 
@@ -94,7 +94,7 @@ def dispatch(repo):
 
 @pytest.fixture
 def home(tmp_path):
-    """A fresh qlactors home for the end-to-end tests (tests/edge_harness.py); every runtime and
+    """A fresh qlactors home for the end-to-end tests (tests/harness/edge_harness.py); every runtime and
     launcher group it started is stopped afterwards, by pid."""
     from edge_harness import Home
 

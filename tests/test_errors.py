@@ -1,6 +1,6 @@
 """One error root (issue 19 rule 5): every exception class qlactors defines descends from
 QlactorsError; the ones meaning "a peer sent something bad" are PeerFaults, which the Gateway
-answers `refused` (its refusals: tests/test_gateway_peers.py, tests/test_actors.py)."""
+answers `refused` (its refusals: tests/control/test_gateway_peers.py, tests/control/test_gateway_actor.py)."""
 
 from __future__ import annotations
 

@@ -57,7 +57,7 @@ class Faults:
     applied: list[Applied] = field(default_factory=list)
     killed_at_ms: dict[str, int] = field(default_factory=dict)  # attempt id -> its group killed
     slots: int = 4
-    # worker name -> its TcpProxy to each replica, in the replicas' order (tests/tcp_proxy.py)
+    # worker name -> its TcpProxy to each replica, in the replicas' order (tests/harness/tcp_proxy.py)
     proxies: dict[str, list] = field(default_factory=dict)
 
     def apply(self, kind: str) -> Applied:

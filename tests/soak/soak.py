@@ -26,7 +26,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent)]
+sys.path[:0] = [str(HERE), str(HERE.parent / "harness"), str(HERE.parent)]
 
 from cluster_harness import TERMINAL, make_cluster  # noqa: E402
 from faults import KINDS, Faults, now_ms  # noqa: E402

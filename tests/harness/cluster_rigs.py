@@ -1,0 +1,147 @@
+"""A worker's Executor against cluster sessions (ClusterRig), and a cluster Gateway; shared by the
+executor's re-attest, exchange, drain and deadline tests and the Gateway's peer tests."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+from qlactors.control.gateway import Gateway
+from qlactors.control.session_policy import ClusterSessions
+from qlactors.domain.receipt import token_hash
+from qlactors.domain.resume_secret import resume_secret
+from qlactors.executor.executor import Executor
+from qlactors.executor.receipt_consumer import ReceiptConsumer
+from qlactors.ids import new_id
+from qlactors.runtime.signals import HeartbeatDue
+from qlactors.wire import messages as m
+
+from actor_harness import ActorHarness, unique_endpoint, wait_until, welcome_message
+from actor_rigs import BOOT_ID, ExecutorRig, new_token, spec
+
+
+LEASES = dict(heartbeat_ms=600_000, session_lease_ms=60_000, run_lease_ms=60_000)  # no timer fires
+RESUME_SECRET = functools.partial(resume_secret, b"r" * 40)  # the replicas' key, for ClusterSessions
+
+
+class ClusterRig(ExecutorRig):
+    """An ExecutorRig whose sessions are cluster sessions registered in the store, answered by the
+    control side's real `ClusterSessions`; heartbeats are sent when the test says so."""
+
+    def __init__(self, h: ActorHarness, ref, peer, register: m.Register) -> None:
+        super().__init__(h, ref, peer, register)
+        self.control = ClusterSessions(h.ctx.control_side.dispatch, None, h.ctx.control_side.control, **LEASES, resume_secret=RESUME_SECRET)
+        self.worker_id = h.ctx.executor_side.session.worker_id
+
+    def new_session(self):
+        """A new generation in the store (the older sessions end, as a Register does)."""
+        return self.ctx.control_side.dispatch.sessions.register(self.worker_id, self.h.config.runtime.slots, boot_id=BOOT_ID,
+                                                  session_lease_ms=LEASES["session_lease_ms"],
+                                                  resume_secret_hash=token_hash(new_token()))
+
+    def welcome_to(self, session, **timings: int) -> None:
+        self.peer.send(welcome_message(session, resume_secret=new_token(), **{**LEASES, **timings}))
+
+    def heartbeat(self) -> m.Heartbeat:
+        self.ref.tell(HeartbeatDue())
+        return self.peer.expect(m.Heartbeat, strict=False)
+
+    def answer_heartbeat(self, beat: m.Heartbeat) -> m.HeartbeatAck:
+        ack, _stops = self.control.heartbeat(beat, self.worker_id)
+        self.peer.send(ack)
+        return ack
+
+    def answer_attest(self, attest: m.Attest) -> m.Attested:
+        answer = self.control.attest(attest, self.worker_id)
+        self.peer.send(answer)
+        return answer
+
+    def launch_on(self, session, words: list[str]) -> tuple[m.Offer, m.Pull, m.Started]:
+        self.welcome_to(session)
+        pull = self.peer.expect(m.Pull)
+        self.repo.tasks.add(spec("job", words))
+        self.repo.runs.request("job")
+        offer = self.offer_for(pull)
+        self.send_offers(pull, offer)
+        self.activate(self.peer.expect(m.Activate))
+        started = self.peer.expect(m.Started)
+        self.h.track_group(started.pgid)
+        self.ack_started(started)
+        return offer, pull, started
+
+
+@pytest.fixture
+def make_rig(tmp_path):
+    harnesses: list[ActorHarness] = []
+
+    def start(*, before=None, slots: int = 1) -> ClusterRig:
+        endpoint = unique_endpoint("exec")
+        h = ActorHarness(tmp_path, control_connect=endpoint, slots=slots)
+        harnesses.append(h)
+        peer = h.router(endpoint)
+        h.route_executor_side()
+        h.stub("supervisor")
+        h.start_bridge()
+        h.ctx.admitting.set()
+        if before is not None:
+            before(h)
+        h.start("receipts", ReceiptConsumer)
+        ref = h.start("executor", Executor)
+        return ClusterRig(h, ref, peer, peer.expect(m.Register))
+
+    yield start
+    for h in harnesses:
+        (h.config.home.parent / "GO").touch()  # a held job still waiting ends (the drain tests leave theirs)
+        h.close()
+
+
+def held_job(rig: ClusterRig) -> list[str]:
+    """Announces itself, then runs until the test lets it end (exit 0); a TERM ends it with 143."""
+    home = rig.h.config.home.parent
+    return ["/bin/sh", "-c", f": > {home / 'READY'}; while [ ! -e {home / 'GO'} ]; do sleep 0.05; done; exit 0"]
+
+
+def ready(rig: ClusterRig) -> None:
+    wait_until((rig.h.config.home.parent / "READY").exists, what="the job runs")
+
+
+def release(rig: ClusterRig) -> None:
+    (rig.h.config.home.parent / "GO").touch()
+
+
+def end_session_by_heartbeat(rig: ClusterRig):
+    """The session ends in the store (a newer generation); the next heartbeat's answer says so."""
+    session = rig.new_session()
+    ack = rig.answer_heartbeat(rig.heartbeat())
+    assert ack.session_ended
+    register = rig.peer.expect(m.Register, strict=False)
+    # It names the session it lost (a duplicate key shows that way, SEMANTICS §9); the store
+    # refuses that resume, so it registers anew.
+    assert register.resume_session_id not in (None, session.session_id)
+    return session
+
+
+@pytest.fixture
+def cluster_gateway(tmp_path, store_url):
+    """A Gateway whose sessions are a cluster replica's (`ClusterSessions`), and a worker's socket."""
+    endpoint = unique_endpoint("control")
+    h = ActorHarness(tmp_path, control_bind=endpoint, database_url=store_url)
+    try:
+        h.ctx.control_side.sessions = ClusterSessions(h.ctx.control_side.dispatch, None, h.ctx.control_side.control, **LEASES,
+                                         resume_secret=RESUME_SECRET)
+        h.bridge.route_control(h.directory.named("gateway"))
+        h.stub("recovery")
+        h.stub("scheduler")
+        h.stub("supervisor")
+        h.start_bridge()
+        h.ctx.admitting.set()
+        h.start("gateway", Gateway)
+        yield h, h.dealer(endpoint)
+    finally:
+        h.close()
+
+
+def leave_of(session, status: str, generation: int | None = None) -> m.Leave:
+    return m.Leave(request_id=new_id(), worker_id=session.worker_id, session_id=session.session_id,
+                   session_generation=session.generation if generation is None else generation, status=status)
