@@ -125,6 +125,30 @@ def test_recovery_continuous_pass_judges_what_the_executor_attests(rec):
     assert rec.repo.runs.get(healthy[0]).state == "running"
 
 
+def test_a_receipt_found_after_an_attested_stop_completes_with_the_signal_the_executor_sent(rec):
+    """A launcher slow to publish: the Executor attested the end (`stopped`, after its TERM) before
+    the receipt was there; Recovery, finding it next, completes with that stop, not as an `exit`."""
+    flights = Flights(rec, rec.ctx.executor_side.session)
+    dead = rec.dead_identity()
+    runs = {}
+    for stopped_by in ("term", "kill", None):
+        token = new_token()
+        run_id, attempt_id = flights.make("running", dead, token)
+        assert rec.repo.runs.cancel(run_id).result == "requested"
+        plant_receipt(rec, run_id, attempt_id, token, exit_code=143 if stopped_by != "kill" else 137)
+        runs[stopped_by] = run_id, attempt_id
+    ref = rec.start("recovery", Recovery)
+    for stopped_by, (run_id, attempt_id) in runs.items():
+        ref.tell(AttemptEnded(run_id, attempt_id, stopped_by))
+    ref.tell(StepRequest(4))
+    [done] = rec.inbox.wait("scheduler", StepDone)
+    assert done.ok
+    facts = {by: (rec.repo.runs.get(run_id).state, rec.repo.runs.get(run_id).attempts[0].exit_code,
+                  rec.repo.runs.get(run_id).attempts[0].signal) for by, (run_id, _a) in runs.items()}
+    # what this process sent the group decides the signal; with no attested stop, none is invented
+    assert facts == {"term": ("cancelled", 143, 15), "kill": ("cancelled", 137, 9), None: ("cancelled", 143, None)}
+
+
 def test_recovery_takes_the_identity_from_the_journal_when_started_never_committed(rec):
     flights = Flights(rec, rec.ctx.executor_side.session)
     proc, live = rec.spawn_sleep(30)
