@@ -2,8 +2,8 @@
 """Cluster recovery throughput: one replica marking 1,000 expired attempts with evidence lost,
 against the store's own recovery calls on an identical database, measured in the same run.
 
-Setup, through the store API (store/sessions.py, store/offers.py, store/fenced_reports.py,
-store/attestations.py) as a worker's reports would write it: a fresh PostgreSQL database, a task
+Setup, through the store API (store/dispatch/sessions.py, store/dispatch/offers.py, store/dispatch/fenced_reports.py,
+store/dispatch/attestations.py) as a worker's reports would write it: a fresh PostgreSQL database, a task
 `true` (`--retry-on-lost --max-attempts 2 --safety idempotent --backoff 1`), N runs, one worker
 session that is offered, activates and starts all N, then attests each `stopped` (a trusted
 fact, SEMANTICS.md §10 step 1) as a worker's Attest after a restart would. Only the leases'
@@ -16,8 +16,8 @@ recovery page 16, the default) is started and timed until all N attempts are `lo
 their runs are queued again as attempt 2 (the Retry step; no worker is connected, so they stay
 queued). Baseline: on copy 2, this script makes the store calls of the two cadence steps that do
 this work, a page of each per round as one cycle of the replica does: the recovery step's
-(store/cluster_recovery.py `ClusterRecoveryCases.page(16)`, then `resolve` for each candidate)
-and the Retry step's (store/lost_retry.py `lost_runs` + `resolve_lost`, `due_retries` +
+(store/cadence/cluster_recovery.py `ClusterRecoveryCases.page(16)`, then `resolve` for each candidate)
+and the Retry step's (store/cadence/lost_retry.py `lost_runs` + `resolve_lost`, `due_retries` +
 `requeue`, 16 each), in one thread, with no actors and no cadence, until every run is queued
 again: the floor for the same work on the same server. Why this baseline rather than the edge
 startup pass (bench_recovery.py, SQLite, another code path) or cancels (another transaction):
@@ -63,7 +63,7 @@ def seed(url: str, attempts: int) -> float:
     from qlactors.domain.model import Command, TaskSpec
     from qlactors.domain.retry import RetryPolicy
     from qlactors.domain.states import RetrySafety
-    from qlactors.store.dispatch import Dispatch
+    from qlactors.store.dispatch.dispatch import Dispatch
     from qlactors.store.records import LeaseQuote
     from qlactors.store.repository import Repository
     from qlactors.store.schema import run_dispatch_leases
@@ -132,8 +132,8 @@ def figures(times: list[int]) -> dict:
 def floor(url: str, attempts: int) -> dict:
     """The store calls of a replica's cycle's recovery and retry steps (a page of each), in this
     process, until every run is queued again."""
-    from qlactors.store.cluster_recovery import ClusterRecoveryCases
-    from qlactors.store.lost_retry import LostRetry
+    from qlactors.store.cadence.cluster_recovery import ClusterRecoveryCases
+    from qlactors.store.cadence.lost_retry import LostRetry
     from qlactors.store.repository import Repository
 
     repo = Repository.open(k.with_app_name(url, "qlbench-floor"))

@@ -87,7 +87,7 @@ def private_pg():
 
 @pytest.fixture
 def dispatch(repo):
-    from qlactors.store.dispatch import Dispatch
+    from qlactors.store.dispatch.dispatch import Dispatch
 
     return Dispatch.open(repo.store)
 

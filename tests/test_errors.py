@@ -20,7 +20,7 @@ from qlactors.errors import BadInput, PeerFault, QlactorsError
 from qlactors.executor.log_shipping import LogShipper
 from qlactors.faults import InjectedFault
 from qlactors.errors import StoreUnavailable
-from qlactors.store.fenced_reports import FenceMismatch
+from qlactors.store.dispatch.fenced_reports import FenceMismatch
 from qlactors.store.records import Fenced
 from qlactors.wire.codec import DecodeError, EncodeError, VersionMismatch
 from qlactors.wire.curve import AuthenticatorDown
@@ -46,7 +46,7 @@ def test_every_exception_class_qlactors_defines_descends_from_qlactors_error():
     classes = _exception_classes()
     # The walk reaches every corner (a walk that found nothing would pass the check below).
     for name in ("qlactors.errors.BadInput", "qlactors.wire.validators.Complaint", "qlactors.faults.InjectedFault",
-                 "qlactors.store.fenced_reports.FenceMismatch", "qlactors.wire.curve.AuthenticatorDown",
+                 "qlactors.store.dispatch.fenced_reports.FenceMismatch", "qlactors.wire.curve.AuthenticatorDown",
                  "qlactors.domain.transitions.InvalidTransition", "qlactors.executor.state_dir.UnsafeStateDir"):
         assert name in classes, name
     outside = sorted(name for name, cls in classes.items() if not issubclass(cls, QlactorsError) and name not in EXEMPT)

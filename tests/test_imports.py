@@ -9,6 +9,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 HEAVY = {"sqlalchemy", "zmq", "pykka", "psycopg", "msgpack"}
 FORBIDDEN_IN_DOMAIN = HEAVY | {"os", "io", "socket", "subprocess", "time", "shutil", "pathlib",
                                "select", "signal", "threading"}
@@ -237,8 +239,8 @@ def test_dispatch_and_control_are_records_of_parts_that_inherit_nothing():
     import dataclasses
     import typing
 
-    from qlactors.store.control import Control
-    from qlactors.store.dispatch import Dispatch
+    from qlactors.store.cadence.control import Control
+    from qlactors.store.dispatch.dispatch import Dispatch
 
     for record, parts in ((Dispatch, {"sessions", "heartbeats", "attestations", "offers", "reports"}),
                           (Control, {"stops", "recovery", "status"})):
@@ -319,6 +321,53 @@ def test_the_circle_finder_finds_one():
     assert circles({"a": {"b"}, "b": set()}) == []
 
 
+# -- store/'s sub-packages import each other downward only (docs/architecture.md) -------------------
+
+STORE_SUBPACKAGES_MAY_IMPORT = {
+    "intent": set(), "dispatch": set(), "cadence": {"intent", "dispatch"}, "admin": {"dispatch"},
+}
+"""Each sub-package of store/ and the siblings it may import; every one may import store/'s top."""
+
+
+def store_subpackage_imports() -> list[tuple[str, str, str]]:
+    """Every import between two sub-packages of store/: (importer, imported, "file:line")."""
+    found = []
+    for path in sorted((ROOT / "store").rglob("*.py")):
+        module = _module_name(path)
+        parts = module.split(".")
+        if len(parts) < 3 or parts[2] not in STORE_SUBPACKAGES_MAY_IMPORT:
+            continue  # store/'s top modules and migrations/
+        for name, line in imports_in_source(path.read_text(), module, path.name == "__init__.py", str(path)):
+            target = name.split(".")
+            if (target[:2] == ["qlactors", "store"] and len(target) > 2 and target[2] != parts[2]
+                    and target[2] in STORE_SUBPACKAGES_MAY_IMPORT and _module_file(name) is not None):
+                found.append((parts[2], target[2], f"{path.relative_to(ROOT.parent)}:{line} imports {name}"))
+    return found
+
+
+def test_store_subpackages_import_each_other_downward_only():
+    subpackages = {p.parent.name for p in (ROOT / "store").glob("*/__init__.py")} - {"migrations"}
+    assert subpackages == set(STORE_SUBPACKAGES_MAY_IMPORT), "a new sub-package of store/ needs its row"
+    found = store_subpackage_imports()
+    bad = [where for importer, imported, where in found if imported not in STORE_SUBPACKAGES_MAY_IMPORT[importer]]
+    assert not bad, "store sub-packages importing a sibling they must not:\n" + "\n".join(bad)
+    graph: dict[str, set[str]] = {}
+    for importer, imported, _where in found:
+        graph.setdefault(importer, set()).add(imported)
+    assert circles(graph) == []
+    assert circles({k: set(v) for k, v in STORE_SUBPACKAGES_MAY_IMPORT.items()}) == []
+
+
+def test_the_store_checks_see_nested_modules():
+    # An upward import from a sub-package resolves to its sibling (the check can fail) ...
+    names = [n for n, _ in imports_in_source("from ..cadence.stops import Stops\n",
+                                             "qlactors.store.dispatch.offers", is_package=False)]
+    assert "qlactors.store.cadence.stops" in names and "cadence" not in STORE_SUBPACKAGES_MAY_IMPORT["dispatch"]
+    # ... and the forbidden-pair table keys a nested module on its top-level package (store).
+    assert any(importer == "store" and where.startswith("qlactors/store/dispatch/")
+               for importer, _imported, where in package_imports())
+
+
 def _size_reason(source: str) -> str | None:
     """A module says why it is long in one docstring line starting `Size:`."""
     doc = ast.get_docstring(ast.parse(source)) or ""
@@ -351,3 +400,31 @@ def test_the_size_check_sees_a_long_function_and_takes_a_reason():
     body = "def f():\n" + "    x = 1\n" * MAX_FUNCTION_LINES
     assert too_long(body, "m.py") == [f"m.py:1 f: {MAX_FUNCTION_LINES + 1} lines"]
     assert too_long('"""Doc.\n\nSize: one table read whole."""\n' + body, "m.py") == []
+
+
+# -- each module says where it lives (issue 19 rule 9) ---------------------------------------------
+
+SIDE_WORDS = {"control": "Control side:", "executor": "Executor side:", "runtime": "Shared:",
+              "profiles": "Profile:", "store": "Store:"}
+
+
+def side_word_missing(package: str) -> list[str]:
+    """The modules of `package` (sub-packages too, not their __init__) whose docstring does not start
+    with the package's word."""
+    word = SIDE_WORDS[package]
+    return [str(path.relative_to(ROOT.parent)) for path in sorted((ROOT / package).rglob("*.py"))
+            if path.name != "__init__.py"
+            and not (ast.get_docstring(ast.parse(path.read_text())) or "").startswith(word)]
+
+
+@pytest.mark.parametrize("package", sorted(SIDE_WORDS))
+def test_every_module_docstring_starts_with_its_side(package):
+    assert side_word_missing(package) == []
+
+
+def test_the_side_word_check_sees_a_module_that_does_not_say(tmp_path, monkeypatch):
+    (tmp_path / "store").mkdir()
+    (tmp_path / "store" / "a.py").write_text('"""Store: one job."""\n')
+    (tmp_path / "store" / "b.py").write_text('"""Control side: the wrong room."""\n')
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert side_word_missing("store") == [f"{tmp_path.name}/store/b.py"]

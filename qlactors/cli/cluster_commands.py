@@ -11,9 +11,9 @@ import time
 from ..config import ControlConfig, WorkerConfig, load_config
 from ..domain.states import AttemptStatus, RunStatus
 from ..errors import BadInput, QlactorsError
-from ..store.cluster_status import read_cluster_status
+from ..store.cadence.cluster_status import read_cluster_status
 from ..store.repository import Repository
-from ..store.workers import Workers
+from ..store.admin.workers import Workers
 from ..wire.curve_keys import COPY_THE_REPLICAS_KEY, load_key_pair, load_public_key, new_key_pair
 from .render import (WORKER_HEADER, active_runs, age_of, confirm_line, confirm_refusal, cycle_failure_line,
                      dump_json, table, when, worker_rows)
@@ -34,7 +34,7 @@ def keys_new(args: argparse.Namespace) -> int:
 
 
 def worker_allow(repo: Repository, args: argparse.Namespace) -> int:
-    from ..store.worker_keys import WorkerKeys
+    from ..store.admin.worker_keys import WorkerKeys
 
     key = load_public_key(args.keyfile).decode("ascii")
     added = WorkerKeys(repo.store).allow(args.name, key)
@@ -43,7 +43,7 @@ def worker_allow(repo: Repository, args: argparse.Namespace) -> int:
 
 
 def worker_revoke(repo: Repository, args: argparse.Namespace) -> int:
-    from ..store.worker_keys import WorkerKeys
+    from ..store.admin.worker_keys import WorkerKeys
 
     revoked = WorkerKeys(repo.store).revoke(args.name)
     print(f"worker {revoked.worker_id} revoked; {revoked.sessions_ended} session(s) ended: its "
@@ -52,7 +52,7 @@ def worker_revoke(repo: Repository, args: argparse.Namespace) -> int:
 
 
 def worker_retire(repo: Repository, args: argparse.Namespace) -> int:
-    from ..store.worker_retirement import WorkerRetirement
+    from ..store.admin.worker_retirement import WorkerRetirement
 
     if not args.confirm_stopped:
         raise BadInput(f"`worker retire {args.name}` is your word that nothing of worker {args.name} runs any "
@@ -71,7 +71,7 @@ def worker_retire(repo: Repository, args: argparse.Namespace) -> int:
 def confirm_stopped(repo: Repository, args: argparse.Namespace) -> int:
     """`confirm-stopped RUN [--by NAME]`: the operator's word that the run's current attempt runs
     nowhere (SEMANTICS.md §10), for one stuck attempt instead of a whole worker's retire."""
-    from ..store.evidence import ConfirmStopped
+    from ..store.dispatch.evidence import ConfirmStopped
 
     by = args.by if args.by is not None else operator_name()
     view = repo.runs.get(args.run_id)  # an unknown or retired run, in its own words
@@ -155,7 +155,7 @@ def worker(args: argparse.Namespace) -> int:
 
 def status(repo: Repository, args: argparse.Namespace) -> int:
     """Replicas, workers, active runs and open recovery cases; exit 0 when a replica is up, else 3."""
-    from ..store.control import Control
+    from ..store.cadence.control import Control
 
     settings = args.cluster.settings
     cluster = read_cluster_status(repo.store, settings.cadence_tick_ms, recovery_grace_ms=settings.recovery_grace_ms,
@@ -203,7 +203,7 @@ def status(repo: Repository, args: argparse.Namespace) -> int:
 def logs(repo: Repository, args: argparse.Namespace) -> int:
     """A cluster attempt's log from `log_chunks`, byte for byte; `-f` ends at the final offset
     the worker's `Completed` recorded, not at the run's end (SEMANTICS.md §13)."""
-    from ..store.log_chunks import LogChunks  # written beside this; imported when used
+    from ..store.dispatch.log_chunks import LogChunks  # written beside this; imported when used
 
     run_view, attempt = pick_attempt(repo, args)
     chunks, out = LogChunks(repo.store), sys.stdout.buffer

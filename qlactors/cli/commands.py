@@ -17,7 +17,7 @@ from ..domain.results import Result
 from ..domain.retry import RetryPolicy
 from ..errors import BadInput
 from ..store.repository import Repository
-from ..store.triggers import TriggerOptions
+from ..store.intent.triggers import TriggerOptions
 from ..wire.offers import check_revision_fits
 from .render import (RUN_HEADER, TASK_HEADER, dump_json, placement as placement_line, retention_line,
                      run_detail, run_rows, schedule_line, table, task_detail, task_rows)
@@ -221,7 +221,7 @@ def _qualifying(repo: Repository, args: argparse.Namespace, labels: tuple[str, .
     has no labels and runs the task only if it requires none."""
     if args.cluster is None:
         return None
-    from ..store.workers import Workers
+    from ..store.admin.workers import Workers
 
     return [w.worker_id for w in Workers(repo.store).list().qualifying(labels)]
 
@@ -274,7 +274,7 @@ def _placement_wait(repo: Repository, args: argparse.Namespace, view) -> str | N
     """Why the queued run waits for a worker (its labels, or no worker online), else None."""
     if view.state != "queued":
         return None
-    from ..store.active_runs import required_labels
+    from ..store.intent.active_runs import required_labels
     from .placement import queued_reason, serving
 
     return queued_reason(view.state, required_labels(repo.store, view.id), serving(repo, args))
@@ -298,7 +298,7 @@ def _recovery_waiting(repo: Repository, args: argparse.Namespace, view) -> Any:
     expired yet (SEMANTICS.md §10 step 1); None otherwise, and always on edge."""
     if args.cluster is None or not view.attempts or view.attempts[-1].state not in ("starting", "running"):
         return None
-    from ..store.cluster_recovery import ClusterRecoveryCases
+    from ..store.cadence.cluster_recovery import ClusterRecoveryCases
 
     settings = args.cluster.settings
     return ClusterRecoveryCases(repo.store, recovery_grace_ms=settings.recovery_grace_ms,

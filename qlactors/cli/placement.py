@@ -13,7 +13,7 @@ QUEUED = "queued"
 
 
 def _workers(repo: Repository):
-    from ..store.workers import Workers
+    from ..store.admin.workers import Workers
 
     return Workers(repo.store).list().workers
 
@@ -44,7 +44,7 @@ class PlacementNotice:
     (checked at most every `every_s` seconds, a read of the workers each time)."""
 
     def __init__(self, repo: Repository, args: argparse.Namespace, run_id: str, every_s: float = 1.0) -> None:
-        from ..store.active_runs import required_labels
+        from ..store.intent.active_runs import required_labels
 
         self.repo, self.args, self.run_id, self.every_s = repo, args, run_id, every_s
         self.labels = required_labels(repo.store, run_id)
@@ -68,7 +68,7 @@ class PlacementNotice:
 def active_with_reasons(repo: Repository, workers: list | None):
     """`status`: the oldest active runs and, by run id, why each queued one waits for a worker
     (`workers`: the serving workers with their labels, None on edge)."""
-    from ..store.active_runs import active_runs
+    from ..store.intent.active_runs import active_runs
 
     active = active_runs(repo.store)
     return active, {r.run_id: queued_reason(r.state, r.labels, workers) for r in active}

@@ -226,7 +226,7 @@ ACTIVE_HEADER = ("RUN", "TASK", "STATE", "CREATED", "WORKER", "WAITING")
 
 
 def active_runs(active, reasons: dict[str, str | None], total: int, out: TextIO = sys.stdout) -> None:
-    """`status`: the oldest active runs (store/active_runs.py), each with its newest attempt's
+    """`status`: the oldest active runs (store/intent/active_runs.py), each with its newest attempt's
     worker and why a queued one waits; then how many more there are."""
     if not active:
         return
@@ -278,7 +278,7 @@ def cycle_failure_line(failure: dict, prefix: str = "cadence") -> str:
 
 
 def confirm_line(outcome) -> str:
-    """`confirm-stopped`: what was recorded (its applied Outcome, the value a store/evidence.py Found)."""
+    """`confirm-stopped`: what was recorded (its applied Outcome, the value a store/dispatch/evidence.py Found)."""
     c = outcome.value
     attempt = f"run {c.run_id} attempt {c.attempt_number} ({c.attempt_id})"
     if outcome.detail is not None and outcome.detail.startswith("already_"):

@@ -140,7 +140,7 @@ class ReplicaWatch:
         self.repo, self.tick = repo, cadence_tick_ms
 
     def up(self) -> bool:
-        from ..store.cluster_status import replicas_up
+        from ..store.cadence.cluster_status import replicas_up
 
         return replicas_up(self.repo.store, self.tick) > 0
 
@@ -221,7 +221,7 @@ class Follow:
 def status(repo: Repository, args: argparse.Namespace) -> int:
     home = args.cfg.home
     up = runtime_is_up(home)
-    from ..store.control import Control
+    from ..store.cadence.control import Control
 
     counts = {k: v for k, v in Control.open(repo.store).status.counts().runs.items() if v}
     active = {k: v for k, v in sorted(counts.items()) if not RunStatus(k).terminal}

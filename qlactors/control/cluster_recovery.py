@@ -2,15 +2,15 @@
 attest, never from `/proc` or a worker's files (SEMANTICS.md §9, §10 step 1).
 
 Each cycle: one page of never-activated claims whose offer expired (their lease is released and
-the attempt offered again: store/expired_claims.py), then one page of `starting|running`
+the attempt offered again: store/cadence/expired_claims.py), then one page of `starting|running`
 attempts whose lease is missing or expired and for which evidence exists (marked lost, or ended
-by their cancel intent: store/cluster_recovery.py). Attempts still waiting for evidence are not
+by their cancel intent: store/cadence/cluster_recovery.py). Attempts still waiting for evidence are not
 on that page at all (`status` lists them). A full page asks the Scheduler for another cycle at
 once; a failure ends the cycle, so nothing is offered while authority is unknown.
 
 A claim its worker gives back (`never_launched` for an attempt never activated) is not this
 actor's: the store released its lease (`declined`) in the attestation's own transaction
-(store/attestations.py), and the cycle the Gateway asks for offers the attempt again.
+(store/dispatch/attestations.py), and the cycle the Gateway asks for offers the attempt again.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import logging
 
 from ..runtime.actor import RuntimeActor
 from ..runtime.signals import AttemptEnded, StartupPass, StepDone, StepRequest
-from ..store.cluster_recovery import ClusterRecoveryCases
-from ..store.expired_claims import ExpiredClaims
+from ..store.cadence.cluster_recovery import ClusterRecoveryCases
+from ..store.cadence.expired_claims import ExpiredClaims
 from .context import ControlContext
 
 log = logging.getLogger("qlactors.recovery")

@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 
 from ..runtime.context import SharedContext
 from ..runtime.ports import LocalEvidence
-from ..store.completion import CompletionService
-from ..store.control import Control
-from ..store.cron_admission import CronAdmission
-from ..store.dispatch import Dispatch
-from ..store.lost_retry import LostRetry
+from ..store.dispatch.completion import CompletionService
+from ..store.cadence.control import Control
+from ..store.cadence.cron_admission import CronAdmission
+from ..store.dispatch.dispatch import Dispatch
+from ..store.cadence.lost_retry import LostRetry
 from ..store.repository import Repository
-from ..store.retention import Retention
+from ..store.cadence.retention import Retention
 from .cycle_health import CycleHealth
 from .session_policy import ClusterSessions, LocalSessions
 

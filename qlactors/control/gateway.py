@@ -24,9 +24,9 @@ from ..faults import crash_point, drop_point
 from ..runtime.actor import RuntimeActor
 from ..runtime.signals import AttemptEnded, Redeliver, Tick, ToWorkers, WakeAt
 from ..store.records import Activation, Fence, Fenced
-from ..store.report_batch import Report, ReportBatch, groups
-from ..store.report_locks import LockRequest
-from ..store.request_answers import AnswerKey, PullAnswer
+from ..store.dispatch.report_batch import Report, ReportBatch, groups
+from ..store.dispatch.report_locks import LockRequest
+from ..store.dispatch.request_answers import AnswerKey, PullAnswer
 from ..wire import messages as m
 from ..wire.bridge import Inbound
 from ..wire.offers import BATCH_BUDGET_BYTES, check_offer, offers_message
@@ -34,7 +34,7 @@ from .context import ControlContext
 
 # The reports answered together: each arrival waits in `pending` until the Flush the first of
 # them told this actor is handled, so everything that arrived while a transaction ran commits
-# in the next one (a group commit, `store/report_batch.py`).
+# in the next one (a group commit, `store/dispatch/report_batch.py`).
 _BATCHED = (m.Activate, m.Started, m.StartFailed, m.Decline, m.Completed, m.LogChunk)
 
 

@@ -14,12 +14,12 @@ from typing import Any, Callable, Protocol
 
 from ..domain.receipt import token_hash
 from ..domain.results import Outcome, Result
-from ..store.control import Control
-from ..store.dispatch import Dispatch
-from ..store.log_chunks import LogChunks
+from ..store.cadence.control import Control
+from ..store.dispatch.dispatch import Dispatch
+from ..store.dispatch.log_chunks import LogChunks
 from ..store.records import Fenced, LeaseTerms, Session
-from ..store.request_answers import AnswerKey, RequestAnswers
-from ..store.session_rules import DUPLICATE, DUPLICATE_WORKER
+from ..store.dispatch.request_answers import AnswerKey, RequestAnswers
+from ..store.dispatch.session_rules import DUPLICATE, DUPLICATE_WORKER
 from ..wire import codec
 from ..wire import messages as m
 

@@ -1,5 +1,5 @@
 """Executor side: what edge's retention must respect and delete first (the store's LocalFiles
-port, store/retention.py): the journal's rows, the receipt files, the log files of this process."""
+port, store/cadence/retention.py): the journal's rows, the receipt files, the log files of this process."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from .journal.journal import Journal
 
 
 class EdgeFiles:
-    """Edge's journal and files, for the Scheduler's retention (store/retention.LocalFiles)."""
+    """Edge's journal and files, for the Scheduler's retention (store/cadence/retention.LocalFiles)."""
 
     def __init__(self, journal: Journal, logs: LogStore, receipts: ReceiptStore) -> None:
         self.journal, self.logs, self.receipts = journal, logs, receipts

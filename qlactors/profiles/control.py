@@ -36,16 +36,16 @@ from ..runtime.outage import watch_store
 from ..runtime.runner import Runner
 from ..runtime.signals import Drain
 from ..runtime.supervisor import Supervisor
-from ..store.completion import CompletionService
-from ..store.control import Control
-from ..store.cron_admission import CronAdmission
-from ..store.dispatch import Dispatch
-from ..store.log_chunks import LogChunks
-from ..store.lost_retry import LostRetry
-from ..store.replicas import Replicas
+from ..store.dispatch.completion import CompletionService
+from ..store.cadence.control import Control
+from ..store.cadence.cron_admission import CronAdmission
+from ..store.dispatch.dispatch import Dispatch
+from ..store.dispatch.log_chunks import LogChunks
+from ..store.cadence.lost_retry import LostRetry
+from ..store.admin.replicas import Replicas
 from ..store.repository import Repository
-from ..store.retention import Retention
-from ..store.worker_keys import WorkerKeys
+from ..store.cadence.retention import Retention
+from ..store.admin.worker_keys import WorkerKeys
 from ..wire.bridge import Bridge
 from ..wire.curve import AllowList, CurveServer, start_authenticator
 from ..wire.curve_keys import load_key_pair

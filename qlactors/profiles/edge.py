@@ -46,13 +46,13 @@ from ..runtime.outage import watch_store
 from ..runtime.runner import Runner
 from ..runtime.signals import Drain, Tick
 from ..runtime.supervisor import Supervisor
-from ..store.completion import CompletionService
-from ..store.control import Control
-from ..store.cron_admission import CronAdmission
-from ..store.dispatch import Dispatch
-from ..store.lost_retry import LostRetry
+from ..store.dispatch.completion import CompletionService
+from ..store.cadence.control import Control
+from ..store.cadence.cron_admission import CronAdmission
+from ..store.dispatch.dispatch import Dispatch
+from ..store.cadence.lost_retry import LostRetry
 from ..store.repository import Repository
-from ..store.retention import Retention
+from ..store.cadence.retention import Retention
 from ..wire.bridge import Bridge
 
 log = logging.getLogger("qlactors.edge")

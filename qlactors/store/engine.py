@@ -1,4 +1,4 @@
-"""Opening a store: the engine for a URL, dialect wiring, short transactions and driver-error translation."""
+"""Store: opening one: the engine for a URL, dialect wiring, short transactions and driver-error translation."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Whether the database is answering: one outage at a time, from its first failed transaction to
+"""Store: whether the database is answering: one outage at a time, from its first failed transaction to
 the next one that succeeds, and a limit after which an outage counts as persistent.
 
 The store records every `StoreUnavailable` here and every transaction that got through (a read

@@ -1,4 +1,4 @@
-"""Applying a domain Plan inside a transaction: compare-and-set on run and attempt, events appended."""
+"""Store: applying a domain Plan inside a transaction: compare-and-set on run and attempt, events appended."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""PostgreSQL specifics: READ COMMITTED, per-connection timeouts, database time, advisory locks,
+"""Store: PostgreSQL specifics: READ COMMITTED, per-connection timeouts, database time, advisory locks,
 and which server errors are transient."""
 
 from __future__ import annotations

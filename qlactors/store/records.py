@@ -1,4 +1,4 @@
-"""Plain records the store's executor-facing operations exchange: sessions, fences, offers, lease
+"""Store: plain records the store's executor-facing operations exchange: sessions, fences, offers, lease
 quotes, heartbeat answers, the facts of an activation's and an attestation's `Outcome`, and
 process identities, with the checks their fields need."""
 

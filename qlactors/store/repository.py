@@ -1,4 +1,4 @@
-"""The repository facade: tasks, runs, and the operations that span both (removing a task)."""
+"""Store: the repository facade: tasks, runs, and the operations that span both (removing a task)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from . import sqlite
 from .engine import Store
 from .migrations import migrate
 from .plans import load_run
-from .runs import Runs
-from .tasks import Tasks
+from .intent.runs import Runs
+from .intent.tasks import Tasks
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""Opt-in SQL accounting for benchmarks: `QLACTORS_COUNT_SQL=PATH` makes every Store of the process
+"""Store: opt-in SQL accounting for benchmarks: `QLACTORS_COUNT_SQL=PATH` makes every Store of the process
 count its statements (per kind: verb and main table) and its transactions (commits, rollbacks)
 and write the totals to PATH as JSON, at most every `DUMP_EVERY_S` while it runs and at exit.
 

@@ -1,4 +1,4 @@
-"""SQLite specifics: pragmas, `BEGIN IMMEDIATE` for writes, and the local clock as time source."""
+"""Store: SQLite specifics: pragmas, `BEGIN IMMEDIATE` for writes, and the local clock as time source."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Read models returned by the repositories, with the stable `--json` field names of ARCHITECTURE.md."""
+"""Store: read models returned by the repositories, with the stable `--json` field names of ARCHITECTURE.md."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ from . import codec
 from . import messages as m
 from .validators import INT64_MAX
 
-# The longest worker id a session may have (store/dispatch.py checks it at 128 characters).
+# The longest worker id a session may have (store/dispatch/dispatch.py checks it at 128 characters).
 MAX_WORKER_ID_CHARS = 128
 
 

@@ -13,10 +13,10 @@ import pytest
 from sqlalchemy import insert, select, update
 
 from qlactors.domain.receipt import token_hash
-from qlactors.store.dispatch import Dispatch
+from qlactors.store.dispatch.dispatch import Dispatch
 from qlactors.store.engine import Store
 from qlactors.store.schema import control_replicas, log_chunks, run_attempts, worker_sessions
-from qlactors.store.worker_keys import WorkerKeys
+from qlactors.store.admin.worker_keys import WorkerKeys
 from qlactors.wire.curve_keys import load_public_key, new_key_pair
 from cli_cluster_harness import QLACTORS, cluster  # noqa: F401 - fixtures
 
@@ -166,7 +166,7 @@ def test_workers_lists_current_sessions_and_allowed_workers_that_never_came(clus
 
 def test_workers_shows_each_workers_state(cluster):
     """online, draining, expired, offline (drained), retired, offline (revoked) and never."""
-    from qlactors.store.worker_retirement import WorkerRetirement
+    from qlactors.store.admin.worker_retirement import WorkerRetirement
 
     dispatch = Dispatch.open(cluster.repo.store)
     for name in ("w0", "w5"):
@@ -265,7 +265,7 @@ def test_status_exits_0_only_while_a_replica_is_up(cluster):
     assert "1 of 2 replica(s) up" in text and "active runs: queued 1" in text
     assert "(1 stopped or long-silent not counted: `qlactors status --all`)" in text
     assert cluster.ql("status", env_url=True).returncode == 3  # the default 1 s tick: none is up
-    from qlactors.store.cluster_status import replicas_up  # what `run --wait` asks on each poll
+    from qlactors.store.cadence.cluster_status import replicas_up  # what `run --wait` asks on each poll
 
     assert (replicas_up(cluster.repo.store, 60_000), replicas_up(cluster.repo.store, 1_000)) == (1, 0)
 
@@ -275,7 +275,7 @@ def test_status_shows_a_replicas_failing_cadence_step_until_a_cycle_gets_through
     and since when, from the replica's heartbeat, until a cycle gets through."""
     from qlactors.control.cycle_health import CycleFailure
     from qlactors.store.health import ErrorTally
-    from qlactors.store.replicas import Replicas
+    from qlactors.store.admin.replicas import Replicas
 
     replicas = Replicas(cluster.repo.store)
     replica_id = replicas.register("ctl-1", 4242, "tcp://0.0.0.0:5710")

@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import insert
 
 from qlactors.domain.receipt import token_hash
-from qlactors.store.dispatch import Dispatch
+from qlactors.store.dispatch.dispatch import Dispatch
 from qlactors.store.schema import control_replicas
 from cli_cluster_harness import Cluster
 

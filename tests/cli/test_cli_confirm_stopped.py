@@ -12,8 +12,8 @@ import pytest
 from sqlalchemy import select
 
 from qlactors.domain.transitions import ErrorCode
-from qlactors.store.cluster_recovery import ClusterRecoveryCases
-from qlactors.store.dispatch import Dispatch
+from qlactors.store.cadence.cluster_recovery import ClusterRecoveryCases
+from qlactors.store.dispatch.dispatch import Dispatch
 from qlactors.store.schema import run_attempts
 from store_helpers import db_state
 from cli_cluster_harness import QLACTORS, cluster  # noqa: F401 (the fixture)

@@ -184,7 +184,7 @@ class World:
         from qlactors.process.logs import LogStore
         from qlactors.process.receipts import ReceiptStore
         from qlactors.store.repository import Repository
-        from qlactors.store.retention import Retention
+        from qlactors.store.cadence.retention import Retention
 
         home = self.root / "h-retired"
         self.ok("--home", home, "task", "add", "t", "--", "true")
@@ -369,7 +369,7 @@ class ClusterWorld:
         from qlactors.store.engine import Store
         from qlactors.store.migrations import migrate
         from qlactors.store.schema import schema_version
-        from qlactors.store.worker_keys import WorkerKeys
+        from qlactors.store.admin.worker_keys import WorkerKeys
         from qlactors.wire.curve_keys import load_public_key
 
         _require_postgres()

@@ -9,7 +9,7 @@ import pytest
 
 from qlactors.domain.retry import RetryPolicy
 from qlactors.domain.states import RetrySafety
-from qlactors.store.dispatch import Dispatch
+from qlactors.store.dispatch.dispatch import Dispatch
 from cli_cluster_harness import cluster  # noqa: F401 (the fixture)
 from session_steps import attest, expire_lease, expire_session, launch, register
 

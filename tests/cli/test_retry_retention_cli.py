@@ -11,7 +11,7 @@ from qlactors.executor.journal.journal import Journal
 from qlactors.process.logs import LogStore
 from qlactors.process.receipts import ReceiptStore
 from qlactors.store.repository import Repository
-from qlactors.store.retention import Retention
+from qlactors.store.cadence.retention import Retention
 from cli_harness import UUID, assert_refused, in_parallel, ok, ok_json
 
 DAY = 86_400_000

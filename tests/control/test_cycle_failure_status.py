@@ -17,9 +17,9 @@ import pytest
 from qlactors.control.cycle_health import CycleFailure
 from qlactors.control.scheduler import Scheduler
 from qlactors.runtime.signals import CycleDone, StepDone, StepRequest, Tick
-from qlactors.store.cluster_status import read_cluster_status
+from qlactors.store.cadence.cluster_status import read_cluster_status
 from qlactors.store.health import ErrorTally
-from qlactors.store.replicas import Replicas
+from qlactors.store.admin.replicas import Replicas
 
 from edge_harness import Home, wait_until
 from actor_rigs import sched, step_stub  # noqa: F401 - the fixture

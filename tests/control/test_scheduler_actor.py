@@ -153,7 +153,7 @@ def test_scheduler_ticks_during_a_cycle_are_coalesced_into_one_more_cycle(sched)
 
 
 def test_scheduler_a_due_schedule_is_admitted_in_the_cycle_and_the_next_fire_is_reported(sched):
-    from qlactors.store.triggers import TriggerOptions
+    from qlactors.store.intent.triggers import TriggerOptions
 
     step_stub(sched, "recovery")
     step_stub(sched, "retry")

@@ -14,11 +14,11 @@ from sqlalchemy import select
 
 from qlactors.control.session_policy import ClusterSessions
 from qlactors.domain.resume_secret import resume_secret
-from qlactors.store.dispatch import Dispatch
+from qlactors.store.dispatch.dispatch import Dispatch
 from qlactors.store.engine import Store
 from qlactors.store.schema import worker_sessions
-from qlactors.store.worker_keys import WorkerKeys
-from qlactors.store.worker_retirement import WorkerRetirement
+from qlactors.store.admin.worker_keys import WorkerKeys
+from qlactors.store.admin.worker_retirement import WorkerRetirement
 from qlactors.wire import codec
 from qlactors.wire import messages as m
 

@@ -23,8 +23,8 @@ RESULT_ONLY = {Result.APPLIED, Result.ALREADY_TERMINAL, Result.FENCED, Result.RE
 ALLOWED = {
     ("wire/messages.py", "applied"), ("wire/messages.py", "already_terminal"), ("wire/messages.py", "fenced"),
     ("wire/messages.py", "refused"), ("wire/messages.py", "superseded"),  # the wire's Literal types (compared below)
-    ("store/session_rules.py", "superseded"),  # a session's mismatch reason (a detail word, not a result)
-    ("store/session_rules.py", "fenced"),  # the heartbeat answer's `fenced` field, by name in its JSON
+    ("store/dispatch/session_rules.py", "superseded"),  # a session's mismatch reason (a detail word, not a result)
+    ("store/dispatch/session_rules.py", "fenced"),  # the heartbeat answer's `fenced` field, by name in its JSON
 }
 
 

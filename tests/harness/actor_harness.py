@@ -46,14 +46,14 @@ from qlactors.profiles.edge import LOCAL_WORKER, EdgeContext
 from qlactors.process.identity import ProcessIdentity, read_boot_id, read_identity
 from qlactors.process.logs import LogStore
 from qlactors.process.receipts import ReceiptStore
-from qlactors.store.completion import CompletionService
-from qlactors.store.cron_admission import CronAdmission
-from qlactors.store.control import Control
-from qlactors.store.lost_retry import LostRetry
-from qlactors.store.dispatch import Dispatch
+from qlactors.store.dispatch.completion import CompletionService
+from qlactors.store.cadence.cron_admission import CronAdmission
+from qlactors.store.cadence.control import Control
+from qlactors.store.cadence.lost_retry import LostRetry
+from qlactors.store.dispatch.dispatch import Dispatch
 from qlactors.executor.journal.journal import Journal
 from qlactors.store.repository import Repository
-from qlactors.store.retention import Retention
+from qlactors.store.cadence.retention import Retention
 from qlactors.store.schema import run_attempts
 from qlactors.wire import codec
 from qlactors.wire import messages as m

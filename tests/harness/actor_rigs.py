@@ -21,7 +21,7 @@ from qlactors.ids import new_id
 from qlactors.process.identity import read_boot_id
 from qlactors.runtime.signals import StepDone, StepRequest
 from qlactors.runtime.supervisor import Supervisor
-from qlactors.store.dispatch import Dispatch
+from qlactors.store.dispatch.dispatch import Dispatch
 from qlactors.store.records import Fence
 from qlactors.wire import messages as m
 from qlactors.wire.offers import offer_record

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import update
 
-from qlactors.store.dispatch import Dispatch
+from qlactors.store.dispatch.dispatch import Dispatch
 from qlactors.store.engine import Store
 from qlactors.store.migrations import migrate
 from qlactors.store.repository import Repository

@@ -9,7 +9,7 @@ from sqlalchemy import select
 
 from qlactors.domain.model import Command
 from qlactors.store.schema import runs, tasks, trigger_schedules
-from qlactors.store.triggers import TriggerOptions, set_trigger, settle
+from qlactors.store.intent.triggers import TriggerOptions, set_trigger, settle
 
 from store_helpers import spec
 

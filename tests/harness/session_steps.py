@@ -9,7 +9,7 @@ from typing import NamedTuple
 from sqlalchemy import select, update
 
 from qlactors.domain.receipt import Receipt, token_hash
-from qlactors.store.completion import CompletionService
+from qlactors.store.dispatch.completion import CompletionService
 from qlactors.store.records import Fence, Identity, LeaseQuote, OfferView, Session
 from qlactors.store.schema import run_dispatch_leases, worker_sessions
 

@@ -19,7 +19,7 @@ from actor_rigs import sup  # noqa: F401 - fixtures
 
 
 def test_supervisor_cycle_done_sends_stops_and_nudges_to_the_registered_peer(sup):
-    from qlactors.store.control import StopOrder
+    from qlactors.store.cadence.control import StopOrder
 
     sup.register()
     order = StopOrder(run_id="r1", attempt_id="a1", reason="user", grace_ms=1500, boot_id=None, pid=None,

@@ -143,7 +143,7 @@ def test_a_schema_4_database_migrates_to_5_with_its_attempts_and_references_kept
     reads later columns), then the database is migrated to the newest schema.
     """
     import qlactors.store.migrations as migrations
-    from qlactors.store.dispatch import Dispatch
+    from qlactors.store.dispatch.dispatch import Dispatch
     from qlactors.store.engine import Store
     from qlactors.store.migrations import available, current_version, latest_version, migrate
     from qlactors.store.repository import Repository

@@ -15,12 +15,12 @@ from qlactors.errors import BadInput, NotFound, Retired
 from qlactors.ids import new_id
 from qlactors.process.logs import LogStore, UnsafeLogPath
 from qlactors.process.receipts import ReceiptStore
-from qlactors.store.completion import CompletionService
+from qlactors.store.dispatch.completion import CompletionService
 from qlactors.store.engine import Store
 from qlactors.executor.edge_files import EdgeFiles
 from qlactors.executor.journal.file import open_journal_file
 from qlactors.executor.journal.journal import Journal
-from qlactors.store.retention import Retention
+from qlactors.store.cadence.retention import Retention
 from qlactors.store.migrations import available, current_version, latest_version, migrate
 from qlactors.store.schema import (
     run_attempts,

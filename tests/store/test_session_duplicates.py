@@ -12,8 +12,8 @@ from sqlalchemy import update
 
 from qlactors.store.records import Fenced
 from qlactors.store.schema import worker_sessions
-from qlactors.store.session_rules import DUPLICATE, DUPLICATE_WORKER, duplicate_verdict
-from qlactors.store.workers import Workers
+from qlactors.store.dispatch.session_rules import DUPLICATE, DUPLICATE_WORKER, duplicate_verdict
+from qlactors.store.admin.workers import Workers
 from store_helpers import new_hash
 
 LEASE = 45_000

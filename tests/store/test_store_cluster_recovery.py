@@ -10,8 +10,8 @@ from sqlalchemy import select, update
 from qlactors.domain.retry import RetryPolicy
 from qlactors.domain.states import RetrySafety
 from qlactors.domain.transitions import ErrorCode
-from qlactors.store.cluster_recovery import ClusterRecoveryCases
-from qlactors.store.lost_retry import LostRetry
+from qlactors.store.cadence.cluster_recovery import ClusterRecoveryCases
+from qlactors.store.cadence.lost_retry import LostRetry
 from qlactors.store.schema import run_attempts, worker_sessions
 from store_helpers import db_state
 from session_steps import attest, beat, expire_lease, expire_session, launch, register

@@ -13,8 +13,8 @@ from sqlalchemy import func, select
 
 from qlactors.domain.receipt import Receipt, token_hash
 from qlactors.errors import BadInput
-from qlactors.store.completion import CompletionService
-from qlactors.store.control import Control
+from qlactors.store.dispatch.completion import CompletionService
+from qlactors.store.cadence.control import Control
 from qlactors.store.records import Fence
 from qlactors.store.schema import run_attempts, run_dispatch_leases, run_events, runs
 from store_helpers import spec
@@ -355,7 +355,7 @@ def test_completed_for_another_workers_attempt_is_refused_and_changes_nothing(re
 
 def test_completed_of_a_superseded_attempt_is_already_terminal(repo, dispatch, session, service):
     from qlactors.domain.retry import RetryPolicy
-    from qlactors.store.lost_retry import LostRetry
+    from qlactors.store.cadence.lost_retry import LostRetry
 
     policy = RetryPolicy(retry_on_lost=True, max_attempts=2, safety="idempotent", backoff_base_ms=0)
     flight = launch(repo, dispatch, session, retry=policy)

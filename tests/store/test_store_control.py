@@ -12,10 +12,10 @@ from sqlalchemy import func, select
 from qlactors.domain.receipt import Receipt, token_hash
 from qlactors.domain.retry import RetryPolicy
 from qlactors.errors import BadInput
-from qlactors.store.completion import CompletionService
-from qlactors.store.control import Control
-from qlactors.store.lost_retry import LostRetry
-from qlactors.store.dispatch import Dispatch
+from qlactors.store.dispatch.completion import CompletionService
+from qlactors.store.cadence.control import Control
+from qlactors.store.cadence.lost_retry import LostRetry
+from qlactors.store.dispatch.dispatch import Dispatch
 from qlactors.store.records import Fence, Identity
 from qlactors.store.schema import run_attempts, run_dispatch_leases, run_events, run_retry_policies, runs
 from store_helpers import new_hash, spec

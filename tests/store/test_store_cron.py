@@ -12,7 +12,7 @@ import threading
 import pytest
 from sqlalchemy import func, select
 
-from qlactors.store.cron_admission import CronAdmission
+from qlactors.store.cadence.cron_admission import CronAdmission
 from qlactors.store.repository import Repository
 from qlactors.store.schema import runs, tasks, trigger_events, triggers
 from qlactors.ids import new_id
@@ -216,7 +216,7 @@ def test_two_admitters_in_threads_admit_exactly_one_run_per_occurrence(repo, sto
 
 ADMITTER = textwrap.dedent("""
     import sys, time
-    from qlactors.store.cron_admission import CronAdmission
+    from qlactors.store.cadence.cron_admission import CronAdmission
     from qlactors.store.repository import Repository
     url, go, t0 = sys.argv[1], sys.argv[2], int(sys.argv[3])
     repo = Repository.open(url)
@@ -308,8 +308,8 @@ def test_a_random_delay_sets_the_runs_not_before_from_the_trigger_and_occurrence
 
 
 def test_a_queued_run_is_not_offered_before_its_not_before_and_the_cadence_wakes_for_it(repo, cron):
-    from qlactors.store.control import Control
-    from qlactors.store.dispatch import Dispatch
+    from qlactors.store.cadence.control import Control
+    from qlactors.store.dispatch.dispatch import Dispatch
 
     dispatch, control = Dispatch.open(repo.store), Control.open(repo.store)
     session = dispatch.sessions.register("edge", 8)

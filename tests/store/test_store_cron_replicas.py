@@ -10,7 +10,7 @@ import threading
 import pytest
 from sqlalchemy import select
 
-from qlactors.store.cron_admission import CronAdmission
+from qlactors.store.cadence.cron_admission import CronAdmission
 from qlactors.store.repository import Repository
 from qlactors.store.schema import trigger_events, trigger_schedules
 from cron_helpers import MINUTE, T0, add_trigger, cron_runs, cursor

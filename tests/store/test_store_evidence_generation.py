@@ -14,11 +14,11 @@ from sqlalchemy import select, update
 from qlactors.domain.receipt import token_hash
 from qlactors.domain.transitions import ErrorCode
 from qlactors.errors import BadInput, NotFound
-from qlactors.store.cluster_recovery import ClusterRecoveryCases
-from qlactors.store.evidence import ConfirmStopped
+from qlactors.store.cadence.cluster_recovery import ClusterRecoveryCases
+from qlactors.store.dispatch.evidence import ConfirmStopped
 from qlactors.store.records import LeaseQuote
 from qlactors.store.schema import run_attempts
-from qlactors.store.worker_retirement import WorkerRetirement
+from qlactors.store.admin.worker_retirement import WorkerRetirement
 from store_helpers import db_state, new_hash
 from session_steps import IDENTITY, Flight, attest, complete, expire_lease, launch, register
 

@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import select
 
 from qlactors.domain.receipt import token_hash
-from qlactors.store.dispatch import Dispatch
+from qlactors.store.dispatch.dispatch import Dispatch
 from qlactors.store.engine import Store
 from qlactors.store.schema import run_dispatch_leases, worker_sessions
 from store_helpers import db_state, new_hash, spec

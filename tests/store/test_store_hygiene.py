@@ -15,7 +15,7 @@ from sqlalchemy import text
 from conftest import _pg_admin_conninfo
 from qlactors.errors import BadInput
 from qlactors.store import postgres
-from qlactors.store.dispatch import Dispatch
+from qlactors.store.dispatch.dispatch import Dispatch
 from qlactors.errors import StoreUnavailable
 from qlactors.store.engine import Store
 from qlactors.store.migrations import migrate

@@ -12,8 +12,8 @@ from sqlalchemy import func, select
 
 from qlactors.domain.receipt import Receipt, token_hash
 from qlactors.errors import BadInput
-from qlactors.store.completion import CompletionService
-from qlactors.store.log_chunks import MAX_CHUNK_BYTES, LogChunks
+from qlactors.store.dispatch.completion import CompletionService
+from qlactors.store.dispatch.log_chunks import MAX_CHUNK_BYTES, LogChunks
 from qlactors.store.schema import log_chunks, run_attempts, runs
 from store_helpers import new_hash, spec
 
@@ -131,7 +131,7 @@ def test_the_tail_lands_after_the_run_is_terminal_and_the_final_offset_is_kept(r
 
 
 def test_retention_deletes_a_runs_chunks_with_it(repo, chunks, flight):
-    from qlactors.store.retention import Retention
+    from qlactors.store.cadence.retention import Retention
 
     run_id, attempt_id, token = flight
     send(chunks, flight, 0, b"log bytes")

@@ -8,8 +8,8 @@ import hashlib
 import secrets
 
 from qlactors.domain.receipt import Receipt, token_hash
-from qlactors.store.completion import CompletionService
-from qlactors.store.log_chunks import LogChunks
+from qlactors.store.dispatch.completion import CompletionService
+from qlactors.store.dispatch.log_chunks import LogChunks
 from store_helpers import db_state
 from session_steps import IDENTITY, beat, launch, register
 

@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import event, func, select
 
 from qlactors.errors import BadInput
-from qlactors.store.dispatch import Dispatch
+from qlactors.store.dispatch.dispatch import Dispatch
 from qlactors.store.engine import Store
 from qlactors.store.records import Fenced
 from qlactors.store.schema import run_dispatch_leases, worker_sessions

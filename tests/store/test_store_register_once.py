@@ -10,7 +10,7 @@ import threading
 import pytest
 from sqlalchemy import select
 
-from qlactors.store.dispatch import Dispatch
+from qlactors.store.dispatch.dispatch import Dispatch
 from qlactors.store.engine import Store
 from qlactors.store.records import Fenced
 from qlactors.store.schema import worker_sessions

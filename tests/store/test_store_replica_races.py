@@ -22,11 +22,11 @@ from sqlalchemy import func, select, text, update
 from qlactors.config import DatabaseSettings
 from qlactors.domain.receipt import Receipt
 from qlactors.domain.retry import RetryPolicy
-from qlactors.store.cluster_recovery import ClusterRecoveryCases
-from qlactors.store.completion import CompletionService
-from qlactors.store.control import Control
-from qlactors.store.dispatch import Dispatch
-from qlactors.store.lost_retry import LostRetry
+from qlactors.store.cadence.cluster_recovery import ClusterRecoveryCases
+from qlactors.store.dispatch.completion import CompletionService
+from qlactors.store.cadence.control import Control
+from qlactors.store.dispatch.dispatch import Dispatch
+from qlactors.store.cadence.lost_retry import LostRetry
 from qlactors.store.repository import Repository
 from qlactors.store.schema import run_dispatch_leases, run_events
 from store_helpers import db_state, new_hash, spec

@@ -1,4 +1,4 @@
-"""A control replica's row (store/replicas.py): its first heartbeat replaces the rows of earlier
+"""A control replica's row (store/admin/replicas.py): its first heartbeat replaces the rows of earlier
 replicas on its host name and bind, stopped or killed; a live replica whose row was deleted (two
 machines can share a host name) writes it again at its next heartbeat. On SQLite and PostgreSQL."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 from sqlalchemy import select
 
 from qlactors.store.health import ErrorTally
-from qlactors.store.replicas import Replicas
+from qlactors.store.admin.replicas import Replicas
 from qlactors.store.schema import control_replicas
 
 BIND = "tcp://0.0.0.0:5710"

@@ -18,13 +18,13 @@ from sqlalchemy import func, select, update
 from qlactors.domain.receipt import Receipt, token_hash
 from qlactors.domain.results import Outcome, Result
 from qlactors.ids import new_id
-from qlactors.store.completion import CompletionService
-from qlactors.store.dispatch import Dispatch
+from qlactors.store.dispatch.completion import CompletionService
+from qlactors.store.dispatch.dispatch import Dispatch
 from qlactors.store.records import Activation, LeaseTerms
-from qlactors.store.report_batch import Report, ReportBatch
-from qlactors.store.report_locks import LockRequest
+from qlactors.store.dispatch.report_batch import Report, ReportBatch
+from qlactors.store.dispatch.report_locks import LockRequest
 from qlactors.store.repository import Repository
-from qlactors.store.request_answers import RETENTION_MS, AnswerKey, PullAnswer, RequestAnswers, decode, encode
+from qlactors.store.dispatch.request_answers import RETENTION_MS, AnswerKey, PullAnswer, RequestAnswers, decode, encode
 from qlactors.store.schema import worker_requests
 from store_helpers import db_state, new_hash, spec
 from session_steps import IDENTITY, launch, register

@@ -11,10 +11,10 @@ import pytest
 from sqlalchemy import select, update
 
 from qlactors.errors import BadInput
-from qlactors.store.control import Control
+from qlactors.store.cadence.control import Control
 from qlactors.store.records import Fenced, Identity, LeaseQuote
 from qlactors.store.schema import run_attempts, run_dispatch_leases, worker_sessions
-from qlactors.store.session_rules import renewal_fence
+from qlactors.store.dispatch.session_rules import renewal_fence
 from store_helpers import db_state, new_hash
 from session_steps import (
     LEASE_MS, BOOT, IDENTITY, register, launch, beat, session_row, expire_lease, expire_session, complete,
@@ -50,7 +50,7 @@ def test_register_increments_the_generation_and_ends_the_older_session(repo, dis
 
 
 def test_a_worker_off_the_allow_list_cannot_register_and_nothing_changes(repo, dispatch):
-    from qlactors.store.worker_keys import WorkerKeys
+    from qlactors.store.admin.worker_keys import WorkerKeys
 
     old = register(dispatch, "w1")
     keys = WorkerKeys(repo.store)
@@ -170,7 +170,7 @@ def test_end_session_from_a_superseded_or_foreign_session_is_fenced_and_changes_
 
 
 def test_end_session_of_a_revoked_session_is_fenced(repo, dispatch, worker):
-    from qlactors.store.worker_keys import WorkerKeys
+    from qlactors.store.admin.worker_keys import WorkerKeys
 
     keys = WorkerKeys(repo.store)
     keys.allow("w1", "k" * 40)
@@ -467,7 +467,7 @@ def _record(errors, fn):
 
 def test_unactivated_leases_lists_the_sessions_offers_never_activated(repo):
     """What Welcome lists after a resume: live leases whose attempt is still `claimed`."""
-    from qlactors.store.dispatch import Dispatch
+    from qlactors.store.dispatch.dispatch import Dispatch
     from store_helpers import new_hash, spec
 
     dispatch = Dispatch.open(repo.store)

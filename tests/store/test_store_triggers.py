@@ -1,4 +1,4 @@
-"""The trigger repository (store/triggers.py) through Tasks: the same tests on SQLite and PostgreSQL."""
+"""The trigger repository (store/intent/triggers.py) through Tasks: the same tests on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from qlactors.ids import new_id
 from qlactors.scheduling import zones
 from qlactors.scheduling.zones import resolve_zone
 from qlactors.store.schema import task_revisions, tasks, trigger_events, trigger_schedules, triggers
-from qlactors.store.triggers import (
+from qlactors.store.intent.triggers import (
     DUE_COLUMNS,
     DUE_FROM,
     DUE_WHERE,

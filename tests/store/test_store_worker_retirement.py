@@ -11,11 +11,11 @@ import pytest
 from sqlalchemy import delete, select, update
 
 from qlactors.errors import NotFound
-from qlactors.store.cluster_recovery import ClusterRecoveryCases
+from qlactors.store.cadence.cluster_recovery import ClusterRecoveryCases
 from qlactors.store.records import Fenced
 from qlactors.store.schema import run_attempts, worker_keys, worker_sessions
-from qlactors.store.worker_keys import WorkerKeys
-from qlactors.store.worker_retirement import WorkerRetirement
+from qlactors.store.admin.worker_keys import WorkerKeys
+from qlactors.store.admin.worker_retirement import WorkerRetirement
 from store_helpers import new_hash
 
 from cluster_recovery_steps import DRAIN_MS, GRACE_MS, IDEMPOTENT, page_ids

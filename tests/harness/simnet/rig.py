@@ -26,7 +26,7 @@ from qlactors.domain.states import RetrySafety
 from qlactors.profiles.control import ControlRuntime
 from qlactors.profiles.worker import WorkerRuntime
 from qlactors.store.repository import Repository
-from qlactors.store.worker_keys import WorkerKeys
+from qlactors.store.admin.worker_keys import WorkerKeys
 from qlactors.wire.curve_keys import load_key_pair, new_key_pair
 from qlactors.executor.journal.file import JOURNAL_FILE
 

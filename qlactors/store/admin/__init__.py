@@ -1,0 +1,2 @@
+"""Store, admin: the operator's view and records of the cluster: worker keys, a worker's
+retirement, the workers read model, control replicas. May import store.dispatch."""
