@@ -4,13 +4,23 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 
 from .clock import wall_ms
-from .domain.ids import uuid7
+from .domain.ids import uuid7_after
+
+_lock = threading.Lock()
+_last: str | None = None
 
 
 def new_id() -> str:
-    return uuid7(wall_ms(), os.urandom(10))
+    """A new UUIDv7, greater than every id this process made before (`uuid7_after`): two runs
+    admitted within one millisecond list in the order they were admitted (`runs`' keyset is the
+    creation time, then the id)."""
+    global _last
+    with _lock:
+        _last = uuid7_after(_last, wall_ms(), os.urandom(10))
+        return _last
 
 
 def completion_request_id(attempt_id: str) -> str:
