@@ -9,10 +9,10 @@ from ..domain.states import CancelReason
 from ..errors import BadInput
 from . import sqlite
 from .engine import Store
-from .migrations import migrate
-from .plans import load_run
 from .intent.runs import Runs
 from .intent.tasks import Tasks
+from .migrations import migrate
+from .plans import load_run
 
 
 @dataclass(frozen=True, slots=True)

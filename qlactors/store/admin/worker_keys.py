@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from sqlalchemy import delete, or_, select
 
 from ...errors import BadInput, NotFound
+from ..dispatch.session_rows import end_live_sessions
 from ..engine import Store
 from ..schema import worker_keys
-from ..dispatch.session_rows import end_live_sessions
 
 _WORKER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _Z85 = re.compile(r"^[0-9A-Za-z.\-:+=^!/*?&<>()\[\]{}@%$#]{40}$")

@@ -18,9 +18,9 @@ from sqlalchemy import and_, bindparam, or_, select
 from ...domain.recovery_evidence import RETIRED
 from ...domain.states import AttemptStatus
 from ...errors import NotFound
+from ..dispatch.session_rows import end_live_sessions
 from ..engine import Store
 from ..schema import run_attempts, worker_keys, worker_sessions
-from ..dispatch.session_rows import end_live_sessions
 from .worker_keys import check_worker_id
 
 _A = run_attempts

@@ -13,9 +13,9 @@ from sqlalchemy.engine import Connection
 from ...domain.labels import qualifies
 from ...domain.states import LeaseStatus
 from ..dispatch.dispatch_queries import ACTIVE
+from ..dispatch.session_rules import DUPLICATE
 from ..engine import Store
 from ..schema import run_attempts, run_dispatch_leases, worker_keys, worker_sessions
-from ..dispatch.session_rules import DUPLICATE
 
 NEVER = "never"  # the status shown for an allowed worker that has no session yet
 SERVING = ("online", "draining")  # the session statuses whose free slots mean something

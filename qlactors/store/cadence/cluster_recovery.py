@@ -43,12 +43,12 @@ from ...domain.recovery_evidence import (
 from ...domain.results import Outcome, Result
 from ...domain.states import AttemptStatus, LeaseStatus, RunStatus
 from ...errors import BadInput
-from .control_rows import page_size
 from ..dispatch.dispatch_queries import SESSION_SHARED
 from ..engine import Store
 from ..plans import load_open_pair, sql_states
-from .recovery_cases import lost_in
 from ..schema import run_attempts, run_dispatch_leases, run_retry_policies, runs, worker_sessions
+from .control_rows import page_size
+from .recovery_cases import lost_in
 from .stops import end_by_intent_in
 
 ACTOR = "recovery"

@@ -9,9 +9,9 @@ from typing import Any
 
 from sqlalchemy import and_, func, select
 
-from .cluster_recovery import ClusterRecoveryCases, WaitingAttempt
 from ..engine import Store
 from ..schema import control_replicas
+from .cluster_recovery import ClusterRecoveryCases, WaitingAttempt
 
 REPLICA_SLACK_MS = 5_000  # a replica is up when it wrote its heartbeat within 3 ticks + this
 SILENT_KEPT_MS = 24 * 3600 * 1000  # a silent replica is counted (and listed) for a day after its heartbeat

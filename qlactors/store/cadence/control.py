@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..engine import Store
 from .control_rows import DEFAULT_PAGE, MAX_PAGE, MAX_STOP_PAGE, Candidate, StopOrder, page_size
 from .control_status import ControlStatus, StatusCounts
-from ..engine import Store
 from .recovery_cases import RecoveryCases
 from .stops import Stops
 

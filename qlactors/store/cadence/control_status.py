@@ -9,9 +9,9 @@ from typing import Mapping
 from sqlalchemy import and_, func, or_, select
 
 from ...domain.states import AttemptStatus, RunStatus
-from .control_rows import ACTIVE, live_lease
 from ..engine import Store
 from ..schema import run_attempts, runs
+from .control_rows import ACTIVE, live_lease
 
 _A, _R = AttemptStatus, RunStatus
 

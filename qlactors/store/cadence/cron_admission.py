@@ -38,10 +38,10 @@ from ...domain.states import RunStatus, TriggerType
 from ...errors import BadInput
 from ...ids import new_id
 from ..engine import Store
-from ..plans import load_run, sql_states
 from ..intent.runs import Runs
-from ..schema import runs, task_revisions, tasks, trigger_events, trigger_schedules
 from ..intent.triggers import DUE_COLUMNS, DUE_FROM, DUE_WHERE, DueSchedule
+from ..plans import load_run, sql_states
+from ..schema import runs, task_revisions, tasks, trigger_events, trigger_schedules
 
 MAX_PAGE = 256
 ACTOR = "scheduler"

@@ -18,10 +18,10 @@ from ...domain.states import AttemptStatus, RunStatus
 from ...domain.transitions import plan_end_by_intent, plan_lost_failed, plan_requeue, plan_retry_wait
 from ...errors import Conflict
 from ...ids import new_id
-from .control_rows import DEFAULT_PAGE, page_size
 from ..engine import Store
 from ..plans import apply_plan, attempt_snapshot, current_attempt, load_run, run_snapshot
 from ..schema import run_attempts, run_retry_policies, runs
+from .control_rows import DEFAULT_PAGE, page_size
 
 _A, _R = AttemptStatus, RunStatus
 

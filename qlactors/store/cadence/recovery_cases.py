@@ -16,13 +16,13 @@ from ...domain.results import Outcome, Result
 from ...domain.states import AttemptStatus, LeaseReleaseReason, LeaseStatus, RunStatus
 from ...domain.transitions import plan_lost, plan_started
 from ...errors import BadInput, Conflict
-from .control_rows import (ACTIVE, DEFAULT_PAGE, DISPATCHED, LIVE, Candidate,
-                           candidate_from_row, candidate_select, live_lease, page_size)
 from ..engine import Store
 from ..plans import (apply_plan, attempt_snapshot, current_attempt, end_lease, load_open_pair, load_run,
                     run_snapshot)
 from ..records import Fence, Identity, Session, check_hash, check_id, same_hash
 from ..schema import run_attempts, run_dispatch_leases, runs, worker_sessions
+from .control_rows import (ACTIVE, DEFAULT_PAGE, DISPATCHED, LIVE, Candidate,
+                           candidate_from_row, candidate_select, live_lease, page_size)
 
 _A, _R, _L = AttemptStatus, RunStatus, LeaseStatus
 _ERROR_CODE = re.compile(r"[A-Z][A-Z0-9_]{0,63}")

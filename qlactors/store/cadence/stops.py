@@ -13,7 +13,6 @@ from sqlalchemy import and_, func, select
 from ...domain.results import Outcome, Result
 from ...domain.states import CancelReason, LeaseReleaseReason, LeaseStatus, RunStatus
 from ...domain.transitions import InvalidTransition, plan_cancel, plan_end_by_intent
-from .control_rows import DEFAULT_PAGE, DISPATCHED, LIVE, MAX_STOP_PAGE, StopOrder, page_size, stop_order
 from ..engine import Store
 from ..plans import (
     apply_plan,
@@ -25,6 +24,7 @@ from ..plans import (
     run_snapshot,
 )
 from ..schema import run_attempts, run_retry_policies, runs, task_revisions
+from .control_rows import DEFAULT_PAGE, DISPATCHED, LIVE, MAX_STOP_PAGE, StopOrder, page_size, stop_order
 
 _R, _L = RunStatus, LeaseStatus
 

@@ -28,13 +28,13 @@ from ...domain.results import Outcome, Result
 from ...domain.states import AttemptStatus, LeaseReleaseReason, LeaseStatus
 from ...domain.transitions import plan_started
 from ...errors import BadInput, Conflict
-from .dispatch_queries import LEASE_BY_OFFER, LEASE_LOCKED, MAX_GENERATION, SESSION_SHARED
 from ..engine import Store
-from .evidence import NO_EVIDENCE
 from ..plans import apply_plan, attempt_snapshot, current_attempt, end_lease, load_attempt, load_run, run_snapshot
 from ..records import Identity, LeaseQuote, LeaseTerms, check_hash, check_id, same_hash
-from .request_answers import AnswerKey, first_answers, keep_answers
 from ..schema import run_attempts, run_dispatch_leases
+from .dispatch_queries import LEASE_BY_OFFER, LEASE_LOCKED, MAX_GENERATION, SESSION_SHARED
+from .evidence import NO_EVIDENCE
+from .request_answers import AnswerKey, first_answers, keep_answers
 from .session_rules import EVIDENCE_FACTS, RUNNING, check_ms, check_quote, session_mismatch
 
 ACTOR = "executor"

@@ -17,14 +17,14 @@ from ...domain.states import AttemptStatus, LeaseStatus, RunStatus
 from ...domain.transitions import plan_completion, stop_signal
 from ...errors import BadInput
 from ..engine import Store
-from .report_batch import alone
-from .report_locks import HeldRows, LockRequest
 from ..plans import (
     apply_plan,
     attempt_snapshot,
     end_held_lease,
     run_snapshot,
 )
+from .report_batch import alone
+from .report_locks import HeldRows, LockRequest
 
 # A completion's Outcome: `applied` or `already_terminal` (delete the receipt, then clear the
 # journal row), or `refused` (nothing changed; quarantine the receipt if `detail` is a token

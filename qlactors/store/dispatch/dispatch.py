@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .attestations import Attestations
 from ..engine import Store
+from .attestations import Attestations
 from .fenced_reports import FencedReports
 from .heartbeats import Heartbeats
 from .offers import Offers

@@ -32,10 +32,6 @@ from ...domain.states import AttemptStatus, LeaseReleaseReason, LeaseStatus, Run
 from ...domain.transitions import plan_activate, plan_end_by_intent, plan_start_failed, plan_started
 from ...errors import BadInput, QlactorsError
 from ..engine import Store
-from .evidence import NO_EVIDENCE
-from .report_batch import alone
-from .report_locks import HeldRows, LockRequest
-from .session_rules import session_mismatch
 from ..plans import (
     apply_plan,
     attempt_snapshot,
@@ -45,6 +41,10 @@ from ..plans import (
     run_snapshot,
 )
 from ..records import Activation, Fence, Identity, check_hash, check_id, same_hash
+from .evidence import NO_EVIDENCE
+from .report_batch import alone
+from .report_locks import HeldRows, LockRequest
+from .session_rules import session_mismatch
 
 ACTOR = "executor"
 MAX_ERROR_SUMMARY = 512

@@ -17,11 +17,11 @@ from sqlalchemy import and_, bindparam, select, tuple_
 
 from ...domain.states import LeaseStatus
 from ...errors import BadInput, Conflict
-from .dispatch_queries import SESSION_LOCKED
 from ..engine import Store
 from ..records import HeartbeatAnswer, LeaseQuote, check_id
-from .report_locks import HeldRows, lock_rows
 from ..schema import run_attempts, run_dispatch_leases
+from .dispatch_queries import SESSION_LOCKED
+from .report_locks import HeldRows, lock_rows
 from .session_rows import update_session
 from .session_rules import (
     MAX_QUOTES,

@@ -18,10 +18,10 @@ from sqlalchemy import and_, bindparam, func, select
 from ...domain.results import Outcome, Result
 from ...errors import BadInput
 from ..engine import Store
-from .report_batch import alone
-from .report_locks import HeldRows, LockRequest
 from ..records import check_id, same_hash
 from ..schema import log_chunks, run_attempts
+from .report_batch import alone
+from .report_locks import HeldRows, LockRequest
 
 MAX_CHUNK_BYTES = 128 * 1024
 MAX_READ_BYTES = 4 * 1024 * 1024

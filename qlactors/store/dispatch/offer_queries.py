@@ -16,8 +16,8 @@ from sqlalchemy import and_, bindparam, exists, func, or_, select, text, union_a
 from sqlalchemy.engine import Connection
 
 from ...domain.states import AttemptStatus, LeaseStatus, RunStatus
-from .dispatch_queries import DISPATCHED
 from ..schema import run_attempts, run_dispatch_leases, runs, task_revisions
+from .dispatch_queries import DISPATCHED
 
 _A, _R, _L = AttemptStatus, RunStatus, LeaseStatus
 KINDS = (_R.DISPATCHING.value, _R.QUEUED.value)  # a declined claim first: it was the oldest

@@ -24,6 +24,20 @@ from ...domain.model import Command, env_from_json
 from ...domain.states import AttemptStatus, LeaseStatus, RunStatus
 from ...domain.transitions import plan_offer, plan_offer_unencodable
 from ...errors import BadInput, Conflict
+from ..engine import Store
+from ..plans import (
+    apply_plan,
+    attempt_snapshot,
+    events_together,
+    load_attempt,
+    load_attempts,
+    load_run,
+    run_snapshot,
+)
+from ..postgres import NOW_SQL, keep_time
+from ..records import Fenced, OfferView, check_hash, check_id, same_hash
+from ..schema import run_dispatch_leases
+from ..views import cwd_from_column
 from .dispatch_queries import (
     CLAIMED_ATTEMPT_UPDATE,
     LEASED_COUNT,
@@ -34,24 +48,10 @@ from .dispatch_queries import (
     busy,
     dispatchable,
 )
-from ..engine import Store
 from .evidence import NO_EVIDENCE
-from ..postgres import NOW_SQL, keep_time
-from .session_rules import session_mismatch
 from .offer_queries import KINDS, candidate_tasks, claim_candidates, labels_param
-from ..plans import (
-    apply_plan,
-    attempt_snapshot,
-    events_together,
-    load_attempt,
-    load_attempts,
-    load_run,
-    run_snapshot,
-)
-from ..records import Fenced, OfferView, check_hash, check_id, same_hash
 from .request_answers import FIRST_PULL_ANSWER, AnswerKey, PullAnswer, decode, keep_answers
-from ..schema import run_dispatch_leases
-from ..views import cwd_from_column
+from .session_rules import session_mismatch
 
 log = logging.getLogger("qlactors.dispatch")
 

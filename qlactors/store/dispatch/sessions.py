@@ -29,12 +29,12 @@ from ...domain.results import Outcome, Result
 from ...domain.states import AttemptStatus, LeaseStatus
 from ...errors import BadInput, Conflict
 from ...ids import new_id
-from .dispatch_queries import SESSION_LOCKED
 from ..engine import Store
 from ..plans import sql_states
 from ..records import Fenced, Session, check_hash, check_id
-from .request_answers import AnswerKey, first_answers, keep_answers
 from ..schema import run_attempts, run_dispatch_leases, worker_keys, worker_sessions
+from .dispatch_queries import SESSION_LOCKED
+from .request_answers import AnswerKey, first_answers, keep_answers
 from .session_rows import LATEST_GENERATION, update_session
 from .session_rules import (DUPLICATE_WORKER, REVOKED, SUPERSEDED, check_capacity, check_ms, clock_skew, duplicate_verdict,
                             ended_at, labels_json, normal_labels, resume_refusal, session_mismatch)

@@ -13,11 +13,11 @@ from ...domain.retention import TaskRetention
 from ...domain.states import RUN_TERMINAL
 from ...errors import AlreadyExists, BadInput, Conflict, NotFound
 from ...ids import new_id
-from . import triggers as trigger_store
 from ..engine import Store
 from ..schema import runs, task_revisions, tasks
-from .triggers import TriggerOptions
 from ..views import TaskView, TriggerView, revision_values, spec_from_revision
+from . import triggers as trigger_store
+from .triggers import TriggerOptions
 
 _LIVE = tasks.c.deleted_at_ms.is_(None)
 _TERMINAL = [s.value for s in RUN_TERMINAL]
