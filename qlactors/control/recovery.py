@@ -64,8 +64,8 @@ class Recovery(RuntimeActor):
             self.ctx.config.home) if isinstance(item, dict) and isinstance(item.get("attempt_id"), str)
             and isinstance(item.get("why"), str))
         for candidates in self._every_candidate():
-            self.ended.update(c.attempt_id for c in candidates
-                              if _may_be_orphaned(c, self.local.journal_entry(c.attempt_id)))
+            journals = self.local.journal_entries([c.attempt_id for c in candidates])
+            self.ended.update(c.attempt_id for c in candidates if _may_be_orphaned(c, journals.get(c.attempt_id)))
         log.info("event=recovery_resumed ended=%d unresolved=%d", len(self.ended), len(self.unresolved))
         self.ctx.directory.tell("scheduler", Tick("recovery_resumed"))
 
@@ -119,7 +119,8 @@ class Recovery(RuntimeActor):
     def _examine(self, candidates: list, *, startup: bool) -> list[str]:
         outcomes: list[str] = []
         later: list[tuple[Any, Any]] = []  # (candidate, identity or None)
-        boot_id = self.local.boot_id()  # read once for the batch
+        boot_id = self.local.boot_id()  # read once for the batch, as the journal rows are
+        journals = self.local.journal_entries([c.attempt_id for c in candidates])
         for c in candidates:
             if self._consume_receipt(c):
                 outcomes.append("completed")
@@ -130,7 +131,8 @@ class Recovery(RuntimeActor):
             if c.attempt_status == "claimed":  # not expected (a cancel ends a claim at once)
                 outcomes.append(self._end(c, ErrorCode.RECOVERY_UNSTARTED_CLAIM))
                 continue
-            identity = self._identity(c)
+            journal = journals.get(c.attempt_id)
+            identity = self._identity(c, journal)
             if identity is None:
                 later.append((c, None))
                 continue
@@ -140,7 +142,7 @@ class Recovery(RuntimeActor):
                 outcomes.append("unresolved")
             elif liveness == "running":
                 if startup:
-                    self._rebind(c, identity)
+                    self._rebind(c, identity, journal)
                 self.ended.discard(c.attempt_id)
                 outcomes.append("running")
             else:  # gone on this boot, or another boot: not running
@@ -156,9 +158,8 @@ class Recovery(RuntimeActor):
             outcomes.append(self._end(c, code))
         return outcomes
 
-    def _identity(self, c: Any):
-        """Database first, then the executor's journal, then the launcher's start marker."""
-        journal = self.local.journal_entry(c.attempt_id)
+    def _identity(self, c: Any, journal: JournalFacts | None):
+        """Database first, then the executor's journal row, then the launcher's start marker."""
         identity = c.identity or (journal.identity if journal is not None else None)
         if identity is not None:
             return identity
@@ -210,12 +211,11 @@ class Recovery(RuntimeActor):
         self._resolved(c.attempt_id)
         return "released"
 
-    def _rebind(self, c: Any, identity: Any) -> None:
+    def _rebind(self, c: Any, identity: Any, journal: JournalFacts | None) -> None:
         self.ctx.control.recovery.rebind(c.run_id, c.attempt_id, self.local.session, identity,
                                 offer_id=new_id(), lease_token_hash=token_hash(secrets.token_urlsafe(32)))
         # The Executor re-adopts from its journal: make sure the identity is there (it usually
         # is; only a crash between spawn and the journal write leaves it to the start marker).
-        journal = self.local.journal_entry(c.attempt_id)
         if journal is not None and journal.identity is None:
             self.local.record_started(c.attempt_id, identity)
 

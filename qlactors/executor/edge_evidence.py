@@ -5,7 +5,7 @@ journal row last, as LocalReceipts does."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from ..process.identity import read_marker
 from ..process.receipts import ReceiptStore
@@ -24,8 +24,8 @@ class EdgeEvidence:
         self.journal, self.receipts, self.local_receipts = journal, receipts, local_receipts
         self.boot_id, self.session = boot_id, session
 
-    def journal_entry(self, attempt_id: str) -> JournalEntry | None:
-        return self.journal.get(attempt_id)
+    def journal_entries(self, attempt_ids: Sequence[str]) -> dict[str, JournalEntry]:
+        return self.journal.entries(attempt_ids)
 
     def liveness(self, identity: Any, current_boot_id: str) -> str:
         alive = liveness_of(identity, current_boot_id)

@@ -8,7 +8,7 @@ it decides from the database and from what workers attest (SEMANTICS.md §10).
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Mapping, Protocol, Sequence
 
 from ..store.records import Identity, Session
 
@@ -34,8 +34,8 @@ class LocalEvidence(Protocol):
     session: Session
     """The built-in local session: what a re-bound survivor names."""
 
-    def journal_entry(self, attempt_id: str) -> JournalFacts | None:
-        """The journal's row of the attempt, or None."""
+    def journal_entries(self, attempt_ids: Sequence[str]) -> Mapping[str, JournalFacts]:
+        """The journal's rows of those attempts that have one, by attempt id (one read a page)."""
 
     def boot_id(self) -> str:
         """The current boot id (read from /proc, or the test override)."""

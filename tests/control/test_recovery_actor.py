@@ -98,12 +98,16 @@ def test_recovery_startup_pass_recovers_200_in_flight_attempts_in_one_call(rec, 
     finally:
         setup.close()
     assert rec.ctx.control_side.control.recovery.candidates(64)[1]  # more than one page
+    local, reads = rec.ctx.control_side.local, []
+    monkeypatch.setattr(local, "journal_entries", lambda ids, read=local.journal_entries: reads.append(len(ids))
+                        or read(ids))
     ref = rec.start("recovery", Recovery)
     t0 = time.monotonic()
     totals = ref.ask(StartupPass(), timeout=60)
     elapsed = time.monotonic() - t0
     print(f"\nstartup recovery of 200 in-flight attempts took {elapsed:.3f} s: {totals}")
     assert totals == {"released": 80, "lost": 80, "completed": 40}
+    assert reads == [64, 64, 64, 8]  # the journal is read once a page, not once a candidate
     assert rec.ctx.control_side.control.recovery.candidates(64) == ([], False)
 
 

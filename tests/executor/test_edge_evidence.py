@@ -40,16 +40,19 @@ def _accepted(journal: Journal) -> tuple[str, str, str]:
     return attempt_id, run_id, token
 
 
-def test_journal_entry_and_record_started(edge):
+def test_journal_entries_and_record_started(edge):
     evidence, journal, _ = edge
     attempt_id, _, _ = _accepted(journal)
-    assert evidence.journal_entry(attempt_id).state == "accepted"
-    assert evidence.journal_entry(new_id()) is None
+    other, _, _ = _accepted(journal)
+    unknown = new_id()
+    found = evidence.journal_entries([attempt_id, unknown, other])
+    assert set(found) == {attempt_id, other} and found[attempt_id].state == "accepted"
+    assert evidence.journal_entries([]) == {}
     proc = subprocess.Popen(["sleep", "30"], start_new_session=True)
     try:
         identity = read_identity(proc.pid, boot_id=read_boot_id())
         evidence.record_started(attempt_id, identity)
-        entry = evidence.journal_entry(attempt_id)
+        entry = evidence.journal_entries([attempt_id])[attempt_id]
         assert (entry.state, entry.identity.pid, entry.identity.start_ticks) == ("started", proc.pid,
                                                                                  identity.start_ticks)
         assert evidence.liveness(entry.identity, evidence.boot_id()) == "running"

@@ -190,6 +190,17 @@ class Journal:
             row = conn.execute(_ROW, {"attempt_id": attempt_id}).first()
             return JournalEntry.from_row(row) if row is not None else None
 
+    def entries(self, attempt_ids: Sequence[str]) -> dict[str, JournalEntry]:
+        """The rows of those of `attempt_ids` that have one (cleared ones are not there), by
+        attempt id: one read for a page of them."""
+        found: dict[str, JournalEntry] = {}
+        with self.store.read() as conn:
+            for start in range(0, len(attempt_ids), 500):  # SQLite's bound on parameters
+                chunk = list(attempt_ids[start:start + 500])
+                for row in conn.execute(select(_J).where(_J.c.attempt_id.in_(chunk)).where(_VISIBLE)):
+                    found[row.attempt_id] = JournalEntry.from_row(row)
+        return found
+
     def held(self, attempt_ids: Sequence[str]) -> set[str]:
         """Those of `attempt_ids` with a row, cleared ones included (a row whose clearing waits for
         an owed report's answer still holds its run back from retention)."""
