@@ -538,7 +538,8 @@ def test_no_cap_logs_everything_and_writes_no_dropped_file(shell, launcher, path
 def test_job_writing_through_a_group_term_never_gets_sigpipe(shell, launcher, paths):
     # The job survives TERM (trap), keeps writing well past the cap, then dies of TERM itself.
     # Had the log reader died of that TERM, those writes would kill the job with SIGPIPE (141).
-    script = ('trap "t=1" TERM; echo ready; t=; while [ -z "$t" ]; do echo before; done; '
+    # t is cleared before "ready" announces the trap: a TERM may land as soon as "ready" is out.
+    script = ('t=; trap "t=1" TERM; echo ready; while [ -z "$t" ]; do echo before; done; '
               'n=0; while [ $n -lt 3000 ]; do echo "after $n"; n=$((n+1)); done; '
               'trap - TERM; kill -TERM $$')
     with launched(shell, launcher, ["sh", "-c", script], launcher_env(paths, cap=100)) as proc:
