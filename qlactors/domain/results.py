@@ -5,8 +5,9 @@ chunk, a re-bind, recovery's and retry's steps, ending a session, confirm-stoppe
 answer with an `Outcome`: a `Result` word, a short machine word `detail` saying why (None when
 there is nothing to add), the run's status after it, and the operation's own facts in `value`
 (a lease's terms, the new fence, the stored log's end...). The wire's answer literals
-(`wire.messages.AckResult`, `AttestResult`) are values of `Result`: tests/test_results.py compares
-them, so a word cannot mean one thing in the store and another on the wire.
+(`wire.messages.AckResult`, `AttestResult`) are values of `Result`:
+tests/domain/test_domain_results.py compares them, so a word cannot mean one thing in the store
+and another on the wire.
 """
 
 from __future__ import annotations
