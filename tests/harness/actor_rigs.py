@@ -142,20 +142,26 @@ class SupervisorRig:
         return self.ref.is_alive() and not self.h.ctx.fatal.event.is_set()
 
 
+def start_supervised_gateway(h: ActorHarness, endpoint: str) -> SupervisorRig:
+    """The real Gateway and Supervisor in `h` (bound at `endpoint`), Recovery and the Scheduler
+    stubbed, admission open, and a worker's socket connected."""
+    h.bridge.route_control(h.directory.named("gateway"))
+    h.stub("recovery")
+    h.stub("scheduler")
+    h.start_bridge()
+    h.ctx.admitting.set()
+    supervisor = h.start("supervisor", Supervisor, {})
+    ref = h.start("gateway", Gateway)
+    return SupervisorRig(h, ref, h.dealer(endpoint), supervisor)
+
+
 @pytest.fixture
 def sup(tmp_path, store_url):
     """The Gateway and the Supervisor on SQLite and on PostgreSQL (the cluster's face too)."""
     endpoint = unique_endpoint("control")
     h = ActorHarness(tmp_path, control_bind=endpoint, database_url=store_url)
     try:
-        h.bridge.route_control(h.directory.named("gateway"))
-        h.stub("recovery")
-        h.stub("scheduler")
-        h.start_bridge()
-        h.ctx.admitting.set()
-        supervisor = h.start("supervisor", Supervisor, {})
-        ref = h.start("gateway", Gateway)
-        yield SupervisorRig(h, ref, h.dealer(endpoint), supervisor)
+        yield start_supervised_gateway(h, endpoint)
     finally:
         h.close()
 

@@ -14,8 +14,6 @@ import sys
 
 import pytest
 
-from qlactors.control.gateway import Gateway
-from qlactors.runtime.supervisor import Supervisor
 from qlactors.domain.receipt import token_hash
 from qlactors.runtime.home import RuntimeLock, read_store_outage
 from qlactors.errors import StoreUnavailable
@@ -24,7 +22,7 @@ from qlactors.store.repository import Repository
 from qlactors.wire import messages as m
 
 from actor_harness import ActorHarness, db_state, unique_endpoint, wait_until
-from actor_rigs import SupervisorRig, make_exe, new_token, spec  # noqa: F401 - make_exe is a fixture
+from actor_rigs import SupervisorRig, make_exe, new_token, spec, start_supervised_gateway  # noqa: F401 - make_exe is a fixture
 from qlactors.ids import new_id
 from outage_rig import short_busy_timeout, write_locked  # noqa: F401 - fixtures
 
@@ -37,14 +35,7 @@ def make_sup(tmp_path, short_busy_timeout):
         endpoint = unique_endpoint("control")
         h = ActorHarness(tmp_path, control_bind=endpoint, **runtime)
         made.append(h)
-        h.bridge.route_control(h.directory.named("gateway"))
-        h.stub("recovery")
-        h.stub("scheduler")
-        h.start_bridge()
-        h.ctx.admitting.set()
-        supervisor = h.start("supervisor", Supervisor, {})
-        ref = h.start("gateway", Gateway)
-        return SupervisorRig(h, ref, h.dealer(endpoint), supervisor)
+        return start_supervised_gateway(h, endpoint)
 
     yield make
     for h in made:
