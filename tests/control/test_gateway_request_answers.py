@@ -10,35 +10,15 @@ import secrets
 import pytest
 from sqlalchemy import func, select
 
-from qlactors.control.gateway import Gateway
-from qlactors.control.session_policy import ClusterSessions
 from qlactors.domain.receipt import token_hash
 from qlactors.ids import new_id
 from qlactors.store.schema import worker_requests
 from qlactors.wire import messages as m
 
-from actor_harness import ActorHarness, unique_endpoint
+from cluster_rigs import start_cluster_gateway as start_gateway
 from store_helpers import db_state, spec
-from cluster_rigs import LEASES, RESUME_SECRET
+
 W = "w1"
-
-
-def start_gateway(tmp_path, store_url):
-    endpoint = unique_endpoint("control")
-    h = ActorHarness(tmp_path, control_bind=endpoint, database_url=store_url)
-    try:
-        h.ctx.control_side.sessions = ClusterSessions(h.ctx.control_side.dispatch, None, h.ctx.control_side.control, **LEASES,
-                                         resume_secret=RESUME_SECRET)
-        h.bridge.route_control(h.directory.named("gateway"))
-        for name in ("recovery", "scheduler", "supervisor"):
-            h.stub(name)
-        h.start_bridge()
-        h.ctx.admitting.set()
-        h.start("gateway", Gateway)
-        return h, h.dealer(endpoint)
-    except BaseException:
-        h.close()
-        raise
 
 
 @pytest.fixture

@@ -122,22 +122,32 @@ def end_session_by_heartbeat(rig: ClusterRig):
     return session
 
 
-@pytest.fixture
-def cluster_gateway(tmp_path, store_url):
-    """A Gateway whose sessions are a cluster replica's (`ClusterSessions`), and a worker's socket."""
+def start_cluster_gateway(tmp_path, store_url):
+    """A Gateway whose sessions are a cluster replica's (`ClusterSessions`), the other actors
+    stubbed, and a worker's socket: (harness, socket); the caller closes the harness."""
     endpoint = unique_endpoint("control")
     h = ActorHarness(tmp_path, control_bind=endpoint, database_url=store_url)
     try:
-        h.ctx.control_side.sessions = ClusterSessions(h.ctx.control_side.dispatch, None, h.ctx.control_side.control, **LEASES,
-                                         resume_secret=RESUME_SECRET)
+        h.ctx.control_side.sessions = ClusterSessions(h.ctx.control_side.dispatch, None, h.ctx.control_side.control,
+                                                      **LEASES, resume_secret=RESUME_SECRET)
         h.bridge.route_control(h.directory.named("gateway"))
-        h.stub("recovery")
-        h.stub("scheduler")
-        h.stub("supervisor")
+        for name in ("recovery", "scheduler", "supervisor"):
+            h.stub(name)
         h.start_bridge()
         h.ctx.admitting.set()
         h.start("gateway", Gateway)
-        yield h, h.dealer(endpoint)
+        return h, h.dealer(endpoint)
+    except BaseException:
+        h.close()
+        raise
+
+
+@pytest.fixture
+def cluster_gateway(tmp_path, store_url):
+    """`start_cluster_gateway`, closed after the test."""
+    h, socket = start_cluster_gateway(tmp_path, store_url)
+    try:
+        yield h, socket
     finally:
         h.close()
 
