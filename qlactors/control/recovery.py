@@ -39,8 +39,9 @@ class Recovery(RuntimeActor):
         if ctx.local is None:
             raise TypeError("edge's Recovery judges from this process's executor side: ctx.local is required")
         self.local: LocalEvidence = ctx.local
-        self.ended: set[str] = set()  # attempt ids the Executor attests ended without completion
-        self.stopped_by: dict[str, str] = {}  # attempt id -> the stop it attested (term, kill, exit)
+        # The attempts the Executor attests ended without completion, each with the stop it
+        # attested (term, kill, exit; None when it named none, or for a resume's look again).
+        self.ended: dict[str, str | None] = {}
         self.unresolved: dict[str, str] = {}  # attempt id -> why it could not be judged
 
     def handlers(self):
@@ -65,14 +66,14 @@ class Recovery(RuntimeActor):
             and isinstance(item.get("why"), str))
         for candidates in self._every_candidate():
             journals = self.local.journal_entries([c.attempt_id for c in candidates])
-            self.ended.update(c.attempt_id for c in candidates if _may_be_orphaned(c, journals.get(c.attempt_id)))
+            for c in candidates:
+                if _may_be_orphaned(c, journals.get(c.attempt_id)):
+                    self.ended.setdefault(c.attempt_id, None)
         log.info("event=recovery_resumed ended=%d unresolved=%d", len(self.ended), len(self.unresolved))
         self.ctx.directory.tell("scheduler", Tick("recovery_resumed"))
 
     def on_ended(self, msg: AttemptEnded, _peer: bytes) -> None:
-        self.ended.add(msg.attempt_id)
-        if msg.stopped_by is not None:
-            self.stopped_by[msg.attempt_id] = msg.stopped_by
+        self.ended[msg.attempt_id] = msg.stopped_by or self.ended.get(msg.attempt_id)
 
     def on_startup(self, _msg: StartupPass, _peer: bytes) -> dict[str, int]:
         """Examine every in-flight attempt, page after page (asked once, before admission opens)."""
@@ -96,7 +97,7 @@ class Recovery(RuntimeActor):
 
     def on_page(self, msg: StepRequest, _peer: bytes) -> None:
         page = self.ctx.config.runtime.recovery_page
-        wanted = sorted(self.ended | set(self.unresolved))[:page]
+        wanted = sorted(self.ended.keys() | self.unresolved.keys())[:page]
         try:
             candidates = self.ctx.control.recovery.candidates_for(wanted)
             known = {c.attempt_id for c in candidates}
@@ -143,7 +144,7 @@ class Recovery(RuntimeActor):
             elif liveness == "running":
                 if startup:
                     self._rebind(c, identity, journal)
-                self.ended.discard(c.attempt_id)
+                self.ended.pop(c.attempt_id, None)
                 outcomes.append("running")
             else:  # gone on this boot, or another boot: not running
                 later.append((c, identity))
@@ -180,7 +181,7 @@ class Recovery(RuntimeActor):
         # A receipt published after the Executor attested the end: the stop that attestation named
         # (what this process sent the job's group) decides a stop's signal, as a Completed's would.
         outcome = self.ctx.completion.complete(c.run_id, c.attempt_id, found.receipt, found.dropped,
-                                               self.stopped_by.get(c.attempt_id, "exit"))
+                                               self.ended.get(c.attempt_id) or "exit")
         if outcome.settled:
             self.local.receipt_applied(c.attempt_id)
             self._resolved(c.attempt_id)
@@ -223,8 +224,7 @@ class Recovery(RuntimeActor):
         write_recovery_status(self.ctx.config.home, self.unresolved)
 
     def _resolved(self, attempt_id: str) -> None:
-        self.ended.discard(attempt_id)
-        self.stopped_by.pop(attempt_id, None)
+        self.ended.pop(attempt_id, None)
         self.unresolved.pop(attempt_id, None)
 
 

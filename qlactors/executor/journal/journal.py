@@ -191,12 +191,10 @@ class Journal:
             return JournalEntry.from_row(row) if row is not None else None
 
     def entries(self, attempt_ids: Sequence[str]) -> dict[str, JournalEntry]:
-        """The rows of those of `attempt_ids` that have one (cleared ones are not there), by
-        attempt id: one read for a page of them."""
+        """The rows of those of `attempt_ids` that have one (not cleared ones), by attempt id."""
         found: dict[str, JournalEntry] = {}
         with self.store.read() as conn:
-            for start in range(0, len(attempt_ids), 500):  # SQLite's bound on parameters
-                chunk = list(attempt_ids[start:start + 500])
+            for chunk in _chunks(attempt_ids):
                 for row in conn.execute(select(_J).where(_J.c.attempt_id.in_(chunk)).where(_VISIBLE)):
                     found[row.attempt_id] = JournalEntry.from_row(row)
         return found
@@ -206,8 +204,7 @@ class Journal:
         an owed report's answer still holds its run back from retention)."""
         found: set[str] = set()
         with self.store.read() as conn:
-            for start in range(0, len(attempt_ids), 500):  # SQLite's bound on parameters
-                chunk = list(attempt_ids[start:start + 500])
+            for chunk in _chunks(attempt_ids):
                 found.update(conn.execute(select(_J.c.attempt_id).where(_J.c.attempt_id.in_(chunk))).scalars())
         return found
 
@@ -395,3 +392,8 @@ def _lease_columns(lease: LeaseFacts | None) -> dict[str, Any]:
     if not isinstance(lease, LeaseFacts):
         raise BadInput("lease must be LeaseFacts")
     return lease.columns()
+
+
+def _chunks(attempt_ids: Sequence[str], size: int = 500) -> Iterator[list[str]]:
+    """`attempt_ids` in lists of at most `size`: SQLite's bound on a statement's parameters."""
+    return (list(attempt_ids[start:start + size]) for start in range(0, len(attempt_ids), size))
