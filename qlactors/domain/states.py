@@ -55,6 +55,16 @@ class TriggerType(str, Enum):
     RETRY = "retry"
 
 
+class TaskEventType(str, Enum):
+    """What a task-change history row records (schema 16: `task_events`)."""
+
+    ADDED = "added"
+    UPDATED = "updated"
+    ENABLED = "enabled"
+    DISABLED = "disabled"
+    REMOVED = "removed"
+
+
 class RetrySafety(str, Enum):
     UNKNOWN = "unknown"
     IDEMPOTENT = "idempotent"

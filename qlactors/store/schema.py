@@ -36,6 +36,7 @@ from ..domain.states import (
     LeaseStatus,
     RetrySafety,
     RunStatus,
+    TaskEventType,
     TriggerType,
 )
 
@@ -343,6 +344,9 @@ run_events = Table(
     Column("sequence", Integer, nullable=False),
     Column("type", String(48), nullable=False),
     Column("actor_type", String(16), nullable=False),
+    # Schema 16: who asked, for a change a person made (the API token's name, or the CLI's
+    # user); NULL for what the runtime did on its own.
+    Column("actor_name", String(128)),
     Column("attempt_id", ID, ForeignKey("run_attempts.id")),
     Column("dedupe_key", String(256)),
     Column("payload_json", Text, nullable=False),
@@ -557,3 +561,39 @@ worker_requests = Table(
 )
 # Pruning takes the oldest rows first.
 Index("ix_worker_requests_created_at_ms", worker_requests.c.created_at_ms)
+
+# Schema 16 (issue 20): each change to a task, and who made it (`task show` prints them). The
+# payload names what changed (field names, never a command, an environment value or output).
+task_events = Table(
+    "task_events",
+    metadata,
+    Column("id", ID, primary_key=True),
+    Column("task_id", ID, ForeignKey("tasks.id"), nullable=False),
+    Column("type", String(16), nullable=False),
+    Column("revision", Integer, nullable=False),
+    Column("actor_name", String(128), nullable=False),
+    Column("payload_json", Text, nullable=False),
+    Column("created_at_ms", MS, nullable=False),
+    CheckConstraint(one_of("type", TaskEventType), name="type"),
+    CheckConstraint("length(payload_json) <= 16384", name="payload_size"),
+    *ms_nonneg("created_at_ms"),
+)
+Index("ix_task_events_task_id_created_at_ms", task_events.c.task_id, task_events.c.created_at_ms)
+
+# Schema 16: the HTTP API's bearer tokens. Only the secret's SHA-256 is kept; a revoked token
+# keeps its row (its name may then be given to a new one).
+api_tokens = Table(
+    "api_tokens",
+    metadata,
+    Column("id", ID, primary_key=True),
+    Column("name", String(64), nullable=False),
+    Column("secret_hash", String(64), nullable=False),
+    Column("read_only", Boolean, nullable=False),
+    Column("created_at_ms", MS, nullable=False),
+    Column("revoked_at_ms", MS),
+    UniqueConstraint("secret_hash"),
+    CheckConstraint("length(secret_hash) = 64", name="secret_hash_sha256"),
+    *ms_nonneg("created_at_ms", "revoked_at_ms"),
+)
+Index("ix_api_tokens_live_name", api_tokens.c.name, unique=True,
+      sqlite_where=text("revoked_at_ms IS NULL"), postgresql_where=text("revoked_at_ms IS NULL"))
