@@ -73,7 +73,7 @@ def seed(url: str, attempts: int) -> float:
     try:
         policy = RetryPolicy(max_attempts=2, retry_on_lost=True, safety=RetrySafety.IDEMPOTENT, backoff_base_ms=1_000)
         repo.tasks.add(TaskSpec(name="idem", command=Command.from_words(["true"]), max_concurrent=attempts,
-                                retry=policy))
+                                retry=policy), actor_name="tester")
         for _ in range(attempts):
             repo.runs.request("idem")
         dispatch = Dispatch.open(repo.store)

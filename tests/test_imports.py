@@ -405,7 +405,7 @@ def test_the_size_check_sees_a_long_function_and_takes_a_reason():
 # -- each module says where it lives (issue 19 rule 9) ---------------------------------------------
 
 SIDE_WORDS = {"control": "Control side:", "executor": "Executor side:", "runtime": "Shared:",
-              "profiles": "Profile:", "store": "Store:"}
+              "profiles": "Profile:", "store": "Store:", "web": "Web:"}
 
 
 def side_word_missing(package: str) -> list[str]:

@@ -13,7 +13,7 @@ from .parser import build
 
 # The commands that act on a cluster database when one is named (ARCHITECTURE.md "Command line").
 CLUSTER_COMMANDS = frozenset({"task", "run", "runs", "show", "logs", "cancel", "retry", "status",
-                              "workers", "worker", "confirm-stopped"})
+                              "workers", "worker", "confirm-stopped", "token", "notify", "web"})
 # ...and those that mean nothing on an edge home: refused there, before the home is touched.
 CLUSTER_ONLY = frozenset({"workers", "worker"})
 NO_CLUSTER_DATABASE = "no cluster database: pass --config control.toml or set QLACTORS_DATABASE_URL"
@@ -28,6 +28,20 @@ def _split_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
 
 
 def _handler(args) -> Callable:
+    if args.command == "notify":
+        from . import notify_commands
+
+        return {"add": notify_commands.notify_add, "list": notify_commands.notify_list,
+                "rm": notify_commands.notify_rm}[args.notify_command]
+    if args.command == "web":
+        from . import web_commands
+
+        return web_commands.web
+    if args.command == "token":  # changes no intent: nothing to nudge (`_changes_intent`)
+        from . import token_commands
+
+        return {"new": token_commands.token_new, "revoke": token_commands.token_revoke,
+                "list": token_commands.token_list}[args.token_command]
     from . import cluster_commands, commands, runtime_commands  # the store loads only when a command runs
 
     on_cluster = args.cluster is not None

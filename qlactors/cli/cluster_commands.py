@@ -7,6 +7,8 @@ import argparse
 import logging
 import sys
 import time
+from dataclasses import dataclass
+from typing import Any
 
 from ..config import ControlConfig, WorkerConfig, load_config
 from ..domain.states import AttemptStatus, RunStatus
@@ -17,7 +19,7 @@ from ..store.admin.workers import Workers
 from ..wire.curve_keys import COPY_THE_REPLICAS_KEY, load_key_pair, load_public_key, new_key_pair
 from .render import (WORKER_HEADER, active_runs, age_of, confirm_line, confirm_refusal, cycle_failure_line,
                      dump_json, table, when, worker_rows)
-from .common import EXIT_DOWN, not_started, pick_attempt, say
+from .common import EXIT_DOWN, not_started, operator_name, pick_attempt, say
 from .placement import active_with_reasons
 
 LOG_READ_LIMIT = 1024 * 1024  # bytes asked of the log store per read
@@ -82,17 +84,6 @@ def confirm_stopped(repo: Repository, args: argparse.Namespace) -> int:
     return 0
 
 
-def operator_name() -> str:
-    """Who says it, for the record: the login name (`$USER` and the like, else the account)."""
-    import getpass
-
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):  # no name in the environment and none for this uid
-        raise BadInput("cannot tell who you are (no $USER, and no account for this uid): give "
-                       "--by NAME; nothing was changed") from None
-
-
 def workers(repo: Repository, args: argparse.Namespace) -> int:
     listed = Workers(repo.store).list()
     if args.json:
@@ -153,25 +144,44 @@ def worker(args: argparse.Namespace) -> int:
 
 # -- status, logs and run --wait against the cluster database --------------------------------
 
-def status(repo: Repository, args: argparse.Namespace) -> int:
-    """Replicas, workers, active runs and open recovery cases; exit 0 when a replica is up, else 3."""
+@dataclass(frozen=True, slots=True)
+class ClusterStatus:
+    """The cluster `status --json` report (also `GET /api/v1/status`), and what the text form
+    prints beside it."""
+
+    report: dict
+    cluster: Any  # store.cadence.cluster_status.ClusterStatus
+    workers: Any  # the Workers listing
+    listing: list
+    reasons: dict
+
+
+def cluster_status(repo: Repository, target, *, all_replicas: bool = False) -> ClusterStatus:
     from ..store.cadence.control import Control
 
-    settings = args.cluster.settings
+    settings = target.settings
     cluster = read_cluster_status(repo.store, settings.cadence_tick_ms, recovery_grace_ms=settings.recovery_grace_ms,
                                   drain_grace_ms=settings.drain_grace_ms)
     listed = Workers(repo.store).list()
     counts = {k: v for k, v in Control.open(repo.store).status.counts().runs.items() if v}
     active = {k: v for k, v in sorted(counts.items()) if not RunStatus(k).terminal}
     listing, reasons = active_with_reasons(repo, [(w.worker_id, w.labels) for w in listed.workers if w.serving])
-    up = cluster.replicas_up > 0
-    shown = cluster.replicas if args.all else cluster.current
-    hidden = len(cluster.replicas) - len(cluster.current)
-    report = {"up": up, "profile": "cluster", "database": args.cluster.describe(),
+    shown = cluster.replicas if all_replicas else cluster.current
+    report = {"up": cluster.replicas_up > 0, "profile": "cluster", "database": target.describe(),
               "replicas": [r.to_json() for r in shown],
               "workers": [w.to_json() for w in listed.workers], "runs": counts, "active_runs": active,
               "active_run_list": [r.to_json(reasons[r.run_id]) for r in listing],
               "unresolved_recoveries": [w.to_json() for w in cluster.waiting]}
+    return ClusterStatus(report, cluster, listed, listing, reasons)
+
+
+def status(repo: Repository, args: argparse.Namespace) -> int:
+    """Replicas, workers, active runs and open recovery cases; exit 0 when a replica is up, else 3."""
+    found = cluster_status(repo, args.cluster, all_replicas=args.all)
+    report, cluster, listed, listing, reasons = found.report, found.cluster, found.workers, found.listing, found.reasons
+    up, active = report["up"], report["active_runs"]
+    shown = cluster.replicas if args.all else cluster.current
+    hidden = len(cluster.replicas) - len(cluster.current)
     if args.json:
         dump_json(report)
         return 0 if up else EXIT_DOWN

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import stat
 import sys
 from typing import Any
@@ -15,12 +16,14 @@ from ..domain.numbers import parse_whole
 from ..domain.retention import RetentionPolicy, TaskRetention, parse_keep_days, parse_keep_runs
 from ..domain.results import Result
 from ..domain.retry import RetryPolicy
+from ..domain.times import parse_when_ms
 from ..errors import BadInput
 from ..store.repository import Repository
 from ..store.intent.triggers import TriggerOptions
 from ..wire.offers import check_revision_fits
-from .render import (RUN_HEADER, TASK_HEADER, dump_json, placement as placement_line, retention_line,
-                     run_detail, run_rows, schedule_line, table, task_detail, task_rows)
+from .common import operator_name
+from .render import (RUN_HEADER, TASK_HEADER, dump_json, notification_lines, placement as placement_line,
+                     retention_line, run_detail, run_rows, schedule_line, table, task_detail, task_history, task_rows)
 
 
 def _whole(option: str, text: str) -> int:
@@ -147,7 +150,7 @@ def task_add(repo: Repository, args: argparse.Namespace, words: list[str] | None
     _check_cwd(repo, changes)
     spec = TaskSpec(name=args.name, command=Command.from_words(words), **changes)
     view = repo.tasks.add(spec, trigger=_trigger(args), retention=TaskRetention(**_retention(args)),
-                          check=check_revision_fits)
+                          check=check_revision_fits, actor_name=operator_name())
     print(f"task {view.name} added (revision {view.revision})")
     if view.trigger is not None:
         print(schedule_line(view))
@@ -175,7 +178,7 @@ def task_update(repo: Repository, args: argparse.Namespace, words: list[str] | N
     if remove and trigger is not None:
         raise BadInput("--no-cron removes the schedule: it takes no --tz, --misfire, --grace or --overlap")
     view = repo.tasks.update(args.name, trigger=trigger, remove_trigger=remove, retention=_retention(args),
-                             check=check_revision_fits, **changes)
+                             check=check_revision_fits, actor_name=operator_name(), **changes)
     rescheduled = _schedule_key(view) != _schedule_key(current)
     retained = view.retention != current.retention
     print(f"task {view.name} at revision {view.revision}"
@@ -190,7 +193,7 @@ def task_update(repo: Repository, args: argparse.Namespace, words: list[str] | N
 
 
 def task_enable(repo: Repository, args: argparse.Namespace, enabled: bool) -> int:
-    view = repo.tasks.set_enabled(args.name, enabled)
+    view = repo.tasks.set_enabled(args.name, enabled, actor_name=operator_name())
     print(f"task {view.name} {'enabled' if view.enabled else 'disabled'}")
     return 0
 
@@ -207,12 +210,15 @@ def task_list(repo: Repository, args: argparse.Namespace) -> int:
 
 def task_show(repo: Repository, args: argparse.Namespace) -> int:
     view = repo.tasks.get(args.name)
+    history = repo.tasks.history(args.name)
     qualifying = _qualifying(repo, args, view.spec.labels)
     if args.json:
-        dump_json({**view.to_json(_global_retention(args)), "qualifying_workers": qualifying})
+        dump_json({**view.to_json(_global_retention(args)), "qualifying_workers": qualifying,
+                   "history": [e.to_json() for e in history]})
     else:
         task_detail(view, _global_retention(args))
         placement_line(view.spec.labels, qualifying)
+        task_history(history)
     return 0
 
 
@@ -227,7 +233,7 @@ def _qualifying(repo: Repository, args: argparse.Namespace, labels: tuple[str, .
 
 
 def task_rm(repo: Repository, args: argparse.Namespace) -> int:
-    removal = repo.remove_task(args.name, force=args.force)
+    removal = repo.remove_task(args.name, force=args.force, actor_name=operator_name())
     for run_id in removal.cancelled:
         print(f"run {run_id} cancelled")
     for run_id in removal.requested:
@@ -237,22 +243,34 @@ def task_rm(repo: Repository, args: argparse.Namespace) -> int:
 
 
 def runs(repo: Repository, args: argparse.Namespace) -> int:
-    page = repo.runs.list(task=args.task, state=args.state, limit=args.limit, cursor=args.after)
+    since = None if args.since is None else parse_when_ms("--since", args.since)
+    until = None if args.until is None else parse_when_ms("--until", args.until)
+    page = repo.runs.list(task=args.task, state=args.state, limit=args.limit, cursor=args.after,
+                          created_since_ms=since, created_before_ms=until)
     if args.json:
         dump_json([r.to_json(detail=False) for r in page.runs])
     else:
         table(run_rows(page.runs), RUN_HEADER)
     if page.next_cursor:
-        print(f"more: qlactors runs --after {page.next_cursor}", file=sys.stderr)
+        print(f"more: qlactors runs{_filters(args)} --after {page.next_cursor}", file=sys.stderr)
     return 0
+
+
+def _filters(args: argparse.Namespace) -> str:
+    """The filters of a `runs` page, as options to repeat with the next page's cursor."""
+    given = (("--task", args.task), ("--state", args.state), ("--since", args.since), ("--until", args.until))
+    return "".join(f" {option} {shlex.quote(value)}" for option, value in given if value is not None)
 
 
 def show(repo: Repository, args: argparse.Namespace) -> int:
     view = repo.runs.get(args.run_id)
     waiting = _recovery_waiting(repo, args, view)
     placement = _placement_wait(repo, args, view)
+    from ..store.admin.notifications import Notifications
+
+    notifications = Notifications(repo.store).of_run(view.id)
     if args.json:
-        data = {**view.to_json(), "waiting": placement}
+        data = {**view.to_json(), "waiting": placement, "notifications": notifications}
         boot_id, host = this_host()
         for attempt in data["attempts"]:
             # Known only when the attempt ran on the host reading it: the database holds the job's
@@ -267,6 +285,7 @@ def show(repo: Repository, args: argparse.Namespace) -> int:
             print(f"\nwaiting: {placement}")
         if waiting is not None:
             print(f"\nrecovery: attempt {view.attempts[-1].number} waits: {waiting.reason}")
+        notification_lines(notifications)
     return 0
 
 
@@ -314,7 +333,7 @@ _CANCEL_TEXT = {
 
 
 def cancel(repo: Repository, args: argparse.Namespace) -> int:
-    outcome = repo.runs.cancel(args.run_id)
+    outcome = repo.runs.cancel(args.run_id, actor_name=operator_name())
     print(f"run {outcome.value.id}: " + _CANCEL_TEXT[outcome.result].format(state=outcome.run_state))
     return 0
 
@@ -324,6 +343,7 @@ def retry(repo: Repository, args: argparse.Namespace) -> int:
     from .runtime_commands import announce_and_follow, exactly_once, wait_options
 
     timeout_ms = wait_options(args)
-    admission = exactly_once(lambda key: repo.runs.retry(args.run_id, idempotency_key=key),
+    actor_name = operator_name()
+    admission = exactly_once(lambda key: repo.runs.retry(args.run_id, idempotency_key=key, actor_name=actor_name),
                              f"the retry of {args.run_id}", "`qlactors runs --limit 5`")
     return announce_and_follow(repo, args, admission.run.id, timeout_ms)

@@ -1,5 +1,6 @@
-"""What every command module shares: the exit statuses, the stderr voice, and which attempt a
-`logs` reads (edge and cluster alike). A leaf: it imports no other command module."""
+"""What every command module shares: the exit statuses, the stderr voice, who the user is (for the
+record), and which attempt a `logs` reads (edge and cluster alike). A leaf: it imports no other
+command module."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import argparse
 import sys
 
 from ..domain.states import AttemptStatus
-from ..errors import NotFound
+from ..domain.audit import check_actor_name
+from ..errors import BadInput, NotFound
 
 EXIT_OK, EXIT_RUNTIME, EXIT_USAGE = 0, 1, 2
 EXIT_TIMED_OUT, EXIT_CANCELLED, EXIT_FAILED_NO_CODE, EXIT_DOWN, EXIT_WAIT_TIMEOUT = 124, 130, 125, 3, 75
@@ -15,6 +17,19 @@ EXIT_TIMED_OUT, EXIT_CANCELLED, EXIT_FAILED_NO_CODE, EXIT_DOWN, EXIT_WAIT_TIMEOU
 
 def say(line: str) -> None:
     print(f"qlactors: {line}", file=sys.stderr, flush=True)
+
+
+def operator_name() -> str:
+    """Who says it, for the record (the author of a change, `confirm-stopped --by`'s default): the
+    login name (`$LOGNAME`, `$USER` and the like, else the account's)."""
+    import getpass
+
+    try:
+        name = getpass.getuser()
+    except (KeyError, OSError):  # no name in the environment and none for this uid
+        raise BadInput("cannot tell who you are (no $USER, and no account for this uid): set USER to "
+                       "your name (confirm-stopped also takes --by NAME); nothing was changed") from None
+    return check_actor_name(name)
 
 
 def pick_attempt(repo, args: argparse.Namespace):

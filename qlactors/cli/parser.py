@@ -181,6 +181,10 @@ def _run_commands(sub) -> None:
     runs.add_argument("--state", choices=[s.value for s in RunStatus])
     runs.add_argument("--limit", type=whole, default=20, metavar="N", help="at most N runs (default 20, max 500)")
     runs.add_argument("--after", metavar="CURSOR", type=utf8, help="continue from a previous page's cursor")
+    runs.add_argument("--since", metavar="WHEN", help="only runs created at or after WHEN: an ISO 8601 date-time "
+                                                      "(2026-12-06T05:00:00Z, or with an offset; without one, "
+                                                      "UTC) or milliseconds since the epoch")
+    runs.add_argument("--until", metavar="WHEN", help="only runs created before WHEN (as for --since)")
     runs.add_argument("--json", action="store_true")
 
     show_run = sub.add_parser("show", help="a run with its attempts and events")
@@ -196,6 +200,39 @@ def _run_commands(sub) -> None:
                        help="follow the new run to the end; exit statuses as for `run --wait`")
     retry.add_argument("--wait-timeout", metavar="SEC",
                        help="with --wait: give up waiting after SEC seconds, exit 75 (the run goes on)")
+
+
+def _notify_commands(sub) -> None:
+    """`notify add|list|rm`: notifications of runs that end in some states."""
+    notify = sub.add_parser("notify", help="where to tell about runs that end failed, timed out, lost... "
+                                           "(delivered by `qlactors web`)")
+    nsub = notify.add_subparsers(dest="notify_command", metavar="ACTION", required=True, parser_class=Parser)
+    add = nsub.add_parser("add", help="notify --webhook URL, --apprise URL or --command CMD")
+    add.add_argument("--task", type=utf8, metavar="NAME", help="only this task's runs (default: every task)")
+    add.add_argument("--on", metavar="STATES", help="terminal states, comma-separated (default failed,timed_out,lost)")
+    target = add.add_mutually_exclusive_group(required=True)
+    target.add_argument("--webhook", metavar="URL", type=utf8, help="POST the run's facts as JSON to URL")
+    target.add_argument("--apprise", metavar="URL", type=utf8,
+                        help="send through apprise (tgram://, dingtalk://, wecombot://, bark://, mailto://...)")
+    target.add_argument("--command", metavar="CMD", type=utf8, dest="run_command",
+                        help="run CMD (sh -c) with the facts in QLACTORS_NOTIFY_* variables")
+    lst = nsub.add_parser("list", help="the notification rules")
+    lst.add_argument("--json", action="store_true")
+    rm = nsub.add_parser("rm", help="remove rule ID")
+    rm.add_argument("rule_id", type=utf8)
+
+
+def _token_commands(sub) -> None:
+    """`token new|revoke|list`: the HTTP API's bearer tokens."""
+    token = sub.add_parser("token", help="bearer tokens for the HTTP API (only their hash is stored)")
+    tsub = token.add_subparsers(dest="token_command", metavar="ACTION", required=True, parser_class=Parser)
+    new = tsub.add_parser("new", help="make token NAME; prints its secret, once, alone on stdout")
+    new.add_argument("name", type=utf8)
+    new.add_argument("--read-only", action="store_true", help="it may read everything and change nothing")
+    revoke = tsub.add_parser("revoke", help="end token NAME: its secret is refused from the next request on")
+    revoke.add_argument("name", type=utf8)
+    lst = tsub.add_parser("list", help="the tokens, live ones first (never their secrets)")
+    lst.add_argument("--json", action="store_true")
 
 
 def _audit_commands(sub) -> None:
@@ -239,6 +276,16 @@ def build() -> Parser:
     logs.add_argument("-f", "--follow", action="store_true", help="keep printing until the run ends")
 
     _cluster_commands(sub)
+
+    _token_commands(sub)
+
+    _notify_commands(sub)
+
+    web = sub.add_parser("web", help="serve the HTTP API and the web page (default 127.0.0.1:5700; "
+                                     "docs/web.md); on a cluster with --config control.toml")
+    web.add_argument("--listen", metavar="HOST:PORT", help="where to listen (default: [web] listen, "
+                                                           "else 127.0.0.1:5700)")
+    web.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING", "ERROR"))
 
     _audit_commands(sub)
     return top

@@ -11,7 +11,7 @@ from typing import Any, Iterable, TextIO
 from ..domain import posix
 from ..domain.cron import CronError, load_zone
 from ..domain.retention import DAY_MS, HOUR_MS, RetentionPolicy
-from ..store.views import AttemptView, RunView, TaskView, TriggerView
+from ..store.views import AttemptView, EventView, RunView, TaskEventView, TaskView, TriggerView
 
 
 def when(ms: int | None) -> str:
@@ -149,6 +149,24 @@ def _trigger_events(t: TriggerView, out: TextIO) -> None:
           ("TYPE", "SCHEDULED FOR", "COUNT", "REV", "AT", "RUN"), out, indent="  ")
 
 
+def task_history(events: Iterable[TaskEventView], out: TextIO = sys.stdout) -> None:
+    """`task show`'s last part: each change to the task, newest first, and who made it."""
+    out.write("\nhistory:\n")
+    lines = [f"  {when_seconds(e.at_ms)}  {e.type:<8}  rev {e.revision}  by {e.actor_name}"
+             + (f"  ({', '.join(e.changed)})" if e.changed else "") for e in events]
+    out.write("\n".join(lines) + "\n" if lines else "  (none)\n")
+
+
+def when_seconds(ms: int) -> str:
+    """A UTC time to the second (a history line's)."""
+    return datetime.fromtimestamp(ms // 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
+def actor_of(e: EventView) -> str:
+    """A run event's actor: its type, and the person behind it when one asked (`user (alice)`)."""
+    return e.actor_type if e.actor_name is None else f"{e.actor_type} ({e.actor_name})"
+
+
 def signal_name(number: int) -> str:
     try:
         return signal.Signals(number).name
@@ -217,7 +235,7 @@ def run_detail(run: RunView, out: TextIO = sys.stdout) -> None:
             a.error_code or "-", worker_of(a)) for a in run.attempts],
           ("#", "STATE", "EXIT", "STARTED", "FINISHED", "ERROR", "WORKER"), out, indent="  ")
     out.write("\nevents:\n")
-    table([(str(e.seq), e.type, when(e.at_ms), e.actor_type,
+    table([(str(e.seq), e.type, when(e.at_ms), actor_of(e),
             json.dumps(e.payload, sort_keys=True) if e.payload else "") for e in run.events],
           ("SEQ", "TYPE", "AT", "ACTOR", "PAYLOAD"), out, indent="  ")
 
@@ -307,3 +325,15 @@ def confirm_refusal(outcome) -> str:
                if state == "claimed" else f"{state}: no live attempt to confirm")
         return f"{run} ({outcome.run_state}): {attempt} is {why}; nothing was changed"
     return f"{run} is {outcome.run_state}: no live attempt to confirm; nothing was changed"
+
+
+def notification_lines(notifications: list[dict], out: TextIO = sys.stdout) -> None:
+    """`show`: each notification of the run (by rule), its status and every try."""
+    if not notifications:
+        return
+    out.write("\nnotifications:\n")
+    for n in notifications:
+        out.write(f"  {n['kind']} {n['target']} (rule {n['rule_id']}): {n['status']}"
+                  + (f", next try {when(n['next_try_at_ms'])}" if n["next_try_at_ms"] else "") + "\n")
+        for t in n["tries"]:
+            out.write(f"    try {t['number']} {when(t['at_ms'])}: {'ok' if t['ok'] else 'failed'} ({t['detail']})\n")

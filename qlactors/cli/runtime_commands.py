@@ -21,7 +21,7 @@ from ..runtime.home import (holder_pid, nudge, read_cycle_failure, read_disk_hol
 from ..errors import StoreUnavailable
 from ..store.repository import Repository
 from .common import (EXIT_CANCELLED, EXIT_DOWN, EXIT_FAILED_NO_CODE, EXIT_TIMED_OUT, EXIT_WAIT_TIMEOUT, not_started,
-                     pick_attempt, say)
+                     operator_name, pick_attempt, say)
 from .render import active_runs, cycle_failure_line, dump_json, seconds, when
 
 WAIT_POLL_S = 0.1
@@ -94,7 +94,8 @@ def exactly_once(request, what: str, hint: str):
 
 def run(repo: Repository, args: argparse.Namespace) -> int:
     timeout_ms = wait_options(args)
-    admission = exactly_once(lambda key: repo.runs.request(args.name, idempotency_key=key),
+    actor_name = operator_name()
+    admission = exactly_once(lambda key: repo.runs.request(args.name, idempotency_key=key, actor_name=actor_name),
                              f"the run of {args.name}", f"`qlactors runs --task {args.name} --limit 1`")
     return announce_and_follow(repo, args, admission.run.id, timeout_ms)
 
@@ -218,27 +219,35 @@ class Follow:
         return status
 
 
-def status(repo: Repository, args: argparse.Namespace) -> int:
-    home = args.cfg.home
+def edge_status(repo: Repository, cfg) -> tuple[dict, list, dict]:
+    """The edge `status --json` report (also `GET /api/v1/status`), with the active runs and why
+    each waits, for the text form."""
+    home = cfg.home
     up = runtime_is_up(home)
     from ..store.cadence.control import Control
+    from .placement import active_with_reasons
 
     counts = {k: v for k, v in Control.open(repo.store).status.counts().runs.items() if v}
     active = {k: v for k, v in sorted(counts.items()) if not RunStatus(k).terminal}
-    unresolved = read_recovery_status(home) if up else []
-    hold = read_disk_hold(home) if up else None  # a file left by a runtime that died says nothing
-    outage = read_store_outage(home) if up else None
-    cycle = read_cycle_failure(home) if up else None
-    quarantined = _count_quarantined(args.cfg.receipts_dir)
-    from .placement import active_with_reasons
-
     listing, reasons = active_with_reasons(repo, None)
     report = {"up": up, "pid": holder_pid(home) if up else None, "home": str(home),
               "runs": counts, "active_runs": active,
               "active_run_list": [r.to_json(reasons[r.run_id]) for r in listing],
-              "unresolved_recoveries": unresolved,
-              "quarantined_receipts": quarantined, "disk_reserve_hold": hold, "store_outage": outage,
-              "cycle_failure": cycle}
+              "unresolved_recoveries": read_recovery_status(home) if up else [],
+              "quarantined_receipts": _count_quarantined(cfg.receipts_dir),
+              # a file left by a runtime that died says nothing
+              "disk_reserve_hold": read_disk_hold(home) if up else None,
+              "store_outage": read_store_outage(home) if up else None,
+              "cycle_failure": read_cycle_failure(home) if up else None}
+    return report, listing, reasons
+
+
+def status(repo: Repository, args: argparse.Namespace) -> int:
+    home = args.cfg.home
+    report, listing, reasons = edge_status(repo, args.cfg)
+    up, active, unresolved = report["up"], report["active_runs"], report["unresolved_recoveries"]
+    quarantined, hold = report["quarantined_receipts"], report["disk_reserve_hold"]
+    outage, cycle = report["store_outage"], report["cycle_failure"]
     if args.json:
         dump_json(report)
     else:

@@ -164,7 +164,7 @@ def load_config(path: str | os.PathLike) -> ControlConfig | WorkerConfig:
         return _check_worker(WorkerConfig(path=path, **values))
     database = DatabaseSettings(**_read_sections(DatabaseSettings, data, path, ("database",),
                                                  consume=False))
-    values = _read_sections(ControlConfig, data, path, ("control",), extra=("database",))
+    values = _read_sections(ControlConfig, data, path, ("control",), extra=("database", "web"))  # web: config/web.py
     return _check_control(ControlConfig(path=path, database=database, **values))
 
 

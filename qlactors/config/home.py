@@ -51,7 +51,7 @@ def load(home_arg: str | None = None, config_path: str | None = None, *,
     path = Path(config_path) if config_path else home / CONFIG_FILE
     if config_path or path.is_file():
         data = read_toml(path)
-    unknown = set(data) - {"profile", "database", "runtime", "launcher"}
+    unknown = set(data) - {"profile", "database", "runtime", "launcher", "web"}  # [web]: config/web.py
     if unknown:
         raise BadInput(f"{path}: unknown section(s) {sorted(unknown)}; see configs/edge.toml for every knob")
     chosen = profile or data.get("profile") or "edge"

@@ -16,6 +16,7 @@ from ..domain.states import AttemptStatus, CancelReason, LeaseReleaseReason, Lea
 from ..domain.transitions import AttemptSnapshot, Plan, RunSnapshot
 from ..errors import Conflict
 from ..ids import new_id
+from .run_endings import record_run_end
 from .schema import run_attempts, run_dispatch_leases, run_events, runs, task_revisions
 
 MAX_EVENT_PAYLOAD_BYTES = 16 * 1024
@@ -117,11 +118,14 @@ def encode_payload(payload: Mapping[str, Any]) -> str:
     return text
 
 
-def append_events(conn: Connection, plan: Plan, now_ms: int, actor_type: str) -> None:
+def append_events(conn: Connection, plan: Plan, now_ms: int, actor_type: str, *,
+                  actor_name: str | None = None) -> None:
+    """The plan's events, by `actor_type`; `actor_name` is the person behind them (an API token's
+    name, the CLI's user), None for what the runtime does on its own."""
     if not plan.events:
         return
     rows = [{"id": new_id(), "run_id": plan.run_id, "sequence": e.sequence, "type": e.type,
-             "actor_type": actor_type, "attempt_id": e.attempt_id,
+             "actor_type": actor_type, "actor_name": actor_name, "attempt_id": e.attempt_id,
              "payload_json": encode_payload(e.payload), "created_at_ms": now_ms}
             for e in plan.events]
     kept = conn.info.get(_KEPT_EVENTS)
@@ -151,7 +155,9 @@ def events_together(conn: Connection) -> Iterator[None]:
         info.pop(_KEPT_EVENTS, None)
 
 
-_EVENT_COLUMNS = ("id", "run_id", "sequence", "type", "actor_type", "attempt_id", "payload_json", "created_at_ms")
+# The keys of every row `append_events` builds, in the multi-row INSERT's column order.
+_EVENT_COLUMNS = ("id", "run_id", "sequence", "type", "actor_type", "actor_name", "attempt_id", "payload_json",
+                  "created_at_ms")
 
 
 @functools.lru_cache(maxsize=64)
@@ -169,6 +175,7 @@ def apply_plan(
     now_ms: int,
     *,
     actor_type: str,
+    actor_name: str | None = None,
     expected_callback_sequence: int | None = None,
     run_values: Mapping[str, Any] | None = None,
     attempt_values: Mapping[str, Any] | None = None,
@@ -193,6 +200,8 @@ def apply_plan(
     values.update(w_id=plan.run_id, w_version=plan.expected_version, w_status=plan.run_from.value)
     if conn.execute(_RUN_CAS, values).rowcount != 1:
         raise Conflict(f"run {plan.run_id} changed meanwhile (expected version {plan.expected_version})")
+    if plan.run_to.terminal:
+        record_run_end(conn, plan.run_id)  # its counters and notifications, in this transaction
     if plan.attempt_id is not None and plan.attempt_from is not None and (plan.changes_attempt or attempt_values):
         a_values: dict[str, Any] = {"status": plan.attempt_to.value, "updated_at_ms": now_ms}
         if plan.attempt_to.terminal and plan.changes_attempt:
@@ -207,7 +216,7 @@ def apply_plan(
             a_values["w_sequence"] = expected_callback_sequence
         if conn.execute(statement, a_values).rowcount != 1:
             raise Conflict(f"attempt {plan.attempt_id} changed meanwhile (expected {plan.attempt_from.value})")
-    append_events(conn, plan, now_ms, actor_type)
+    append_events(conn, plan, now_ms, actor_type, actor_name=actor_name)
 
 
 def pinned_revision(conn: Connection, run_row):

@@ -47,8 +47,9 @@ class Repository:
             raise
         return cls(store)
 
-    def remove_task(self, name: str, *, force: bool = False) -> Removal:
-        """Retire a task. With active runs it refuses, unless `force`, which cancels them first."""
+    def remove_task(self, name: str, *, force: bool = False, actor_name: str) -> Removal:
+        """Retire a task. With active runs it refuses, unless `force`, which cancels them first.
+        `actor_name` (who asks) is written on the cancels' run events and the task's `removed` event."""
         with self.store.write() as conn:
             head = self.tasks.head(conn, name, lock=True)
             active = self.runs.active_ids(conn, head.id)
@@ -57,9 +58,10 @@ class Repository:
                                "wait for them, cancel them, or use `task rm --force`")
             cancelled, requested = [], []
             for run_id in active:
-                outcome = self.runs.cancel_in(conn, load_run(conn, run_id), CancelReason.USER, actor_type="user")
+                outcome = self.runs.cancel_in(conn, load_run(conn, run_id), CancelReason.USER, actor_type="user",
+                                             actor_name=actor_name)
                 (cancelled if outcome is Result.CANCELLED else requested).append(run_id)
-            self.tasks.mark_removed(conn, name)
+            self.tasks.mark_removed(conn, name, actor_name=actor_name)
             return Removal(name, tuple(cancelled), tuple(requested))
 
     def close(self) -> None:

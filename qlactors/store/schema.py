@@ -27,6 +27,7 @@ from sqlalchemy import (
     text,
 )
 
+from ..domain.metrics import DURATION_BUCKETS_S
 from ..domain.retention import KEEP_AGE_MS_RANGE, KEEP_RUNS_RANGE
 from ..domain.states import (
     ATTEMPT_ACTIVE,
@@ -597,3 +598,76 @@ api_tokens = Table(
 )
 Index("ix_api_tokens_live_name", api_tokens.c.name, unique=True,
       sqlite_where=text("revoked_at_ms IS NULL"), postgresql_where=text("revoked_at_ms IS NULL"))
+
+# Schema 17 (issue 20): what `/metrics` counts, kept beside the runs so that retention, which
+# deletes runs, never lowers a counter: per task and terminal state, the runs finished, and for
+# those that started, the sum of their run times and a cumulative histogram of them (one column
+# per bucket of domain/metrics.py DURATION_BUCKETS_S). Written in the terminal transition's own
+# transaction (store/outcome_counts.py).
+run_outcome_counts = Table(
+    "run_outcome_counts",
+    metadata,
+    Column("task_id", ID, ForeignKey("tasks.id"), nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("finished", BigInteger, nullable=False),
+    Column("timed", BigInteger, nullable=False),  # of those, the runs that started (have a duration)
+    Column("duration_ms_sum", BigInteger, nullable=False),
+    *(Column(f"le_{b}s", BigInteger, nullable=False) for b in DURATION_BUCKETS_S),
+    PrimaryKeyConstraint("task_id", "state"),
+    CheckConstraint(one_of("state", sorted(s.value for s in RunStatus if s.terminal)), name="state"),
+)
+
+# Schema 17: notifications. A rule says where to tell about a task's runs (or every task's,
+# task_id NULL) ending in some states; `on_states` is a comma-separated list of terminal states.
+notification_rules = Table(
+    "notification_rules",
+    metadata,
+    Column("id", ID, primary_key=True),
+    Column("task_id", ID, ForeignKey("tasks.id")),
+    Column("on_states", String(128), nullable=False),
+    Column("kind", String(16), nullable=False),
+    Column("target", Text, nullable=False),
+    Column("actor_name", String(128), nullable=False),
+    Column("created_at_ms", MS, nullable=False),
+    Column("removed_at_ms", MS),
+    CheckConstraint(one_of("kind", ("webhook", "apprise", "command")), name="kind"),
+    CheckConstraint("length(target) <= 4096", name="target_size"),
+    *ms_nonneg("created_at_ms", "removed_at_ms"),
+)
+
+# ...and the outbox: one row per (run, rule) written in the run's terminal transition, delivered
+# at least once by `qlactors web` with backoff; each try recorded in notification_deliveries.
+notification_outbox = Table(
+    "notification_outbox",
+    metadata,
+    Column("run_id", ID, nullable=False),  # no foreign key: retention may delete the run first
+    Column("rule_id", ID, ForeignKey("notification_rules.id"), nullable=False),
+    Column("task_id", ID, nullable=False),
+    Column("state", String(16), nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("tries", Integer, nullable=False),
+    Column("next_try_at_ms", MS, nullable=False),
+    Column("claimed_until_ms", MS),
+    Column("created_at_ms", MS, nullable=False),
+    Column("delivered_at_ms", MS),
+    PrimaryKeyConstraint("run_id", "rule_id"),
+    CheckConstraint(one_of("status", ("pending", "delivered", "gave_up")), name="status"),
+    *ms_nonneg("next_try_at_ms", "claimed_until_ms", "created_at_ms", "delivered_at_ms"),
+)
+Index("ix_notification_outbox_status_next_try_at_ms", notification_outbox.c.status,
+      notification_outbox.c.next_try_at_ms)
+
+notification_deliveries = Table(
+    "notification_deliveries",
+    metadata,
+    Column("id", ID, primary_key=True),
+    Column("run_id", ID, nullable=False),
+    Column("rule_id", ID, nullable=False),
+    Column("try_number", Integer, nullable=False),
+    Column("ok", Boolean, nullable=False),
+    Column("detail", String(512), nullable=False),
+    Column("at_ms", MS, nullable=False),
+    *ms_nonneg("at_ms"),
+)
+Index("ix_notification_deliveries_run_id_rule_id", notification_deliveries.c.run_id,
+      notification_deliveries.c.rule_id)

@@ -105,6 +105,22 @@ class TaskView:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class TaskEventView:
+    """One change to a task (`task_events`): what it was, the revision after it, who made it, and
+    for an update the names of the fields it changed (never their values)."""
+
+    type: str  # TaskEventType: added, updated, enabled, disabled, removed
+    revision: int
+    actor_name: str
+    at_ms: int
+    changed: tuple[str, ...] = ()  # an update's changed fields, sorted; () for the other types
+
+    def to_json(self) -> dict[str, Any]:
+        return {"type": self.type, "revision": self.revision, "actor_name": self.actor_name,
+                "at_ms": self.at_ms, "changed": list(self.changed)}
+
+
 def spec_from_revision(name: str, row: Any) -> TaskSpec:
     """Rebuild the pinned TaskSpec from a `task_revisions` row."""
     return TaskSpec(
@@ -188,10 +204,11 @@ class EventView:
     actor_type: str
     attempt_id: str | None
     payload: dict[str, Any]
+    actor_name: str | None = None  # the person behind it (a token's name, the CLI's user); None: the runtime
 
     def to_json(self) -> dict[str, Any]:
         return {"seq": self.seq, "type": self.type, "at_ms": self.at_ms, "actor_type": self.actor_type,
-                "attempt_id": self.attempt_id, "payload": self.payload}
+                "actor_name": self.actor_name, "attempt_id": self.attempt_id, "payload": self.payload}
 
 
 @dataclass(frozen=True, slots=True)

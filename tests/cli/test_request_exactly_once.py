@@ -10,7 +10,7 @@ from store_helpers import spec
 
 def test_a_commit_whose_answer_was_lost_is_re_read_not_admitted_again(repo, monkeypatch):
     monkeypatch.setattr(rc, "FIRST_RETRY_S", 0.0)
-    repo.tasks.add(spec("once"))
+    repo.tasks.add(spec("once"), actor_name="tester")
     keys, answers = [], []
 
     def request(key):

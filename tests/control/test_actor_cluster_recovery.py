@@ -63,7 +63,7 @@ def worker_session(h):
 
 def test_a_cycle_marks_an_evidenced_attempt_lost_and_retry_requeues_it(cadence):
     cadence.repo.tasks.add(spec("again", retry=RetryPolicy(max_attempts=2, retry_on_lost=True, safety="idempotent",
-                                                           backoff_base_ms=0, backoff_max_ms=0)))
+                                                           backoff_base_ms=0, backoff_max_ms=0)), actor_name="tester")
     run_id, attempt_id = stopped_and_expired(cadence, worker_session(cadence), "again")
     cadence.scheduler.tell(Tick("test"))
     [done] = cadence.inbox.wait("supervisor", CycleDone)
@@ -80,7 +80,7 @@ def test_a_full_recovery_page_runs_another_cycle_at_once(cadence):
     session = worker_session(cadence)
     runs = []
     for n in range(3):  # a page of 2: two pages
-        cadence.repo.tasks.add(spec(f"plain{n}"))
+        cadence.repo.tasks.add(spec(f"plain{n}"), actor_name="tester")
         runs.append(stopped_and_expired(cadence, session, f"plain{n}")[0])
     cadence.scheduler.tell(Tick("test"))
     done = cadence.inbox.wait("supervisor", CycleDone, count=2)  # no second tick was sent

@@ -66,7 +66,7 @@ def test_gateway_pull_without_queued_work_answers_no_offers(sup):
 def test_gateway_pull_offers_the_queued_run_and_a_repeated_pull_gets_the_same_offer(sup):
     sup.register()
     sup.repo.tasks.add(spec("job", ["/bin/sh", "-c", "echo hi; exit 4"], cwd="/tmp", env={"A": "1"},
-                            timeout_ms=60_000, stop_grace_ms=2_000))
+                            timeout_ms=60_000, stop_grace_ms=2_000), actor_name="tester")
     run_id = sup.repo.runs.request("job").run.id
     answer, offer_id, lease_token = sup.pull()
     assert isinstance(answer, m.Offers)
@@ -93,7 +93,7 @@ def test_gateway_pull_offers_the_queued_run_and_a_repeated_pull_gets_the_same_of
 def test_gateway_a_pull_of_several_pairs_gets_one_offer_per_pair_in_one_answer(sup):
     sup.register()
     for i in range(3):
-        sup.repo.tasks.add(spec(f"job{i}"))
+        sup.repo.tasks.add(spec(f"job{i}"), actor_name="tester")
     runs = {sup.repo.runs.request(f"job{i}").run.id for i in range(3)}
     pairs = [(secrets.token_hex(8), new_token()) for _ in range(2)]
     sup.peer.send(pull := sup.pull_message(pairs=pairs))
@@ -337,7 +337,7 @@ def test_gateway_inconclusive_attest_does_not_reach_recovery(sup, fact):
 
 def test_gateway_pull_from_a_superseded_session_is_fenced(sup):
     sup.register()
-    sup.repo.tasks.add(spec())
+    sup.repo.tasks.add(spec(), actor_name="tester")
     run_id = sup.repo.runs.request("job").run.id
     answer, _, _ = sup.pull(session_generation=sup.session.generation + 1)
     assert isinstance(answer, m.Ack) and (answer.of, answer.result) == ("pull", "fenced")
@@ -433,8 +433,8 @@ def test_gateway_answers_a_pull_past_a_run_no_offer_can_carry(sup):
     from qlactors.store.schema import task_revisions, tasks
 
     sup.register()
-    sup.repo.tasks.add(spec("bad"))
-    sup.repo.tasks.add(spec("good"))
+    sup.repo.tasks.add(spec("bad"), actor_name="tester")
+    sup.repo.tasks.add(spec("good"), actor_name="tester")
     with sup.repo.store.write() as conn:
         bad_id = conn.execute(select(tasks.c.id).where(tasks.c.name == "bad")).scalar_one()
         conn.execute(task_revisions.update().where(task_revisions.c.task_id == bad_id).values(
@@ -452,7 +452,7 @@ def test_gateway_answers_a_pull_past_a_run_no_offer_can_carry(sup):
 
 def test_gateway_pull_with_no_free_slot_is_answered_with_no_offers(sup):
     sup.register()
-    sup.repo.tasks.add(spec())
+    sup.repo.tasks.add(spec(), actor_name="tester")
     run_id = sup.repo.runs.request("job").run.id
     sup.peer.send(pull := sup.pull_message(slots=0))  # no pair: no free slot
     assert sup.peer.recv() == sup.no_offers(pull.pull_id)
@@ -462,7 +462,7 @@ def test_gateway_pull_with_no_free_slot_is_answered_with_no_offers(sup):
 def test_gateway_offers_nothing_while_the_last_cycle_failed(sup):
     sup.register()
     sup.h.ctx.control_side.authority.clear()  # as the Scheduler leaves it after a failed recovery or retry step
-    sup.repo.tasks.add(spec())
+    sup.repo.tasks.add(spec(), actor_name="tester")
     run_id = sup.repo.runs.request("job").run.id
     sup.peer.send(pull := sup.pull_message())
     assert sup.peer.recv() == sup.no_offers(pull.pull_id)
@@ -475,7 +475,7 @@ def test_gateway_offers_nothing_while_the_last_cycle_failed(sup):
 def test_gateway_offers_nothing_before_admission_opens(sup):
     sup.register()
     sup.h.ctx.admitting.clear()
-    sup.repo.tasks.add(spec())
+    sup.repo.tasks.add(spec(), actor_name="tester")
     run_id = sup.repo.runs.request("job").run.id
     sup.peer.send(pull := sup.pull_message())
     assert sup.peer.recv() == sup.no_offers(pull.pull_id)

@@ -44,7 +44,7 @@ def pull_of(session, pairs) -> m.Pull:
 def test_a_repeated_decline_is_answered_applied_again_and_releases_the_lease_once(replicas):
     (h, peer), (_h2, other) = replicas
     session = h.ctx.control_side.dispatch.sessions.register(W, 2, boot_id="b", session_lease_ms=60_000)
-    h.repo.tasks.add(spec("job"))
+    h.repo.tasks.add(spec("job"), actor_name="tester")
     run_id = h.repo.runs.request("job").run.id
     offer_id, lease_token = secrets.token_hex(8), secrets.token_urlsafe(32)
     offer = h.ctx.control_side.dispatch.offers.one(W, session.session_id, session.generation, offer_id, token_hash(lease_token),
@@ -67,13 +67,13 @@ def test_a_repeated_decline_is_answered_applied_again_and_releases_the_lease_onc
 def test_a_pull_repeated_after_its_answer_left_a_pair_unused_claims_nothing_new(replicas):
     (h, peer), (_h2, other) = replicas
     session = h.ctx.control_side.dispatch.sessions.register(W, 4, boot_id="b", session_lease_ms=60_000)
-    h.repo.tasks.add(spec("job"))
+    h.repo.tasks.add(spec("job"), actor_name="tester")
     first_run = h.repo.runs.request("job").run.id
     pull = pull_of(session, [(secrets.token_hex(8), secrets.token_urlsafe(32)) for _ in range(2)])
     peer.send(pull)
     first = peer.expect(m.Offers)
     assert first.answer_to == pull.request_id and [o.run_id for o in first.offers] == [first_run]
-    h.repo.tasks.add(spec("other"))
+    h.repo.tasks.add(spec("other"), actor_name="tester")
     waiting = h.repo.runs.request("other").run.id  # the unused pair could take it now
     for to in (peer, other):
         to.send(pull)

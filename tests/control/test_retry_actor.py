@@ -31,7 +31,7 @@ def test_retry_resolves_a_lost_run_without_policy_as_failed(rec):
 
 def test_retry_requeues_a_lost_run_whose_policy_allows_it(rec):
     rec.repo.tasks.add(spec("again", retry=RetryPolicy(max_attempts=2, retry_on_lost=True, safety="idempotent",
-                                                       backoff_base_ms=0, backoff_max_ms=0)))
+                                                       backoff_base_ms=0, backoff_max_ms=0)), actor_name="tester")
     run_id = rec.repo.runs.request("again").run.id
     s, lease_hash = rec.ctx.executor_side.session, token_hash(new_token())
     view = rec.ctx.control_side.dispatch.offers.one(s.worker_id, s.session_id, s.generation, "o1", lease_hash, log_cap_bytes=0)

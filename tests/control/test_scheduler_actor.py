@@ -37,14 +37,14 @@ def test_scheduler_a_cycle_commits_timeouts_and_reports_stops_and_waiting_work(s
     step_stub(sched, "retry")
     sched.stub("supervisor")
     repo, d, s = sched.repo, sched.ctx.control_side.dispatch, sched.ctx.executor_side.session
-    repo.tasks.add(spec("slow", timeout_ms=1, stop_grace_ms=700))
+    repo.tasks.add(spec("slow", timeout_ms=1, stop_grace_ms=700), actor_name="tester")
     run_id = repo.runs.request("slow").run.id
     lease_hash = token_hash(new_token())
     view = d.offers.one(s.worker_id, s.session_id, s.generation, "o1", lease_hash, log_cap_bytes=0)
     fence = view.fence(lease_hash)
     assert d.reports.activate(fence, token_hash(new_token()), "ab/x.log").result == "applied"
     assert d.reports.started(fence, BOOT_ID, 4242, 4242, 1).result == "applied"
-    repo.tasks.add(spec("waiting"))
+    repo.tasks.add(spec("waiting"), actor_name="tester")
     repo.runs.request("waiting")
     time.sleep(0.005)  # past the 1 ms deadline
     ref = sched.start("scheduler", Scheduler)
@@ -62,7 +62,7 @@ def test_scheduler_a_cycle_lists_each_stop_order_once(sched):
     step_stub(sched, "retry")
     sched.stub("supervisor")
     repo, d, s = sched.repo, sched.ctx.control_side.dispatch, sched.ctx.executor_side.session
-    repo.tasks.add(spec("slow", timeout_ms=1))
+    repo.tasks.add(spec("slow", timeout_ms=1), actor_name="tester")
     repo.runs.request("slow")
     lease_hash = token_hash(new_token())
     fence = d.offers.one(s.worker_id, s.session_id, s.generation, "o1", lease_hash, log_cap_bytes=0).fence(lease_hash)
@@ -161,7 +161,7 @@ def test_scheduler_a_due_schedule_is_admitted_in_the_cycle_and_the_next_fire_is_
     # max_queued 4: a slow first cycle may admit the fire it initialised on, which (queued, no
     # executor here) must not make the next fire a `skipped` one.
     sched.repo.tasks.add(spec("every-second", max_queued=4), trigger=TriggerOptions(cron="* * * * * *",
-                                                                                  tz="UTC"))
+                                                                                  tz="UTC"), actor_name="tester")
     ref = sched.start("scheduler", Scheduler)
     ref.tell(Tick("test"))
     [done] = sched.inbox.wait("supervisor", CycleDone)
@@ -180,7 +180,7 @@ def test_scheduler_a_failing_cron_step_ends_the_cycle_before_stops_and_admission
     step_stub(sched, "recovery")
     step_stub(sched, "retry")
     sched.stub("supervisor")
-    sched.repo.tasks.add(spec("waiting"))
+    sched.repo.tasks.add(spec("waiting"), actor_name="tester")
     sched.repo.runs.request("waiting")
 
     def broken(*_a, **_k):

@@ -128,14 +128,14 @@ def test_a_revision_whose_offer_cannot_fit_one_frame_is_refused():
 def test_non_utf8_command_env_and_cwd_round_trip_on_both_databases(repo, dispatch):
     cwd = "/tmp/dir" + FF_FE
     added = repo.tasks.add(spec(command=Command(argv=("printf", FF_FE, "é")), cwd=cwd,
-                                env={"K": "x" + FF_FE, "P": "plain"}))
+                                env={"K": "x" + FF_FE, "P": "plain"}), actor_name="tester")
     assert repo.tasks.get("job").spec == added.spec
     with repo.store.read() as conn:
         row = conn.execute(task_revisions.select()).one()
     assert json.loads(row.command_json) == {"argv": ["printf", {"base64": "//4="}, "é"]}
     assert json.loads(row.env_json) == {"K": {"base64": "eP/+"}, "P": "plain"}
     assert row.cwd == "base64:" + base64.b64encode(b"/tmp/dir\xff\xfe").decode()
-    updated = repo.tasks.update("job", command=Command(shell="echo " + FF_FE))
+    updated = repo.tasks.update("job", command=Command(shell="echo " + FF_FE), actor_name="tester")
     assert repo.tasks.get("job").spec == updated.spec and updated.revision == 2
     assert updated.to_json()["command"] == {"shell": {"base64": base64.b64encode(b"echo \xff\xfe").decode()}}
     assert updated.to_json()["cwd"] == {"base64": base64.b64encode(b"/tmp/dir\xff\xfe").decode()}

@@ -49,7 +49,7 @@ def test_executor_pulls_one_pair_per_free_slot_and_accepts_a_batch_of_offers_in_
     assert len(pull.offers) == 3  # one (offer id, lease token) pair per free slot
     assert len({p.offer_id for p in pull.offers}) == 3 and len({p.lease_token for p in pull.offers}) == 3
     for i in range(2):
-        rig.repo.tasks.add(spec(f"job{i}", sleeper(rig)))
+        rig.repo.tasks.add(spec(f"job{i}", sleeper(rig)), actor_name="tester")
         rig.repo.runs.request(f"job{i}")
     first, second = rig.offer_for(pull, 0), rig.offer_for(pull, 2)  # any of the pairs may be used
     rig.send_offers(pull, first, second)
@@ -68,7 +68,7 @@ def test_executor_pulls_one_pair_per_free_slot_and_accepts_a_batch_of_offers_in_
 def test_executor_runs_an_offer_end_to_end_through_the_real_receipt_consumer(make_exe):
     rig = make_exe()
     pull = rig.welcome()
-    rig.repo.tasks.add(spec("job", ["/bin/sh", "-c", "echo hi; exit 4"]))
+    rig.repo.tasks.add(spec("job", ["/bin/sh", "-c", "echo hi; exit 4"]), actor_name="tester")
     run_id = rig.repo.runs.request("job").run.id
     offer = rig.offer_for(pull)
     rig.send_offers(pull, offer)
@@ -175,7 +175,7 @@ def test_executor_a_running_jobs_output_reaches_its_log(make_exe):
 def test_executor_refused_activation_clears_the_journal_and_frees_the_slot(make_exe):
     rig = make_exe()
     pull = rig.welcome()
-    rig.repo.tasks.add(spec())
+    rig.repo.tasks.add(spec(), actor_name="tester")
     rig.repo.runs.request("job")
     offer = rig.offer_for(pull)
     rig.send_offers(pull, offer)
@@ -213,7 +213,7 @@ def test_executor_a_stray_heartbeat_ack_or_attested_changes_nothing(make_exe):
     rig.peer.quiet()
     assert rig.alive() and rig.ctx.executor_side.journal.list() == []
     # Its Pull is still the one waiting: the answer to it is accepted.
-    rig.repo.tasks.add(spec())
+    rig.repo.tasks.add(spec(), actor_name="tester")
     rig.repo.runs.request("job")
     rig.send_offers(pull, offer := rig.offer_for(pull))
     assert rig.peer.expect(m.Activate).attempt_id == offer.attempt_id
@@ -222,7 +222,7 @@ def test_executor_a_stray_heartbeat_ack_or_attested_changes_nothing(make_exe):
 def test_executor_ignores_an_offer_for_a_pull_it_did_not_send(make_exe):
     rig = make_exe()
     pull = rig.welcome()
-    rig.repo.tasks.add(spec())
+    rig.repo.tasks.add(spec(), actor_name="tester")
     rig.repo.runs.request("job")
     offer = rig.offer_for(pull)
     rig.peer.send(dataclasses.replace(offers_message(pull, offer), pull_id="stranger"))

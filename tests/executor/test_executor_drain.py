@@ -32,7 +32,7 @@ def second_offer(rig: ClusterRig, session) -> tuple[m.Offer, m.Activate]:
     rig.peer.send(m.Nudge())
     pull = rig.peer.expect(m.Pull, strict=False)
     assert (pull.session_id, len(pull.offers)) == (session.session_id, 1)
-    rig.repo.tasks.add(spec("other", ["/bin/true"]))
+    rig.repo.tasks.add(spec("other", ["/bin/true"]), actor_name="tester")
     rig.repo.runs.request("other")
     offer = rig.offer_for(pull)
     rig.send_offers(pull, offer)
@@ -140,7 +140,7 @@ def test_offers_answering_a_pull_sent_before_the_drain_are_declined(make_rig):
     s1 = rig.new_session()
     rig.welcome_to(s1)
     pull = rig.peer.expect(m.Pull)
-    rig.repo.tasks.add(spec("job", ["/bin/true"]))
+    rig.repo.tasks.add(spec("job", ["/bin/true"]), actor_name="tester")
     rig.repo.runs.request("job")
     offer = rig.offer_for(pull)  # leased in the store; its answer reaches the worker after SIGTERM
 

@@ -47,7 +47,7 @@ def test_a_late_refusal_of_an_activate_copy_never_undoes_the_launch(make_rig, ca
     rig = make_rig()
     rig.welcome_to(rig.new_session())
     pull = rig.peer.expect(m.Pull)
-    rig.repo.tasks.add(spec("job", held_job(rig)))
+    rig.repo.tasks.add(spec("job", held_job(rig)), actor_name="tester")
     rig.repo.runs.request("job")
     offer = rig.offer_for(pull)
     rig.send_offers(pull, offer)
@@ -75,7 +75,7 @@ def test_a_start_failure_is_owed_until_answered_and_its_row_kept_until_then(make
     pull = rig.peer.expect(m.Pull)
     gone = tmp_path / "gone"
     gone.mkdir()
-    rig.repo.tasks.add(spec("job", cwd=str(gone)))
+    rig.repo.tasks.add(spec("job", cwd=str(gone)), actor_name="tester")
     rig.repo.runs.request("job")
     offer = rig.offer_for(pull)
     gone.rmdir()  # the pinned working directory is gone: a start failure, nothing spawned
@@ -105,7 +105,7 @@ def test_a_fenced_answer_to_a_started_about_an_older_lease_does_not_stop_the_reb
     s1 = rig.new_session()
     rig.welcome_to(s1)
     pull = rig.peer.expect(m.Pull)
-    rig.repo.tasks.add(spec("job", held_job(rig)))
+    rig.repo.tasks.add(spec("job", held_job(rig)), actor_name="tester")
     rig.repo.runs.request("job")
     offer = rig.offer_for(pull)
     rig.send_offers(pull, offer)
@@ -172,7 +172,7 @@ def test_offers_of_a_pull_no_longer_waited_for_are_declined_at_once(make_rig):
     rig.welcome_to(rig.new_session())
     pull = rig.peer.expect(m.Pull)
     assert len(pull.offers) == 2
-    rig.repo.tasks.add(spec("job", held_job(rig), max_concurrent=2))
+    rig.repo.tasks.add(spec("job", held_job(rig), max_concurrent=2), actor_name="tester")
     rig.repo.runs.request("job")
     rig.repo.runs.request("job")
     first = rig.offer_for(pull, 0)

@@ -22,7 +22,7 @@ def launch_with_timeout(rig: ClusterRig) -> tuple[m.Offer, m.Started, float]:
     """A held job with a timeout, on a session whose heartbeats run every 100 ms; when it started."""
     rig.welcome_to(rig.new_session(), heartbeat_ms=100)
     pull = rig.peer.expect(m.Pull, strict=False)
-    rig.repo.tasks.add(spec("job", held_job(rig), timeout_ms=TIMEOUT_MS))
+    rig.repo.tasks.add(spec("job", held_job(rig), timeout_ms=TIMEOUT_MS), actor_name="tester")
     rig.repo.runs.request("job")
     offer = rig.offer_for(pull)
     rig.send_offers(pull, offer)

@@ -82,7 +82,7 @@ def test_a_re_register_gives_back_an_accepted_offer_that_was_never_launched(make
     s1 = rig.new_session()
     rig.welcome_to(s1)
     pull = rig.peer.expect(m.Pull)
-    rig.repo.tasks.add(spec("job"))
+    rig.repo.tasks.add(spec("job"), actor_name="tester")
     rig.repo.runs.request("job")
     offer = rig.offer_for(pull)
     rig.send_offers(pull, offer)
@@ -154,7 +154,7 @@ def test_a_running_re_attest_fenced_by_its_session_is_attested_again_from_the_ne
 def _leased_attempt(h: ActorHarness, session, state: str, identity=None) -> tuple[str, str, LeaseFacts]:
     """An attempt offered to (and activated by) `session`, journalled in `state` as the dead
     instance left it."""
-    h.repo.tasks.add(spec("job"))
+    h.repo.tasks.add(spec("job"), actor_name="tester")
     run_id = h.repo.runs.request("job").run.id
     offer_id, lease_token, callback = new_id(), new_token(), new_token()
     view = h.ctx.control_side.dispatch.offers.one(session.worker_id, session.session_id, session.generation, offer_id,
@@ -272,7 +272,7 @@ def test_an_activate_left_unanswered_is_sent_again_and_the_job_launches_once(mak
     pull = rig.peer.expect(m.Pull, strict=False)
     runs = rig.h.config.home.parent / "RUNS"
     shell, flag, script = held_job(rig)
-    rig.repo.tasks.add(spec("job", [shell, flag, f"echo run >> {runs}; {script}"]))
+    rig.repo.tasks.add(spec("job", [shell, flag, f"echo run >> {runs}; {script}"]), actor_name="tester")
     rig.repo.runs.request("job")
     rig.send_offers(pull, rig.offer_for(pull))
     lost = rig.peer.expect(m.Activate, strict=False)  # never answered
@@ -303,7 +303,7 @@ def attest_from(rig: ClusterRig, session) -> m.Attest:
 def _offered(rig: ClusterRig, session) -> m.Activate:
     rig.welcome_to(session)
     pull = rig.peer.expect(m.Pull, strict=False)
-    rig.repo.tasks.add(spec("job", ["/bin/sh", "-c", "exit 0"]))
+    rig.repo.tasks.add(spec("job", ["/bin/sh", "-c", "exit 0"]), actor_name="tester")
     rig.repo.runs.request("job")
     rig.send_offers(pull, rig.offer_for(pull))
     return rig.peer.expect(m.Activate, strict=False)

@@ -106,7 +106,7 @@ class SupervisorRig:
 
     def offered(self, name: str = "job", **task: Any) -> tuple[m.Offer, str]:
         """A task, a queued run and a real offer for it; (offer, lease token)."""
-        self.repo.tasks.add(spec(name, **task))
+        self.repo.tasks.add(spec(name, **task), actor_name="tester")
         self.repo.runs.request(name)
         answer, _, lease_token = self.pull()
         assert isinstance(answer, m.Offers) and len(answer.offers) == 1, answer
@@ -232,7 +232,7 @@ class ExecutorRig:
     def launch(self, words: list[str], **task: Any) -> tuple[m.Offer, m.Activate, m.Started]:
         """Welcome, a queued run of a new task, Offer, Activate, Activated: the launcher runs."""
         pull = self.welcome()
-        self.repo.tasks.add(spec("job", words, **task))
+        self.repo.tasks.add(spec("job", words, **task), actor_name="tester")
         self.repo.runs.request("job")
         offer = self.offer_for(pull)
         self.send_offers(pull, offer)
@@ -288,7 +288,7 @@ class ReceiptRig:
         """A real attempt activated with `token`'s hash, and its executor journal row (`started`)."""
         self._tasks += 1
         name = f"job{self._tasks}"
-        self.h.repo.tasks.add(spec(name))
+        self.h.repo.tasks.add(spec(name), actor_name="tester")
         run_id = self.h.repo.runs.request(name).run.id
         s = self.ctx.executor_side.session
         lease_hash = token_hash(new_token())
@@ -374,7 +374,7 @@ class Flights:
         self.repo = repo or h.repo
         self.dispatch = Dispatch.open(self.repo.store)
         self.n = 0
-        self.repo.tasks.add(spec("many", max_concurrent=1024))
+        self.repo.tasks.add(spec("many", max_concurrent=1024), actor_name="tester")
 
     def make(self, stage: str, identity=None, token: str | None = None) -> tuple[str, str]:
         d, s = self.dispatch, self.session

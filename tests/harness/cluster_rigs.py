@@ -60,7 +60,7 @@ class ClusterRig(ExecutorRig):
     def launch_on(self, session, words: list[str]) -> tuple[m.Offer, m.Pull, m.Started]:
         self.welcome_to(session)
         pull = self.peer.expect(m.Pull)
-        self.repo.tasks.add(spec("job", words))
+        self.repo.tasks.add(spec("job", words), actor_name="tester")
         self.repo.runs.request("job")
         offer = self.offer_for(pull)
         self.send_offers(pull, offer)

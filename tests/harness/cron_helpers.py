@@ -28,7 +28,8 @@ def add_trigger(repo, task: str, cron: str = "*/5 * * * *", *, tz: str = "UTC", 
                 grace_ms: int = 30_000, overlap: str = "queue", since_ms: int = T0,
                 max_concurrent: int = 1, command=("true",), **task_fields) -> str:
     """A task with one live trigger, written at `since_ms`: its cursor counts from then."""
-    repo.tasks.add(spec(task, command=Command.from_words(list(command)), max_concurrent=max_concurrent, **task_fields))
+    repo.tasks.add(spec(task, command=Command.from_words(list(command)), max_concurrent=max_concurrent, **task_fields),
+                   actor_name="tester")
     settings = settle(TriggerOptions(cron=cron, tz=tz, misfire=misfire, grace_ms=grace_ms, overlap=overlap), None)
     with repo.store.write() as conn:
         task_id = conn.execute(select(tasks.c.id).where(tasks.c.name == task)).scalar_one()

@@ -41,7 +41,7 @@ def launch(repo, dispatch, session, *, activated=True, started=True, **spec_kw) 
     """Admit a run of a fresh task (`spec_kw` for its spec) and offer it to `session` (activated
     and started by default)."""
     name = f"t{secrets.token_hex(4)}"
-    repo.tasks.add(spec(name, **spec_kw))
+    repo.tasks.add(spec(name, **spec_kw), actor_name="tester")
     run_id = repo.runs.request(name).run.id
     lease_hash = new_hash()
     offer = dispatch.offers.one(session.worker_id, session.session_id, session.generation,

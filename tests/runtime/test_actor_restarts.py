@@ -233,7 +233,7 @@ def test_an_executor_re_offered_an_attempt_it_holds_unactivated_accepts_it_again
     h.start("executor", Executor)
     exe = ExecutorRig(h, h.directory.get("executor"), rig.peer, rig.peer.expect(m.Register))
     pull = exe.welcome()
-    h.repo.tasks.add(spec("job", ["sh", "-c", "echo once"]))
+    h.repo.tasks.add(spec("job", ["sh", "-c", "echo once"]), actor_name="tester")
     run_id = h.repo.runs.request("job").run.id
     first = exe.offer_for(pull)
     assert len(pull.offers) == 2
@@ -280,7 +280,7 @@ def test_a_restarted_executor_gives_back_the_offer_the_dead_instance_accepted(ma
     h.start("executor", Executor)
     exe = ExecutorRig(h, h.directory.get("executor"), rig.peer, rig.peer.expect(m.Register))
     pull = exe.welcome()
-    h.repo.tasks.add(spec("job"))
+    h.repo.tasks.add(spec("job"), actor_name="tester")
     run_id = h.repo.runs.request("job").run.id
     exe.send_offers(pull, exe.offer_for(pull))
     act = rig.peer.expect(m.Activate)
@@ -317,7 +317,7 @@ def test_a_restarted_worker_declines_the_unactivated_offers_it_does_not_know_and
     rig.peer.send(welcome_message(s, **cluster))
     pull = rig.peer.expect(m.Pull)
     for name in ("known", "lost", "stranger"):
-        h.repo.tasks.add(spec(name))
+        h.repo.tasks.add(spec(name), actor_name="tester")
         h.repo.runs.request(name)
     known = exe.offer_for(pull, 0)
     exe.send_offers(pull, known)

@@ -143,7 +143,7 @@ def test_cancel_running_shutdown_with_the_database_locked_stops_every_actor_and_
         thread.start()
         assert runtime.started.wait(60)
         repo = Repository.open(config.database_url)
-        repo.tasks.add(spec("job", ["sleep", "60"]))
+        repo.tasks.add(spec("job", ["sleep", "60"]), actor_name="tester")
         run_id = repo.runs.request("job").run.id
         runtime.ctx.directory.tell("supervisor", "nudge")
         wait_until(lambda: repo.runs.get(run_id).state == "running", timeout=30, what="the job running")

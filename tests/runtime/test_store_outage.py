@@ -87,7 +87,7 @@ def test_a_report_that_meets_a_locked_database_is_answered_once_it_is_free_and_s
 def test_a_pull_during_an_outage_gets_its_offer_afterwards(make_sup):
     sup = make_sup()
     sup.register()
-    sup.repo.tasks.add(spec("job"))
+    sup.repo.tasks.add(spec("job"), actor_name="tester")
     sup.repo.runs.request("job")
     with write_locked(sup.h.config.home / "qlactors.db"):
         sup.peer.send(pull := sup.pull_message(pairs=[("pull-1", new_token())]))
@@ -169,7 +169,7 @@ def test_an_offer_the_executor_cannot_journal_during_an_outage_is_accepted_once_
         short_busy_timeout, make_exe):
     rig = make_exe()
     pull = rig.welcome()
-    rig.repo.tasks.add(spec("job"))
+    rig.repo.tasks.add(spec("job"), actor_name="tester")
     rig.repo.runs.request("job")
     offer = rig.offer_for(pull)
     with write_locked(rig.h.config.home / "qlactors.db"):

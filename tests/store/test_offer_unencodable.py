@@ -57,8 +57,8 @@ def assert_failed_unencodable(repo, run_id: str, fragment: str) -> None:
     ({"cwd": "relative"}, "expected an absolute path"),
 ], ids=["env-over-the-frame", "unreadable-command", "unreadable-cwd"])
 def test_an_unencodable_run_fails_and_the_same_pull_gets_the_next_run(repo, dispatch, bad_columns, fragment):
-    repo.tasks.add(spec("bad"))
-    repo.tasks.add(spec("good"))
+    repo.tasks.add(spec("bad"), actor_name="tester")
+    repo.tasks.add(spec("good"), actor_name="tester")
     plant(repo.store.write, "bad", **bad_columns)
     bad = repo.runs.request("bad").run.id  # the oldest: offered first
     good = repo.runs.request("good").run.id
@@ -72,8 +72,8 @@ def test_an_unencodable_run_fails_and_the_same_pull_gets_the_next_run(repo, disp
 
 def test_a_declined_claim_that_cannot_be_encoded_fails_when_offered_again(repo, dispatch):
     """A run already `dispatching` (offered before by a version without the check, then declined)."""
-    repo.tasks.add(spec("bad"))
-    repo.tasks.add(spec("good"))
+    repo.tasks.add(spec("bad"), actor_name="tester")
+    repo.tasks.add(spec("good"), actor_name="tester")
     bad = repo.runs.request("bad").run.id
     good = repo.runs.request("good").run.id
     session = dispatch.sessions.register("edge", 1)
@@ -91,7 +91,7 @@ def test_a_declined_claim_that_cannot_be_encoded_fails_when_offered_again(repo, 
 
 def test_only_the_unencodable_run_ends_and_all_others_are_offered_in_turn(repo, dispatch):
     for name in ("bad1", "good", "bad2"):
-        repo.tasks.add(spec(name, max_concurrent=4))
+        repo.tasks.add(spec(name, max_concurrent=4), actor_name="tester")
     plant(repo.store.write, "bad1", env_json=HUGE_ENV)
     plant(repo.store.write, "bad2", command_json="not json")
     order = [repo.runs.request(n).run.id for n in ("bad1", "good", "bad2", "good", "bad1")]
@@ -103,7 +103,7 @@ def test_only_the_unencodable_run_ends_and_all_others_are_offered_in_turn(repo, 
 
 
 def test_without_a_check_an_encodable_revision_is_offered_unchanged(repo, dispatch):
-    repo.tasks.add(spec("job", env={"A": "1"}))
+    repo.tasks.add(spec("job", env={"A": "1"}), actor_name="tester")
     run_id = repo.runs.request("job").run.id
     session = dispatch.sessions.register("edge", 1)
     got = offer(dispatch, session, "o-1", check=None)
@@ -197,7 +197,7 @@ def test_a_schema_4_database_migrates_to_5_with_its_attempts_and_references_kept
             lease = conn.execute(select(run_dispatch_leases)).one()
             assert (lease.attempt_id, lease.offer_id, lease.status) == ("a1", "o-1", "leased")
         # The new CHECK admits exactly the unencodable end: plant one and offer again.
-        repo.tasks.add(spec("bad"))
+        repo.tasks.add(spec("bad"), actor_name="tester")
         plant(store.write, "bad", env_json=HUGE_ENV)
         bad = repo.runs.request("bad").run.id
         session = dispatch.sessions.register("edge", 2)

@@ -131,7 +131,7 @@ def completed_run(repo, dispatch, task: str) -> str:
 
 def test_runs_past_max_age_are_retired_oldest_first_within_the_page_budget(repo, files, retention):
     logs, _ = files
-    repo.tasks.add(spec("a"))
+    repo.tasks.add(spec("a"), actor_name="tester")
     old = [finished_run(repo, "a", T0 + i, log=logs) for i in range(5)]
     young = finished_run(repo, "a", T0 + 10 * DAY, log=logs)
     old_logs = [logs.path_for(r, attempt_ids(repo, r)[0]) for r in old]
@@ -154,8 +154,8 @@ def test_runs_past_max_age_are_retired_oldest_first_within_the_page_budget(repo,
 
 
 def test_each_task_keeps_its_newest_max_runs_finished_runs(repo, retention):
-    repo.tasks.add(spec("a"))
-    repo.tasks.add(spec("b"))
+    repo.tasks.add(spec("a"), actor_name="tester")
+    repo.tasks.add(spec("b"), actor_name="tester")
     a = [finished_run(repo, "a", T0 + i) for i in range(5)]
     b = [finished_run(repo, "b", T0 + 100 + i) for i in range(2)]
     report = retention.retire_page(T0 + DAY, max_age_ms=7 * DAY, max_runs=2, page=16)
@@ -166,7 +166,7 @@ def test_each_task_keeps_its_newest_max_runs_finished_runs(repo, retention):
 
 
 def test_active_runs_are_never_retired_however_old_or_many(repo, retention):
-    repo.tasks.add(spec("a", max_concurrent=1))
+    repo.tasks.add(spec("a", max_concurrent=1), actor_name="tester")
     done = finished_run(repo, "a", T0)
     queued = [repo.runs.request("a").run.id for _ in range(3)]
     report = retention.retire_page(T0 + 365 * DAY, max_age_ms=DAY, max_runs=1, page=16)
@@ -179,7 +179,7 @@ def test_active_runs_are_never_retired_however_old_or_many(repo, retention):
 def test_a_run_with_a_journal_row_or_a_receipt_file_is_kept_and_the_rest_of_the_page_goes_on(
         repo, files, retention):
     _, receipts = files
-    repo.tasks.add(spec("a"))
+    repo.tasks.add(spec("a"), actor_name="tester")
     journaled, receipted, plain = (finished_run(repo, "a", T0 + i) for i in range(3))
     attempt = attempt_ids(repo, journaled)[0]
     Journal(repo.store).accept(attempt, journaled, "/x.log", "/x.json", "a" * 64)
@@ -201,9 +201,9 @@ def test_a_run_with_a_journal_row_or_a_receipt_file_is_kept_and_the_rest_of_the_
 # -- retention: a task's own bounds ----------------------------------------------------------------
 
 def test_a_task_with_its_own_keep_runs_keeps_that_many_while_another_keeps_the_global_count(repo, retention):
-    repo.tasks.add(spec("few"), retention=TaskRetention(max_runs=1))
-    repo.tasks.add(spec("many"))
-    repo.tasks.add(spec("more"), retention=TaskRetention(max_runs=4))
+    repo.tasks.add(spec("few"), retention=TaskRetention(max_runs=1), actor_name="tester")
+    repo.tasks.add(spec("many"), actor_name="tester")
+    repo.tasks.add(spec("more"), retention=TaskRetention(max_runs=4), actor_name="tester")
     few = [finished_run(repo, "few", T0 + i) for i in range(4)]
     many = [finished_run(repo, "many", T0 + 10 + i) for i in range(4)]
     more = [finished_run(repo, "more", T0 + 20 + i) for i in range(4)]
@@ -215,9 +215,9 @@ def test_a_task_with_its_own_keep_runs_keeps_that_many_while_another_keeps_the_g
 
 
 def test_a_task_s_own_age_retires_it_earlier_or_later_than_the_global_age(repo, retention):
-    repo.tasks.add(spec("short"), retention=TaskRetention(max_age_ms=DAY))
-    repo.tasks.add(spec("plain"))
-    repo.tasks.add(spec("long"), retention=TaskRetention(max_age_ms=30 * DAY, max_runs=3))
+    repo.tasks.add(spec("short"), retention=TaskRetention(max_age_ms=DAY), actor_name="tester")
+    repo.tasks.add(spec("plain"), actor_name="tester")
+    repo.tasks.add(spec("long"), retention=TaskRetention(max_age_ms=30 * DAY, max_runs=3), actor_name="tester")
     short, plain, long = (finished_run(repo, t, T0 + i) for i, t in enumerate(("short", "plain", "long")))
     assert retention.retire_page(T0 + DAY - 1, max_age_ms=7 * DAY, max_runs=100, page=16).retired == 0
     report = retention.retire_page(T0 + 2 * DAY, max_age_ms=7 * DAY, max_runs=100, page=16)
@@ -238,7 +238,8 @@ def test_a_task_s_own_age_retires_it_earlier_or_later_than_the_global_age(repo, 
 @pytest.mark.parametrize("store_url", ["sqlite"], indirect=True)  # a journal lives in an edge file only
 def test_a_task_s_own_bounds_keep_every_safety_rule(repo, files, retention):
     _, receipts = files
-    repo.tasks.add(spec("few", max_concurrent=1), retention=TaskRetention(max_age_ms=3_600_000, max_runs=1))
+    repo.tasks.add(spec("few", max_concurrent=1), retention=TaskRetention(max_age_ms=3_600_000, max_runs=1),
+                   actor_name="tester")
     journaled, receipted, plain, newest = (finished_run(repo, "few", T0 + i) for i in range(4))
     queued = repo.runs.request("few").run.id
     attempt = attempt_ids(repo, journaled)[0]
@@ -256,7 +257,7 @@ def test_a_task_s_own_bounds_keep_every_safety_rule(repo, files, retention):
 def test_tasks_with_their_own_age_beyond_the_page_budget_are_served_by_the_next_pages(repo, retention):
     names = [f"t{i}" for i in range(3)]
     for name in names:
-        repo.tasks.add(spec(name), retention=TaskRetention(max_age_ms=DAY))
+        repo.tasks.add(spec(name), retention=TaskRetention(max_age_ms=DAY), actor_name="tester")
     done = {name: [finished_run(repo, name, T0 + i), finished_run(repo, name, T0 + 10 + i)] for i, name in
             enumerate(names)}
     retired = [retention.retire_page(T0 + 2 * DAY, max_age_ms=7 * DAY, max_runs=100, page=1).retired
@@ -267,37 +268,37 @@ def test_tasks_with_their_own_age_beyond_the_page_budget_are_served_by_the_next_
 
 
 def test_going_back_to_the_global_bounds(repo, retention):
-    repo.tasks.add(spec("a"), retention=TaskRetention(max_age_ms=30 * DAY, max_runs=1))
+    repo.tasks.add(spec("a"), retention=TaskRetention(max_age_ms=30 * DAY, max_runs=1), actor_name="tester")
     runs_of_a = [finished_run(repo, "a", T0 + i) for i in range(3)]
-    view = repo.tasks.update("a", retention={"max_runs": None})
+    view = repo.tasks.update("a", retention={"max_runs": None}, actor_name="tester")
     assert view.retention == TaskRetention(max_age_ms=30 * DAY) and view.revision == 1
     assert retention.retire_page(T0 + 8 * DAY, max_age_ms=7 * DAY, max_runs=2, page=16).reasons == {"max_runs": 1}
     assert run_ids(repo) == set(runs_of_a[1:])
-    view = repo.tasks.update("a", retention={"max_age_ms": None})
+    view = repo.tasks.update("a", retention={"max_age_ms": None}, actor_name="tester")
     assert view.retention == TaskRetention() and view.retention.is_default
     assert retention.retire_page(T0 + 8 * DAY, max_age_ms=7 * DAY, max_runs=2, page=16).reasons == {"max_age": 2}
     assert run_ids(repo) == set()
 
 
 def test_a_task_s_own_bounds_are_stored_on_its_head_and_bad_ones_write_nothing(repo):
-    added = repo.tasks.add(spec("a"), retention=TaskRetention(max_age_ms=2 * DAY))
+    added = repo.tasks.add(spec("a"), retention=TaskRetention(max_age_ms=2 * DAY), actor_name="tester")
     assert added.retention == TaskRetention(max_age_ms=2 * DAY) and added.revision == 1
     assert added.to_json()["retention"] == {"max_age_ms": 2 * DAY, "max_age_from": "task",
                                             "max_runs": None, "max_runs_from": "global"}
     assert added.to_json(RetentionPolicy(max_age_ms=7 * DAY, max_runs=100))["retention"]["max_runs"] == 100
-    changed = repo.tasks.update("a", retention={"max_runs": 3}, max_concurrent=2)
+    changed = repo.tasks.update("a", retention={"max_runs": 3}, max_concurrent=2, actor_name="tester")
     assert changed.revision == 2 and changed.retention == TaskRetention(max_age_ms=2 * DAY, max_runs=3)
     assert repo.tasks.get("a").retention == changed.retention
     assert [v.retention for v in repo.tasks.list()] == [changed.retention]
-    same = repo.tasks.update("a", retention={"max_runs": 3})
+    same = repo.tasks.update("a", retention={"max_runs": 3}, actor_name="tester")
     assert (same.revision, same.updated_at_ms) == (2, changed.updated_at_ms)  # nothing differs, nothing written
     with repo.store.read() as conn:
         before = conn.execute(select(tasks)).all()
     for bad in ({"max_runs": 0}, {"max_age_ms": 60_000}, {"max_age_ms": 3_651 * DAY}, {"keep": 1}):
         with pytest.raises(BadInput):
-            repo.tasks.update("a", retention=bad, max_concurrent=5)
+            repo.tasks.update("a", retention=bad, max_concurrent=5, actor_name="tester")
     with pytest.raises(BadInput):
-        repo.tasks.add(spec("b"), retention=TaskRetention(max_runs=0))
+        repo.tasks.add(spec("b"), retention=TaskRetention(max_runs=0), actor_name="tester")
     with repo.store.read() as conn:
         assert conn.execute(select(tasks)).all() == before
     # The schema keeps the same bounds, whoever writes.
@@ -312,7 +313,7 @@ def test_a_task_s_own_bounds_are_stored_on_its_head_and_bad_ones_write_nothing(r
 
 def test_log_files_are_deleted_before_the_rows_and_a_missing_log_is_fine(repo, files, journal):
     logs, receipts = files
-    repo.tasks.add(spec("a"))
+    repo.tasks.add(spec("a"), actor_name="tester")
     with_log = finished_run(repo, "a", T0, log=logs)
     without_log = finished_run(repo, "a", T0 + 1)
     seen = []
@@ -331,7 +332,7 @@ def test_log_files_are_deleted_before_the_rows_and_a_missing_log_is_fine(repo, f
 
 def test_a_log_that_cannot_be_deleted_keeps_the_run_for_the_next_page(repo, files, journal):
     logs, receipts = files
-    repo.tasks.add(spec("a"))
+    repo.tasks.add(spec("a"), actor_name="tester")
     run_id = finished_run(repo, "a", T0, log=logs)
 
     class Stuck(LogStore):
@@ -345,7 +346,7 @@ def test_a_log_that_cannot_be_deleted_keeps_the_run_for_the_next_page(repo, file
 
 
 def test_every_row_of_a_retired_run_goes_and_references_to_it_are_cleared(repo, dispatch, retention):
-    repo.tasks.add(spec("a", retry=RETRY))
+    repo.tasks.add(spec("a", retry=RETRY), actor_name="tester")
     done = completed_run(repo, dispatch, "a")
     set_finished(repo, done, T0)
     again = repo.runs.retry(done).run.id
@@ -374,7 +375,7 @@ def test_every_row_of_a_retired_run_goes_and_references_to_it_are_cleared(repo, 
 
 
 def test_a_retired_run_reads_as_retired_not_as_missing(repo, retention):
-    repo.tasks.add(spec("a"))
+    repo.tasks.add(spec("a"), actor_name="tester")
     run_id = finished_run(repo, "a", T0)
     retention.retire_page(T0 + 30 * DAY, max_age_ms=DAY, max_runs=100, page=16)
     with pytest.raises(Retired, match=rf"run {run_id} was retired on 2023-12-1\d .*\(max_age\); its log was deleted") \
@@ -391,7 +392,7 @@ def test_a_retired_run_reads_as_retired_not_as_missing(repo, retention):
 
 
 def test_tombstones_are_pruned_by_the_same_bounds_as_runs(repo, retention):
-    repo.tasks.add(spec("a"))
+    repo.tasks.add(spec("a"), actor_name="tester")
     task_id = repo.tasks.get("a").id
     stones = [f"0000000{i}-0000-7000-8000-000000000000" for i in range(5)]
     with repo.store.write() as conn:
@@ -442,10 +443,10 @@ def test_log_remove_never_follows_a_symlinked_shard(files, tmp_path):
 # -- manual retry -------------------------------------------------------------------------------------
 
 def test_retry_makes_a_new_manual_run_of_the_same_revision_after_the_task_changed(repo):
-    repo.tasks.add(spec("a", retry=RETRY))
+    repo.tasks.add(spec("a", retry=RETRY), actor_name="tester")
     first = repo.runs.request("a").run.id
     repo.runs.cancel(first)
-    repo.tasks.update("a", max_concurrent=3, retry=RetryPolicy())  # revision 2: no retry policy
+    repo.tasks.update("a", max_concurrent=3, retry=RetryPolicy(), actor_name="tester")  # revision 2: no retry policy
     again = repo.runs.retry(first)
     assert again.created
     view = repo.runs.get(again.run.id)
@@ -460,7 +461,7 @@ def test_retry_makes_a_new_manual_run_of_the_same_revision_after_the_task_change
 
 
 def test_retry_is_refused_for_a_run_that_has_not_finished_and_writes_nothing(repo):
-    repo.tasks.add(spec("a"))
+    repo.tasks.add(spec("a"), actor_name="tester")
     queued = repo.runs.request("a").run.id
     before = run_ids(repo)
     with pytest.raises(BadInput, match="only a finished run can be retried"):
@@ -471,10 +472,10 @@ def test_retry_is_refused_for_a_run_that_has_not_finished_and_writes_nothing(rep
 
 
 def test_retry_of_a_run_whose_task_was_removed_is_refused(repo):
-    repo.tasks.add(spec("a"))
+    repo.tasks.add(spec("a"), actor_name="tester")
     run_id = repo.runs.request("a").run.id
     repo.runs.cancel(run_id)
-    repo.remove_task("a")
+    repo.remove_task("a", actor_name="tester")
     with pytest.raises(BadInput, match="which was removed"):
         repo.runs.retry(run_id)
     with repo.store.read() as conn:
@@ -483,7 +484,7 @@ def test_retry_of_a_run_whose_task_was_removed_is_refused(repo):
 
 
 def test_a_run_can_be_retried_again_and_each_retry_points_at_its_own_origin(repo):
-    repo.tasks.add(spec("a"))
+    repo.tasks.add(spec("a"), actor_name="tester")
     first = repo.runs.request("a").run.id
     repo.runs.cancel(first)
     second = repo.runs.retry(first).run.id

@@ -40,7 +40,7 @@ def service(repo):
 def launch(repo, dispatch, session, *, started=True, **task) -> Flight:
     """Admit, offer, activate (and report Started) one run of a fresh task."""
     name = f"t{secrets.token_hex(4)}"
-    repo.tasks.add(spec(name, **task))
+    repo.tasks.add(spec(name, **task), actor_name="tester")
     run_id = repo.runs.request(name).run.id
     lease_hash = token_hash(secrets.token_urlsafe(32))
     offer = dispatch.offers.one(session.worker_id, session.session_id, session.generation,
@@ -173,7 +173,7 @@ def test_receipts_that_do_not_belong_are_refused(repo, dispatch, session, servic
 
 
 def test_receipt_for_a_claimed_attempt_has_no_token_to_match(repo, dispatch, session, service):
-    repo.tasks.add(spec())
+    repo.tasks.add(spec(), actor_name="tester")
     run_id = repo.runs.request("job").run.id
     with repo.store.read() as conn:
         attempt_id = conn.execute(select(run_attempts.c.id).where(run_attempts.c.run_id == run_id)).scalar_one()

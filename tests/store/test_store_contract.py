@@ -43,7 +43,8 @@ def make_running(repo, run_id):
 def test_task_add_and_get_roundtrip(repo):
     policy = RetryPolicy(retry_on_lost=True, max_attempts=3, safety="idempotent",
                          backoff_base_ms=2000, backoff_max_ms=60000)
-    added = repo.tasks.add(spec(cwd="/tmp", env={"A": "1"}, timeout_ms=5000, max_concurrent=2, retry=policy))
+    added = repo.tasks.add(spec(cwd="/tmp", env={"A": "1"}, timeout_ms=5000, max_concurrent=2, retry=policy),
+                           actor_name="tester")
     got = repo.tasks.get("job")
     assert got.spec == added.spec
     assert got.revision == 1 and got.enabled
@@ -51,20 +52,20 @@ def test_task_add_and_get_roundtrip(repo):
 
 
 def test_duplicate_task_name_is_refused_and_nothing_written(repo):
-    repo.tasks.add(spec())
+    repo.tasks.add(spec(), actor_name="tester")
     with pytest.raises(AlreadyExists):
-        repo.tasks.add(spec(max_concurrent=3))
+        repo.tasks.add(spec(max_concurrent=3), actor_name="tester")
     assert [t.spec.max_concurrent for t in repo.tasks.list()] == [1]
 
 
 def test_update_adds_a_revision_and_runs_keep_theirs(repo):
-    repo.tasks.add(spec())
+    repo.tasks.add(spec(), actor_name="tester")
     first = repo.runs.request("job").run
-    updated = repo.tasks.update("job", timeout_ms=1000)
+    updated = repo.tasks.update("job", timeout_ms=1000, actor_name="tester")
     assert updated.revision == 2 and updated.spec.timeout_ms == 1000
     second = repo.runs.request("job").run
     assert (first.task_revision, second.task_revision) == (1, 2)
-    assert repo.tasks.update("job", timeout_ms=1000).revision == 2  # no change, no revision
+    assert repo.tasks.update("job", timeout_ms=1000, actor_name="tester").revision == 2  # no change, no revision
 
 
 def test_unknown_task_is_not_found(repo):
@@ -73,20 +74,20 @@ def test_unknown_task_is_not_found(repo):
     with pytest.raises(NotFound):
         repo.runs.request("nope")
     with pytest.raises(NotFound):
-        repo.tasks.update("nope", timeout_ms=5)
+        repo.tasks.update("nope", timeout_ms=5, actor_name="tester")
 
 
 def test_enable_disable(repo):
-    repo.tasks.add(spec())
-    assert repo.tasks.set_enabled("job", False).enabled is False
+    repo.tasks.add(spec(), actor_name="tester")
+    assert repo.tasks.set_enabled("job", False, actor_name="tester").enabled is False
     assert repo.tasks.get("job").enabled is False
-    assert repo.tasks.set_enabled("job", True).enabled is True
+    assert repo.tasks.set_enabled("job", True, actor_name="tester").enabled is True
 
 
 # -- runs --------------------------------------------------------------------------------------
 
 def test_request_run_queues_attempt_one_with_events(repo):
-    repo.tasks.add(spec())
+    repo.tasks.add(spec(), actor_name="tester")
     admission = repo.runs.request("job")
     run = repo.runs.get(admission.run.id)
     assert admission.created
@@ -98,9 +99,9 @@ def test_request_run_queues_attempt_one_with_events(repo):
 
 def test_retry_policy_is_snapshotted_at_admission(repo):
     policy = RetryPolicy(retry_on_lost=True, max_attempts=2, safety="deduplicated")
-    repo.tasks.add(spec(retry=policy))
+    repo.tasks.add(spec(retry=policy), actor_name="tester")
     with_policy = repo.runs.request("job").run.id
-    repo.tasks.update("job", retry=RetryPolicy())
+    repo.tasks.update("job", retry=RetryPolicy(), actor_name="tester")
     without = repo.runs.request("job").run.id
     with repo.store.read() as conn:
         rows = {r.run_id: r for r in conn.execute(select(run_retry_policies))}
@@ -109,7 +110,7 @@ def test_retry_policy_is_snapshotted_at_admission(repo):
 
 
 def test_idempotency_key_returns_the_first_run(repo):
-    repo.tasks.add(spec())
+    repo.tasks.add(spec(), actor_name="tester")
     first = repo.runs.request("job", idempotency_key="k1")
     again = repo.runs.request("job", idempotency_key="k1")
     assert first.created and not again.created
@@ -120,7 +121,7 @@ def test_idempotency_key_returns_the_first_run(repo):
 
 
 def test_concurrent_requests_with_one_key_admit_one_run(repo):
-    repo.tasks.add(spec())
+    repo.tasks.add(spec(), actor_name="tester")
     results, errors = [], []
     barrier = threading.Barrier(4)
 
@@ -142,7 +143,7 @@ def test_concurrent_requests_with_one_key_admit_one_run(repo):
 
 
 def test_cancel_of_queued_run_ends_it_at_once(repo):
-    repo.tasks.add(spec())
+    repo.tasks.add(spec(), actor_name="tester")
     run_id = repo.runs.request("job").run.id
     result = repo.runs.cancel(run_id)
     assert result.result == "cancelled" and result.value.state == "cancelled"
@@ -156,7 +157,7 @@ def test_cancel_of_queued_run_ends_it_at_once(repo):
 
 
 def test_cancel_of_running_run_records_intent_only(repo):
-    repo.tasks.add(spec())
+    repo.tasks.add(spec(), actor_name="tester")
     run_id = repo.runs.request("job").run.id
     make_running(repo, run_id)
     result = repo.runs.cancel(run_id)
@@ -171,7 +172,7 @@ def test_cancel_of_running_run_records_intent_only(repo):
 
 
 def test_cancel_of_offered_but_unactivated_run_ends_it(repo):
-    repo.tasks.add(spec())
+    repo.tasks.add(spec(), actor_name="tester")
     run_id = repo.runs.request("job").run.id
     advance(repo, run_id, plan_offer)
     assert repo.runs.cancel(run_id).result == "cancelled"
@@ -186,7 +187,7 @@ def test_unknown_run_is_not_found(repo):
 
 def test_stale_writers_race_and_exactly_one_wins(repo):
     """Two transactions that read the same version: the second compare-and-set matches no row."""
-    repo.tasks.add(spec())
+    repo.tasks.add(spec(), actor_name="tester")
     run_id = repo.runs.request("job").run.id
     make_running(repo, run_id)
     snapshots = []
@@ -210,7 +211,7 @@ def test_stale_writers_race_and_exactly_one_wins(repo):
 
 
 def test_concurrent_cancels_add_one_intent(repo):
-    repo.tasks.add(spec())
+    repo.tasks.add(spec(), actor_name="tester")
     run_id = repo.runs.request("job").run.id
     make_running(repo, run_id)
     outcomes, barrier = [], threading.Barrier(4)
@@ -239,7 +240,7 @@ def _raw_attempt(run_id, number, status="claimed"):
 
 
 def test_schema_allows_one_active_attempt_per_run(repo):
-    repo.tasks.add(spec())
+    repo.tasks.add(spec(), actor_name="tester")
     run_id = repo.runs.request("job").run.id
     with pytest.raises(IntegrityError):
         with repo.store.write() as conn:
@@ -247,7 +248,7 @@ def test_schema_allows_one_active_attempt_per_run(repo):
 
 
 def test_schema_keeps_attempt_numbers_and_event_sequences_unique(repo):
-    repo.tasks.add(spec())
+    repo.tasks.add(spec(), actor_name="tester")
     run_id = repo.runs.request("job").run.id
     with pytest.raises(IntegrityError):
         with repo.store.write() as conn:
@@ -260,7 +261,7 @@ def test_schema_keeps_attempt_numbers_and_event_sequences_unique(repo):
 
 
 def test_schema_rejects_unknown_status_and_unsafe_policy(repo):
-    repo.tasks.add(spec())
+    repo.tasks.add(spec(), actor_name="tester")
     run_id = repo.runs.request("job").run.id
     with pytest.raises(IntegrityError):
         with repo.store.write() as conn:
@@ -275,8 +276,8 @@ def test_schema_rejects_unknown_status_and_unsafe_policy(repo):
 # -- listing -----------------------------------------------------------------------------------
 
 def test_runs_are_listed_newest_first_in_keyset_pages(repo):
-    repo.tasks.add(spec("a"))
-    repo.tasks.add(spec("b"))
+    repo.tasks.add(spec("a"), actor_name="tester")
+    repo.tasks.add(spec("b"), actor_name="tester")
     ids = [repo.runs.request("a" if i % 2 else "b").run.id for i in range(7)]
     seen, cursor = [], None
     while True:
@@ -298,20 +299,20 @@ def test_runs_are_listed_newest_first_in_keyset_pages(repo):
 # -- removal -----------------------------------------------------------------------------------
 
 def test_remove_refuses_with_active_runs_unless_forced(repo):
-    repo.tasks.add(spec())
+    repo.tasks.add(spec(), actor_name="tester")
     queued = repo.runs.request("job").run.id
     running = repo.runs.request("job").run.id
     make_running(repo, running)
     with pytest.raises(BadInput, match="active run"):
-        repo.remove_task("job")
+        repo.remove_task("job", actor_name="tester")
     assert repo.tasks.get("job")
-    removal = repo.remove_task("job", force=True)
+    removal = repo.remove_task("job", force=True, actor_name="tester")
     assert removal.cancelled == (queued,) and removal.requested == (running,)
     assert repo.tasks.list() == []
     assert repo.runs.get(queued).state == "cancelled"
     assert repo.runs.get(running).task == "job"  # history stays readable
     with pytest.raises(NotFound):
         repo.runs.request("job")
-    repo.tasks.add(spec())  # the name is free again
+    repo.tasks.add(spec(), actor_name="tester")  # the name is free again
     with repo.store.read() as conn:
         assert conn.execute(select(func.count()).select_from(tasks)).scalar_one() == 2

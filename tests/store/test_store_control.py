@@ -49,7 +49,7 @@ def retries(repo):
 def launch(repo, dispatch, session, stage="running", *, name=None, **task) -> Flight:
     """A run brought to `stage`: claimed (offered only), starting (activated) or running."""
     name = name or f"t{secrets.token_hex(4)}"
-    repo.tasks.add(spec(name, **task))
+    repo.tasks.add(spec(name, **task), actor_name="tester")
     run_id = repo.runs.request(name).run.id
     return advance(dispatch, session, run_id, stage)
 
@@ -232,7 +232,7 @@ def test_mark_lost_refuses_with_an_intent_or_for_backlog(repo, dispatch, session
     n = n_events(repo, flight.run_id)
     assert control.recovery.mark_lost(flight.run_id, flight.attempt_id, LOST).detail == "cancel_intent"
     assert n_events(repo, flight.run_id) == n and lease_rows(repo, flight.attempt_id)[0].status == "leased"
-    repo.tasks.add(spec("queued"))
+    repo.tasks.add(spec("queued"), actor_name="tester")
     queued = repo.runs.request("queued").run.id
     attempt_id = repo.runs.get(queued).attempts[0].id
     assert control.recovery.mark_lost(queued, attempt_id, LOST).detail == "run_queued"
@@ -294,7 +294,7 @@ def test_recovery_candidates_page_with_limit_plus_one_and_skip_backlog(repo, dis
                ("claimed", "starting", "running", "running", "claimed")]
     declined = launch(repo, dispatch, session, "claimed")
     assert dispatch.reports.decline(declined.fence, "declined").result == "applied"  # backlog again
-    repo.tasks.add(spec("backlog"))
+    repo.tasks.add(spec("backlog"), actor_name="tester")
     repo.runs.request("backlog")  # queued: backlog, never a candidate
 
     seen, after, pages = [], None, []
@@ -455,7 +455,7 @@ def test_a_cancel_intent_wins_over_a_retry(repo, dispatch, session, control, ret
 def test_status_counts(repo, dispatch, session, control):
     launch(repo, dispatch, session)
     lost_run(repo, dispatch, session, control)
-    repo.tasks.add(spec("q"))
+    repo.tasks.add(spec("q"), actor_name="tester")
     repo.runs.request("q")
     counts = control.status.counts()
     assert counts.runs["queued"] == 1 and counts.runs["running"] == 1 and counts.runs["lost"] == 1

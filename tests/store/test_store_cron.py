@@ -91,7 +91,7 @@ def test_skip_past_the_grace_admits_nothing_and_records_the_missed_count(repo, c
 def test_a_disabled_task_or_a_deleted_trigger_admits_nothing(repo, cron):
     off = add_trigger(repo, "off", since_ms=T0)
     gone = add_trigger(repo, "gone", since_ms=T0)
-    repo.tasks.set_enabled("off", False)
+    repo.tasks.set_enabled("off", False, actor_name="tester")
     with repo.store.write() as conn:
         conn.execute(triggers.update().where(triggers.c.id == gone).values(deleted_at_ms=T0))
     assert cycle(cron, T0 + DAY) == []
@@ -260,8 +260,8 @@ def test_a_re_enabled_task_starts_from_the_re_enable_time_without_catching_up(re
     tid = add_trigger(repo, "paused", since_ms=T0)
     [first] = cycle(cron, T0)
     assert first.outcome == "admitted"
-    repo.tasks.set_enabled("paused", False)
-    repo.tasks.set_enabled("paused", True)  # months later, in real time
+    repo.tasks.set_enabled("paused", False, actor_name="tester")
+    repo.tasks.set_enabled("paused", True, actor_name="tester")  # months later, in real time
     now = time.time_ns() // 1_000_000
     [fired] = cycle(cron, now)
     assert fired.outcome in ("initialised", "admitted")
@@ -313,7 +313,7 @@ def test_a_queued_run_is_not_offered_before_its_not_before_and_the_cadence_wakes
 
     dispatch, control = Dispatch.open(repo.store), Control.open(repo.store)
     session = dispatch.sessions.register("edge", 8)
-    repo.tasks.add(spec("later"))
+    repo.tasks.add(spec("later"), actor_name="tester")
     run_id = repo.runs.request("later").run.id
     with repo.store.read() as conn:
         now = repo.store.now_ms(conn)

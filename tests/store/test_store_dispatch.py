@@ -83,7 +83,7 @@ def test_register_session_bumps_generation_and_retires_older_sessions(repo, disp
 
 def test_offer_claims_the_oldest_queued_run_and_writes_its_lease(repo, dispatch, session):
     repo.tasks.add(spec(command=Command.from_words(["echo hi; exit 3"]), cwd="/tmp", env={"A": "1"},
-                        timeout_ms=5000, stop_grace_ms=2000))
+                        timeout_ms=5000, stop_grace_ms=2000), actor_name="tester")
     first = repo.runs.request("job").run.id
     repo.runs.request("job")
     lease_hash = new_hash()
@@ -109,7 +109,7 @@ def test_offer_claims_the_oldest_queued_run_and_writes_its_lease(repo, dispatch,
 
 
 def test_offer_argv_task_passes_its_words(repo, dispatch, session):
-    repo.tasks.add(spec())
+    repo.tasks.add(spec(), actor_name="tester")
     repo.runs.request("job")
     offer, _ = pull(dispatch, session)
     assert offer.argv == ("echo", "hi") and offer.timeout_ms is None and offer.cwd is None
@@ -117,14 +117,14 @@ def test_offer_argv_task_passes_its_words(repo, dispatch, session):
 
 def test_offer_without_work_is_none(repo, dispatch, session):
     assert pull(dispatch, session)[0] is None
-    repo.tasks.add(spec())
+    repo.tasks.add(spec(), actor_name="tester")
     run_id = repo.runs.request("job").run.id
     repo.runs.cancel(run_id)
     assert pull(dispatch, session)[0] is None
 
 
 def test_offer_respects_max_concurrent_of_the_task(repo, dispatch, session):
-    repo.tasks.add(spec())
+    repo.tasks.add(spec(), actor_name="tester")
     first = repo.runs.request("job").run.id
     second = repo.runs.request("job").run.id
     offer, fence = pull(dispatch, session)
@@ -138,9 +138,9 @@ def test_offer_respects_max_concurrent_of_the_task(repo, dispatch, session):
 
 
 def test_offer_uses_the_limit_of_the_runs_pinned_revision(repo, dispatch, session):
-    repo.tasks.add(spec())
+    repo.tasks.add(spec(), actor_name="tester")
     first = repo.runs.request("job").run.id  # pinned max_concurrent 1
-    repo.tasks.update("job", max_concurrent=2)
+    repo.tasks.update("job", max_concurrent=2, actor_name="tester")
     second = repo.runs.request("job").run.id  # pinned max_concurrent 2
     third = repo.runs.request("job").run.id
     assert pull(dispatch, session)[0].run_id == first
@@ -151,8 +151,8 @@ def test_offer_uses_the_limit_of_the_runs_pinned_revision(repo, dispatch, sessio
 
 
 def test_offer_skips_a_task_at_its_limit_for_another_task(repo, dispatch, session):
-    repo.tasks.add(spec("a"))
-    repo.tasks.add(spec("b"))
+    repo.tasks.add(spec("a"), actor_name="tester")
+    repo.tasks.add(spec("b"), actor_name="tester")
     a1 = repo.runs.request("a").run.id
     repo.runs.request("a")
     b1 = repo.runs.request("b").run.id
@@ -161,8 +161,8 @@ def test_offer_skips_a_task_at_its_limit_for_another_task(repo, dispatch, sessio
 
 def test_offer_respects_session_capacity(repo, dispatch):
     small = dispatch.sessions.register("small", 1)
-    repo.tasks.add(spec("a"))
-    repo.tasks.add(spec("b"))
+    repo.tasks.add(spec("a"), actor_name="tester")
+    repo.tasks.add(spec("b"), actor_name="tester")
     a = repo.runs.request("a").run.id
     b = repo.runs.request("b").run.id
     offer, fence = pull(dispatch, small)
@@ -176,8 +176,8 @@ def test_offer_respects_session_capacity(repo, dispatch):
 
 
 def test_offer_is_idempotent_per_offer_id(repo, dispatch, session):
-    repo.tasks.add(spec())
-    repo.tasks.add(spec("other"))
+    repo.tasks.add(spec(), actor_name="tester")
+    repo.tasks.add(spec("other"), actor_name="tester")
     run_id = repo.runs.request("job").run.id
     repo.runs.request("other")
     lease_hash = new_hash()
@@ -194,7 +194,7 @@ def test_offer_is_idempotent_per_offer_id(repo, dispatch, session):
 
 def test_concurrent_offers_for_one_run_give_it_to_exactly_one(repo, dispatch):
     sessions = [dispatch.sessions.register(f"w{i}", 4) for i in range(2)]
-    repo.tasks.add(spec())
+    repo.tasks.add(spec(), actor_name="tester")
     run_id = repo.runs.request("job").run.id
     results = in_threads(2, lambda i: pull(dispatch, sessions[i])[0])
     assert sum(r is not None for r in results) == 1
@@ -204,7 +204,7 @@ def test_concurrent_offers_for_one_run_give_it_to_exactly_one(repo, dispatch):
 
 def test_concurrent_offers_never_exceed_max_concurrent(repo, dispatch):
     sessions = [dispatch.sessions.register(f"w{i}", 4) for i in range(4)]
-    repo.tasks.add(spec(max_concurrent=2))
+    repo.tasks.add(spec(max_concurrent=2), actor_name="tester")
     ids = [repo.runs.request("job").run.id for _ in range(5)]
     results = in_threads(4, lambda i: pull(dispatch, sessions[i])[0])
     assert sum(r is not None for r in results) == 2
@@ -214,7 +214,7 @@ def test_concurrent_offers_never_exceed_max_concurrent(repo, dispatch):
 
 
 def test_pull_from_a_dead_session_is_fenced(repo, dispatch, session):
-    repo.tasks.add(spec())
+    repo.tasks.add(spec(), actor_name="tester")
     run_id = repo.runs.request("job").run.id
     with pytest.raises(Fenced):
         dispatch.offers.one("edge", "no-such-session", 1, "o1", new_hash(), log_cap_bytes=0)
@@ -247,7 +247,7 @@ FENCE_CHANGES = {
 
 @pytest.mark.parametrize("field", sorted(FENCE_CHANGES))
 def test_a_fence_with_any_field_wrong_is_fenced_and_changes_nothing(repo, dispatch, session, field):
-    repo.tasks.add(spec(timeout_ms=1000))
+    repo.tasks.add(spec(timeout_ms=1000), actor_name="tester")
     repo.runs.request("job")
     offer, fence = pull(dispatch, session)
     before = db_state(repo, offer.run_id)
@@ -263,7 +263,7 @@ def test_a_fence_with_any_field_wrong_is_fenced_and_changes_nothing(repo, dispat
 
 
 def test_a_newer_session_generation_fences_the_old_one(repo, dispatch, session):
-    repo.tasks.add(spec())
+    repo.tasks.add(spec(), actor_name="tester")
     repo.runs.request("job")
     offer, fence = pull(dispatch, session)
     dispatch.sessions.register("edge", 8)
@@ -274,7 +274,7 @@ def test_a_newer_session_generation_fences_the_old_one(repo, dispatch, session):
 
 
 def test_an_expired_lease_is_fenced(repo, dispatch, session):
-    repo.tasks.add(spec())
+    repo.tasks.add(spec(), actor_name="tester")
     repo.runs.request("job")
     lease_hash = new_hash()
     offer = dispatch.offers.one("edge", session.session_id, 1, "o-ttl", lease_hash, log_cap_bytes=0,
@@ -288,7 +288,7 @@ def test_an_expired_lease_is_fenced(repo, dispatch, session):
 # -- activate ----------------------------------------------------------------------------------
 
 def test_activate_sets_token_log_and_deadline_from_database_time(repo, dispatch, session):
-    repo.tasks.add(spec(timeout_ms=7000))
+    repo.tasks.add(spec(timeout_ms=7000), actor_name="tester")
     repo.runs.request("job")
     offer, fence = pull(dispatch, session)
     token = secrets.token_urlsafe(32)
@@ -304,7 +304,7 @@ def test_activate_sets_token_log_and_deadline_from_database_time(repo, dispatch,
 
 
 def test_activate_without_timeout_has_no_deadline(repo, dispatch, session):
-    repo.tasks.add(spec())
+    repo.tasks.add(spec(), actor_name="tester")
     repo.runs.request("job")
     _, fence = pull(dispatch, session)
     result = activate(dispatch, fence)
@@ -312,7 +312,7 @@ def test_activate_without_timeout_has_no_deadline(repo, dispatch, session):
 
 
 def test_activate_again_with_the_same_token_is_idempotent(repo, dispatch, session):
-    repo.tasks.add(spec(timeout_ms=5000))
+    repo.tasks.add(spec(timeout_ms=5000), actor_name="tester")
     repo.runs.request("job")
     offer, fence = pull(dispatch, session)
     token = secrets.token_urlsafe(32)
@@ -325,7 +325,7 @@ def test_activate_again_with_the_same_token_is_idempotent(repo, dispatch, sessio
 
 
 def test_cancelled_run_never_activates(repo, dispatch, session):
-    repo.tasks.add(spec())
+    repo.tasks.add(spec(), actor_name="tester")
     run_id = repo.runs.request("job").run.id
     _, fence = pull(dispatch, session)
     assert repo.runs.cancel(run_id).result == "cancelled"
@@ -342,7 +342,7 @@ def test_cancelled_run_never_activates(repo, dispatch, session):
 
 def test_cancel_of_an_offered_attempt_releases_its_lease_as_cancelled_in_the_same_transaction(
         repo, dispatch, session):
-    repo.tasks.add(spec())
+    repo.tasks.add(spec(), actor_name="tester")
     run_id = repo.runs.request("job").run.id
     offer, fence = pull(dispatch, session)
     assert leases_of(repo, run_id)[0]["status"] == "leased"
@@ -354,14 +354,14 @@ def test_cancel_of_an_offered_attempt_releases_its_lease_as_cancelled_in_the_sam
         ("released", "cancelled", 2)]
     assert attempts[0]["lease_version"] == 2  # the attempt's projection follows
     # the slot is free: another run of another task is offered to the same session
-    repo.tasks.add(spec("other"))
+    repo.tasks.add(spec("other"), actor_name="tester")
     repo.runs.request("other")
     assert pull(dispatch, session)[0] is not None
     assert dispatch.reports.decline(fence, "declined").detail == "attempt_cancelled"
 
 
 def test_cancel_of_a_started_attempt_keeps_its_lease_until_the_process_ends(repo, dispatch, session):
-    repo.tasks.add(spec())
+    repo.tasks.add(spec(), actor_name="tester")
     run_id = repo.runs.request("job").run.id
     _, fence = pull(dispatch, session)
     assert activate(dispatch, fence).result == "applied"
@@ -370,7 +370,7 @@ def test_cancel_of_a_started_attempt_keeps_its_lease_until_the_process_ends(repo
 
 
 def test_concurrent_activations_apply_once(repo, dispatch, session):
-    repo.tasks.add(spec())
+    repo.tasks.add(spec(), actor_name="tester")
     run_id = repo.runs.request("job").run.id
     _, fence = pull(dispatch, session)
     results = in_threads(2, lambda i: activate(dispatch, fence).result)
@@ -381,7 +381,7 @@ def test_concurrent_activations_apply_once(repo, dispatch, session):
 # -- started -----------------------------------------------------------------------------------
 
 def test_started_records_identity_and_is_idempotent(repo, dispatch, session):
-    repo.tasks.add(spec())
+    repo.tasks.add(spec(), actor_name="tester")
     run_id = repo.runs.request("job").run.id
     _, fence = pull(dispatch, session)
     assert dispatch.reports.started(fence, "boot", 10, 10, 99).detail == "attempt_claimed"  # not activated
@@ -402,7 +402,7 @@ def test_started_records_identity_and_is_idempotent(repo, dispatch, session):
 
 
 def test_started_with_a_cancel_intent_still_records_the_process(repo, dispatch, session):
-    repo.tasks.add(spec())
+    repo.tasks.add(spec(), actor_name="tester")
     run_id = repo.runs.request("job").run.id
     _, fence = pull(dispatch, session)
     activate(dispatch, fence)
@@ -414,7 +414,7 @@ def test_started_with_a_cancel_intent_still_records_the_process(repo, dispatch, 
 # -- start failure and release -----------------------------------------------------------------
 
 def test_start_failed_fails_the_run_and_releases_the_lease(repo, dispatch, session):
-    repo.tasks.add(spec())
+    repo.tasks.add(spec(), actor_name="tester")
     run_id = repo.runs.request("job").run.id
     _, fence = pull(dispatch, session)
     activate(dispatch, fence)
@@ -434,7 +434,7 @@ def test_start_failed_fails_the_run_and_releases_the_lease(repo, dispatch, sessi
 
 
 def test_start_failed_with_a_cancel_intent_ends_as_the_intent(repo, dispatch, session):
-    repo.tasks.add(spec())
+    repo.tasks.add(spec(), actor_name="tester")
     run_id = repo.runs.request("job").run.id
     _, fence = pull(dispatch, session)
     activate(dispatch, fence)
@@ -444,7 +444,7 @@ def test_start_failed_with_a_cancel_intent_ends_as_the_intent(repo, dispatch, se
 
 
 def test_released_unstarted_offer_is_offered_again_under_a_new_generation(repo, dispatch, session):
-    repo.tasks.add(spec())
+    repo.tasks.add(spec(), actor_name="tester")
     run_id = repo.runs.request("job").run.id
     offer, fence = pull(dispatch, session)
     n = len(events(repo, run_id))

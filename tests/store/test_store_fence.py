@@ -80,7 +80,7 @@ def session(dispatch):
 
 
 def prepared(repo, dispatch, session, activated):
-    repo.tasks.add(spec(timeout_ms=60_000))
+    repo.tasks.add(spec(timeout_ms=60_000), actor_name="tester")
     repo.runs.request("job")
     fence = offer_one(dispatch, session)
     if activated:
@@ -101,7 +101,7 @@ def test_a_stale_or_forged_fence_is_fenced_and_changes_no_row(repo, dispatch, se
 @pytest.mark.parametrize("report", sorted(REPORTS))
 def test_an_old_lease_generation_is_fenced(repo, dispatch, session, report):
     activated, send = REPORTS[report]
-    repo.tasks.add(spec())
+    repo.tasks.add(spec(), actor_name="tester")
     repo.runs.request("job")
     old = offer_one(dispatch, session)
     assert dispatch.reports.decline(old).result == "applied"
@@ -140,7 +140,7 @@ def test_an_expired_lease_fences_activate_only(repo, dispatch, session, report):
 
 
 def test_decline_releases_the_lease_and_the_attempt_is_offered_again(repo, dispatch, session):
-    repo.tasks.add(spec())
+    repo.tasks.add(spec(), actor_name="tester")
     run_id = repo.runs.request("job").run.id
     fence = offer_one(dispatch, session)
     events = db_state(repo, run_id)[3]
@@ -178,7 +178,7 @@ def test_pulls_racing_activations_and_declines_never_deadlock(pg_schema_url):
     other = Store(pg_schema_url)
     try:
         for name in ("a", "b"):
-            repo.tasks.add(spec(name, max_concurrent=3))
+            repo.tasks.add(spec(name, max_concurrent=3), actor_name="tester")
         for name in ("a", "b"):
             for _ in range(15):
                 repo.runs.request(name)

@@ -29,7 +29,7 @@ def chunks(repo):
 def flight(repo, dispatch):
     """A started attempt of worker w1: (run id, attempt id, callback token)."""
     session = dispatch.sessions.register(WORKER, 4)
-    repo.tasks.add(spec())
+    repo.tasks.add(spec(), actor_name="tester")
     run_id = repo.runs.request("job").run.id
     lease_hash = new_hash()
     offer = dispatch.offers.one(WORKER, session.session_id, session.generation, "o1", lease_hash, log_cap_bytes=0)
@@ -151,7 +151,7 @@ def test_retention_deletes_a_runs_chunks_with_it(repo, chunks, flight):
 def _capped_flight(repo, dispatch, cap: int):
     """A started attempt of worker w1 offered with a log cap of `cap` bytes."""
     session = dispatch.sessions.register(WORKER, 4)
-    repo.tasks.add(spec())
+    repo.tasks.add(spec(), actor_name="tester")
     repo.runs.request("job")
     lease_hash = new_hash()
     offer = dispatch.offers.one(WORKER, session.session_id, session.generation, "o1", lease_hash, log_cap_bytes=cap)
@@ -194,7 +194,7 @@ def test_a_repeated_pull_offers_the_cap_first_recorded(repo, dispatch):
     """The same Pull again (its answer was lost) through a replica with another `log_cap_bytes`
     is answered with the cap the attempt's chunks are judged by."""
     session = dispatch.sessions.register(WORKER, 4)
-    repo.tasks.add(spec())
+    repo.tasks.add(spec(), actor_name="tester")
     repo.runs.request("job")
     lease_hash = new_hash()
     first = dispatch.offers.one(WORKER, session.session_id, session.generation, "o1", lease_hash, log_cap_bytes=100)

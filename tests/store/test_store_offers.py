@@ -59,7 +59,7 @@ class Commits:
 def test_n_pairs_get_up_to_n_offers_oldest_first_from_one_transaction(repo, dispatch):
     session = dispatch.sessions.register("w", 8)
     for name in ("a", "b", "c", "d"):
-        repo.tasks.add(spec(name))
+        repo.tasks.add(spec(name), actor_name="tester")
     ids = [repo.runs.request(name).run.id for name in ("a", "b", "c", "d")]
     asked = pairs(3)
     with Commits(repo.store) as commits:
@@ -79,7 +79,7 @@ def test_n_pairs_get_up_to_n_offers_oldest_first_from_one_transaction(repo, disp
 
 def test_a_batch_never_oversells_the_session_capacity(repo, dispatch):
     session = dispatch.sessions.register("small", 2)
-    repo.tasks.add(spec(max_concurrent=10))
+    repo.tasks.add(spec(max_concurrent=10), actor_name="tester")
     for _ in range(5):
         repo.runs.request("job")
     first = batch(dispatch, session, pairs(5))
@@ -99,8 +99,8 @@ def _hash_of(repo, offer):
 
 def test_max_concurrent_holds_across_one_batch_and_other_tasks_fill_the_rest(repo, dispatch):
     session = dispatch.sessions.register("w", 8)
-    repo.tasks.add(spec("two", max_concurrent=2))
-    repo.tasks.add(spec("one"))
+    repo.tasks.add(spec("two", max_concurrent=2), actor_name="tester")
+    repo.tasks.add(spec("one"), actor_name="tester")
     two = [repo.runs.request("two").run.id for _ in range(4)]
     one = [repo.runs.request("one").run.id for _ in range(2)]
     offers = batch(dispatch, session, pairs(6))
@@ -115,12 +115,12 @@ def test_labels_a_revision_requires_must_all_be_the_sessions(repo, dispatch):
     partial = dispatch.sessions.register("partial", 4)
     set_labels(repo, gpu, ["x", "gpu", "ssd"])
     set_labels(repo, partial, ["gpu"])
-    repo.tasks.add(spec("needs", labels=("gpu", "ssd")))
+    repo.tasks.add(spec("needs", labels=("gpu", "ssd")), actor_name="tester")
     needs = repo.runs.request("needs").run.id
     assert batch(dispatch, plain, pairs(2)) == []
     assert batch(dispatch, partial, pairs(2)) == []
     assert repo.runs.get(needs).state == "queued"
-    repo.tasks.add(spec("any"))
+    repo.tasks.add(spec("any"), actor_name="tester")
     anyone = repo.runs.request("any").run.id
     assert [o.run_id for o in batch(dispatch, partial, pairs(2))] == [anyone]  # no labels: any session
     assert [o.run_id for o in batch(dispatch, gpu, pairs(2))] == [needs]
@@ -129,7 +129,7 @@ def test_labels_a_revision_requires_must_all_be_the_sessions(repo, dispatch):
 def test_repeated_pairs_answer_the_same_offers_and_take_no_second_lease(repo, dispatch):
     session = dispatch.sessions.register("w", 8)
     for name in ("a", "b", "c"):
-        repo.tasks.add(spec(name))
+        repo.tasks.add(spec(name), actor_name="tester")
         repo.runs.request(name)
     asked = pairs(2)
     first = batch(dispatch, session, asked)
@@ -151,7 +151,7 @@ def test_repeated_pairs_answer_the_same_offers_and_take_no_second_lease(repo, di
 def test_the_budget_stops_the_batch_and_the_first_offer_always_goes(repo, dispatch):
     session = dispatch.sessions.register("w", 8)
     for name in ("a", "b", "c", "d"):
-        repo.tasks.add(spec(name))
+        repo.tasks.add(spec(name), actor_name="tester")
         repo.runs.request(name)
     sizes = []
 
@@ -168,8 +168,8 @@ def test_the_budget_stops_the_batch_and_the_first_offer_always_goes(repo, dispat
 
 def test_an_unencodable_pick_fails_and_the_batch_goes_on(repo, dispatch):
     session = dispatch.sessions.register("w", 8)
-    repo.tasks.add(spec("bad"))
-    repo.tasks.add(spec("good"))
+    repo.tasks.add(spec("bad"), actor_name="tester")
+    repo.tasks.add(spec("good"), actor_name="tester")
     bad = repo.runs.request("bad").run.id
     good = repo.runs.request("good").run.id
 
@@ -184,7 +184,7 @@ def test_an_unencodable_pick_fails_and_the_batch_goes_on(repo, dispatch):
 
 def test_a_pull_from_a_session_that_is_not_current_is_fenced_and_takes_nothing(repo, dispatch):
     old = dispatch.sessions.register("w", 8)
-    repo.tasks.add(spec())
+    repo.tasks.add(spec(), actor_name="tester")
     run_id = repo.runs.request("job").run.id
     dispatch.sessions.register("w", 8)
     with pytest.raises(Fenced):
@@ -218,7 +218,7 @@ def test_two_sessions_pulling_at_once_never_lease_an_attempt_twice(pg_schema_url
     other = Store(pg_schema_url)  # already migrated by the first
     try:
         for name in ("a", "b", "c", "d"):
-            repo.tasks.add(spec(name, max_concurrent=6))
+            repo.tasks.add(spec(name, max_concurrent=6), actor_name="tester")
         ids = {repo.runs.request(name).run.id for name in ("a", "b", "c", "d") for _ in range(10)}
         dispatchers = [Dispatch.open(repo.store), Dispatch.open(other)]
         sessions = [d.sessions.register(f"w{i}", 40) for i, d in enumerate(dispatchers)]

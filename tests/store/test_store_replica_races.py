@@ -131,7 +131,7 @@ def test_two_pulls_through_two_replicas_lease_each_attempt_once_and_a_repeat_get
     a, b = replicas
     for r in range(ROUNDS):
         task = f"pulls{r}"
-        a.repo.tasks.add(spec(task, max_concurrent=4))
+        a.repo.tasks.add(spec(task, max_concurrent=4), actor_name="tester")
         run_ids = [a.repo.runs.request(task).run.id for _ in range(5)]
         s = register(a.dispatch, f"ws{r}", capacity=3)
         t = register(b.dispatch, f"wt{r}", capacity=3)
@@ -154,7 +154,7 @@ def test_a_pull_racing_a_renewal_of_the_same_session_renews_every_lease_and_neve
         session = register(a.dispatch, f"w{r}", capacity=6)
         flights = [launch(a.repo, a.dispatch, session) for _ in range(3)]
         task = f"more{r}"
-        a.repo.tasks.add(spec(task, max_concurrent=3))
+        a.repo.tasks.add(spec(task, max_concurrent=3), actor_name="tester")
         queued = [a.repo.runs.request(task).run.id for _ in range(3)]
         answer, offers = race(lambda: beat(a.dispatch, session, 1, *(f.quote for f in flights)),
                               lambda: pull(b, session, pairs(3)))

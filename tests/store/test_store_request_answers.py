@@ -116,13 +116,13 @@ def flight_of(replica, session, **kw):
 def test_a_repeated_pull_replays_its_first_offers_and_claims_nothing_for_the_pairs_it_left_unused(replicas):
     a, b = replicas
     session = register(a.dispatch, W)
-    a.repo.tasks.add(spec("job"))
+    a.repo.tasks.add(spec("job"), actor_name="tester")
     first_run = a.repo.runs.request("job").run.id
     pairs = [(secrets.token_hex(8), new_hash()) for _ in range(3)]
     request_id = new_id()
     offers = a.pull(session, pairs, request_id)
     assert [o.run_id for o in offers] == [first_run]  # two pairs left unused
-    a.repo.tasks.add(spec("other"))
+    a.repo.tasks.add(spec("other"), actor_name="tester")
     second_run = a.repo.runs.request("other").run.id  # queued work the unused pairs could take now
     before = db_state(a.repo, first_run), db_state(a.repo, second_run)
     for replica in (a, b):  # at the same replica, then at another one
@@ -138,7 +138,7 @@ def test_a_repeated_pull_replays_its_first_offers_and_claims_nothing_for_the_pai
 def test_a_repeated_empty_pull_stays_empty_when_work_arrives(replicas):
     a, b = replicas
     session = register(a.dispatch, W)
-    a.repo.tasks.add(spec("job"))
+    a.repo.tasks.add(spec("job"), actor_name="tester")
     pairs = [(secrets.token_hex(8), new_hash())]
     request_id = new_id()
     assert a.pull(session, pairs, request_id) == []

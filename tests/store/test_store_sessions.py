@@ -471,7 +471,7 @@ def test_unactivated_leases_lists_the_sessions_offers_never_activated(repo):
     from store_helpers import new_hash, spec
 
     dispatch = Dispatch.open(repo.store)
-    repo.tasks.add(spec("u", max_concurrent=2))
+    repo.tasks.add(spec("u", max_concurrent=2), actor_name="tester")
     first, second = (repo.runs.request("u").run.id for _ in range(2))
     session = dispatch.sessions.register("w-u", 2, session_lease_ms=60_000)
     offers = dispatch.offers.batch("w-u", session.session_id, session.generation,

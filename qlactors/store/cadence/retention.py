@@ -37,6 +37,8 @@ from ..engine import Store
 from ..plans import load_run
 from ..schema import (
     log_chunks,
+    notification_deliveries,
+    notification_outbox,
     run_attempts,
     run_dispatch_leases,
     run_events,
@@ -206,6 +208,7 @@ class Retention:
         conn.execute(run_dispatch_leases.delete().where(run_dispatch_leases.c.run_id == run_id))
         conn.execute(log_chunks.delete().where(log_chunks.c.run_id == run_id))  # a cluster run's log
         conn.execute(run_retry_policies.delete().where(run_retry_policies.c.run_id == run_id))
+        _delete_settled_notifications(conn, run_id)
         conn.execute(trigger_events.update().where(trigger_events.c.run_id == run_id).values(run_id=None))
         conn.execute(runs.update().where(runs.c.retry_of_run_id == run_id).values(retry_of_run_id=None))
         conn.execute(run_attempts.delete().where(run_attempts.c.run_id == run_id))
@@ -286,3 +289,14 @@ def _due(conn: Connection, table, at, key, policy: RetentionPolicies, now_ms: in
         found.append(_Due(key=row[0], task=t, at=row[2], newer=counts[t] - 1 - seen[t], row=row))
         seen[t] += 1
     return found
+
+
+def _delete_settled_notifications(conn: Connection, run_id: str) -> None:
+    """A retired run's notifications that are settled (delivered, or given up) and their tries; a
+    pending one stays until it is delivered: it carries what it tells."""
+    settled = (select(notification_outbox.c.rule_id)
+               .where(and_(notification_outbox.c.run_id == run_id, notification_outbox.c.status != "pending")))
+    conn.execute(notification_deliveries.delete().where(and_(
+        notification_deliveries.c.run_id == run_id, notification_deliveries.c.rule_id.in_(settled))))
+    conn.execute(notification_outbox.delete().where(and_(
+        notification_outbox.c.run_id == run_id, notification_outbox.c.status != "pending")))

@@ -13,6 +13,7 @@ from typing import Any, Sequence
 from sqlalchemy import and_, bindparam, func, or_, select
 from sqlalchemy.engine import Connection
 
+from ...domain.audit import check_actor_name
 from ...domain.results import Outcome, Result
 from ...domain.states import (RUN_TERMINAL, CancelReason, LeaseReleaseReason, LeaseStatus, RetrySafety, RunStatus,
                              TriggerType)
@@ -59,7 +60,8 @@ class Runs:
     def request(self, task_name: str, **admission: Any) -> Admission:
         """Admit a run of the task's current revision: run `queued`, attempt 1 `claimed`, events.
 
-        `admission`: the keywords of `admit_in` (trigger, idempotency key, scheduled time...).
+        `admission`: the keywords of `admit_in` (trigger, idempotency key, scheduled time, the
+        `actor_name` of the person asking...).
         With an idempotency key, a second request returns the first run (the unique key is the
         arbiter: `INSERT ... ON CONFLICT DO NOTHING`, then re-read).
         """
@@ -82,10 +84,16 @@ class Runs:
         retry_of_run_id: str | None = None,
         actor_type: str = "user",
         not_before_ms: int | None = None,
+        actor_name: str | None = None,
     ) -> Admission:
-        """Admission inside the caller's write transaction, of revision `revision` of task row `head`."""
+        """Admission inside the caller's write transaction, of revision `revision` of task row `head`.
+
+        `actor_name`: the person asking (an API token's name, the CLI's user), written on the
+        admission's events; None when the runtime admits on its own (cron)."""
         if idempotency_key is not None and not 1 <= len(idempotency_key) <= 256:
             raise BadInput("an idempotency key is 1 to 256 characters")
+        if actor_name is not None:
+            check_actor_name(actor_name)
         if idempotency_key is not None:
             existing = self._by_key(conn, idempotency_key)
             if existing is not None:
@@ -106,10 +114,11 @@ class Runs:
             id=attempt_id, run_id=run_id, number=1, status=plan.attempt_to.value,
             executor_type="local_process", callback_sequence=0, created_at_ms=now, updated_at_ms=now))
         self._snapshot_policy(conn, head.id, revision, run_id, now)
-        append_events(conn, plan, now, actor_type)
+        append_events(conn, plan, now, actor_type, actor_name=actor_name)
         return Admission(self._view(conn, load_run(conn, run_id, lock=False)), created=True)
 
-    def retry(self, run_id: str, *, actor_type: str = "user", idempotency_key: str | None = None) -> Admission:
+    def retry(self, run_id: str, *, actor_type: str = "user", idempotency_key: str | None = None,
+              actor_name: str | None = None) -> Admission:
         """Admit a new run of the revision `run_id` pinned, with `retry_of_run_id` = `run_id`.
 
         Only from a terminal run (a run still in flight has its own lost-run retry), and only
@@ -127,20 +136,25 @@ class Runs:
                                f"written. Add the task again and use `qlactors run {head.name}`")
             return self.admit_in(conn, head, row.task_revision, trigger_type=TriggerType.MANUAL,
                                  retry_of_run_id=row.id, actor_type=actor_type,
-                                 idempotency_key=idempotency_key)
+                                 idempotency_key=idempotency_key, actor_name=actor_name)
 
-    def cancel(self, run_id: str, reason: CancelReason = CancelReason.USER, *, actor_type: str = "user") -> Outcome[RunView]:
+    def cancel(self, run_id: str, reason: CancelReason = CancelReason.USER, *, actor_type: str = "user",
+               actor_name: str | None = None) -> Outcome[RunView]:
         """Commit a cancel intent; a run with no live process ends `cancelled` in the same transaction.
 
         The Outcome is `cancelled`, `requested` (the runtime stops the job), `already_requested`
-        or `already_terminal`; its value is the run as it is now."""
+        or `already_terminal`; its value is the run as it is now. `actor_name`: the person asking,
+        written on the cancel's events (None: the runtime's own cancel, e.g. at shutdown)."""
+        if actor_name is not None:
+            check_actor_name(actor_name)
         with self.store.write() as conn:
             row = self._require(conn, run_id)
-            outcome = self.cancel_in(conn, row, reason, actor_type=actor_type)
+            outcome = self.cancel_in(conn, row, reason, actor_type=actor_type, actor_name=actor_name)
             view = self._view(conn, load_run(conn, run_id, lock=False))
             return Outcome(outcome, run_state=view.state, value=view)
 
-    def cancel_in(self, conn: Connection, row, reason: CancelReason, *, actor_type: str) -> Result:
+    def cancel_in(self, conn: Connection, row, reason: CancelReason, *, actor_type: str,
+                  actor_name: str | None = None) -> Result:
         """Cancel inside the caller's transaction; returns what it did (see `cancel`)."""
         snapshot = run_snapshot(row)
         attempt_row = current_attempt(conn, row.id)
@@ -148,7 +162,7 @@ class Runs:
         if plan is None:
             return Result.ALREADY_TERMINAL if snapshot.status.terminal else Result.ALREADY_REQUESTED
         now = self.store.now_ms(conn)
-        apply_plan(conn, plan, now, actor_type=actor_type,
+        apply_plan(conn, plan, now, actor_type=actor_type, actor_name=actor_name,
                    expected_callback_sequence=attempt_row.callback_sequence if attempt_row else None)
         if plan.run_to.terminal and attempt_row is not None:
             # An attempt offered but never activated holds a live lease: it ends with the run, or
@@ -167,10 +181,17 @@ class Runs:
             return self._view(conn, self._require(conn, run_id, lock=False), detail=True)
 
     def list(self, *, task: str | None = None, state: str | None = None, limit: int = DEFAULT_PAGE,
-             cursor: str | None = None) -> RunPage:
-        """Runs newest first, one keyset page; `next_cursor` continues after the last one shown."""
+             cursor: str | None = None, created_since_ms: int | None = None,
+             created_before_ms: int | None = None) -> RunPage:
+        """Runs newest first, one keyset page; `next_cursor` continues after the last one shown
+        (given again with the same filters). `created_since_ms`: only runs created at or after
+        it; `created_before_ms`: only runs created strictly before it (epoch ms, >= 0)."""
         if type(limit) is not int or not 1 <= limit <= MAX_PAGE:
             raise BadInput(f"--limit must be between 1 and {MAX_PAGE}")
+        for option, bound in (("--since", created_since_ms), ("--until", created_before_ms)):
+            if bound is not None and (type(bound) is not int or bound < 0):
+                raise BadInput(f"{option} must be a whole number of milliseconds since the epoch, 0 or more, "
+                               f"not {bound!r}")
         if state is not None and state not in {s.value for s in RunStatus}:
             raise BadInput(f"unknown state {state!r}: one of {', '.join(s.value for s in RunStatus)}")
         query = select(runs, tasks.c.name.label("task_name")).join(tasks, tasks.c.id == runs.c.task_id)
@@ -178,6 +199,10 @@ class Runs:
             query = query.where(tasks.c.name == task)
         if state is not None:
             query = query.where(runs.c.status == state)
+        if created_since_ms is not None:
+            query = query.where(runs.c.created_at_ms >= created_since_ms)
+        if created_before_ms is not None:
+            query = query.where(runs.c.created_at_ms < created_before_ms)
         if cursor is not None:
             at_ms, run_id = _decode_cursor(cursor)
             query = query.where(or_(runs.c.created_at_ms < at_ms,
@@ -250,7 +275,8 @@ class Runs:
             attempts=attempts, last_attempt=newest,
             events=tuple(EventView(seq=e.sequence, type=e.type, at_ms=e.created_at_ms,
                                    actor_type=e.actor_type, attempt_id=e.attempt_id,
-                                   payload=json.loads(e.payload_json)) for e in events),
+                                   payload=json.loads(e.payload_json), actor_name=e.actor_name)
+                         for e in events),
         )
 
 

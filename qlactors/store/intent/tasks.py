@@ -2,25 +2,31 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from typing import Any, Callable, Mapping
 
-from sqlalchemy import and_, func, select
+from sqlalchemy import and_, bindparam, func, select
 from sqlalchemy.engine import Connection
 
+from ...domain.audit import changed_fields, check_actor_name
 from ...domain.model import TaskSpec, validate_name
 from ...domain.retention import TaskRetention
-from ...domain.states import RUN_TERMINAL
+from ...domain.states import RUN_TERMINAL, TaskEventType
 from ...errors import AlreadyExists, BadInput, Conflict, NotFound
 from ...ids import new_id
 from ..engine import Store
-from ..schema import runs, task_revisions, tasks
-from ..views import TaskView, TriggerView, revision_values, spec_from_revision
+from ..plans import encode_payload
+from ..schema import runs, task_events, task_revisions, tasks
+from ..views import TaskEventView, TaskView, TriggerView, revision_values, spec_from_revision
 from . import triggers as trigger_store
 from .triggers import TriggerOptions
 
 _LIVE = tasks.c.deleted_at_ms.is_(None)
 _TERMINAL = [s.value for s in RUN_TERMINAL]
+MAX_HISTORY = 500
+_HISTORY = (select(task_events).where(task_events.c.task_id == bindparam("task_id"))
+            .order_by(task_events.c.created_at_ms.desc(), task_events.c.id.desc()).limit(bindparam("limit")))
 
 
 class Tasks:
@@ -33,6 +39,9 @@ class Tasks:
     A task's own retention bounds (`TaskRetention`) live on its head, not in its revisions: a
     revision is what a run pins and executes, while retention is decided when a finished run is
     retired, by the bounds in force then. Changing them is a head change, not a new revision.
+
+    Every change records who made it (`actor_name`: an API token's name, the CLI's user) as one
+    `task_events` row in the change's own transaction; a change that changes nothing writes none.
     """
 
     def __init__(self, store: Store) -> None:
@@ -40,10 +49,12 @@ class Tasks:
 
     def add(self, spec: TaskSpec, *, enabled: bool = True, trigger: TriggerOptions | None = None,
             retention: TaskRetention = TaskRetention(),
-            check: Callable[[TaskSpec], None] | None = None) -> TaskView:
+            check: Callable[[TaskSpec], None] | None = None, actor_name: str) -> TaskView:
         """A new task at revision 1, with a cron schedule when `trigger` is given and its own
         retention bounds when `retention` has any. `check` may refuse the validated spec (the
-        CLI's: every offer of it must fit one wire frame) before anything is written."""
+        CLI's: every offer of it must fit one wire frame) before anything is written. Recorded
+        as `added` by `actor_name`."""
+        check_actor_name(actor_name)
         spec = spec.validated()
         if check is not None:
             check(spec)
@@ -61,18 +72,22 @@ class Tasks:
                 task_id=task_id, revision=1, created_at_ms=now, **revision_values(spec)))
             if settings is not None:
                 trigger_store.set_trigger(conn, task_id, settings, now)
+            _record(conn, task_id, TaskEventType.ADDED, 1, actor_name, now)
             return self._detail(conn, self.head(conn, spec.name), now_ms=now)
 
     def update(self, name: str, *, trigger: TriggerOptions | None = None, remove_trigger: bool = False,
                retention: Mapping[str, int | None] | None = None,
-               check: Callable[[TaskSpec], None] | None = None, **changes: Any) -> TaskView:
+               check: Callable[[TaskSpec], None] | None = None, actor_name: str, **changes: Any) -> TaskView:
         """A new revision with `changes` applied to the current one; runs keep the revision they pinned.
 
         `trigger` sets the schedule (given fields only; see TriggerOptions), `remove_trigger`
         removes it. `retention` sets the given TaskRetention fields (None: back to the global
         bound) on the head, no new revision. Each part writes only when something differs; all of
-        it in one transaction. `check` may refuse a new revision, as for `add`.
+        it in one transaction. `check` may refuse a new revision, as for `add`. A change is
+        recorded as `updated` by `actor_name`, naming the fields that changed (the TaskSpec's,
+        `schedule`, `retention`).
         """
+        check_actor_name(actor_name)
         if trigger is not None and remove_trigger:
             raise BadInput("a schedule cannot be set and removed at once: drop --no-cron or the --cron options")
         unknown = set(retention or {}) - set(TaskRetention.__dataclass_fields__)
@@ -91,6 +106,7 @@ class Tasks:
             new_retention = replace(kept, **(retention or {}))  # validated before anything is written
             now = self.store.now_ms(conn)
             head_values: dict[str, Any] = {}
+            changed = changed_fields(current, spec)
             if spec != current:
                 revision = head.current_revision + 1
                 conn.execute(task_revisions.insert().values(
@@ -98,18 +114,26 @@ class Tasks:
                 head_values["current_revision"] = revision
             if new_retention != kept:
                 head_values.update(_retention_values(new_retention))
+                changed.append("retention")
             if head_values:
                 self._cas_head(conn, head, updated_at_ms=now, **head_values)
                 head = self.head(conn, name)
             if settings is not None:
-                trigger_store.set_trigger(conn, head.id, settings, now)
+                if trigger_store.set_trigger(conn, head.id, settings, now).outcome != "unchanged":
+                    changed.append("schedule")
             elif remove_trigger:
-                trigger_store.remove_trigger(conn, head.id, now)
+                if trigger_store.remove_trigger(conn, head.id, now):
+                    changed.append("schedule")
+            if changed:
+                _record(conn, head.id, TaskEventType.UPDATED, head.current_revision, actor_name, now,
+                        {"changed": sorted(changed)})
             return self._detail(conn, head, now_ms=now)
 
-    def set_enabled(self, name: str, enabled: bool) -> TaskView:
+    def set_enabled(self, name: str, enabled: bool, *, actor_name: str) -> TaskView:
         """Enable or disable cron admission. Re-enabling (only a real change) makes the schedule
-        count from now: occurrences that fell while disabled are neither run nor reported."""
+        count from now: occurrences that fell while disabled are neither run nor reported. A real
+        change is recorded as `enabled` or `disabled` by `actor_name`."""
+        check_actor_name(actor_name)
         with self.store.write() as conn:
             head = self.head(conn, name, lock=True)
             now = self.store.now_ms(conn)
@@ -117,12 +141,25 @@ class Tasks:
                 self._cas_head(conn, head, enabled=enabled, updated_at_ms=now)
                 if enabled:
                     trigger_store.reset_cursor(conn, head.id, now)
+                _record(conn, head.id, TaskEventType.ENABLED if enabled else TaskEventType.DISABLED,
+                        head.current_revision, actor_name, now)
             return self._detail(conn, self.head(conn, name), now_ms=now)
 
     def get(self, name: str) -> TaskView:
         """One task in detail: with its schedule and the schedule's recent trigger events."""
         with self.store.read() as conn:
             return self._detail(conn, self.head(conn, name))
+
+    def history(self, name: str, *, limit: int = 50) -> tuple[TaskEventView, ...]:
+        """The live task's changes, newest first, at most `limit` (1 to MAX_HISTORY)."""
+        if type(limit) is not int or not 1 <= limit <= MAX_HISTORY:
+            raise BadInput(f"a history limit is between 1 and {MAX_HISTORY}, not {limit!r}")
+        with self.store.read() as conn:
+            head = self.head(conn, name)
+            return tuple(TaskEventView(type=r.type, revision=r.revision, actor_name=r.actor_name,
+                                       at_ms=r.created_at_ms,
+                                       changed=tuple(json.loads(r.payload_json).get("changed", ())))
+                         for r in conn.execute(_HISTORY, {"task_id": head.id, "limit": limit}))
 
     def list(self) -> list[TaskView]:
         """Every live task by name, with its schedule but without trigger events (kept cheap)."""
@@ -133,13 +170,15 @@ class Tasks:
             schedules = trigger_store.read_live_triggers(conn, self.store.now_ms(conn))
             return [self._view(conn, head, schedules.get(head.id)) for head in heads]
 
-    def mark_removed(self, conn: Connection, name: str) -> str:
-        """Inside a caller's transaction: retire the head (its name becomes free) and its schedule;
-        returns its id."""
+    def mark_removed(self, conn: Connection, name: str, *, actor_name: str) -> str:
+        """Inside a caller's transaction: retire the head (its name becomes free) and its schedule,
+        recorded as `removed` by `actor_name`; returns its id."""
+        check_actor_name(actor_name)
         head = self.head(conn, name, lock=True)
         now = self.store.now_ms(conn)
         self._cas_head(conn, head, deleted_at_ms=now, enabled=False)
         trigger_store.remove_trigger(conn, head.id, now)
+        _record(conn, head.id, TaskEventType.REMOVED, head.current_revision, actor_name, now)
         return head.id
 
     # -- inside a transaction ----------------------------------------------------------------
@@ -183,6 +222,14 @@ class Tasks:
                         spec=self._spec(conn, head), created_at_ms=head.created_at_ms,
                         updated_at_ms=head.updated_at_ms, active_runs=active, trigger=trigger,
                         retention=_retention_of(head))
+
+
+def _record(conn: Connection, task_id: str, type_: TaskEventType, revision: int, actor_name: str, now_ms: int,
+            payload: Mapping[str, Any] | None = None) -> None:
+    """One `task_events` row: the change, the task's revision after it, and who made it."""
+    conn.execute(task_events.insert().values(
+        id=new_id(), task_id=task_id, type=type_.value, revision=revision, actor_name=actor_name,
+        payload_json=encode_payload(payload or {}), created_at_ms=now_ms))
 
 
 def _retention_values(retention: TaskRetention) -> dict[str, int | None]:

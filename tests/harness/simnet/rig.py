@@ -198,7 +198,8 @@ class _Seed:
                 backoff_max_ms=200)
             name = f"sim-{n}"
             self.admin.tasks.add(TaskSpec(name=name, command=Command(shell=JOB.format(
-                ledger=self.ledger, sleep=job.sleep_s, code=job.exit_code)), retry=retry, stop_grace_ms=200))
+                ledger=self.ledger, sleep=job.sleep_s, code=job.exit_code)), retry=retry, stop_grace_ms=200),
+                actor_name="tester")
             self.runs[self.admin.runs.request(name).run.id] = job
 
     def fault_and_settle(self) -> None:

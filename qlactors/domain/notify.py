@@ -1,0 +1,85 @@
+"""Notifications, pure: which states a rule may name, the document a webhook receives (never a
+command, an environment value or output), the environment a notification command gets, and the
+backoff between tries of one delivery."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from ..errors import BadInput
+from .states import RunStatus
+
+KINDS = ("webhook", "apprise", "command")
+TERMINAL_STATES = tuple(s.value for s in RunStatus if s.terminal)
+DEFAULT_ON = ("failed", "timed_out", "lost")
+FIRST_RETRY_MS = 5_000
+MAX_RETRY_MS = 15 * 60_000
+MAX_TRIES = 20  # about 4 hours of tries in all, then the row is given up (and says so)
+
+
+def check_on_states(text: str) -> tuple[str, ...]:
+    """`failed,timed_out` -> ('failed', 'timed_out'); each a terminal state, none twice."""
+    states = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
+    unknown = [s for s in states if s not in TERMINAL_STATES]
+    if not states or unknown:
+        raise BadInput(f"--on {text!r}: give terminal states separated by commas, from "
+                       f"{', '.join(TERMINAL_STATES)}; nothing was written")
+    return states
+
+
+def check_target(kind: str, target: str) -> str:
+    """A webhook is an http(s) URL; an apprise target is an apprise URL (`tgram://...`,
+    `mailto://...`: docs/web.md); a command is a shell string."""
+    if kind not in KINDS:
+        raise BadInput(f"unknown notification kind {kind!r}: one of {', '.join(KINDS)}")
+    if not isinstance(target, str) or not target.strip() or len(target) > 4096 or "\0" in target:
+        raise BadInput(f"--{kind}: give a non-empty value of at most 4096 characters; nothing was written")
+    if kind == "webhook":
+        parts = urlsplit(target)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise BadInput(f"--webhook {target!r}: give an http:// or https:// URL; nothing was written")
+    if kind == "apprise" and "://" not in target:
+        raise BadInput(f"--apprise {target!r}: give an apprise URL such as tgram://BOT_TOKEN/CHAT_ID; "
+                       "nothing was written")
+    return target
+
+
+@dataclass(frozen=True, slots=True)
+class RunFacts:
+    """What a notification tells about a run: nothing else ever leaves."""
+
+    task: str
+    run_id: str
+    state: str
+    exit_code: int | None
+    error_code: str | None
+    created_at_ms: int | None
+    started_at_ms: int | None
+    finished_at_ms: int | None
+    url: str | None
+
+    def document(self) -> dict[str, Any]:
+        """The webhook's JSON body (docs/web.md "Notifications")."""
+        return {"event": "run.finished", "task": self.task, "run_id": self.run_id, "state": self.state,
+                "exit_code": self.exit_code, "error_code": self.error_code,
+                "created_at_ms": self.created_at_ms, "started_at_ms": self.started_at_ms,
+                "finished_at_ms": self.finished_at_ms, "url": self.url}
+
+    def environment(self) -> dict[str, str]:
+        """A notification command's environment additions (QLACTORS_NOTIFY_*)."""
+        return {f"QLACTORS_NOTIFY_{k.upper()}": "" if v is None else str(v)
+                for k, v in self.document().items() if k != "event"}
+
+    def title(self) -> str:
+        code = f" (exit {self.exit_code})" if self.exit_code is not None else (
+            f" ({self.error_code})" if self.error_code else "")
+        return f"qlactors: {self.task} {self.state}{code}"
+
+
+def next_try_delay_ms(tries: int) -> int | None:
+    """After `tries` failed tries, how long until the next; None: give up."""
+    if tries >= MAX_TRIES:
+        return None
+    return min(FIRST_RETRY_MS * 2 ** max(tries - 1, 0), MAX_RETRY_MS)

@@ -1,0 +1,174 @@
+"""Store: notification rules (where to tell about runs that end in some states), the outbox rows a
+run's end queued for them (store/run_endings.py), claiming the due ones for delivery, and the
+record of every try (`show` prints them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import and_, or_, select, update
+
+from ...domain.notify import DEFAULT_ON, RunFacts, check_on_states, check_target, next_try_delay_ms
+from ...errors import NotFound
+from ...ids import new_id
+from ..engine import Store
+from ..schema import (notification_deliveries, notification_outbox, notification_rules, run_attempts, runs,
+                      tasks)
+
+CLAIM_MS = 60_000  # a claimed row another deliverer may take again after this (its claimer died)
+DETAIL_CHARS = 500
+
+
+@dataclass(frozen=True, slots=True)
+class RuleView:
+    id: str
+    task: str | None  # None: every task
+    on_states: tuple[str, ...]
+    kind: str
+    target: str
+    actor_name: str
+    created_at_ms: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "task": self.task, "on": list(self.on_states), "kind": self.kind,
+                "target": self.target, "actor_name": self.actor_name, "created_at_ms": self.created_at_ms}
+
+
+@dataclass(frozen=True, slots=True)
+class Due:
+    """One claimed outbox row: the rule to deliver by, and the run's facts."""
+
+    run_id: str
+    rule_id: str
+    kind: str
+    target: str
+    tries: int
+    facts: RunFacts
+
+
+class Notifications:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    # -- rules -------------------------------------------------------------------------------
+
+    def add_rule(self, *, task: str | None, on: str | None, kind: str, target: str, actor_name: str) -> RuleView:
+        states = check_on_states(on) if on is not None else DEFAULT_ON
+        check_target(kind, target)
+        with self.store.write() as conn:
+            task_id = None
+            if task is not None:
+                task_id = conn.execute(select(tasks.c.id).where(and_(
+                    tasks.c.name == task, tasks.c.deleted_at_ms.is_(None)))).scalar()
+                if task_id is None:
+                    raise NotFound(f"no task named {task!r}: see `qlactors task list`; nothing was written")
+            rule_id, now = new_id(), self.store.now_ms(conn)
+            conn.execute(notification_rules.insert().values(
+                id=rule_id, task_id=task_id, on_states=",".join(states), kind=kind, target=target,
+                actor_name=actor_name, created_at_ms=now))
+            return RuleView(rule_id, task, states, kind, target, actor_name, now)
+
+    def remove_rule(self, rule_id: str) -> None:
+        """No more notifications by this rule; those already queued are still delivered."""
+        with self.store.write() as conn:
+            gone = conn.execute(update(notification_rules).where(and_(
+                notification_rules.c.id == rule_id, notification_rules.c.removed_at_ms.is_(None)))
+                .values(removed_at_ms=self.store.now_ms(conn)))
+            if gone.rowcount != 1:
+                raise NotFound(f"no notification rule {rule_id!r}: see `qlactors notify list`")
+
+    def rules(self) -> list[RuleView]:
+        query = (select(notification_rules, tasks.c.name.label("task_name"))
+                 .outerjoin(tasks, tasks.c.id == notification_rules.c.task_id)
+                 .where(notification_rules.c.removed_at_ms.is_(None))
+                 .order_by(notification_rules.c.created_at_ms, notification_rules.c.id))
+        with self.store.read() as conn:
+            return [RuleView(r.id, r.task_name, tuple(r.on_states.split(",")), r.kind, r.target, r.actor_name,
+                             r.created_at_ms) for r in conn.execute(query)]
+
+    # -- delivery ----------------------------------------------------------------------------
+
+    def claim_due(self, *, limit: int, page_url: str | None) -> list[Due]:
+        """Claim up to `limit` pending rows whose time has come (and that no live claim holds),
+        for CLAIM_MS; concurrent deliverers skip each other's rows (PostgreSQL: SKIP LOCKED)."""
+        with self.store.write() as conn:
+            now = self.store.now_ms(conn)
+            query = (select(notification_outbox, notification_rules.c.kind, notification_rules.c.target)
+                     .join(notification_rules, notification_rules.c.id == notification_outbox.c.rule_id)
+                     .where(and_(notification_outbox.c.status == "pending",
+                                 notification_outbox.c.next_try_at_ms <= now,
+                                 or_(notification_outbox.c.claimed_until_ms.is_(None),
+                                     notification_outbox.c.claimed_until_ms <= now)))
+                     .order_by(notification_outbox.c.next_try_at_ms).limit(limit)
+                     .with_for_update(skip_locked=True, of=notification_outbox))
+            rows = conn.execute(query).all()
+            for row in rows:
+                conn.execute(update(notification_outbox).where(and_(
+                    notification_outbox.c.run_id == row.run_id, notification_outbox.c.rule_id == row.rule_id))
+                    .values(claimed_until_ms=now + CLAIM_MS))
+            return [Due(row.run_id, row.rule_id, row.kind, row.target, row.tries, _facts(conn, row, page_url))
+                    for row in rows]
+
+    def record_try(self, due: Due, *, ok: bool, detail: str) -> str:
+        """Record one try: `delivered`, else pending again after the backoff, or `gave_up` after
+        the last try. Returns the row's status."""
+        with self.store.write() as conn:
+            now = self.store.now_ms(conn)
+            tries = due.tries + 1
+            conn.execute(notification_deliveries.insert().values(
+                id=new_id(), run_id=due.run_id, rule_id=due.rule_id, try_number=tries, ok=ok,
+                detail=detail[:DETAIL_CHARS], at_ms=now))
+            delay = None if ok else next_try_delay_ms(tries)
+            status = "delivered" if ok else ("pending" if delay is not None else "gave_up")
+            values: dict[str, Any] = {"status": status, "tries": tries, "claimed_until_ms": None}
+            if ok:
+                values["delivered_at_ms"] = now
+            elif delay is not None:
+                values["next_try_at_ms"] = now + delay
+            conn.execute(update(notification_outbox).where(and_(
+                notification_outbox.c.run_id == due.run_id, notification_outbox.c.rule_id == due.rule_id,
+                notification_outbox.c.status == "pending")).values(**values))
+            return status
+
+    def of_run(self, run_id: str) -> list[dict[str, Any]]:
+        """A run's notifications with each try, for `show` and `show --json`."""
+        with self.store.read() as conn:
+            rows = conn.execute(
+                select(notification_outbox, notification_rules.c.kind, notification_rules.c.target)
+                .join(notification_rules, notification_rules.c.id == notification_outbox.c.rule_id)
+                .where(notification_outbox.c.run_id == run_id).order_by(notification_outbox.c.created_at_ms)).all()
+            tries = conn.execute(select(notification_deliveries).where(notification_deliveries.c.run_id == run_id)
+                                 .order_by(notification_deliveries.c.try_number)).all()
+        return [{"rule_id": r.rule_id, "kind": r.kind, "target": _shown_target(r.kind, r.target),
+                 "status": r.status, "tries": [{"number": t.try_number, "ok": bool(t.ok), "detail": t.detail,
+                                                 "at_ms": t.at_ms} for t in tries if t.rule_id == r.rule_id],
+                 "next_try_at_ms": r.next_try_at_ms if r.status == "pending" else None,
+                 "delivered_at_ms": r.delivered_at_ms} for r in rows]
+
+
+def _shown_target(kind: str, target: str) -> str:
+    """What `show` prints of a target: a command is the operator's own; a URL may hold a secret
+    (a bot token, a password): only its scheme and host."""
+    if kind == "command":
+        return "command"
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(target)
+    return f"{parts.scheme}://{parts.hostname or ''}"
+
+
+def _facts(conn, row, page_url: str | None) -> RunFacts:
+    """The run's facts at delivery; a run retention deleted meanwhile still has its outbox row's."""
+    run = conn.execute(select(runs).where(runs.c.id == row.run_id)).first()
+    task = conn.execute(select(tasks.c.name).where(tasks.c.id == row.task_id)).scalar()
+    attempt = None if run is None else conn.execute(
+        select(run_attempts.c.exit_code).where(run_attempts.c.run_id == row.run_id)
+        .order_by(run_attempts.c.number.desc()).limit(1)).first()
+    return RunFacts(task=task or "?", run_id=row.run_id, state=row.state,
+                    exit_code=None if attempt is None else attempt.exit_code,
+                    error_code=None if run is None else run.error_code,
+                    created_at_ms=None if run is None else run.created_at_ms,
+                    started_at_ms=None if run is None else run.started_at_ms,
+                    finished_at_ms=None if run is None else run.finished_at_ms,
+                    url=None if page_url is None else f"{page_url.rstrip('/')}/#run={row.run_id}")

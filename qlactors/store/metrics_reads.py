@@ -1,0 +1,67 @@
+"""Store: the figures `/metrics` shows, each one bounded read: the kept counters of finished runs
+(per task and state; `run_outcome_counts`), the runs not finished by state, the oldest queued
+run, the cron schedules' lateness, worker sessions by state, and the notification outbox."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sqlalchemy import and_, func, select
+
+from ..domain.metrics import DURATION_BUCKETS_S
+from ..domain.states import RunStatus
+from .engine import Store
+from .schema import notification_outbox, run_outcome_counts, runs, tasks, trigger_schedules, triggers, worker_sessions
+
+_OPEN = [s.value for s in RunStatus if not s.terminal]
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    task: str
+    state: str
+    count: int
+    timed: int
+    duration_ms_sum: int
+    buckets: tuple[int, ...]  # cumulative, one per DURATION_BUCKETS_S
+
+
+@dataclass(frozen=True, slots=True)
+class Figures:
+    now_ms: int
+    finished: list[Finished] = field(default_factory=list)
+    open_runs: dict[str, int] = field(default_factory=dict)  # state -> runs
+    oldest_queued_at_ms: int | None = None
+    cron_late_ms: int = 0  # the most an enabled schedule's next fire is overdue (0: none)
+    sessions: dict[str, int] = field(default_factory=dict)  # worker session status -> count
+    notifications: dict[str, int] = field(default_factory=dict)  # outbox status -> rows
+
+
+def read_figures(store: Store) -> Figures:
+    """Every figure in one read transaction (a consistent picture)."""
+    bucket_columns = [run_outcome_counts.c[f"le_{b}s"] for b in DURATION_BUCKETS_S]
+    with store.read() as conn:
+        now = store.now_ms(conn)
+        finished = [Finished(row.name, row.state, row.finished, row.timed, row.duration_ms_sum,
+                             tuple(row[5:]))
+                    for row in conn.execute(
+                        select(tasks.c.name, run_outcome_counts.c.state, run_outcome_counts.c.finished,
+                               run_outcome_counts.c.timed, run_outcome_counts.c.duration_ms_sum, *bucket_columns)
+                        .join(tasks, tasks.c.id == run_outcome_counts.c.task_id)
+                        .order_by(tasks.c.name, run_outcome_counts.c.state))]
+        open_runs = dict(conn.execute(select(runs.c.status, func.count()).where(runs.c.status.in_(_OPEN))
+                                      .group_by(runs.c.status)).all())
+        oldest = conn.execute(select(func.min(runs.c.queued_at_ms)).where(runs.c.status == "queued")).scalar()
+        overdue = conn.execute(
+            select(func.min(trigger_schedules.c.next_fire_at_ms))
+            .join(triggers, triggers.c.id == trigger_schedules.c.trigger_id)
+            .join(tasks, tasks.c.id == triggers.c.task_id)
+            .where(and_(triggers.c.deleted_at_ms.is_(None), tasks.c.deleted_at_ms.is_(None), tasks.c.enabled,
+                        trigger_schedules.c.next_fire_at_ms.is_not(None)))).scalar()
+        sessions = dict(conn.execute(select(worker_sessions.c.status, func.count())
+                                     .group_by(worker_sessions.c.status)).all())
+        outbox = dict(conn.execute(select(notification_outbox.c.status, func.count())
+                                   .group_by(notification_outbox.c.status)).all())
+    return Figures(now_ms=now, finished=finished, open_runs=open_runs, oldest_queued_at_ms=oldest,
+                   cron_late_ms=max(0, now - overdue) if overdue is not None else 0,
+                   sessions=sessions, notifications=outbox)

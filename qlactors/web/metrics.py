@@ -1,0 +1,83 @@
+"""Web: `/metrics`, the Prometheus text format (`prometheus_client`), from one bounded read of the
+store per scrape (store/metrics_reads.py). Finished runs are counters that survive retention:
+they come from `run_outcome_counts`, written in each run's terminal transition, never from
+counting the runs that are left."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from ..domain.metrics import DURATION_BUCKETS_S
+from ..store.metrics_reads import Figures, read_figures
+from .api_status import status_report
+from .requests import backend, blocking
+
+
+def families(figures: Figures) -> list:
+    """The metric families of one scrape."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+    finished = CounterMetricFamily("qlactors_runs_finished", "Runs that reached a terminal state, by task and state",
+                                   labels=["task", "state"])
+    duration = HistogramMetricFamily("qlactors_run_duration_seconds",
+                                     "Run time of finished runs that started (start to end), by task and state",
+                                     labels=["task", "state"])
+    for f in figures.finished:
+        finished.add_metric([f.task, f.state], f.count)
+        buckets = [(str(float(b)), n) for b, n in zip(DURATION_BUCKETS_S, f.buckets)] + [("+Inf", f.timed)]
+        duration.add_metric([f.task, f.state], buckets, f.duration_ms_sum / 1000)
+    active = GaugeMetricFamily("qlactors_runs_active", "Runs not finished, by state", labels=["state"])
+    for state, count in sorted(figures.open_runs.items()):
+        active.add_metric([state], count)
+    queued = GaugeMetricFamily("qlactors_queue_depth", "Runs waiting queued",
+                               value=figures.open_runs.get("queued", 0))
+    oldest = GaugeMetricFamily("qlactors_oldest_queued_age_seconds", "Age of the oldest queued run (0: none)",
+                               value=0 if figures.oldest_queued_at_ms is None
+                               else max(0, figures.now_ms - figures.oldest_queued_at_ms) / 1000)
+    late = GaugeMetricFamily("qlactors_cron_lateness_seconds",
+                             "How far the most overdue enabled schedule's next fire is behind now (0: none)",
+                             value=figures.cron_late_ms / 1000)
+    sessions = GaugeMetricFamily("qlactors_worker_sessions", "Worker sessions by state (cluster)", labels=["state"])
+    for state, count in sorted(figures.sessions.items()):
+        sessions.add_metric([state], count)
+    outbox = GaugeMetricFamily("qlactors_notifications", "Notification outbox rows by status", labels=["status"])
+    for status, count in sorted(figures.notifications.items()):
+        outbox.add_metric([status], count)
+    return [finished, duration, active, queued, oldest, late, sessions, outbox]
+
+
+def status_families(report: dict) -> list:
+    """What `status` says that a dashboard watches: is the runtime (edge) or a replica (cluster)
+    up, recoveries waiting for a verdict, quarantined receipts (edge)."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    found = [GaugeMetricFamily("qlactors_up", "1 when the edge runtime, or at least one control replica, is up",
+                               value=1 if report["up"] else 0),
+             GaugeMetricFamily("qlactors_recoveries_waiting", "Attempts whose recovery waits for a verdict",
+                               value=len(report["unresolved_recoveries"]))]
+    if "quarantined_receipts" in report:
+        found.append(GaugeMetricFamily("qlactors_quarantined_receipts", "Receipt files set aside as unreadable",
+                                       value=report["quarantined_receipts"]))
+    if "replicas" in report:
+        found.append(GaugeMetricFamily("qlactors_replicas_up", "Control replicas up",
+                                       value=sum(1 for r in report["replicas"] if r.get("up"))))
+    return found
+
+
+def _scrape(request: Request) -> bytes:
+    from prometheus_client.exposition import generate_latest
+
+    items = families(read_figures(backend(request).repo.store)) + status_families(status_report(request))
+
+    class _Once:  # a registry of one collection: generate_latest asks it once
+        def collect(self):
+            return items
+
+    return generate_latest(_Once())  # type: ignore[arg-type]
+
+
+async def metrics(request: Request) -> Response:
+    from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+    return Response(await blocking(_scrape, request), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,167 @@
+"""Web: a task as an API body gives it, in the vocabulary `task show --json` writes (`command`
+as `{"argv": [...]}` or `{"shell": "..."}`, `timeout_ms`, `env` as an object, `labels`, `retry`,
+`trigger`, `retention`), turned into what `Tasks.add` and `Tasks.update` take. Pure: every check
+a value needs beyond its JSON type is the domain's own (TaskSpec, RetryPolicy, TaskRetention),
+so an API refusal says what the CLI says."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from ..domain import posix
+from ..domain.model import Command, env_from_json
+from ..domain.retention import TaskRetention
+from ..domain.retry import RetryPolicy
+from ..errors import BadInput
+from ..store.intent.triggers import TriggerOptions
+
+# Spec fields a body may set directly, with the JSON type each takes (`None` allowed where listed).
+_INTS = ("stop_grace_ms", "max_concurrent", "max_queued", "random_delay_ms")
+_RETRY = ("retry_on_lost", "max_attempts", "safety", "backoff_base_ms", "backoff_max_ms")
+_TRIGGER = ("cron", "tz", "misfire", "grace_ms", "overlap")
+_RETENTION = ("max_age_ms", "max_runs")
+# Read-only fields of `task show --json` that a body may carry back unchanged (a GET edited and
+# sent again): they are ignored, never written.
+_READ_ONLY = frozenset({"id", "revision", "active_runs", "created_at_ms", "updated_at_ms", "history", "schedule", "last_run",
+                        "qualifying_workers"})
+_KNOWN = frozenset({"name", "command", "cwd", "env", "timeout_ms", "keep_leftovers", "labels", "retry",
+                    "trigger", "retention", "enabled", *_INTS}) | _READ_ONLY
+
+
+@dataclass(frozen=True, slots=True)
+class TaskInput:
+    """What a body asks for: spec changes (TaskSpec fields), and the schedule, retention and
+    enabled flag beside them."""
+
+    changes: dict[str, Any] = field(default_factory=dict)
+    trigger: TriggerOptions | None = None
+    remove_trigger: bool = False
+    retention: dict[str, int | None] = field(default_factory=dict)
+    enabled: bool | None = None
+
+
+def read_task(body: Any, *, base_retry: RetryPolicy, creating: bool) -> TaskInput:
+    """Check a body's shape and types; the domain checks the values when the spec is built."""
+    if type(body) is not dict:
+        raise BadInput("the body must be a JSON object with the task's fields (as `task show --json` writes them)")
+    unknown = set(body) - _KNOWN
+    if unknown:
+        raise BadInput(f"unknown field(s) {sorted(unknown)}; nothing was written")
+    if creating and "command" not in body:
+        raise BadInput("no command given: send `command` as {\"argv\": [...]} or {\"shell\": \"...\"}")
+    changes: dict[str, Any] = {}
+    if "command" in body:
+        changes["command"] = _command(body["command"])
+    if "cwd" in body:
+        changes["cwd"] = None if body["cwd"] is None else _text("cwd", body["cwd"])
+    if "env" in body:
+        try:
+            changes["env"] = env_from_json(body["env"])
+        except ValueError as err:
+            raise BadInput(f"env: {err}") from None
+    if "timeout_ms" in body:
+        changes["timeout_ms"] = _int_or_none("timeout_ms", body["timeout_ms"])
+        if changes["timeout_ms"] == 0:
+            changes["timeout_ms"] = None  # as `--timeout 0`: no timeout
+    for name in _INTS:
+        if name in body:
+            changes[name] = _int(name, body[name])
+    if "keep_leftovers" in body:
+        changes["keep_leftovers"] = _bool("keep_leftovers", body["keep_leftovers"])
+    if "labels" in body:
+        labels = body["labels"]
+        if type(labels) is not list or any(type(x) is not str for x in labels):
+            raise BadInput("labels must be a list of strings")
+        from ..domain.labels import check_labels
+
+        changes["labels"] = check_labels("labels", labels) if labels else ()
+    if "retry" in body:
+        changes["retry"] = _retry(body["retry"], base_retry)
+    trigger, remove = _trigger(body)
+    if creating and remove:
+        raise BadInput("trigger: null removes a schedule: leave it out to add a task without one")
+    return TaskInput(changes=changes, trigger=trigger, remove_trigger=remove,
+                     retention=_retention(body.get("retention")),
+                     enabled=None if "enabled" not in body else _bool("enabled", body["enabled"]))
+
+
+def _command(value: Any) -> Command:
+    if type(value) is not dict or len(value) != 1 or not ({"argv"} >= set(value) or {"shell"} >= set(value)):
+        raise BadInput('command must be {"argv": ["word", ...]} or {"shell": "a shell string"}')
+    if "shell" in value:
+        return Command(shell=_posix("command shell", value["shell"]))
+    words = value["argv"]
+    if type(words) is not list or not words:
+        raise BadInput("command argv must be a non-empty list of words")
+    return Command(argv=tuple(_posix(f"command argv item {i}", w) for i, w in enumerate(words)))
+
+
+def _posix(what: str, value: Any) -> str:
+    """A string, or `{"base64": ...}` for bytes that are no UTF-8 (as `--json` writes them)."""
+    try:
+        return posix.from_json(value)
+    except ValueError as err:
+        raise BadInput(f"{what}: {err}") from None
+
+
+def _text(what: str, value: Any) -> str:
+    return _posix(what, value)
+
+
+def _int(what: str, value: Any) -> int:
+    if type(value) is not int:
+        raise BadInput(f"{what} must be a whole number, got {value!r}")
+    return value
+
+
+def _int_or_none(what: str, value: Any) -> int | None:
+    return None if value is None else _int(what, value)
+
+
+def _bool(what: str, value: Any) -> bool:
+    if type(value) is not bool:
+        raise BadInput(f"{what} must be true or false, got {value!r}")
+    return value
+
+
+def _retry(value: Any, base: RetryPolicy) -> RetryPolicy:
+    if type(value) is not dict or set(value) - set(_RETRY):
+        raise BadInput(f"retry must be an object with some of {', '.join(_RETRY)}")
+    current = {f: getattr(base, f) for f in _RETRY}
+    return RetryPolicy(**{**current, **value})
+
+
+def _trigger(body: Mapping[str, Any]) -> tuple[TriggerOptions | None, bool]:
+    if "trigger" not in body:
+        return None, False
+    value = body["trigger"]
+    if value is None:
+        return None, True
+    if type(value) is not dict or set(value) - set(_TRIGGER):
+        raise BadInput(f"trigger must be null or an object with some of {', '.join(_TRIGGER)}")
+    for key in ("cron", "tz", "misfire", "overlap"):
+        if key in value and value[key] is not None and type(value[key]) is not str:
+            raise BadInput(f"trigger {key} must be a string")
+    grace = _int_or_none("trigger grace_ms", value.get("grace_ms"))
+    options = TriggerOptions(cron=value.get("cron"), tz=value.get("tz"), misfire=value.get("misfire"),
+                             grace_ms=grace, overlap=value.get("overlap"))
+    return (None if options == TriggerOptions() else options), False
+
+
+def _retention(value: Any) -> dict[str, int | None]:
+    if value is None:
+        return {}
+    if type(value) is not dict:
+        raise BadInput(f"retention must be an object with some of {', '.join(_RETENTION)}")
+    # `task show --json` also writes where each bound comes from: those keys are read-only.
+    # A bound whose `_from` says `global` is the config's, not the task's own: not taken as one.
+    given = {k: value[k] for k in _RETENTION
+             if k in value and value.get(k.removesuffix("_ms") + "_from") != "global"}
+    unknown = set(value) - set(_RETENTION) - {"max_age_from", "max_runs_from"}
+    if unknown:
+        raise BadInput(f"unknown retention field(s) {sorted(unknown)}")
+    for key, v in given.items():
+        _int_or_none(f"retention {key}", v)
+    TaskRetention(**given)  # the domain's range checks, before anything is written
+    return given

@@ -1,0 +1,265 @@
+"""The HTTP API through a real `qlactors web` process on 127.0.0.1, over a real edge home with a
+real `qlactors edge` runtime: every route, every error code, tokens, the audit trail, and a log
+read and streamed over Server-Sent Events (tests/harness/web_rigs.py)."""
+
+from __future__ import annotations
+
+import base64
+import time
+
+import pytest
+
+from edge_harness import Home, wait_until
+from web_rigs import WebServer, new_token, wait_state
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """One home, its runtime (4 slots) and its web server, shared by the module's tests: each test
+    uses tasks of its own names."""
+    tmp = tmp_path_factory.mktemp("web")
+    home = Home(tmp, config="[runtime]\nslots = 4\n")
+    server = None
+    try:
+        home.main("task", "add", "hello", "--", "printf 'hello\\n'; exit 3")
+        home.start_edge()
+        admin, viewer = new_token(home, "admin"), new_token(home, "viewer", read_only=True)
+        server = WebServer(tmp, ["--home", str(home.path)])
+        yield home, server, admin, viewer
+    finally:
+        if server is not None:
+            server.stop()
+        home.close()
+
+
+def test_no_token_an_unknown_one_or_a_revoked_one_is_401_and_the_description_needs_none(site):
+    home, server, admin, _ = site
+    for headers in ({}, {"Authorization": "Bearer qlt_nope"}, {"Authorization": "Basic abc"}):
+        answer = server.request("GET", "/api/v1/tasks", headers=headers)
+        assert (answer.status, answer.code) == (401, "unauthorized")
+        assert answer.headers["www-authenticate"].startswith("Bearer")
+    gone = new_token(home, "short-lived")
+    assert server.request("GET", "/api/v1/tasks", token=gone).status == 200
+    home.main("token", "revoke", "short-lived")
+    assert server.request("GET", "/api/v1/tasks", token=gone).status == 401
+    assert server.request("GET", "/api/v1/openapi.json").status == 200
+
+
+def test_a_read_only_token_reads_everything_and_changes_nothing(site):
+    home, server, admin, viewer = site
+    assert server.request("GET", "/api/v1/tasks", token=viewer).status == 200
+    assert server.request("GET", "/api/v1/runs", token=viewer).status == 200
+    assert server.request("GET", "/api/v1/status", token=viewer).status == 200
+    before = server.request("GET", "/api/v1/runs?task=hello", token=admin).json()["runs"]
+    writes = [("POST", "/api/v1/tasks", {"name": "ro", "command": {"argv": ["true"]}}),
+              ("PATCH", "/api/v1/tasks/hello", {"timeout_ms": 5000}), ("DELETE", "/api/v1/tasks/hello", None),
+              ("POST", "/api/v1/tasks/hello/disable", None), ("POST", "/api/v1/tasks/hello/runs", None)]
+    for method, path, body in writes:
+        answer = server.request(method, path, token=viewer, body=body)
+        assert (answer.status, answer.code) == (403, "read_only"), (method, path, answer)
+    assert server.request("GET", "/api/v1/runs?task=hello", token=admin).json()["runs"] == before
+    assert server.request("GET", "/api/v1/tasks/ro", token=admin).status == 404
+    task = server.request("GET", "/api/v1/tasks/hello", token=admin).json()
+    assert task["enabled"] is True and task["revision"] == 1
+
+
+def test_a_change_from_another_origin_is_refused_and_one_from_this_origin_is_not(site):
+    _, server, admin, _ = site
+    body = {"name": "origin-check", "command": {"argv": ["true"]}}
+    answer = server.request("POST", "/api/v1/tasks", token=admin, body=body,
+                            headers={"Origin": "http://evil.example"})
+    assert (answer.status, answer.code) == (403, "cross_origin")
+    assert server.request("GET", "/api/v1/tasks/origin-check", token=admin).status == 404
+    answer = server.request("POST", "/api/v1/tasks", token=admin, body=body,
+                            headers={"Origin": f"http://127.0.0.1:{server.port}"})
+    assert answer.status == 201, answer
+    assert "access-control-allow-origin" not in answer.headers
+
+
+def test_a_task_is_added_shown_changed_disabled_and_removed_with_who_did_it(site):
+    _, server, admin, _ = site
+    body = {"name": "lifecycle", "command": {"argv": ["echo", "one"]}, "timeout_ms": 60000,
+            "env": {"GREETING": "hi"}, "trigger": {"cron": "0 3 * * *", "tz": "UTC"}, "labels": []}
+    added = server.request("POST", "/api/v1/tasks", token=admin, body=body)
+    assert added.status == 201, added
+    task = added.json()
+    assert (task["name"], task["revision"], task["timeout_ms"]) == ("lifecycle", 1, 60000)
+    assert task["command"] == {"argv": ["echo", "one"]} and task["env"] == {"GREETING": "hi"}
+    assert task["trigger"]["cron"] == "0 3 * * *"
+    changed = server.request("PATCH", "/api/v1/tasks/lifecycle", token=admin,
+                             body={"command": {"shell": "echo two; echo three"}, "trigger": None})
+    assert changed.status == 200, changed
+    task = changed.json()
+    assert task["revision"] == 2 and task["trigger"] is None and task["command"] == {"shell": "echo two; echo three"}
+    same = server.request("PATCH", "/api/v1/tasks/lifecycle", token=admin, body={})
+    assert same.json()["revision"] == 2
+    assert server.request("POST", "/api/v1/tasks/lifecycle/disable", token=admin).json()["enabled"] is False
+    assert server.request("POST", "/api/v1/tasks/lifecycle/enable", token=admin).json()["enabled"] is True
+    shown = server.request("GET", "/api/v1/tasks/lifecycle", token=admin).json()
+    history = shown["history"]
+    assert [e["type"] for e in history] == ["enabled", "disabled", "updated", "added"]
+    assert {e["actor_name"] for e in history} == {"admin"}
+    assert "command" in history[2]["changed"]
+    assert "echo" not in str(history) and "hi" not in str([e.get("changed") for e in history])
+    removed = server.request("DELETE", "/api/v1/tasks/lifecycle", token=admin)
+    assert removed.json() == {"task": "lifecycle", "cancelled": [], "requested": []}
+    assert server.request("GET", "/api/v1/tasks/lifecycle", token=admin).code == "not_found"
+    names = [t["name"] for t in server.request("GET", "/api/v1/tasks", token=admin).json()]
+    assert "lifecycle" not in names and "hello" in names
+
+
+def test_bad_input_is_400_404_409_or_422_with_the_clis_words_and_writes_nothing(site):
+    home, server, admin, _ = site
+    cases = [
+        ("POST", "/api/v1/tasks", b"{not json", 400, "bad_json"),
+        ("POST", "/api/v1/tasks", {"name": "bad", "command": {"argv": ["x"]}, "timeout_ms": -1}, 422, "invalid"),
+        ("POST", "/api/v1/tasks", {"name": "bad", "command": "echo"}, 422, "invalid"),
+        ("POST", "/api/v1/tasks", {"name": "bad"}, 422, "invalid"),
+        ("POST", "/api/v1/tasks", {"name": "bad", "command": {"argv": ["x"]}, "colour": 1}, 422, "invalid"),
+        ("POST", "/api/v1/tasks", {"name": "bad", "command": {"argv": ["x"]}, "trigger": {"cron": "61 * * * *"}},
+         422, "invalid"),
+        ("POST", "/api/v1/tasks", {"name": "hello", "command": {"argv": ["x"]}}, 409, "already_exists"),
+        ("PATCH", "/api/v1/tasks/hello", {"max_concurrent": "two"}, 422, "invalid"),
+        ("PATCH", "/api/v1/tasks/nobody", {"timeout_ms": 5}, 404, "not_found"),
+        ("POST", "/api/v1/tasks/nobody/runs", None, 404, "not_found"),
+        ("GET", "/api/v1/runs/no-such-run", None, 404, "not_found"),
+        ("POST", "/api/v1/runs/no-such-run/cancel", None, 404, "not_found"),
+        ("GET", "/api/v1/runs?state=sleeping", None, 422, "invalid"),
+        ("GET", "/api/v1/runs?limit=zero", None, 400, "bad_query"),
+        ("GET", "/api/v1/runs?cursor=xyz", None, 422, "invalid"),
+        ("GET", "/api/v1/runs?since=yesterday", None, 422, "invalid"),
+        ("GET", "/api/v1/nowhere", None, 404, "no_route"),
+        ("PUT", "/api/v1/tasks", None, 405, "method_not_allowed"),
+    ]
+    before = home.query("SELECT count(*) AS n FROM task_revisions")[0]["n"]
+    for method, path, body, status, code in cases:
+        raw = body if isinstance(body, bytes) else None
+        answer = server.request(method, path, token=admin, body=None if raw else body, raw=raw)
+        assert (answer.status, answer.code) == (status, code), (method, path, body, answer)
+        assert answer.json()["error"]["message"]
+    assert home.query("SELECT count(*) AS n FROM task_revisions")[0]["n"] == before
+    refused = server.request("POST", "/api/v1/tasks", token=admin,
+                             body={"name": "bad", "command": {"argv": ["x"]}, "timeout_ms": -1})
+    assert "--timeout" in refused.json()["error"]["message"]  # the CLI's words
+
+
+def test_a_run_requested_through_the_api_runs_and_its_log_streams_to_the_final_offset(site):
+    home, server, admin, _ = site
+    made = server.request("POST", "/api/v1/tasks/hello/runs", token=admin)
+    assert made.status == 201, made
+    run = wait_state(server, admin, made.json()["id"], {"failed"})
+    assert run["attempts"][-1]["exit_code"] == 3
+    # The admission's events are the token's; what the runtime did itself has no person behind it.
+    assert run["events"][0]["actor_name"] == "admin"
+    assert {e["actor_name"] for e in run["events"] if e["actor_type"] == "user"} == {"admin"}
+    assert {e["actor_name"] for e in run["events"] if e["actor_type"] != "user"} == {None}
+    log = server.request("GET", f"/api/v1/runs/{run['id']}/logs", token=admin)
+    assert log.body == b"hello\n" and log.headers["x-qlactors-final-offset"] == "6"
+    assert log.headers["x-qlactors-complete"] == "true"
+    tail = server.request("GET", f"/api/v1/runs/{run['id']}/logs?offset=2", token=admin)
+    assert tail.body == b"llo\n"
+    events = list(server.events(f"/api/v1/runs/{run['id']}/logs/stream", token=admin))
+    assert events[-1][0] == "end" and events[-1][2] == {"offset": 6, "state": "failed"}
+    assert b"".join(base64.b64decode(d["base64"]) for k, _, d in events if k == "log") == b"hello\n"
+    listed = server.request("GET", "/api/v1/runs?task=hello&limit=1", token=admin).json()
+    assert listed["runs"][0]["id"] == run["id"]
+
+
+def test_an_idempotency_key_admits_one_run_and_a_retry_is_a_new_run_of_the_same_revision(site):
+    _, server, admin, _ = site
+    first = server.request("POST", "/api/v1/tasks/hello/runs", token=admin, headers={"Idempotency-Key": "k-1"})
+    again = server.request("POST", "/api/v1/tasks/hello/runs", token=admin, headers={"Idempotency-Key": "k-1"})
+    assert (first.status, again.status) == (201, 200) and first.json()["id"] == again.json()["id"]
+    wait_state(server, admin, first.json()["id"], {"failed"})
+    retried = server.request("POST", f"/api/v1/runs/{first.json()['id']}/retry", token=admin)
+    assert retried.status == 201 and retried.json()["retry_of_run_id"] == first.json()["id"]
+    wait_state(server, admin, retried.json()["id"], {"failed"})
+    running = server.request("POST", "/api/v1/tasks", token=admin,
+                             body={"name": "not-done", "command": {"argv": ["sleep", "30"]}})
+    assert running.status == 201
+    live = server.request("POST", "/api/v1/tasks/not-done/runs", token=admin).json()
+    refused = server.request("POST", f"/api/v1/runs/{live['id']}/retry", token=admin)
+    assert (refused.status, refused.code) == (422, "invalid")
+    server.request("POST", f"/api/v1/runs/{live['id']}/cancel", token=admin)
+    wait_state(server, admin, live["id"], {"cancelled"})
+
+
+def test_cancel_stops_a_long_run_and_says_what_it_did(site):
+    _, server, admin, _ = site
+    server.request("POST", "/api/v1/tasks", token=admin,
+                   body={"name": "long", "command": {"shell": "echo started; sleep 60"}})
+    run = server.request("POST", "/api/v1/tasks/long/runs", token=admin).json()
+    wait_state(server, admin, run["id"], {"running"})
+    first = server.request("POST", f"/api/v1/runs/{run['id']}/cancel", token=admin).json()
+    assert first["result"] in ("requested", "cancelled")
+    ended = wait_state(server, admin, run["id"], {"cancelled"})
+    cancel_event = next(e for e in ended["events"] if e["type"] == "run.cancel_requested")
+    assert cancel_event["actor_name"] == "admin"
+    again = server.request("POST", f"/api/v1/runs/{run['id']}/cancel", token=admin).json()
+    assert again["result"] == "already_terminal"
+
+
+def test_a_stream_resumed_with_last_event_id_has_no_gap_and_no_repeat(site):
+    _, server, admin, _ = site
+    script = "i=0; while [ $i -lt 40 ]; do printf 'line %03d\\n' $i; i=$((i+1)); sleep 0.05; done"
+    server.request("POST", "/api/v1/tasks", token=admin, body={"name": "counting", "command": {"shell": script}})
+    run = server.request("POST", "/api/v1/tasks/counting/runs", token=admin).json()
+    path = f"/api/v1/runs/{run['id']}/logs/stream"
+    got, last_id = b"", None
+    for kind, event_id, data in server.events(path, token=admin):
+        if kind == "log":
+            assert data["offset"] == len(got)  # each event starts where the last one ended
+            got += base64.b64decode(data["base64"])
+            last_id = event_id
+            if len(got) >= 90:
+                break  # the client goes away mid-run
+    assert last_id == str(len(got))
+    for kind, event_id, data in server.events(path, token=admin, headers={"Last-Event-ID": last_id}):
+        if kind == "log":
+            assert data["offset"] == len(got)
+            got += base64.b64decode(data["base64"])
+        elif kind == "end":
+            assert data["offset"] == len(got)
+    assert got == b"".join(b"line %03d\n" % i for i in range(40))
+
+
+def test_a_client_that_stops_reading_its_stream_does_not_slow_the_job(site):
+    """The job writes 8 MiB as fast as it can, once alone and once with an SSE client that reads
+    nothing: the server only reads the file, so the job's run time stays of the same order."""
+    _, server, admin, _ = site
+    script = "head -c 8388608 /dev/zero | tr '\\0' x; echo"
+    server.request("POST", "/api/v1/tasks", token=admin, body={"name": "flood", "command": {"shell": script}})
+
+    def one_run(stalled: bool) -> float:
+        run = server.request("POST", "/api/v1/tasks/flood/runs", token=admin).json()
+        conn = None
+        if stalled:
+            conn = server.connection()
+            conn.request("GET", f"/api/v1/runs/{run['id']}/logs/stream",
+                         headers={"Authorization": f"Bearer {admin}"})
+            conn.getresponse()  # headers only: the body is never read
+        ended = wait_state(server, admin, run["id"], {"succeeded", "failed"}, timeout=60)
+        attempt = ended["attempts"][-1]
+        if conn is not None:
+            conn.close()
+        assert ended["state"] == "succeeded"
+        return (attempt["finished_at_ms"] - attempt["started_at_ms"]) / 1000
+
+    alone, stalled = one_run(False), one_run(True)
+    # A generous bound (shared, noisy machines): a blocked job would take the whole 60 s.
+    assert stalled < max(5.0, alone * 5), (alone, stalled)
+
+
+def test_status_and_workers_answer_as_the_cli_does(site):
+    home, server, admin, _ = site
+    status = server.request("GET", "/api/v1/status", token=admin).json()
+    assert status["profile"] == "edge" and status["up"] is True and status["home"] == str(home.path)
+    assert status["quarantined_receipts"] == 0
+    assert server.request("GET", "/api/v1/workers", token=admin).json() == []
+
+
+def test_the_server_log_holds_no_secret_command_or_output(site):
+    home, server, admin, viewer = site
+    text = server.log()
+    for secret in (admin, viewer, "printf", "hello\\n", "GREETING"):
+        assert secret not in text

@@ -1,0 +1,108 @@
+"""`/metrics` through a real `qlactors web` over a real edge home: it parses with
+prometheus_client's own parser, its figures match the database, and the finished-run counters
+stay as they were after retention deletes the runs they counted."""
+
+from __future__ import annotations
+
+import pytest
+
+from edge_harness import Home, wait_until
+from web_rigs import WebServer, new_token, wait_state
+
+
+def _parse(text: str) -> dict[tuple[str, tuple], float]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {(sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+@pytest.fixture(scope="module")
+def metered(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("metrics")
+    home = Home(tmp, config="[runtime]\nslots = 2\n")
+    server = None
+    try:
+        home.main("task", "add", "good", "--", "true")
+        home.main("task", "add", "bad", "--", "sh -c 'sleep 1.2; exit 1'")
+        home.start_edge()
+        token = new_token(home, "prometheus", read_only=True)
+        admin = new_token(home, "admin")
+        server = WebServer(tmp, ["--home", str(home.path)])
+        yield home, server, token, admin
+    finally:
+        if server is not None:
+            server.stop()
+        home.close()
+
+
+def _run(server, admin, task: str, state: str) -> str:
+    run = server.request("POST", f"/api/v1/tasks/{task}/runs", token=admin).json()
+    wait_state(server, admin, run["id"], {state})
+    return run["id"]
+
+
+def test_metrics_parse_match_the_database_and_survive_retention(metered):
+    home, server, token, admin = metered
+    assert server.request("GET", "/metrics").status == 401
+    for _ in range(3):
+        _run(server, admin, "good", "succeeded")
+    for _ in range(2):
+        _run(server, admin, "bad", "failed")
+    answer = server.request("GET", "/metrics", token=token)
+    assert answer.status == 200 and answer.headers["content-type"].startswith("text/plain")
+    figures = _parse(answer.body.decode())
+    in_db = {(r["name"], r["status"]): r["n"] for r in home.query(
+        "SELECT t.name, r.status, count(*) AS n FROM runs r JOIN tasks t ON t.id = r.task_id GROUP BY 1, 2")}
+    assert in_db == {("good", "succeeded"): 3, ("bad", "failed"): 2}
+    for (task, state), n in in_db.items():
+        assert figures[("qlactors_runs_finished_total", (("state", state), ("task", task)))] == n
+        assert figures[("qlactors_run_duration_seconds_count", (("state", state), ("task", task)))] == n
+    # The failing job sleeps 1.2 s: neither of its runs is in the 1-second bucket, both in the 5-second one.
+    bad = (("state", "failed"), ("task", "bad"))
+    assert figures[("qlactors_run_duration_seconds_bucket", (("le", "1.0"), *bad))] == 0
+    assert figures[("qlactors_run_duration_seconds_bucket", (("le", "5.0"), *bad))] == 2
+    assert 2.4 <= figures[("qlactors_run_duration_seconds_sum", bad)] < 60
+    assert figures[("qlactors_queue_depth", ())] == 0
+    assert figures[("qlactors_up", ())] == 1
+    assert figures[("qlactors_quarantined_receipts", ())] == 0
+
+    # Retention keeps one run of `good`: two are deleted, and the counters do not move.
+    changed = server.request("PATCH", "/api/v1/tasks/good", token=admin, body={"retention": {"max_runs": 1}})
+    assert changed.status == 200, changed
+    wait_until(lambda: home.query("SELECT count(*) AS n FROM runs r JOIN tasks t ON t.id = r.task_id "
+                                  "WHERE t.name = 'good'")[0]["n"] == 1, 30, "retention to keep one run of good")
+    after = _parse(server.request("GET", "/metrics", token=token).body.decode())
+    assert after[("qlactors_runs_finished_total", (("state", "succeeded"), ("task", "good")))] == 3
+    assert after[("qlactors_run_duration_seconds_count", (("state", "succeeded"), ("task", "good")))] == 3
+
+
+def test_queue_depth_and_oldest_queued_age_follow_queued_runs(metered):
+    home, server, token, admin = metered
+    server.request("POST", "/api/v1/tasks", token=admin, body={"name": "gated", "command": {"argv": ["true"]},
+                                                                "labels": ["nowhere"]})
+    run = server.request("POST", "/api/v1/tasks/gated/runs", token=admin).json()
+    figures = _parse(server.request("GET", "/metrics", token=token).body.decode())
+    assert figures[("qlactors_queue_depth", ())] >= 1
+    assert figures[("qlactors_runs_active", (("state", "queued"),))] >= 1
+    assert figures[("qlactors_oldest_queued_age_seconds", ())] >= 0
+    server.request("POST", f"/api/v1/runs/{run['id']}/cancel", token=admin)
+    figures = _parse(server.request("GET", "/metrics", token=token).body.decode())
+    assert figures[("qlactors_queue_depth", ())] == 0
+    assert figures[("qlactors_runs_finished_total", (("state", "cancelled"), ("task", "gated")))] == 1
+
+
+def test_every_metric_the_sample_dashboard_plots_is_served(metered):
+    import json
+    import re
+    from pathlib import Path
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    _, server, token, _ = metered
+    served = {f.name for f in text_string_to_metric_families(
+        server.request("GET", "/metrics", token=token).body.decode())}
+    dashboard = (Path(__file__).resolve().parents[2] / "docs" / "grafana-dashboard.json").read_text()
+    plotted = {re.sub(r"_(total|bucket|sum|count)$", "", name)
+               for name in re.findall(r"qlactors_[a-z_]+", json.dumps(json.loads(dashboard)))}
+    assert plotted - {"qlactors_replicas_up"} <= served, plotted - served  # replicas: a cluster's

@@ -1,0 +1,175 @@
+"""Notifications end to end: a rule made with `qlactors notify add`, a run's end queuing its outbox
+row in the same transaction, and `qlactors web` delivering it to a local HTTP receiver: exactly the
+documented JSON for a failed run; with the receiver down, tries are recorded and it lands when the
+receiver comes back, after a runtime `kill -9` too; a slow receiver does not delay the next run; a
+command rule gets the facts in its environment."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from edge_harness import Home, wait_until
+from web_rigs import WebServer, new_token, wait_state
+from wire_harness import free_port
+
+
+class Receiver:
+    """A webhook receiver on 127.0.0.1: records each POST's JSON body; `delay` s before answering."""
+
+    def __init__(self, port: int | None = None, delay: float = 0.0) -> None:
+        self.port = port or free_port()
+        self.bodies: list[dict] = []
+        self.delay = delay
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 (http.server's name)
+                length = int(self.headers["Content-Length"])
+                body = json.loads(self.rfile.read(length))
+                time.sleep(receiver.delay)
+                receiver.bodies.append(body)
+                self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/hook"
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def notified(tmp_path):
+    home = Home(tmp_path, config="[runtime]\nslots = 2\n")
+    server = None
+    try:
+        home.main("task", "add", "flaky", "--", "echo secret-output; exit 7")
+        home.main("task", "add", "fine", "--", "true")
+        edge = home.start_edge()
+        admin = new_token(home, "admin")
+        yield home, edge, admin, lambda: WebServer(tmp_path, ["--home", str(home.path)])
+    finally:
+        home.close()
+
+
+def _notifications(home: Home, run_id: str) -> list[dict]:
+    return json.loads(home.ok("show", run_id, "--json").stdout)["notifications"]
+
+
+def test_a_failed_run_posts_exactly_the_documented_json(notified):
+    home, _, admin, start_web = notified
+    receiver = Receiver()
+    server = None
+    try:
+        home.main("notify", "add", "--task", "flaky", "--webhook", receiver.url)
+        server = start_web()
+        run = server.request("POST", "/api/v1/tasks/flaky/runs", token=admin).json()
+        ended = wait_state(server, admin, run["id"], {"failed"})
+        wait_until(lambda: receiver.bodies, 30, "the webhook")
+        attempt = ended["attempts"][-1]
+        assert receiver.bodies == [{
+            "event": "run.finished", "task": "flaky", "run_id": run["id"], "state": "failed", "exit_code": 7,
+            "error_code": ended["error_code"], "created_at_ms": ended["created_at_ms"],
+            "started_at_ms": ended["started_at_ms"], "finished_at_ms": ended["finished_at_ms"],
+            "url": f"http://127.0.0.1:{server.port}/#run={run['id']}"}]
+        assert attempt["exit_code"] == 7
+        wait_until(lambda: _notifications(home, run["id"])[0]["status"] == "delivered", 10, "delivered recorded")
+        shown = home.ok("show", run["id"]).stdout
+        assert "webhook http://127.0.0.1 (rule" in shown and "delivered" in shown and "/hook" not in shown
+        # A run that succeeds is not what the rule asks about: nothing more arrives.
+        ok = server.request("POST", "/api/v1/tasks/fine/runs", token=admin).json()
+        wait_state(server, admin, ok["id"], {"succeeded"})
+        time.sleep(1.5)
+        assert len(receiver.bodies) == 1
+        assert "secret-output" not in json.dumps(receiver.bodies) and "secret-output" not in server.log()
+    finally:
+        receiver.close()
+        if server is not None:
+            server.stop()
+
+
+def test_a_receiver_that_is_down_gets_it_when_it_comes_back_even_after_a_runtime_kill_9(notified):
+    home, edge, admin, start_web = notified
+    port = free_port()
+    home.main("notify", "add", "--on", "failed", "--webhook", f"http://127.0.0.1:{port}/hook")
+    run_id = home.main("run", "flaky").strip()
+    home.wait_terminal(run_id)
+    edge.kill9()  # the outbox row was committed with the run's end: nothing is owed by the runtime
+    server = start_web()
+    receiver = None
+    try:
+        wait_until(lambda: any(n["tries"] for n in _notifications(home, run_id)), 30, "a failed try")
+        first = _notifications(home, run_id)[0]
+        assert first["status"] == "pending" and first["tries"][0]["ok"] is False and first["next_try_at_ms"]
+        receiver = Receiver(port)
+        wait_until(lambda: receiver.bodies, 30, "the try after the receiver came back")
+        assert receiver.bodies[0]["run_id"] == run_id and receiver.bodies[0]["state"] == "failed"
+        wait_until(lambda: _notifications(home, run_id)[0]["status"] == "delivered", 10, "delivered recorded")
+        tries = _notifications(home, run_id)[0]["tries"]
+        assert [t["ok"] for t in tries][-1] is True and len(tries) >= 2
+    finally:
+        if receiver is not None:
+            receiver.close()
+        server.stop()
+
+
+def test_a_slow_receiver_does_not_delay_the_next_run(notified):
+    home, _, admin, start_web = notified
+    receiver = Receiver(delay=8.0)
+    server = start_web()
+    try:
+        home.main("notify", "add", "--on", "failed,succeeded", "--webhook", receiver.url)
+        first = server.request("POST", "/api/v1/tasks/flaky/runs", token=admin).json()
+        wait_state(server, admin, first["id"], {"failed"})
+        started = time.monotonic()
+        second = server.request("POST", "/api/v1/tasks/fine/runs", token=admin).json()
+        wait_state(server, admin, second["id"], {"succeeded"}, timeout=30)
+        assert time.monotonic() - started < 6.0  # well before the receiver answers the first
+        wait_until(lambda: len(receiver.bodies) == 2, 40, "both notifications")
+    finally:
+        receiver.close()
+        server.stop()
+
+
+def test_a_command_rule_gets_the_facts_in_its_environment(notified, tmp_path):
+    home, _, admin, start_web = notified
+    out = tmp_path / "told.txt"
+    home.main("notify", "add", "--task", "flaky",
+              "--command", f'echo "$QLACTORS_NOTIFY_TASK $QLACTORS_NOTIFY_STATE $QLACTORS_NOTIFY_EXIT_CODE" > {out}')
+    server = start_web()
+    try:
+        run = server.request("POST", "/api/v1/tasks/flaky/runs", token=admin).json()
+        wait_until(lambda: out.exists() and out.read_text().strip(), 30, "the command")
+        assert out.read_text() == "flaky failed 7\n"
+        rules = json.loads(home.ok("notify", "list", "--json").stdout)
+        assert [r["kind"] for r in rules] == ["command"] and rules[0]["task"] == "flaky"
+        home.ok("notify", "rm", rules[0]["id"])
+        assert json.loads(home.ok("notify", "list", "--json").stdout) == []
+        assert run["id"]
+    finally:
+        server.stop()
+
+
+def test_bad_rules_are_refused_and_write_nothing(notified):
+    home, _, _, _ = notified
+    for args, fragment in ((("--on", "sleeping", "--webhook", "http://x/"), "--on"),
+                           (("--webhook", "ftp://x/"), "http:// or https://"),
+                           (("--apprise", "nonsense"), "apprise URL"),
+                           (("--task", "nobody", "--webhook", "http://x/"), "no task named")):
+        done = home.ql("notify", "add", *args)
+        assert done.returncode == 2 and fragment in done.stderr, (args, done.stderr)
+    assert json.loads(home.ok("notify", "list", "--json").stdout) == []
