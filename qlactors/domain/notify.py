@@ -13,6 +13,9 @@ from .states import RunStatus
 
 KINDS = ("webhook", "apprise", "command")
 TERMINAL_STATES = tuple(s.value for s in RunStatus if s.terminal)
+# Besides the terminal states a rule may name `recovered`: a success after a failed, timed-out or
+# lost run of the same task (the first good news after bad).
+RULE_STATES = (*TERMINAL_STATES, "recovered")
 DEFAULT_ON = ("failed", "timed_out", "lost")
 FIRST_RETRY_MS = 5_000
 MAX_RETRY_MS = 15 * 60_000
@@ -20,12 +23,12 @@ MAX_TRIES = 20  # about 4 hours of tries in all, then the row is given up (and s
 
 
 def check_on_states(text: str) -> tuple[str, ...]:
-    """`failed,timed_out` -> ('failed', 'timed_out'); each a terminal state, none twice."""
+    """`failed,timed_out` -> ('failed', 'timed_out'); each a terminal state or `recovered`, none twice."""
     states = tuple(dict.fromkeys(part.strip() for part in text.split(",") if part.strip()))
-    unknown = [s for s in states if s not in TERMINAL_STATES]
+    unknown = [s for s in states if s not in RULE_STATES]
     if not states or unknown:
-        raise BadInput(f"--on {text!r}: give terminal states separated by commas, from "
-                       f"{', '.join(TERMINAL_STATES)}; nothing was written")
+        raise BadInput(f"--on {text!r}: give states separated by commas, from "
+                       f"{', '.join(RULE_STATES)}; nothing was written")
     return states
 
 

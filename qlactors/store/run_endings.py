@@ -1,7 +1,8 @@
 """Store: what a run's end writes beside it, in its terminal transition's own transaction
 (`apply_plan`): the `/metrics` counters of its task and state (`run_outcome_counts`, so that
 retention, deleting runs, never lowers them) and one notification outbox row per rule that asks
-about it (`notification_outbox`, delivered by `qlactors web`: web/notifier.py).
+about it (`notification_outbox`, delivered by `qlactors web`: web/notifier.py). A rule on `recovered`
+asks about a success that follows a failed, timed-out or lost run of the same task.
 
 Two statements, both built once: each reads the run row the transition just wrote (its task,
 terminal state and times), so nothing here needs more than the run's id."""
@@ -33,7 +34,11 @@ _NOTIFY = text(
     "SELECT r.id, n.id, r.task_id, r.status, 'pending', 0, r.finished_at_ms, r.finished_at_ms "
     "FROM runs r JOIN notification_rules n ON (n.task_id IS NULL OR n.task_id = r.task_id) "
     "WHERE r.id = :run_id AND n.removed_at_ms IS NULL "
-    "AND (',' || n.on_states || ',') LIKE ('%,' || r.status || ',%')")
+    "AND ((',' || n.on_states || ',') LIKE ('%,' || r.status || ',%') "
+    # `recovered`: a success whose task's previous finished run had not succeeded
+    "OR (r.status = 'succeeded' AND (',' || n.on_states || ',') LIKE '%,recovered,%' AND ("
+    "SELECT p.status FROM runs p WHERE p.task_id = r.task_id AND p.id <> r.id AND p.finished_at_ms IS NOT NULL "
+    "ORDER BY p.finished_at_ms DESC, p.id DESC LIMIT 1) IN ('failed', 'timed_out', 'lost')))")
 
 
 def record_run_end(conn: Connection, run_id: str) -> None:

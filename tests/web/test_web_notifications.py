@@ -173,3 +173,25 @@ def test_bad_rules_are_refused_and_write_nothing(notified):
         done = home.ql("notify", "add", *args)
         assert done.returncode == 2 and fragment in done.stderr, (args, done.stderr)
     assert json.loads(home.ok("notify", "list", "--json").stdout) == []
+
+
+def test_a_recovered_rule_tells_only_of_the_first_success_after_a_failure(notified, tmp_path):
+    home, _, admin, start_web = notified
+    flag, out = tmp_path / "healthy", tmp_path / "told.txt"
+    home.main("task", "add", "heal", "--", f"test -f {flag}")
+    home.main("notify", "add", "--task", "heal", "--on", "recovered",
+              "--command", f'echo "$QLACTORS_NOTIFY_RUN_ID $QLACTORS_NOTIFY_STATE" >> {out}')
+    server = start_web()
+    try:
+        states = []
+        for healthy in (False, True, True):
+            if healthy:
+                flag.touch()
+            run = server.request("POST", "/api/v1/tasks/heal/runs", token=admin).json()
+            states.append((run["id"], wait_state(server, admin, run["id"], {"failed", "succeeded"})["state"]))
+        assert [s for _, s in states] == ["failed", "succeeded", "succeeded"]
+        wait_until(lambda: out.exists(), 30, "the recovered notification")
+        time.sleep(2.5)  # a second one would have been delivered by now
+        assert out.read_text() == f"{states[1][0]} succeeded\n"
+    finally:
+        server.stop()
