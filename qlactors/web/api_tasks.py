@@ -9,6 +9,7 @@ from starlette.responses import JSONResponse
 from ..domain.model import TaskSpec
 from ..domain.retention import TaskRetention
 from ..domain.retry import RetryPolicy
+from ..errors import BadInput
 from ..store.intent.last_runs import last_runs
 from ..wire.offers import check_revision_fits
 from .requests import backend, blocking, caller, json_body, query_bool
@@ -68,8 +69,6 @@ async def update_task(request: Request) -> JSONResponse:
         tasks = backend(request).repo.tasks
         given = read_task(body, base_retry=tasks.get(name).spec.retry, creating=False)
         if "name" in body and body["name"] != name:
-            from ..errors import BadInput
-
             raise BadInput(f"a task cannot be renamed (from {name!r} to {body['name']!r}); nothing was "
                            "written: add a new task and remove this one")
         tasks.update(name, trigger=given.trigger, remove_trigger=given.remove_trigger,

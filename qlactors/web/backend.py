@@ -4,6 +4,7 @@ goes through the same Repository and views as the CLI."""
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,7 +34,7 @@ class LogWindow:
         return self.final_offset is not None and self.end >= self.final_offset
 
 
-class Backend:
+class Backend(ABC):
     """The profile behind the API: `edge` (the home's SQLite file) or `cluster` (PostgreSQL)."""
 
     profile: str
@@ -44,12 +45,13 @@ class Backend:
     def changed(self) -> None:
         """After a change of intent: let the runtime act at once (edge); replicas act on their tick."""
 
+    @abstractmethod
     def retention_default(self) -> RetentionPolicy:
-        raise NotImplementedError
+        """The global retention bounds in force (what `task show --json` reports a task falls back to)."""
 
+    @abstractmethod
     def read_log(self, run_id: str, attempt: AttemptView, offset: int, limit: int) -> LogWindow:
         """Up to `limit` bytes of the attempt's log from `offset`, with its final offset once known."""
-        raise NotImplementedError
 
     def close(self) -> None:
         self.repo.close()

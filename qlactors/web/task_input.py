@@ -23,8 +23,8 @@ _TRIGGER = ("cron", "tz", "misfire", "grace_ms", "overlap")
 _RETENTION = ("max_age_ms", "max_runs")
 # Read-only fields of `task show --json` that a body may carry back unchanged (a GET edited and
 # sent again): they are ignored, never written.
-_READ_ONLY = frozenset({"id", "revision", "active_runs", "created_at_ms", "updated_at_ms", "history", "schedule", "last_run",
-                        "qualifying_workers"})
+_READ_ONLY = frozenset({"id", "revision", "active_runs", "created_at_ms", "updated_at_ms", "history",
+                        "schedule", "last_run", "qualifying_workers"})
 _KNOWN = frozenset({"name", "command", "cwd", "env", "timeout_ms", "keep_leftovers", "labels", "retry",
                     "trigger", "retention", "enabled", *_INTS}) | _READ_ONLY
 
@@ -54,7 +54,7 @@ def read_task(body: Any, *, base_retry: RetryPolicy, creating: bool) -> TaskInpu
     if "command" in body:
         changes["command"] = _command(body["command"])
     if "cwd" in body:
-        changes["cwd"] = None if body["cwd"] is None else _text("cwd", body["cwd"])
+        changes["cwd"] = None if body["cwd"] is None else _posix("cwd", body["cwd"])
     if "env" in body:
         try:
             changes["env"] = env_from_json(body["env"])
@@ -103,10 +103,6 @@ def _posix(what: str, value: Any) -> str:
         return posix.from_json(value)
     except ValueError as err:
         raise BadInput(f"{what}: {err}") from None
-
-
-def _text(what: str, value: Any) -> str:
-    return _posix(what, value)
 
 
 def _int(what: str, value: Any) -> int:

@@ -48,11 +48,6 @@ function row(cells) {
   return tr;
 }
 
-function text(value) {  // a --json string, or {"base64": ...} for bytes that are no UTF-8
-  if (value && typeof value === "object" && "base64" in value) return "(bytes) " + value.base64;
-  return value ?? "";
-}
-
 const when = (ms) => ms ? new Date(ms).toLocaleString() : "";
 function duration(from, to) {
   if (!from) return "";
