@@ -263,3 +263,41 @@ def test_the_server_log_holds_no_secret_command_or_output(site):
     text = server.log()
     for secret in (admin, viewer, "printf", "hello\\n", "GREETING"):
         assert secret not in text
+
+
+def test_a_retired_run_is_404_retired_and_a_huge_body_is_413(site):
+    home, server, admin, _ = site
+    server.request("POST", "/api/v1/tasks", token=admin,
+                   body={"name": "short-memory", "command": {"argv": ["true"]}, "retention": {"max_runs": 1}})
+    first = server.request("POST", "/api/v1/tasks/short-memory/runs", token=admin).json()
+    wait_state(server, admin, first["id"], {"succeeded"})
+    second = server.request("POST", "/api/v1/tasks/short-memory/runs", token=admin).json()
+    wait_state(server, admin, second["id"], {"succeeded"})
+
+    def retired():
+        answer = server.request("GET", f"/api/v1/runs/{first['id']}", token=admin)
+        return answer if answer.status == 404 else None
+    answer = wait_until(retired, 30, "retention to retire the first run")
+    assert answer.code == "retired" and "was retired" in answer.json()["error"]["message"]
+    assert server.request("GET", f"/api/v1/runs/{first['id']}/logs", token=admin).code == "retired"
+    huge = server.request("POST", "/api/v1/tasks", token=admin, raw=b"{" + b" " * (1024 * 1024 + 1) + b"}")
+    assert (huge.status, huge.code) == (413, "too_large")
+
+
+def test_a_database_that_stays_locked_is_503_and_nothing_is_written(site):
+    """Another process holds SQLite's write lock past the busy timeout (5 s): a change is refused
+    with 503 `store_unavailable`, and reads still answer (WAL readers are not blocked)."""
+    import sqlite3
+
+    home, server, admin, _ = site
+    before = home.query("SELECT count(*) AS n FROM runs")[0]["n"]
+    holder = sqlite3.connect(home.db_path, timeout=1, isolation_level=None)
+    try:
+        holder.execute("BEGIN EXCLUSIVE")
+        answer = server.request("POST", "/api/v1/tasks/hello/runs", token=admin, timeout=60)
+        assert (answer.status, answer.code) == (503, "store_unavailable"), answer
+        assert server.request("GET", "/api/v1/tasks/hello", token=admin).status == 200
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert home.query("SELECT count(*) AS n FROM runs")[0]["n"] == before
