@@ -209,7 +209,7 @@ def _notify_commands(sub) -> None:
     nsub = notify.add_subparsers(dest="notify_command", metavar="ACTION", required=True, parser_class=Parser)
     add = nsub.add_parser("add", help="notify --webhook URL, --apprise URL or --command CMD")
     add.add_argument("--task", type=utf8, metavar="NAME", help="only this task's runs (default: every task)")
-    add.add_argument("--on", metavar="STATES", help="terminal states or `recovered`, comma-separated (default failed,timed_out,lost)")
+    add.add_argument("--on", metavar="STATES", help="terminal states, `lost` or `recovered`, comma-separated (default failed,timed_out,lost)")
     target = add.add_mutually_exclusive_group(required=True)
     target.add_argument("--webhook", metavar="URL", type=utf8, help="POST the run's facts as JSON to URL")
     target.add_argument("--apprise", metavar="URL", type=utf8,

@@ -12,10 +12,10 @@ from ..errors import BadInput
 from .states import RunStatus
 
 KINDS = ("webhook", "apprise", "command")
-TERMINAL_STATES = tuple(s.value for s in RunStatus if s.terminal)
-# Besides the terminal states a rule may name `recovered`: a success after a failed, timed-out or
-# lost run of the same task (the first good news after bad).
-RULE_STATES = (*TERMINAL_STATES, "recovered")
+# What a rule may ask about: a run reaching a terminal state; becoming `lost` (its attempt can no
+# longer be vouched for; the run is then retried or ends failed, SEMANTICS.md §2); or `recovered`,
+# a success after a failed or timed-out run of the same task (the first good news after bad).
+RULE_STATES = (*(s.value for s in RunStatus if s.terminal), RunStatus.LOST.value, "recovered")
 DEFAULT_ON = ("failed", "timed_out", "lost")
 FIRST_RETRY_MS = 5_000
 MAX_RETRY_MS = 15 * 60_000
@@ -41,7 +41,11 @@ def check_target(kind: str, target: str) -> str:
         raise BadInput(f"--{kind}: give a non-empty value of at most 4096 characters; nothing was written")
     if kind == "webhook":
         parts = urlsplit(target)
-        if parts.scheme not in ("http", "https") or not parts.netloc:
+        try:
+            parts.port  # noqa: B018 (raises ValueError for a port that is no number)
+        except ValueError:
+            parts = parts._replace(netloc="")
+        if parts.scheme not in ("http", "https") or not parts.hostname:
             raise BadInput(f"--webhook {target!r}: give an http:// or https:// URL; nothing was written")
     if kind == "apprise" and "://" not in target:
         raise BadInput(f"--apprise {target!r}: give an apprise URL such as tgram://BOT_TOKEN/CHAT_ID; "

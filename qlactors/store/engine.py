@@ -6,7 +6,7 @@ import contextlib
 import os
 import re
 import threading
-from typing import Iterator
+from typing import Callable, Iterator
 
 from sqlalchemy import create_engine, exc
 from sqlalchemy.engine import Connection, Engine, make_url
@@ -123,7 +123,8 @@ class Store:
         """
         if self._writer is None:
             with translate_errors(self), self.engine.begin() as conn:
-                yield conn
+                with _last_steps(conn):
+                    yield conn
             return
         with self._writer, translate_errors(self):
             conn = self._write_conns.get(durable)
@@ -133,7 +134,7 @@ class Store:
                 conn = self._write_conns[durable] = self.engine.connect()
                 if not durable:  # on the driver's connection: SQLAlchemy would begin first
                     conn.connection.driver_connection.execute(sqlite.NOT_DURABLE)
-            with conn.begin():
+            with conn.begin(), _last_steps(conn):
                 yield conn
 
     @contextlib.contextmanager
@@ -154,6 +155,34 @@ class Store:
                     conn.close()
                 self._write_conns.clear()
         self.engine.dispose()
+
+
+_LAST_STEPS = "qlactors_last_steps"
+
+
+def last_step(conn: Connection, step: Callable[[Connection], None]) -> None:
+    """Run `step(conn)` once, after everything else in this write transaction and before it commits.
+
+    For writes that lock rows no lock order covers (the `/metrics` counters of store/run_endings.py):
+    done last, in an order of their own, they cannot close a deadlock with the run, attempt and
+    lease locks a transaction takes first (SEMANTICS.md §9's order)."""
+    steps = conn.info.setdefault(_LAST_STEPS, [])
+    if step not in steps:
+        steps.append(step)
+
+
+@contextlib.contextmanager
+def _last_steps(conn: Connection) -> Iterator[None]:
+    """Around one write transaction's body: its `last_step`s run when the body ends without an
+    error; none survive into the next transaction on the same connection either way."""
+    info = conn.info  # held: after a lost connection, reading conn.info would raise
+    info.pop(_LAST_STEPS, None)
+    try:
+        yield
+        for step in info.pop(_LAST_STEPS, ()):
+            step(conn)
+    finally:
+        info.pop(_LAST_STEPS, None)
 
 
 @contextlib.contextmanager

@@ -614,7 +614,9 @@ run_outcome_counts = Table(
     Column("duration_ms_sum", BigInteger, nullable=False),
     *(Column(f"le_{b}s", BigInteger, nullable=False) for b in DURATION_BUCKETS_S),
     PrimaryKeyConstraint("task_id", "state"),
-    CheckConstraint(one_of("state", sorted(s.value for s in RunStatus if s.terminal)), name="state"),
+    # `lost` counts runs that became lost (a recovery outcome: each later ends failed or is retried)
+    CheckConstraint(one_of("state", sorted(s.value for s in RunStatus if s.terminal or s is RunStatus.LOST)),
+                    name="state"),
 )
 
 # Schema 17: notifications. A rule says where to tell about a task's runs (or every task's,
@@ -635,11 +637,14 @@ notification_rules = Table(
     *ms_nonneg("created_at_ms", "removed_at_ms"),
 )
 
-# ...and the outbox: one row per (run, rule) written in the run's terminal transition, delivered
-# at least once by `qlactors web` with backoff; each try recorded in notification_deliveries.
+# ...and the outbox: one row per rule asking about a run's transition (into a terminal state, or
+# `lost`), written in that transition's transaction, delivered at least once by `qlactors web`
+# with backoff; each try recorded in notification_deliveries. Its id is
+# "<run id>:<rule id>:<run version after the transition>": a run lost twice is told of twice.
 notification_outbox = Table(
     "notification_outbox",
     metadata,
+    Column("id", String(96), primary_key=True),
     Column("run_id", ID, nullable=False),  # no foreign key: retention may delete the run first
     Column("rule_id", ID, ForeignKey("notification_rules.id"), nullable=False),
     Column("task_id", ID, nullable=False),
@@ -650,24 +655,23 @@ notification_outbox = Table(
     Column("claimed_until_ms", MS),
     Column("created_at_ms", MS, nullable=False),
     Column("delivered_at_ms", MS),
-    PrimaryKeyConstraint("run_id", "rule_id"),
     CheckConstraint(one_of("status", ("pending", "delivered", "gave_up")), name="status"),
     *ms_nonneg("next_try_at_ms", "claimed_until_ms", "created_at_ms", "delivered_at_ms"),
 )
 Index("ix_notification_outbox_status_next_try_at_ms", notification_outbox.c.status,
       notification_outbox.c.next_try_at_ms)
+Index("ix_notification_outbox_run_id", notification_outbox.c.run_id)
 
 notification_deliveries = Table(
     "notification_deliveries",
     metadata,
     Column("id", ID, primary_key=True),
+    Column("outbox_id", String(96), nullable=False),
     Column("run_id", ID, nullable=False),
-    Column("rule_id", ID, nullable=False),
     Column("try_number", Integer, nullable=False),
     Column("ok", Boolean, nullable=False),
     Column("detail", String(512), nullable=False),
     Column("at_ms", MS, nullable=False),
     *ms_nonneg("at_ms"),
 )
-Index("ix_notification_deliveries_run_id_rule_id", notification_deliveries.c.run_id,
-      notification_deliveries.c.rule_id)
+Index("ix_notification_deliveries_run_id", notification_deliveries.c.run_id)

@@ -25,6 +25,9 @@ from .requests import backend, blocking, caller, query_int
 FOLLOW_POLL_S = 0.25
 KEEPALIVE_S = 15.0
 STREAM_CHUNK = 64 * 1024
+# How long a stream waits, once its attempt has ended, for bytes the final offset says exist
+# (a cluster worker still shipping its tail) before it ends without them.
+END_WAIT_S = 60.0
 
 
 async def list_runs(request: Request) -> JSONResponse:
@@ -46,8 +49,13 @@ async def list_runs(request: Request) -> JSONResponse:
 
 
 async def show_run(request: Request) -> JSONResponse:
-    view = await blocking(backend(request).repo.runs.get, request.path_params["run_id"])
-    return JSONResponse(view.to_json())
+    def show() -> dict:
+        from ..store.admin.notifications import Notifications
+
+        view = backend(request).repo.runs.get(request.path_params["run_id"])
+        return {**view.to_json(), "notifications": Notifications(backend(request).repo.store).of_run(view.id)}
+
+    return JSONResponse(await blocking(show))
 
 
 async def cancel_run(request: Request) -> JSONResponse:
@@ -80,10 +88,20 @@ async def admitted(request: Request, admit: Callable, key: str | None) -> JSONRe
     return JSONResponse(data, status_code=201 if created else 200)
 
 
-def _attempt(request: Request):
-    """The run and the attempt a log request reads: `?attempt=N`, else the newest."""
+def _event_id(text: str) -> tuple[int, int]:
+    """`K:OFFSET` (attempt K's log, up to OFFSET) -> (K, OFFSET)."""
+    number, sep, offset = text.partition(":")
+    if not sep or not all(p.isascii() and p.isdigit() and len(p) <= 18 for p in (number, offset)) or int(number) < 1:
+        raise ApiError(400, "bad_query", f"Last-Event-ID must be ATTEMPT:OFFSET as a `log` event's id, got {text!r}")
+    return int(number), int(offset)
+
+
+def _attempt(request: Request, number: int | None = None):
+    """The run and the attempt a log request reads: `number` (a resumed stream's), else
+    `?attempt=N`, else the newest."""
     run_id = request.path_params["run_id"]
-    number = query_int(request, "attempt", None, low=1)
+    if number is None:
+        number = query_int(request, "attempt", None, low=1)
     view = backend(request).repo.runs.get(run_id)
     attempts = [a for a in view.attempts if number is None or a.number == number]
     if not attempts:
@@ -110,45 +128,52 @@ async def read_log(request: Request) -> Response:
 
 
 async def stream_log(request: Request) -> StreamingResponse:
-    """`GET …/logs/stream?offset=N[&attempt=K]`: Server-Sent Events. Each `log` event's id is the
-    offset after its bytes, its data `{"offset", "end", "base64"}`; a reconnect sends that id back
-    as `Last-Event-ID` and resumes there, without a gap or a repeated byte. The last event is
-    `end`, `{"offset": final, "state": ...}`, sent once every byte up to the final offset went out."""
+    """`GET …/logs/stream?offset=N[&attempt=K]`: Server-Sent Events of one attempt's log. Each
+    `log` event's id is `K:OFFSET` (the attempt, and the offset after its bytes), its data
+    `{"offset", "end", "base64"}`; a reconnect sends that id back as `Last-Event-ID` and resumes
+    there, in the same attempt, without a gap or a repeated byte. The last event is `end`,
+    `{"attempt": K, "offset": final, "state": ..., "complete": ...}`, sent once every byte up to
+    the final offset went out (`complete` false: the attempt ended and the rest never arrived
+    within END_WAIT_S, a cluster worker that never shipped its tail)."""
     resume = request.headers.get("last-event-id")
-    if resume is not None and not resume.isdigit():
-        raise ApiError(400, "bad_query", f"Last-Event-ID must be a log offset, got {resume!r}")
-    offset = int(resume) if resume is not None else query_int(request, "offset", 0)
-    view, attempt = await blocking(_attempt, request)
+    if resume is not None:
+        number, offset = _event_id(resume)
+        view, attempt = await blocking(_attempt, request, number)
+    else:
+        offset = query_int(request, "offset", 0)
+        view, attempt = await blocking(_attempt, request)
     return StreamingResponse(_events(request, view.id, attempt, offset), media_type="text/event-stream",
                              headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
 
 
 async def _events(request: Request, run_id: str, attempt, offset: int) -> AsyncIterator[str]:
-    source = backend(request)
-    yield f"retry: 2000\n: attempt {attempt.number}\n\n"
-    quiet = 0.0
+    source, number = backend(request), attempt.number
+    yield f"retry: 2000\n: attempt {number}\n\n"
+    quiet = stalled = 0.0
     while True:
         found = await blocking(source.read_log, run_id, attempt, offset, STREAM_CHUNK)
         if found.data:
             offset = found.end
-            quiet = 0.0
-            yield _event("log", found.end, {"offset": found.offset, "end": found.end,
-                                            "base64": base64.b64encode(found.data).decode("ascii")})
+            quiet = stalled = 0.0
+            yield _event("log", f"{number}:{found.end}", {"offset": found.offset, "end": found.end,
+                                                         "base64": base64.b64encode(found.data).decode("ascii")})
             continue  # more may be there already: read again before sleeping
-        if found.complete:
+        if found.complete or (found.final_offset is not None and stalled >= END_WAIT_S):
             state = (await blocking(source.repo.runs.get, run_id)).state
-            yield _event("end", offset, {"offset": offset, "state": state})
+            yield _event("end", f"{number}:{offset}", {"attempt": number, "offset": offset, "state": state,
+                                                      "complete": found.complete})
             return
         if await request.is_disconnected():
             return
         await asyncio.sleep(FOLLOW_POLL_S)
         quiet += FOLLOW_POLL_S
+        stalled += FOLLOW_POLL_S if found.final_offset is not None else 0.0
         if quiet >= KEEPALIVE_S:
             quiet = 0.0
             yield ": keep-alive\n\n"
 
 
-def _event(kind: str, event_id: int, data: dict) -> str:
+def _event(kind: str, event_id: str, data: dict) -> str:
     return f"event: {kind}\nid: {event_id}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
 
 

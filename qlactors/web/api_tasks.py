@@ -67,15 +67,17 @@ async def update_task(request: Request) -> JSONResponse:
 
     def update() -> dict:
         tasks = backend(request).repo.tasks
-        given = read_task(body, base_retry=tasks.get(name).spec.retry, creating=False)
+        current = tasks.get(name)
+        given = read_task(body, base_retry=current.spec.retry, creating=False)
+        if given.enabled is not None and given.enabled != current.enabled:
+            raise BadInput("`enabled` is not changed by PATCH (one change, one transaction): POST "
+                           f"/api/v1/tasks/{name}/{'enable' if given.enabled else 'disable'}; nothing was written")
         if "name" in body and body["name"] != name:
             raise BadInput(f"a task cannot be renamed (from {name!r} to {body['name']!r}); nothing was "
                            "written: add a new task and remove this one")
         tasks.update(name, trigger=given.trigger, remove_trigger=given.remove_trigger,
                      retention=given.retention, check=check_revision_fits, actor_name=caller(request),
                      **given.changes)
-        if given.enabled is not None:
-            tasks.set_enabled(name, given.enabled, actor_name=caller(request))
         backend(request).changed()
         return _detail(request, name)
 

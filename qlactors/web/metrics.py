@@ -23,7 +23,12 @@ def families(figures: Figures) -> list:
     duration = HistogramMetricFamily("qlactors_run_duration_seconds",
                                      "Run time of finished runs that started (start to end), by task and state",
                                      labels=["task", "state"])
+    lost = CounterMetricFamily("qlactors_runs_lost", "Runs that became lost (a recovery outcome: each is then "
+                               "retried or ends failed), by task", labels=["task"])
     for f in figures.finished:
+        if f.state == "lost":
+            lost.add_metric([f.task], f.count)
+            continue
         finished.add_metric([f.task, f.state], f.count)
         buckets = [(str(float(b)), n) for b, n in zip(DURATION_BUCKETS_S, f.buckets)] + [("+Inf", f.timed)]
         duration.add_metric([f.task, f.state], buckets, f.duration_ms_sum / 1000)
@@ -44,7 +49,7 @@ def families(figures: Figures) -> list:
     outbox = GaugeMetricFamily("qlactors_notifications", "Notification outbox rows by status", labels=["status"])
     for status, count in sorted(figures.notifications.items()):
         outbox.add_metric([status], count)
-    return [finished, duration, active, queued, oldest, late, sessions, outbox]
+    return [finished, duration, lost, active, queued, oldest, late, sessions, outbox]
 
 
 def status_families(report: dict) -> list:

@@ -62,19 +62,28 @@ class Notifier:
             free += 1
         if free == 0:
             return 0
-        due = self.notifications.claim_due(limit=free, page_url=self.page_url)
-        for _ in range(free - len(due)):
-            self.busy.release()
+        try:
+            due = self.notifications.claim_due(limit=free, page_url=self.page_url)
+        except BaseException:
+            due = []
+            raise
+        finally:
+            for _ in range(free - len(due)):  # the slots no claimed row took (all, when it failed)
+                self.busy.release()
         for item in due:
             self.pool.submit(self._deliver, item)
         return len(due)
 
     def _deliver(self, due: Due) -> None:
         try:
-            ok, detail = deliver(due)
+            try:
+                ok, detail = deliver(due)
+            except Exception as err:  # a target the sender chokes on is a failed try, recorded
+                ok, detail = False, f"not delivered: {type(err).__name__}"
             status = self.notifications.record_try(due, ok=ok, detail=detail)
-            log.info("notification of run %s by rule %s: %s", due.run_id, due.rule_id, status)
-        except Exception as err:  # not recorded: the claim runs out and the row is tried again
+            log.info("notification of run %s by rule %s: %s", due.run_id, due.rule_id,
+                     status or "claim lost meanwhile, not recorded")
+        except Exception as err:  # the database: not recorded; the claim runs out and it is tried again
             log.warning("notification of run %s: %s", due.run_id, type(err).__name__)
         finally:
             self.busy.release()

@@ -105,3 +105,42 @@ def test_bad_rules_are_refused(repo):
     with pytest.raises(NotFound):
         notes.remove_rule("no-such-rule")
     assert notes.rules() == []
+
+
+def test_a_run_that_becomes_lost_is_counted_and_told_of_each_time(repo):
+    """`lost` is no terminal state (the run is then retried or ends failed): a rule on it is told
+    of each time the run becomes lost, and the counter of lost runs goes up, with no duration."""
+    from qlactors.store.run_endings import record_run_end
+
+    repo.tasks.add(spec("job"), actor_name="tester")
+    notes = Notifications(repo.store)
+    rule = notes.add_rule(task="job", on="lost", kind="command", target="true", actor_name="t")
+    run_id = repo.runs.request("job", actor_name="tester").run.id
+    for version in (50, 60):  # as two losses of the run would leave it (its version after each)
+        with repo.store.write() as conn:
+            conn.execute(update(runs).where(runs.c.id == run_id).values(status="lost", version=version))
+            record_run_end(conn, run_id, repo.store.now_ms(conn))
+    with repo.store.read() as conn:
+        told = conn.execute(select(notification_outbox.c.id, notification_outbox.c.state)
+                            .order_by(notification_outbox.c.id)).all()
+        counted = conn.execute(select(run_outcome_counts)).one()
+    assert [t.id for t in told] == [f"{run_id}:{rule.id}:50", f"{run_id}:{rule.id}:60"]
+    assert {t.state for t in told} == {"lost"}
+    assert (counted.state, counted.finished, counted.timed, counted.duration_ms_sum) == ("lost", 2, 0, 0)
+
+
+def test_the_counters_of_a_failed_transaction_are_not_written_by_the_next(repo):
+    """The counts wait for the end of their transaction: a transaction that fails after a run
+    ended leaves nothing behind, not even for the next transaction on the same connection."""
+    from qlactors.store.run_endings import record_run_end
+
+    repo.tasks.add(spec("job"), actor_name="tester")
+    run_id = repo.runs.request("job", actor_name="tester").run.id
+    with pytest.raises(RuntimeError):
+        with repo.store.write() as conn:
+            conn.execute(update(runs).where(runs.c.id == run_id).values(status="lost"))
+            record_run_end(conn, run_id, repo.store.now_ms(conn))
+            raise RuntimeError("the transaction fails after the run's end was recorded")
+    _ended_by_cancel(repo)
+    with repo.store.read() as conn:
+        assert [(r.state, r.finished) for r in conn.execute(select(run_outcome_counts))] == [("cancelled", 1)]

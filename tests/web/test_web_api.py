@@ -120,6 +120,7 @@ def test_bad_input_is_400_404_409_or_422_with_the_clis_words_and_writes_nothing(
          422, "invalid"),
         ("POST", "/api/v1/tasks", {"name": "hello", "command": {"argv": ["x"]}}, 409, "already_exists"),
         ("PATCH", "/api/v1/tasks/hello", {"max_concurrent": "two"}, 422, "invalid"),
+        ("PATCH", "/api/v1/tasks/hello", {"enabled": False, "timeout_ms": 5000}, 422, "invalid"),
         ("PATCH", "/api/v1/tasks/nobody", {"timeout_ms": 5}, 404, "not_found"),
         ("POST", "/api/v1/tasks/nobody/runs", None, 404, "not_found"),
         ("GET", "/api/v1/runs/no-such-run", None, 404, "not_found"),
@@ -159,7 +160,7 @@ def test_a_run_requested_through_the_api_runs_and_its_log_streams_to_the_final_o
     tail = server.request("GET", f"/api/v1/runs/{run['id']}/logs?offset=2", token=admin)
     assert tail.body == b"llo\n"
     events = list(server.events(f"/api/v1/runs/{run['id']}/logs/stream", token=admin))
-    assert events[-1][0] == "end" and events[-1][2] == {"offset": 6, "state": "failed"}
+    assert events[-1][0] == "end" and events[-1][2] == {"attempt": 1, "offset": 6, "state": "failed", "complete": True}
     assert b"".join(base64.b64decode(d["base64"]) for k, _, d in events if k == "log") == b"hello\n"
     listed = server.request("GET", "/api/v1/runs?task=hello&limit=1", token=admin).json()
     assert listed["runs"][0]["id"] == run["id"]
@@ -213,7 +214,7 @@ def test_a_stream_resumed_with_last_event_id_has_no_gap_and_no_repeat(site):
             last_id = event_id
             if len(got) >= 90:
                 break  # the client goes away mid-run
-    assert last_id == str(len(got))
+    assert last_id == f"1:{len(got)}"  # attempt 1, up to this offset
     for kind, event_id, data in server.events(path, token=admin, headers={"Last-Event-ID": last_id}):
         if kind == "log":
             assert data["offset"] == len(got)
@@ -221,6 +222,9 @@ def test_a_stream_resumed_with_last_event_id_has_no_gap_and_no_repeat(site):
         elif kind == "end":
             assert data["offset"] == len(got)
     assert got == b"".join(b"line %03d\n" % i for i in range(40))
+    for bad in ("12", "0:5", "x:1", "1:-2"):
+        assert server.request("GET", path, token=admin, headers={"Last-Event-ID": bad}).code == "bad_query"
+    assert server.request("GET", path + "?offset=%C2%B2", token=admin).code == "bad_query"
 
 
 def test_a_client_that_stops_reading_its_stream_does_not_slow_the_job(site):

@@ -45,7 +45,7 @@ def test_a_run_requested_through_the_api_runs_on_a_worker_and_its_log_streams_to
         if kind == "log":
             assert data["offset"] == len(streamed)
             streamed += base64.b64decode(data["base64"])
-            assert event_id == str(len(streamed))
+            assert event_id == f"1:{len(streamed)}"
     expected = b"".join(b"line %d\n" % i for i in range(20))
     assert streamed == expected
     assert events[-1][0] == "end" and events[-1][2]["offset"] == len(expected)

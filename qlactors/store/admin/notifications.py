@@ -16,7 +16,9 @@ from ..engine import Store
 from ..schema import (notification_deliveries, notification_outbox, notification_rules, run_attempts, runs,
                       tasks)
 
-CLAIM_MS = 60_000  # a claimed row another deliverer may take again after this (its claimer died)
+# A claimed row another deliverer may take again after this (its claimer died); well past the
+# longest try (web/notifier.py bounds each one), so a live try is never taken from under it.
+CLAIM_MS = 10 * 60_000
 DETAIL_CHARS = 500
 
 
@@ -37,8 +39,11 @@ class RuleView:
 
 @dataclass(frozen=True, slots=True)
 class Due:
-    """One claimed outbox row: the rule to deliver by, and the run's facts."""
+    """One claimed outbox row: the rule to deliver by, the run's facts, and the claim's end (its
+    fence: a try is recorded only while the row still holds this claim)."""
 
+    id: str
+    claimed_until_ms: int
     run_id: str
     rule_id: str
     kind: str
@@ -104,21 +109,18 @@ class Notifications:
                      .with_for_update(skip_locked=True, of=notification_outbox))
             rows = conn.execute(query).all()
             for row in rows:
-                conn.execute(update(notification_outbox).where(and_(
-                    notification_outbox.c.run_id == row.run_id, notification_outbox.c.rule_id == row.rule_id))
-                    .values(claimed_until_ms=now + CLAIM_MS))
-            return [Due(row.run_id, row.rule_id, row.kind, row.target, row.tries, _facts(conn, row, page_url))
-                    for row in rows]
+                conn.execute(update(notification_outbox).where(notification_outbox.c.id == row.id)
+                             .values(claimed_until_ms=now + CLAIM_MS))
+            return [Due(row.id, now + CLAIM_MS, row.run_id, row.rule_id, row.kind, row.target, row.tries,
+                        _facts(conn, row, page_url)) for row in rows]
 
-    def record_try(self, due: Due, *, ok: bool, detail: str) -> str:
+    def record_try(self, due: Due, *, ok: bool, detail: str) -> str | None:
         """Record one try: `delivered`, else pending again after the backoff, or `gave_up` after
-        the last try. Returns the row's status."""
+        the last try. Returns the row's status; None when the row no longer holds this claim
+        (it ran out and another deliverer took it): nothing is recorded then."""
         with self.store.write() as conn:
             now = self.store.now_ms(conn)
             tries = due.tries + 1
-            conn.execute(notification_deliveries.insert().values(
-                id=new_id(), run_id=due.run_id, rule_id=due.rule_id, try_number=tries, ok=ok,
-                detail=detail[:DETAIL_CHARS], at_ms=now))
             delay = None if ok else next_try_delay_ms(tries)
             status = "delivered" if ok else ("pending" if delay is not None else "gave_up")
             values: dict[str, Any] = {"status": status, "tries": tries, "claimed_until_ms": None}
@@ -126,9 +128,14 @@ class Notifications:
                 values["delivered_at_ms"] = now
             elif delay is not None:
                 values["next_try_at_ms"] = now + delay
-            conn.execute(update(notification_outbox).where(and_(
-                notification_outbox.c.run_id == due.run_id, notification_outbox.c.rule_id == due.rule_id,
-                notification_outbox.c.status == "pending")).values(**values))
+            held = conn.execute(update(notification_outbox).where(and_(
+                notification_outbox.c.id == due.id, notification_outbox.c.status == "pending",
+                notification_outbox.c.claimed_until_ms == due.claimed_until_ms)).values(**values))
+            if held.rowcount != 1:
+                return None
+            conn.execute(notification_deliveries.insert().values(
+                id=new_id(), outbox_id=due.id, run_id=due.run_id, try_number=tries, ok=ok,
+                detail=detail[:DETAIL_CHARS], at_ms=now))
             return status
 
     def of_run(self, run_id: str) -> list[dict[str, Any]]:
@@ -140,9 +147,9 @@ class Notifications:
                 .where(notification_outbox.c.run_id == run_id).order_by(notification_outbox.c.created_at_ms)).all()
             tries = conn.execute(select(notification_deliveries).where(notification_deliveries.c.run_id == run_id)
                                  .order_by(notification_deliveries.c.try_number)).all()
-        return [{"rule_id": r.rule_id, "kind": r.kind, "target": _shown_target(r.kind, r.target),
+        return [{"rule_id": r.rule_id, "state": r.state, "kind": r.kind, "target": _shown_target(r.kind, r.target),
                  "status": r.status, "tries": [{"number": t.try_number, "ok": bool(t.ok), "detail": t.detail,
-                                                 "at_ms": t.at_ms} for t in tries if t.rule_id == r.rule_id],
+                                                 "at_ms": t.at_ms} for t in tries if t.outbox_id == r.id],
                  "next_try_at_ms": r.next_try_at_ms if r.status == "pending" else None,
                  "delivered_at_ms": r.delivered_at_ms} for r in rows]
 

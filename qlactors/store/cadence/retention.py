@@ -294,9 +294,9 @@ def _due(conn: Connection, table, at, key, policy: RetentionPolicies, now_ms: in
 def _delete_settled_notifications(conn: Connection, run_id: str) -> None:
     """A retired run's notifications that are settled (delivered, or given up) and their tries; a
     pending one stays until it is delivered: it carries what it tells."""
-    settled = (select(notification_outbox.c.rule_id)
+    settled = (select(notification_outbox.c.id)
                .where(and_(notification_outbox.c.run_id == run_id, notification_outbox.c.status != "pending")))
     conn.execute(notification_deliveries.delete().where(and_(
-        notification_deliveries.c.run_id == run_id, notification_deliveries.c.rule_id.in_(settled))))
+        notification_deliveries.c.run_id == run_id, notification_deliveries.c.outbox_id.in_(settled))))
     conn.execute(notification_outbox.delete().where(and_(
         notification_outbox.c.run_id == run_id, notification_outbox.c.status != "pending")))

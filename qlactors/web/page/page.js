@@ -6,6 +6,7 @@
 const API = "/api/v1";
 const LOG_CAP = 256 * 1024;  // the most of a log one view keeps: older bytes are dropped from the top
 const REFRESH_MS = 2000;
+const TERMINAL = ["succeeded", "failed", "cancelled", "timed_out"];  // `lost` is not: it is retried or fails
 const $ = (id) => document.getElementById(id);
 let token = localStorage.getItem("qlactors-token");
 let openRun = null;          // the run shown in detail
@@ -195,7 +196,7 @@ async function showRun(id) {
     const dd = el("dd"); if (v instanceof Node) dd.appendChild(v); else dd.textContent = v; facts.appendChild(dd);
   }
   facts.dataset.state = r.state;
-  const terminal = ["succeeded", "failed", "cancelled", "timed_out", "lost"].includes(r.state);
+  const terminal = TERMINAL.includes(r.state);
   $("cancel-run").disabled = terminal; $("retry-run").disabled = !terminal;
   $("attempts").tBodies[0].replaceChildren(...r.attempts.map((a) => row([
     a.number, stateCell(a.state), a.exit_code ?? "", a.worker_id ?? "", when(a.started_at_ms),
@@ -218,18 +219,29 @@ function appendLog(bytes) {
   if (atBottom) pre.scrollTop = pre.scrollHeight;
 }
 
-// Server-Sent Events over fetch (EventSource cannot send the Authorization header).
+// Server-Sent Events over fetch (EventSource cannot send the Authorization header). One attempt's
+// log at a time, from attempt 1: when an attempt ends and its run goes on (a lost run retried),
+// the next attempt's log follows.
 async function followLog(id) {
   const control = new AbortController();
   logStream = control;
-  let offset = 0;
+  let offset = 0, attempt = 1;
   logDecoder = new TextDecoder();
   $("log").dataset.complete = "false";
   $("log-note").textContent = "(following)";
   while (!control.signal.aborted) {
     try {
-      const answer = await fetch(API + "/runs/" + encodeURIComponent(id) + "/logs/stream?offset=" + offset,
-                                 { headers: { "Authorization": "Bearer " + token }, signal: control.signal });
+      const answer = await fetch(API + "/runs/" + encodeURIComponent(id) + "/logs/stream?attempt=" + attempt +
+                                 "&offset=" + offset, { headers: { "Authorization": "Bearer " + token }, signal: control.signal });
+      if (answer.status === 404 && attempt > 1) {  // no next attempt yet; or none will come
+        const run = await api("GET", "/runs/" + encodeURIComponent(id));
+        if (TERMINAL.includes(run.state)) {
+          $("log-note").textContent = ""; $("log").dataset.complete = "true";
+          if (logStream === control) logStream = null;
+          return;
+        }
+        throw new Error("the next attempt is not there yet");
+      }
       if (!answer.ok) { $("log-note").textContent = "(no log: " + answer.status + ")"; return; }
       const reader = answer.body.getReader();
       const decoder = new TextDecoder();
@@ -252,7 +264,12 @@ async function followLog(id) {
             appendLog(Uint8Array.from(atob(event.base64), (c) => c.charCodeAt(0)));
             offset = event.end;
           } else if (kind === "end") {
-            $("log-note").textContent = $("log-note").textContent.replace("(following)", "") || "";
+            if (!TERMINAL.includes(event.state)) {  // the run goes on in its next attempt
+              attempt = event.attempt + 1; offset = 0;
+              appendLog(new TextEncoder().encode("\n--- attempt " + attempt + " ---\n"));
+              break;
+            }
+            $("log-note").textContent = event.complete === false ? "(the rest of the log never arrived)" : "";
             $("log").dataset.complete = "true";
             if (logStream === control) logStream = null;
             return;
