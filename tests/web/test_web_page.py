@@ -150,3 +150,15 @@ def test_sign_in_run_a_task_and_watch_its_log_then_cancel_a_long_run_and_filter(
     # A phone-sized window: nothing overflows the page sideways except inside the scrolling tables.
     width = browser.execute_script("return [document.documentElement.scrollWidth, window.innerWidth]")
     assert width[1] == PHONE[0] and width[0] <= width[1], width
+
+
+def test_a_notifications_link_opens_its_run(page):
+    """A notification's `url` is the page with `#run=ID`: the page opens that run (the token is
+    the one this browser signed in with)."""
+    browser, server, token = page
+    runs = server.request("GET", "/api/v1/runs?task=greet", token=token).json()["runs"]
+    run_id = runs[-1]["id"]
+    browser.get(f"http://127.0.0.1:{server.port}/#run={run_id}")
+    _wait(browser, lambda: _by_id(browser, "run-id").text == run_id, "the linked run to open")
+    _wait(browser, lambda: _by_id(browser, "log").get_attribute("data-complete") == "true", "its log")
+    assert "hello from the page" in _by_id(browser, "log").text

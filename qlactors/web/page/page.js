@@ -79,9 +79,13 @@ async function signIn(candidate) {
   }
   localStorage.setItem("qlactors-token", candidate);
   $("sign-in").hidden = true; $("app").hidden = false; $("sign-out").hidden = false;
-  const linked = /^#run=([A-Za-z0-9_-]{1,64})$/.exec(location.hash);  // a notification's link
-  if (linked) openRun = linked[1];
+  openLinked();
   refresh();
+}
+
+function openLinked() {  // a notification's link: the page at #run=ID
+  const linked = /^#run=([A-Za-z0-9_-]{1,64})$/.exec(location.hash);
+  if (linked) openRun = linked[1];
 }
 
 // -- status, tasks, runs ---------------------------------------------------------------------
@@ -311,6 +315,7 @@ document.addEventListener("DOMContentLoaded", () => {
   $("close-run").addEventListener("click", () => { stopLog(); openRun = null; $("run-section").hidden = true; });
   $("cancel-run").addEventListener("click", () => act(() => api("POST", "/runs/" + encodeURIComponent(openRun) + "/cancel")));
   $("retry-run").addEventListener("click", () => act(async () => { const r = await api("POST", "/runs/" + encodeURIComponent(openRun) + "/retry"); openRun = r.id; }));
+  window.addEventListener("hashchange", () => { openLinked(); if (token) refresh(); });
   if (token) signIn(token); else signOut("");
   setInterval(() => { if (!document.hidden) refresh(); }, REFRESH_MS);
 });
