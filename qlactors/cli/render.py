@@ -11,6 +11,7 @@ from typing import Any, Iterable, TextIO
 from ..domain import posix
 from ..domain.cron import CronError, load_zone
 from ..domain.retention import DAY_MS, HOUR_MS, RetentionPolicy
+from ..domain.times import utc_second
 from ..store.views import AttemptView, EventView, RunView, TaskEventView, TaskView, TriggerView
 
 
@@ -152,14 +153,9 @@ def _trigger_events(t: TriggerView, out: TextIO) -> None:
 def task_history(events: Iterable[TaskEventView], out: TextIO = sys.stdout) -> None:
     """`task show`'s last part: each change to the task, newest first, and who made it."""
     out.write("\nhistory:\n")
-    lines = [f"  {when_seconds(e.at_ms)}  {e.type:<8}  rev {e.revision}  by {e.actor_name}"
+    lines = [f"  {utc_second(e.at_ms)}  {e.type:<8}  rev {e.revision}  by {e.actor_name}"
              + (f"  ({', '.join(e.changed)})" if e.changed else "") for e in events]
     out.write("\n".join(lines) + "\n" if lines else "  (none)\n")
-
-
-def when_seconds(ms: int) -> str:
-    """A UTC time to the second (a history line's)."""
-    return datetime.fromtimestamp(ms // 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
 
 
 def actor_of(e: EventView) -> str:

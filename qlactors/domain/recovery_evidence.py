@@ -9,9 +9,9 @@ passes database time in.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timezone
 
 from .states import CancelReason, RetrySafety
+from .times import utc_second
 from .transitions import ErrorCode, outcome_of_cancel
 
 # The facts recorded in `run_attempts.evidence` that are trusted not-running evidence: what the
@@ -122,7 +122,7 @@ def waiting(facts: WaitingFacts, now_ms: int, recovery_grace_ms: int) -> Waiting
         else:
             eligible = facts.session_ended_at_ms + recovery_grace_ms
             grace = "the drain grace and the recovery grace have" if facts.session_drained else "the grace has"
-            parts.append(f"{facts.safety}: {ends} at {_when(eligible)} once {grace} passed")
+            parts.append(f"{facts.safety}: {ends} at {utc_second(eligible)} once {grace} passed")
     else:
         alone = f"; this attempt alone: `qlactors confirm-stopped {facts.run_id}`" if facts.run_id else ""
         parts.append(f"unknown safety: waits for the worker or "
@@ -139,5 +139,3 @@ def _ago(ms: int) -> str:
     return f"{seconds // 3600} h"
 
 
-def _when(ms: int) -> str:
-    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")

@@ -22,6 +22,11 @@ WHEN_HINT = ("give an ISO 8601 date-time such as 2026-12-06T05:00:00Z (Z or an o
              "without one it is UTC; a date alone is its midnight UTC) or whole milliseconds since the epoch")
 
 
+def utc_second(ms: int) -> str:
+    """Epoch milliseconds as a UTC time to the second: `2026-12-06 05:00:00Z`."""
+    return datetime.fromtimestamp(ms // 1000, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+
+
 def parse_when_ms(option: str, text: object, error: type[BadInput] = BadInput) -> int:
     """An instant as epoch milliseconds (sub-millisecond digits dropped), else `error` naming the option.
 
