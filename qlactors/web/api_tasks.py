@@ -41,7 +41,7 @@ async def show_task(request: Request) -> JSONResponse:
 def _detail(request: Request, name: str) -> dict:
     tasks = backend(request).repo.tasks
     view = tasks.get(name)
-    data = _task_json(request, view, last_runs(backend(request).repo.store).get(view.id))
+    data = _task_json(request, view, last_runs(backend(request).repo.store, view.id).get(view.id))
     data["history"] = [e.to_json() for e in tasks.history(name)]
     return data
 
