@@ -10,6 +10,7 @@ from pathlib import Path
 
 from ..domain.retention import RetentionPolicy
 from ..domain.states import AttemptStatus
+from ..errors import NotFound
 from ..store.repository import Repository
 from ..store.views import AttemptView
 
@@ -57,10 +58,13 @@ class Backend(ABC):
         self.repo.close()
 
 
-def _terminal(repo: Repository, run_id: str, attempt_id: str) -> AttemptView:
-    """The attempt as the database has it now (read before the bytes: an end seen first means every
-    byte written before it is already there to read)."""
-    return next(a for a in repo.runs.get(run_id).attempts if a.id == attempt_id)
+def _ended(repo: Repository, attempt_id: str) -> bool:
+    """Whether the attempt has ended, as the database has it now (read before the bytes: an end
+    seen first means every byte written before it is already there to read)."""
+    status = repo.runs.attempt_status(attempt_id)
+    if status is None:  # retention deleted its run meanwhile
+        raise NotFound(f"attempt {attempt_id} is gone: its run was retired")
+    return AttemptStatus(status).terminal
 
 
 class EdgeBackend(Backend):
@@ -84,7 +88,7 @@ class EdgeBackend(Backend):
     def read_log(self, run_id: str, attempt: AttemptView, offset: int, limit: int) -> LogWindow:
         from ..process.logs import LogStore, read
 
-        ended = AttemptStatus(_terminal(self.repo, run_id, attempt.id).state).terminal
+        ended = _ended(self.repo, attempt.id)
         path: Path = LogStore(self.cfg.logs_dir).path_for(run_id, attempt.id)
         if not path.exists():
             return LogWindow(offset, b"", 0 if ended else None)
@@ -111,7 +115,7 @@ class ClusterBackend(Backend):
         from ..store.dispatch.log_chunks import LogChunks
 
         chunks = LogChunks(self.repo.store)
-        ended = AttemptStatus(_terminal(self.repo, run_id, attempt.id).state).terminal
+        ended = _ended(self.repo, attempt.id)
         final = chunks.final_offset(attempt.id)
         data = chunks.read(attempt.id, offset, min(limit, MAX_LOG_READ))
         if final is None and ended:

@@ -224,6 +224,12 @@ class Runs:
             return conn.execute(select(runs.c.status).join(run_attempts, run_attempts.c.run_id == runs.c.id)
                                 .where(run_attempts.c.id == attempt_id)).scalar()
 
+    def attempt_status(self, attempt_id: str) -> str | None:
+        """The state of the attempt itself, or None when no such attempt exists (one indexed read:
+        what a log stream asks each time it polls)."""
+        with self.store.read() as conn:
+            return conn.execute(select(run_attempts.c.status).where(run_attempts.c.id == attempt_id)).scalar()
+
     # -- inside a transaction ----------------------------------------------------------------
 
     def _require(self, conn: Connection, run_id: str, *, lock: bool = True):
