@@ -1,6 +1,7 @@
-"""Store: the figures `/metrics` shows, each one bounded read: the kept counters of finished runs
-(per task and state; `run_outcome_counts`), the runs not finished by state, the oldest queued
-run, the cron schedules' lateness, worker sessions by state, and the notification outbox."""
+"""Store: the figures `/metrics` shows beside what `status` reports, each one bounded read: the
+kept counters of finished runs (per task and state; `run_outcome_counts`), the oldest queued run,
+the cron schedules' lateness, worker sessions by state, and the notification outbox. (The runs not
+finished, by state, are the status report's `active_runs`.)"""
 
 from __future__ import annotations
 
@@ -9,12 +10,8 @@ from dataclasses import dataclass, field
 from sqlalchemy import and_, func, select
 
 from ..domain.metrics import DURATION_BUCKETS_S
-from ..domain.states import RunStatus
 from .engine import Store
 from .schema import notification_outbox, run_outcome_counts, runs, tasks, trigger_schedules, triggers, worker_sessions
-
-_OPEN = [s.value for s in RunStatus if not s.terminal]
-
 
 @dataclass(frozen=True, slots=True)
 class Finished:
@@ -30,7 +27,6 @@ class Finished:
 class Figures:
     now_ms: int
     finished: list[Finished] = field(default_factory=list)
-    open_runs: dict[str, int] = field(default_factory=dict)  # state -> runs
     oldest_queued_at_ms: int | None = None
     cron_late_ms: int = 0  # the most an enabled schedule's next fire is overdue (0: none)
     sessions: dict[str, int] = field(default_factory=dict)  # worker session status -> count
@@ -49,8 +45,6 @@ def read_figures(store: Store) -> Figures:
                                run_outcome_counts.c.timed, run_outcome_counts.c.duration_ms_sum, *bucket_columns)
                         .join(tasks, tasks.c.id == run_outcome_counts.c.task_id)
                         .order_by(tasks.c.name, run_outcome_counts.c.state))]
-        open_runs = dict(conn.execute(select(runs.c.status, func.count()).where(runs.c.status.in_(_OPEN))
-                                      .group_by(runs.c.status)).all())
         oldest = conn.execute(select(func.min(runs.c.queued_at_ms)).where(runs.c.status == "queued")).scalar()
         overdue = conn.execute(
             select(func.min(trigger_schedules.c.next_fire_at_ms))
@@ -62,6 +56,6 @@ def read_figures(store: Store) -> Figures:
                                      .group_by(worker_sessions.c.status)).all())
         outbox = dict(conn.execute(select(notification_outbox.c.status, func.count())
                                    .group_by(notification_outbox.c.status)).all())
-    return Figures(now_ms=now, finished=finished, open_runs=open_runs, oldest_queued_at_ms=oldest,
+    return Figures(now_ms=now, finished=finished, oldest_queued_at_ms=oldest,
                    cron_late_ms=max(0, now - overdue) if overdue is not None else 0,
                    sessions=sessions, notifications=outbox)

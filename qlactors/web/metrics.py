@@ -32,11 +32,6 @@ def families(figures: Figures) -> list:
         finished.add_metric([f.task, f.state], f.count)
         buckets = [(str(float(b)), n) for b, n in zip(DURATION_BUCKETS_S, f.buckets)] + [("+Inf", f.timed)]
         duration.add_metric([f.task, f.state], buckets, f.duration_ms_sum / 1000)
-    active = GaugeMetricFamily("qlactors_runs_active", "Runs not finished, by state", labels=["state"])
-    for state, count in sorted(figures.open_runs.items()):
-        active.add_metric([state], count)
-    queued = GaugeMetricFamily("qlactors_queue_depth", "Runs waiting queued",
-                               value=figures.open_runs.get("queued", 0))
     oldest = GaugeMetricFamily("qlactors_oldest_queued_age_seconds", "Age of the oldest queued run (0: none)",
                                value=0 if figures.oldest_queued_at_ms is None
                                else max(0, figures.now_ms - figures.oldest_queued_at_ms) / 1000)
@@ -49,15 +44,21 @@ def families(figures: Figures) -> list:
     outbox = GaugeMetricFamily("qlactors_notifications", "Notification outbox rows by status", labels=["status"])
     for status, count in sorted(figures.notifications.items()):
         outbox.add_metric([status], count)
-    return [finished, duration, lost, active, queued, oldest, late, sessions, outbox]
+    return [finished, duration, lost, oldest, late, sessions, outbox]
 
 
 def status_families(report: dict) -> list:
-    """What `status` says that a dashboard watches: is the runtime (edge) or a replica (cluster)
-    up, recoveries waiting for a verdict, quarantined receipts (edge)."""
+    """What `status` says that a dashboard watches: the runs not finished, by state, and how many
+    wait queued; is the runtime (edge) or a replica (cluster) up; recoveries waiting for a verdict;
+    quarantined receipts (edge)."""
     from prometheus_client.core import GaugeMetricFamily
 
-    found = [GaugeMetricFamily("qlactors_up", "1 when the edge runtime, or at least one control replica, is up",
+    active = GaugeMetricFamily("qlactors_runs_active", "Runs not finished, by state", labels=["state"])
+    for state, count in sorted(report["active_runs"].items()):
+        active.add_metric([state], count)
+    queued = GaugeMetricFamily("qlactors_queue_depth", "Runs waiting queued",
+                               value=report["active_runs"].get("queued", 0))
+    found = [active, queued, GaugeMetricFamily("qlactors_up", "1 when the edge runtime, or at least one control replica, is up",
                                value=1 if report["up"] else 0),
              GaugeMetricFamily("qlactors_recoveries_waiting", "Attempts whose recovery waits for a verdict",
                                value=len(report["unresolved_recoveries"]))]
