@@ -17,7 +17,7 @@ from qlactors.ids import new_id
 from qlactors.runtime.signals import HeartbeatDue
 from qlactors.wire import messages as m
 
-from actor_harness import ActorHarness, unique_endpoint, wait_until, welcome_message
+from actor_harness import WAIT_S, ActorHarness, unique_endpoint, wait_until, welcome_message
 from actor_rigs import BOOT_ID, ExecutorRig, new_token, spec
 
 
@@ -33,15 +33,20 @@ class ClusterRig(ExecutorRig):
         super().__init__(h, ref, peer, register)
         self.control = ClusterSessions(h.ctx.control_side.dispatch, None, h.ctx.control_side.control, **LEASES, resume_secret=RESUME_SECRET)
         self.worker_id = h.ctx.executor_side.session.worker_id
+        self.secrets: dict[str, str] = {}  # session id -> the resume secret its Welcome gave
 
     def new_session(self):
         """A new generation in the store (the older sessions end, as a Register does)."""
-        return self.ctx.control_side.dispatch.sessions.register(self.worker_id, self.h.config.runtime.slots, boot_id=BOOT_ID,
-                                                  session_lease_ms=LEASES["session_lease_ms"],
-                                                  resume_secret_hash=token_hash(new_token()))
+        secret = new_token()
+        session = self.ctx.control_side.dispatch.sessions.register(
+            self.worker_id, self.h.config.runtime.slots, boot_id=BOOT_ID, session_lease_ms=LEASES["session_lease_ms"],
+            resume_secret_hash=token_hash(secret))
+        self.secrets[session.session_id] = secret
+        return session
 
     def welcome_to(self, session, **timings: int) -> None:
-        self.peer.send(welcome_message(session, resume_secret=new_token(), **{**LEASES, **timings}))
+        secret = self.secrets.get(session.session_id) or new_token()
+        self.peer.send(welcome_message(session, resume_secret=secret, **{**LEASES, **timings}))
 
     def heartbeat(self) -> m.Heartbeat:
         self.ref.tell(HeartbeatDue())
@@ -56,6 +61,28 @@ class ClusterRig(ExecutorRig):
         answer = self.control.attest(attest, self.worker_id)
         self.peer.send(answer)
         return answer
+
+    def restart_executor(self) -> m.Register:
+        """The worker's process dies and a new one starts on its state directory: the Executor is
+        stopped where it is (nothing it was sent since is handled) and a new one starts on the same
+        journal; the jobs it launched run on. The new instance's Register."""
+        self.ref.stop(timeout=WAIT_S)
+        self.ref = self.h.start("executor", Executor)
+        return self.peer.expect(m.Register, strict=False)
+
+    def resume(self, register: m.Register, **timings: int) -> m.Welcome:
+        """The Welcome a replica gives a restarted worker's `register`: its session resumed (the
+        store checks the saved secret; the secret rotates)."""
+        secret = new_token()
+        session = self.ctx.control_side.dispatch.sessions.resume(
+            self.worker_id, register.resume_session_id, register.resume_generation, token_hash(register.resume_secret),
+            token_hash(secret), register.boot_id, capacity=register.capacity, labels=register.labels,
+            session_lease_ms=LEASES["session_lease_ms"], register_id=register.register_id)
+        self.secrets[session.session_id] = secret
+        welcome = welcome_message(session, resume_secret=secret, resumed=True, answer_to=register.request_id,
+                                  **{**LEASES, **timings})
+        self.peer.send(welcome)
+        return welcome
 
     def launch_on(self, session, words: list[str]) -> tuple[m.Offer, m.Pull, m.Started]:
         self.welcome_to(session)

@@ -6,6 +6,7 @@ gives a claim back at once; `confirm-stopped RUN`, the operator's word for one a
 from __future__ import annotations
 
 import dataclasses
+import json
 import secrets
 
 import pytest
@@ -17,10 +18,10 @@ from qlactors.errors import BadInput, NotFound
 from qlactors.store.cadence.cluster_recovery import ClusterRecoveryCases
 from qlactors.store.dispatch.evidence import ConfirmStopped
 from qlactors.store.records import LeaseQuote
-from qlactors.store.schema import run_attempts
+from qlactors.store.schema import run_attempts, run_events
 from qlactors.store.admin.worker_retirement import WorkerRetirement
 from store_helpers import db_state, new_hash
-from session_steps import IDENTITY, Flight, attest, complete, expire_lease, launch, register
+from session_steps import IDENTITY, Flight, attest, beat, complete, expire_lease, launch, register
 
 GRACE_MS = 120_000
 
@@ -283,3 +284,32 @@ def test_confirm_stopped_refuses_without_a_matching_attempt_and_writes_nothing(r
         assert (done.result, done.detail, done.run_state) == ("refused", detail, run_status)
         assert db_state(repo, flight.quote.run_id) == before
     assert confirm(live.quote.run_id, "alice").value.lease_expires_at_ms is not None
+
+
+@pytest.mark.xfail(strict=True, reason="issue 26 item 2: a renewal leaves confirm-stopped standing")
+def test_a_renewal_of_the_confirmed_generation_withdraws_the_operators_word(repo, dispatch, cases, worker):
+    """Issue 26 item 2: the operator confirms a lapsed lease stopped; the worker's queued heartbeat
+    then renews that same generation. The renewal proves the worker holds the lease: the statement
+    is cleared in the renewal's transaction, `attempt.evidence_withdrawn` names who had said it
+    and when, and the next lapse of the run lease waits (no RECOVERY_CONFIRMED_STOPPED)."""
+    flight = launch(repo, dispatch, worker)
+    expire_lease(repo, flight.quote.attempt_id)
+    confirmed = ConfirmStopped(repo.store).confirm_stopped(flight.quote.run_id, "alice")
+    assert confirmed.result == "applied"
+    answer = beat(dispatch, worker, 1, flight.quote)
+    assert ([r[0] for r in answer.renewed], answer.fenced) == ([flight.quote.attempt_id], ())
+    assert evidence_of(repo, flight.quote.attempt_id) == (None, None, None, 1)
+    (withdrawn,) = events_of(repo, flight.quote.run_id, "attempt.evidence_withdrawn")
+    assert withdrawn.attempt_id == flight.quote.attempt_id and withdrawn.actor_type == "executor"
+    assert json.loads(withdrawn.payload_json) == {
+        "fact": "confirmed_stopped", "by": "alice", "at_ms": confirmed.value.now_ms, "lease_generation": 1}
+    assert_waits(repo, cases, flight)
+    # A renewal with nothing to withdraw appends nothing.
+    beat(dispatch, worker, 2, flight.quote)
+    assert len(events_of(repo, flight.quote.run_id, "attempt.evidence_withdrawn")) == 1
+
+
+def events_of(repo, run_id: str, kind: str) -> list:
+    with repo.store.read() as conn:
+        return list(conn.execute(select(run_events).where(run_events.c.run_id == run_id)
+                                 .where(run_events.c.type == kind).order_by(run_events.c.sequence)))

@@ -1,0 +1,141 @@
+"""Exact through restarts (issue 26): a worker restarted mid-exchange never stops its own healthy job,
+an answer is acted on only by the request it answers, and a report fenced by its ended session is
+re-made from the next one with what it said.
+
+The Executor and the ReceiptConsumer are real, on cluster sessions of the harness's store; the
+test peer plays the control side with the real store decisions (`ClusterSessions`). A restart
+stops the Executor where it is and starts a new one on the same journal (`restart_executor`):
+the job it launched runs on, as after `kill -9` of a worker.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from qlactors.control.gateway import fence_of
+from qlactors.domain.transitions import ErrorCode
+from qlactors.wire import messages as m
+
+from actor_harness import ack_message, attempt_row, wait_until
+from actor_rigs import spec
+from cluster_rigs import ClusterRig, end_session_by_heartbeat, held_job, make_rig, ready, release  # noqa: F401 - fixture
+
+
+def _all_of(rig: ClusterRig, kind: type, settle_s: float = 0.5) -> list:
+    """Every `kind` the executor sends until it has said nothing more of that kind for `settle_s`."""
+    found = []
+    while True:
+        try:
+            found.append(rig.peer.expect(kind, timeout=settle_s, strict=False))
+        except AssertionError:
+            return found
+
+
+def _rebound_and_restarted(rig: ClusterRig):
+    """A job re-attested `running` from a new session; the store re-binds it (generation + 1), and
+    the worker's process dies before it handles that answer. The new instance resumes the session."""
+    s1 = rig.new_session()
+    offer, _pull, _started = rig.launch_on(s1, held_job(rig))
+    ready(rig)
+    s2 = end_session_by_heartbeat(rig)
+    rig.welcome_to(s2)
+    first = rig.peer.expect(m.Attest, strict=False)
+    applied = rig.control.attest(first, rig.worker_id)  # committed; its answer never handled
+    assert (applied.result, applied.lease_generation) == ("applied", offer.lease_generation + 1)
+    register = rig.restart_executor()
+    assert (register.resume_session_id, register.resume_generation) == (s2.session_id, s2.generation)
+    assert rig.resume(register).resumed
+    return offer, first, applied
+
+
+@pytest.mark.xfail(strict=True, reason="issue 26 item 1: a restarted worker stops its own re-bound job")
+@pytest.mark.parametrize("replay_first", [False, True], ids=["fresh_answer_first", "replay_answer_first"])
+def test_a_worker_restarted_right_after_an_applied_re_bind_keeps_its_job_running(make_rig, caplog, replay_first):
+    """Issue 26 item 1, both answer orders: the owed Attest is the re-bind's only record; the
+    restarted worker learns the re-bind's slot from it, attests the survivor no second time, and
+    renews the new lease; the job ends with its own exit code."""
+    caplog.set_level(logging.INFO, logger="qlactors")
+    rig = make_rig()
+    offer, first, applied = _rebound_and_restarted(rig)
+    attests = _all_of(rig, m.Attest)
+    assert first.request_id in [a.request_id for a in attests]  # the owed one, sent again unchanged
+    for attest in sorted(attests, key=lambda a: (a.request_id == first.request_id) != replay_first):
+        rig.answer_attest(attest)
+    wait_until(lambda: (e := rig.ctx.executor_side.journal.get(offer.attempt_id)) is not None
+               and e.lease.lease_generation == applied.lease_generation, what="the journal re-bound")
+    beat = rig.heartbeat()
+    assert [(r.offer_id, r.lease_generation) for r in beat.renewals] == [
+        (first.new_slot.offer_id, applied.lease_generation)]
+    ack = rig.answer_heartbeat(beat)
+    assert (ack.session_ended, ack.fenced, len(ack.renewed)) == (False, [], 1)
+    release(rig)
+    completed = rig.peer.expect(m.Completed, strict=False)
+    assert (completed.exit_code, completed.stopped_by) == (0, "exit")
+    assert rig.ack_completed(completed) == "applied"
+    assert rig.repo.runs.get(offer.run_id).state == "succeeded"
+    assert "event=stop_term" not in caplog.text and "rebind_refused_process_stopped" not in caplog.text
+
+
+@pytest.mark.xfail(strict=True, reason="issue 26 item 3: a HeartbeatAck is matched by its seq alone")
+def test_a_late_answer_to_the_old_sessions_heartbeat_does_not_end_the_new_session(make_rig, caplog):
+    """Issue 26 item 3: the answer to a heartbeat of session 1 (`session_ended`), once more after
+    the worker re-registered (a copy, or another replica's late answer): it answers no heartbeat of
+    the new session, and the new session goes on."""
+    rig = make_rig()
+    s1 = rig.new_session()
+    rig.welcome_to(s1)
+    rig.peer.expect(m.Pull)
+    beat = rig.heartbeat()
+    s2 = rig.new_session()
+    ended = rig.answer_heartbeat(beat)
+    assert ended.session_ended
+    rig.peer.expect(m.Register, strict=False)
+    rig.welcome_to(s2)
+    rig.peer.expect(m.Pull, strict=False)
+    rig.peer.send(ended)  # the old session's answer again
+    rig.peer.quiet(0.5)  # no Register: the session is not ended here
+    beat2 = rig.heartbeat()
+    assert beat2.session_id == s2.session_id
+    assert not rig.answer_heartbeat(beat2).session_ended
+
+
+@pytest.mark.xfail(strict=True, reason="issue 26 item 5: a fenced StartFailed is re-made as never_launched")
+def test_a_start_failure_fenced_by_its_ended_session_still_ends_the_run_failed(make_rig, tmp_path):
+    """Issue 26 item 5: the StartFailed of session 1 lands after that session ended. Re-made from
+    the next session with its reason, it ends the run `failed` (EXECUTOR_START_FAILED) whatever
+    the timing, never `lost` as a never-launched attempt."""
+    rig = make_rig()
+    s1 = rig.new_session()
+    rig.welcome_to(s1)
+    pull = rig.peer.expect(m.Pull)
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    rig.repo.tasks.add(spec("job", cwd=str(gone)), actor_name="tester")
+    rig.repo.runs.request("job")
+    offer = rig.offer_for(pull)
+    gone.rmdir()  # a start failure: nothing is spawned
+    rig.send_offers(pull, offer)
+    rig.activate(rig.peer.expect(m.Activate))
+    failed = rig.peer.expect(m.StartFailed, strict=False)
+    s2 = end_session_by_heartbeat(rig)
+    rig.welcome_to(s2)
+    answered = set()
+    while rig.repo.runs.get(offer.run_id).state not in ("failed", "lost"):
+        report = rig.peer.expect((m.StartFailed, m.Attest), strict=False)
+        if report.request_id in answered:
+            continue
+        answered.add(report.request_id)
+        if isinstance(report, m.Attest):
+            rig.answer_attest(report)
+            break  # the old code's give-back: never_launched, recorded as evidence only
+        outcome = rig.ctx.control_side.dispatch.reports.start_failed(fence_of(report, report.worker_id), report.reason)
+        if report.request_id == failed.request_id:
+            assert outcome.result == "fenced"  # sent from session 1, which has ended
+        rig.peer.send(ack_message("start_failed", report.run_id, report.attempt_id, outcome.result,
+                                  outcome.detail or "", offer_id=report.offer_id, answer_to=report.request_id))
+    run = rig.repo.runs.get(offer.run_id)
+    assert (run.state, attempt_row(rig.repo, offer.attempt_id).error_code) == (
+        "failed", ErrorCode.EXECUTOR_START_FAILED)
+    assert "is not a directory" in (attempt_row(rig.repo, offer.attempt_id).error_summary or "")
