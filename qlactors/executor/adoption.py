@@ -13,11 +13,17 @@ evidence gives, and each survivor's lease is re-bound to the current session.
   after the old session ended): each launched one is attested `running` quoting its lease,
   with a fresh slot, and its renewals are held until the answer; an accepted, never launched
   one is given back.
-- The answer to a `running` attestation: `applied` → the lease is re-bound (journal too);
-  `superseded` → the process is stopped by its exact identity; `fenced` because the session
-  attested from is no longer current → nothing now, the next Welcome attests again; `fenced`
-  otherwise (the lease is not the worker's any more) → attested again if a newer lease was
-  learnt meanwhile, else the process is stopped by its exact identity (§9 Renewal).
+- A `running` attestation is journalled, with the fresh slot it asks the lease to be re-bound
+  to, before it is sent, and a survivor is never attested `running` again while one about it is
+  owed: that one is sent again, unchanged (after a restart too), and its answer decides. What
+  the Executor knows of a re-bind is the owed Attest, never memory alone (issue 26).
+- The answer to a `running` attestation: `applied` → the lease its own slot names is re-bound
+  (journalled in the transaction that settles the Attest); `superseded` → the process is stopped
+  by its exact identity; `fenced` because the session attested from has ended → attested again
+  from the current session (or, while that session is still current here, from the next one);
+  `fenced` otherwise (the lease is not the worker's any more) → attested again if a newer lease
+  was learnt meanwhile; nothing while another report about the attempt is owed; else the process
+  is stopped by its exact identity (§9 Renewal).
 
 A part the Executor holds (executor/executor.py), given the journal and the files it probes, the
 live table, the current session and the owed reports; a consume and a stop are the Executor's.
@@ -28,7 +34,6 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..domain.results import Result
@@ -42,23 +47,13 @@ from . import evidence as ev
 from .journal.journal import Journal
 from .journal.records import IN_FLIGHT, JournalEntry, LeaseFacts
 from .local_receipts import LocalReceipts
-from .owed_reports import OwedReports, session_fence
+from .owed_reports import OwedReports, decoded, session_fence
 from .session_policy import CurrentSession
 from .slots import Local, Slots
 
 log = logging.getLogger("qlactors.executor")
 
 PROBE_PAGE = 64
-
-
-@dataclass
-class Rebinding:
-    """A survivor's `running` attestations waiting for their answers (answered in order)."""
-
-    slots: dict[str, tuple[str, str, int]] = field(default_factory=dict)  # offer id -> (lease token,
-    # session id, generation) it was attested from
-    outstanding: int = 0
-    quoted: LeaseFacts | None = None  # the lease the latest one quoted
 
 
 class Adoption:
@@ -72,8 +67,6 @@ class Adoption:
         self.publish_grace_ms, self.bridge, self.me = publish_grace_ms, bridge, me
         self.current, self.slots, self.owed = current, slots, owed
         self.consume, self.begin_stop = consume, begin_stop
-        # Survivors attested `running`, their answers pending (attempt id -> Rebinding).
-        self.rebinding: dict[str, Rebinding] = {}
         self.unprobed: set[str] = set()  # journal rows whose /proc was unreadable: probed again
 
     # -- journal rows not held ------------------------------------------------------------------
@@ -160,16 +153,20 @@ class Adoption:
         return None if entry is None else entry.lease
 
     def attest_running(self, local: Any, lease: LeaseFacts | None) -> None:
-        """`running` from the current session quoting `lease`, with a fresh slot for the re-bound one."""
+        """`running` from the current session quoting `lease`, with a fresh slot for the re-bound one
+        (journalled with the owed Attest before it is sent). Never while a `running` attestation
+        about it is owed already: that one is sent again (after a restart too) and its answer decides."""
         s = self.current.welcome
-        if s is None:
+        if s is None or self._running_owed(local.attempt_id):
             return
         slot = (new_id(), secrets.token_urlsafe(32))
-        pending = self.rebinding.setdefault(local.attempt_id, Rebinding())
-        pending.slots[slot[0]] = (slot[1], s.session_id, s.session_generation)
-        pending.outstanding += 1
-        pending.quoted = lease
         self.owed.attest(local.run_id, local.attempt_id, ev.RUNNING, lease=lease, slot=slot, identity=local.identity)
+
+    def _running_owed(self, attempt_id: str) -> list[m.Attest]:
+        """The `running` attestations about the attempt still owed, oldest first: the journal's, so a
+        restarted instance knows each re-bind's slot as the one that sent it did."""
+        owed = (decoded(r) for r in self.journal.owed_about(attempt_id) if r.kind == m.Attest.KIND)
+        return [a for a in owed if a.fact == ev.RUNNING]
 
     # -- the answers ------------------------------------------------------------------------------
 
@@ -179,41 +176,54 @@ class Adoption:
             log.info("event=answer_ignored of=attest attempt=%s fact=%s result=%s (not the answer waited for)",
                      msg.attempt_id, msg.fact, msg.result)
             return
-        if msg.fact != ev.RUNNING and msg.result == Result.FENCED and session_fence(msg.detail):
-            self.owed.fenced_by_session(report, msg)  # re-made from the current session
-            return
-        self.owed.settle(report)
-        local = self.slots.get(msg.attempt_id)
-        pending = self.rebinding.get(msg.attempt_id)
-        if msg.fact != ev.RUNNING or pending is None or local is None:
-            if pending is not None and local is None:
-                del self.rebinding[msg.attempt_id]  # ended meanwhile: its receipt decides
+        if msg.fact != ev.RUNNING:
+            if msg.result == Result.FENCED and session_fence(msg.detail):
+                self.owed.fenced_by_session(report, msg)  # re-made from the current session
+                return
+            self.owed.settle(report)
             if msg.result != Result.APPLIED:
                 log.warning("event=attest_%s attempt=%s fact=%s detail=%s", msg.result, msg.attempt_id,
                             msg.fact, msg.detail)
             return
-        pending.outstanding = max(0, pending.outstanding - 1)
-        if msg.result == Result.APPLIED:
-            self._rebound(local, pending, msg)
+        sent: m.Attest = decoded(report)
+        local = self.slots.get(msg.attempt_id)
+        if local is None:  # ended meanwhile: its receipt decides
+            self.owed.settle(report)
             return
-        if pending.outstanding > 0:  # the answer to an earlier attestation: the latest decides
+        if msg.result == Result.APPLIED:
+            self._rebound(local, sent, msg, report.request_id)
+            return
+        self.owed.settle(report)
+        if self._running_owed(msg.attempt_id):  # the answer to an earlier attestation: a later one decides
             log.info("event=attest_superseded_by_later attempt=%s result=%s detail=%s", msg.attempt_id,
                      msg.result, msg.detail)
             return
-        del self.rebinding[msg.attempt_id]
+        quoted = _quoted(sent)
         if msg.result == Result.SUPERSEDED:
             if local.identity is not None and local.stop_phase is None:
                 log.warning("event=superseded_process_stopped attempt=%s detail=%s", msg.attempt_id, msg.detail)
                 self.begin_stop(local, Result.SUPERSEDED)
         elif msg.result == Result.FENCED and session_fence(msg.detail):
-            # The session attested from is no longer current: its next heartbeat finds it ended,
-            # and the Welcome after the re-register attests again. Its renewals stay held.
-            log.warning("event=rebind_fenced_by_session attempt=%s detail=%s action=reattest_next_session",
-                        msg.attempt_id, msg.detail)
-        elif local.lease is not None and local.lease != pending.quoted:
+            s = self.current.welcome
+            if s is not None and (s.session_id, s.session_generation) != (sent.session_id, sent.session_generation):
+                # Sent from a session that has ended since: attested again from the current one.
+                log.warning("event=rebind_fenced_by_session attempt=%s detail=%s action=reattest",
+                            msg.attempt_id, msg.detail)
+                self.attest_running(local, local.lease or quoted)
+            else:
+                # Its session is still current here: its next heartbeat finds it ended, and the
+                # Welcome after the re-register attests again. Its renewals stay held.
+                log.warning("event=rebind_fenced_by_session attempt=%s detail=%s action=reattest_next_session",
+                            msg.attempt_id, msg.detail)
+        elif local.lease is not None and local.lease != quoted:
             # A newer lease was learnt since (an earlier attestation re-bound it): quote that one.
             log.warning("event=rebind_retried attempt=%s detail=%s", msg.attempt_id, msg.detail)
             self.attest_running(local, local.lease)
+        elif self.journal.owed_about(msg.attempt_id):
+            # Another report about it is owed (a Started, a give-back): its answer may still keep
+            # the process; nothing is stopped on this one.
+            log.warning("event=rebind_refused_report_owed attempt=%s result=%s detail=%s", msg.attempt_id,
+                        msg.result, msg.detail)
         elif local.identity is not None and local.stop_phase is None:
             # The quoted lease is not this worker's any more and nothing can renew it: a survivor
             # running with no lease would be unknown to everyone. Stopped by its exact identity;
@@ -222,22 +232,32 @@ class Adoption:
                       msg.result, msg.detail)
             self.begin_stop(local, "rebind_" + msg.result)
 
-    def _rebound(self, local: Any, pending: Rebinding, msg: m.Attested) -> None:
-        slot = pending.slots.get(msg.offer_id or "")
-        if slot is None:
+    def _rebound(self, local: Any, sent: m.Attest, msg: m.Attested, request_id: str) -> None:
+        """`applied`: the lease the attestation's own slot names, journalled as the attempt's in the
+        transaction that settles it."""
+        slot = sent.new_slot
+        if slot is None or msg.offer_id != slot.offer_id or msg.lease_generation is None:
             log.error("event=rebind_of_unknown_slot attempt=%s offer=%s", msg.attempt_id, msg.offer_id)
-            if pending.outstanding == 0:
-                del self.rebinding[msg.attempt_id]
+            self.owed.settle(self.journal.owes(request_id))
             return
-        token, session_id, generation = slot
-        local.lease = LeaseFacts(msg.offer_id, msg.lease_generation, token, session_id, generation)
-        self.journal.rebind(msg.attempt_id, msg.lease_generation, msg.offer_id, token, session_id,
-                                generation)
+        local.lease = LeaseFacts(slot.offer_id, msg.lease_generation, slot.lease_token, sent.session_id,
+                                 sent.session_generation)
+        self.journal.rebind(msg.attempt_id, msg.lease_generation, slot.offer_id, slot.lease_token, sent.session_id,
+                            sent.session_generation, settle=request_id)
+        self.owed.forget(request_id)
         log.info("event=rebound attempt=%s lease_generation=%s session=%s", msg.attempt_id,
-                 msg.lease_generation, session_id)
-        if pending.outstanding > 0:
+                 msg.lease_generation, sent.session_id)
+        if self._running_owed(msg.attempt_id):
             return  # a later attestation decides (quoting an older lease, it is attested again)
-        del self.rebinding[msg.attempt_id]
         if self.current.welcome is not None and not self.current.holds(local.lease):
             # Re-bound to a session that has ended since: attest again from the current one.
             self.attest_running(local, local.lease)
+
+
+def _quoted(sent: m.Attest) -> LeaseFacts | None:
+    """The lease an Attest quoted, as the journal keeps one."""
+    lease = sent.lease
+    if lease is None or sent.lease_session_id is None or sent.lease_session_generation is None:
+        return None
+    return LeaseFacts(lease.offer_id, lease.lease_generation, lease.lease_token, sent.lease_session_id,
+                      sent.lease_session_generation)

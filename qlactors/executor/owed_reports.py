@@ -112,6 +112,10 @@ class OwedReports:
             self.journal.settle(report.request_id)
             self.sent_at.pop(report.request_id, None)
 
+    def forget(self, request_id: str) -> None:
+        """A report settled in the journal by the transaction that recorded its answer's effect."""
+        self.sent_at.pop(request_id, None)
+
     def fenced_by_session(self, report: OwedReport, answer: Any) -> None:
         """A report answered `fenced` for the session it was sent from. While that session is still
         the current one here it stays owed (this worker is about to learn its session ended, and

@@ -50,7 +50,6 @@ def _rebound_and_restarted(rig: ClusterRig):
     return offer, first, applied
 
 
-@pytest.mark.xfail(strict=True, reason="issue 26 item 1: a restarted worker stops its own re-bound job")
 @pytest.mark.parametrize("replay_first", [False, True], ids=["fresh_answer_first", "replay_answer_first"])
 def test_a_worker_restarted_right_after_an_applied_re_bind_keeps_its_job_running(make_rig, caplog, replay_first):
     """Issue 26 item 1, both answer orders: the owed Attest is the re-bind's only record; the

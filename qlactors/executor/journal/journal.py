@@ -41,6 +41,8 @@ _DELETE = _J.delete().where(_J.c.attempt_id == bindparam("attempt_id"))
 _MARK_CLEARED = _J.update().where(_J.c.attempt_id == bindparam("w_attempt_id")).values(clear_pending=True)
 _OWED_ABOUT = select(func.count()).select_from(_O).where(_O.c.attempt_id == bindparam("attempt_id"))
 _OWED_ONE = select(_O).where(_O.c.request_id == bindparam("request_id"))
+_OWED_OF = (select(_O).where(_O.c.attempt_id == bindparam("attempt_id"))
+            .order_by(_O.c.created_at_ms, _O.c.request_id))
 _OWED_PAGE = select(_O).order_by(_O.c.created_at_ms, _O.c.request_id).limit(bindparam("limit"))
 _SETTLE = _O.delete().where(_O.c.request_id == bindparam("request_id"))
 _DELETE_CLEARED = _J.delete().where(and_(_J.c.attempt_id == bindparam("attempt_id"), _J.c.clear_pending.is_(True)))
@@ -87,11 +89,16 @@ class Journal:
             return again is not None
 
     def rebind(self, attempt_id: str, lease_generation: int, offer_id: str, lease_token: str,
-               session_id: str, session_generation: int) -> JournalEntry:
-        """Record the lease an accepted `Attest` (running) re-bound the attempt to (§9 Re-attest)."""
+               session_id: str, session_generation: int, *, settle: str | None = None) -> JournalEntry:
+        """Record the lease an accepted `Attest` (running) re-bound the attempt to (§9 Re-attest);
+        with `settle`, that Attest's owed row goes in the same transaction, so no restart finds
+        the attestation answered and the re-bind unrecorded."""
         facts = LeaseFacts(offer_id, lease_generation, lease_token, session_id, session_generation)
         with self.store.write(durable=False) as conn:
-            return self._update(conn, attempt_id, facts.columns(), None)
+            entry = self._update(conn, attempt_id, facts.columns(), None)
+            if settle is not None:
+                conn.execute(_SETTLE, {"request_id": settle})
+            return entry
 
     def activated(self, attempt_id: str, activated_at_ms: int, local_deadline_ms: int | None) -> JournalEntry:
         """Record the activation on this executor's own clock and the deadline it derives from it
@@ -335,6 +342,11 @@ class Journal:
         """The reports still owed, oldest first (re-sent at every heartbeat and after a Welcome)."""
         with self.store.read() as conn:
             return [OwedReport.from_row(r) for r in conn.execute(_OWED_PAGE, {"limit": limit_checked(limit)})]
+
+    def owed_about(self, attempt_id: str) -> builtins.list[OwedReport]:
+        """The reports still owed about one attempt, oldest first."""
+        with self.store.read() as conn:
+            return [OwedReport.from_row(r) for r in conn.execute(_OWED_OF, {"attempt_id": attempt_id})]
 
     def owes(self, request_id: str) -> OwedReport | None:
         with self.store.read() as conn:
