@@ -46,6 +46,9 @@ class SessionReports:
         self.send_activate, self.begin_stop, self.reprobe = send_activate, begin_stop, reprobe
         self.draining, self.register = draining, register
         self.heartbeat_seq = 0
+        # The heartbeat whose answer is waited for: (request id, session id, generation). Only its
+        # own answer is acted on (SEMANTICS.md §9 Exchange), once.
+        self.waited: tuple[str, str, int] | None = None
         self.answered_at = time.monotonic()  # the last message from the control side (any replica)
 
     def schedule_heartbeat(self) -> None:
@@ -64,8 +67,10 @@ class SessionReports:
         renewals = [m.LeaseRef(run_id=l.run_id, attempt_id=l.attempt_id, offer_id=l.lease.offer_id,
                                lease_generation=l.lease.lease_generation, lease_token=l.lease.lease_token)
                     for l in self.slots if self.current.holds(l.lease)]
+        request_id = new_id()
+        self.waited = (request_id, s.session_id, s.session_generation)
         self.send(m.Heartbeat(
-            request_id=new_id(), worker_id=self.current.worker_id, session_id=s.session_id,
+            request_id=request_id, worker_id=self.current.worker_id, session_id=s.session_id,
             session_generation=s.session_generation, seq=self.heartbeat_seq,
             free_slots=max(0, self.slots.free()), worker_clock_ms=wall_ms(),
             renewals=renewals))
@@ -155,8 +160,9 @@ class SessionReports:
         """Renewed leases go on; a fenced one's process is stopped by its exact identity (and attested
         when it has ended); an ended session means registering anew. Edge sends no heartbeat."""
         s = self.current.welcome
-        if s is None or msg.seq != self.heartbeat_seq:
-            return  # the answer to an earlier heartbeat, or to a session already left
+        if s is None or self.waited != (msg.answer_to, s.session_id, s.session_generation):
+            return  # the answer to an earlier heartbeat, a second answer, or one of a session already left
+        self.waited = None
         if msg.session_ended:
             log.warning("event=session_ended session=%s detail=%s", s.session_id, msg.detail)
             if self.draining():  # left by the drain (offline): no new session now

@@ -77,7 +77,6 @@ def test_a_worker_restarted_right_after_an_applied_re_bind_keeps_its_job_running
     assert "event=stop_term" not in caplog.text and "rebind_refused_process_stopped" not in caplog.text
 
 
-@pytest.mark.xfail(strict=True, reason="issue 26 item 3: a HeartbeatAck is matched by its seq alone")
 def test_a_late_answer_to_the_old_sessions_heartbeat_does_not_end_the_new_session(make_rig, caplog):
     """Issue 26 item 3: the answer to a heartbeat of session 1 (`session_ended`), once more after
     the worker re-registered (a copy, or another replica's late answer): it answers no heartbeat of
