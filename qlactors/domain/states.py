@@ -147,9 +147,12 @@ RUN_CANCEL_REQUESTED = "run.cancel_requested"
 RUN_RETRY_SCHEDULED = "run.retry_scheduled"
 # The job's receipt came while something outside its process group still held its output open.
 ATTEMPT_OUTPUT_LEFT_OPEN = "attempt.output_left_open"
+# A renewal of the lease generation a not-running fact spoke of (an operator's `confirm-stopped`,
+# a worker's attestation) proved it wrong: the fact is cleared (issue 26).
+ATTEMPT_EVIDENCE_WITHDRAWN = "attempt.evidence_withdrawn"
 
 EVENT_TYPES = frozenset(
-    {RUN_CREATED, RUN_CANCEL_REQUESTED, RUN_RETRY_SCHEDULED, ATTEMPT_OUTPUT_LEFT_OPEN}
+    {RUN_CREATED, RUN_CANCEL_REQUESTED, RUN_RETRY_SCHEDULED, ATTEMPT_OUTPUT_LEFT_OPEN, ATTEMPT_EVIDENCE_WITHDRAWN}
     | {run_event(s) for s in RunStatus}
     | {attempt_event(s) for s in AttemptStatus}
 )

@@ -12,6 +12,7 @@ from typing import Any, Mapping
 
 from ..errors import PeerFault
 from .states import (
+    ATTEMPT_EVIDENCE_WITHDRAWN,
     ATTEMPT_OUTPUT_LEFT_OPEN,
     ATTEMPT_TRANSITIONS,
     RUN_CANCEL_REQUESTED,
@@ -333,6 +334,12 @@ def plan_start_failed(run: RunSnapshot, attempt: AttemptSnapshot) -> Plan:
     """The launcher could not be spawned: attempt and run `failed`."""
     return transition(run, attempt, run_to=R.FAILED, attempt_to=A.FAILED,
                       error_code=ErrorCode.EXECUTOR_START_FAILED)
+
+
+def plan_evidence_withdrawn(run: RunSnapshot, attempt: AttemptSnapshot, payload: Mapping[str, Any]) -> Plan:
+    """A renewal proved the attempt's not-running fact wrong: one `attempt.evidence_withdrawn`
+    event (what was said, by whom, when), no change of state."""
+    return transition(run, attempt, payload=payload, lead_events=(ATTEMPT_EVIDENCE_WITHDRAWN,))
 
 
 def plan_offer_unencodable(run: RunSnapshot, attempt: AttemptSnapshot) -> Plan:

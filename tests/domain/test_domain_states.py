@@ -150,8 +150,8 @@ def test_status_event_names_are_known_event_types():
     for s in AttemptStatus:
         assert attempt_event(s) == f"attempt.{s.value}" and attempt_event(s) in EVENT_TYPES
     assert {RUN_CREATED, RUN_CANCEL_REQUESTED, RUN_RETRY_SCHEDULED} <= EVENT_TYPES
-    assert "attempt.output_left_open" in EVENT_TYPES
-    assert len(EVENT_TYPES) == 4 + len(RunStatus) + len(AttemptStatus)
+    assert {"attempt.output_left_open", "attempt.evidence_withdrawn"} <= EVENT_TYPES
+    assert len(EVENT_TYPES) == 5 + len(RunStatus) + len(AttemptStatus)
 
 
 def test_run_status_attempt_covers_every_run_status_with_consistent_terminality():

@@ -286,7 +286,6 @@ def test_confirm_stopped_refuses_without_a_matching_attempt_and_writes_nothing(r
     assert confirm(live.quote.run_id, "alice").value.lease_expires_at_ms is not None
 
 
-@pytest.mark.xfail(strict=True, reason="issue 26 item 2: a renewal leaves confirm-stopped standing")
 def test_a_renewal_of_the_confirmed_generation_withdraws_the_operators_word(repo, dispatch, cases, worker):
     """Issue 26 item 2: the operator confirms a lapsed lease stopped; the worker's queued heartbeat
     then renews that same generation. The renewal proves the worker holds the lease: the statement

@@ -16,11 +16,14 @@ from typing import Sequence
 from sqlalchemy import and_, bindparam, select, tuple_
 
 from ...domain.states import LeaseStatus
+from ...domain.transitions import plan_evidence_withdrawn
 from ...errors import BadInput, Conflict
 from ..engine import Store
+from ..plans import apply_plan, attempt_snapshot, run_snapshot
 from ..records import HeartbeatAnswer, LeaseQuote, check_id
 from ..schema import run_attempts, run_dispatch_leases
 from .dispatch_queries import SESSION_LOCKED
+from .evidence import NO_EVIDENCE
 from .report_locks import HeldRows, lock_rows
 from .session_rows import update_session
 from .session_rules import (
@@ -107,6 +110,7 @@ class Heartbeats:
                 elif pair not in renewable:
                     renewable.append(pair)
             renewed = self._renew(conn, renewable, expires, now)
+            _withdraw_evidence(conn, rows, renewable, now)
             session_expires = now + session_lease_ms if session_lease_ms is not None else None
             answer = HeartbeatAnswer(seq, session_expires, renewed, tuple(fenced))
             update_session(conn, session, now, lease_expires_at_ms=session_expires, heartbeat_at_ms=now,
@@ -127,3 +131,20 @@ class Heartbeats:
             raise Conflict(f"{len(pairs) - len(versions)} of {len(pairs)} renewed leases changed meanwhile")
         conn.execute(_PROJECTION, {"pairs": pairs, "expires": expires})
         return tuple((a, g, versions[(a, g)], expires) for a, g in pairs)
+
+
+def _withdraw_evidence(conn, rows: HeldRows, renewed: list[tuple[str, int]], now: int) -> None:
+    """A renewal of generation N proves the worker holds that lease: a not-running fact recorded
+    for generation N (an operator's `confirm-stopped`, an attestation) cannot stand beside it. It
+    is cleared here, in the renewal's transaction, with an `attempt.evidence_withdrawn` event naming
+    what was said, who said it and when (SEMANTICS.md §10 as amended by issue 26). The rows are
+    the ones this heartbeat locked; nearly every renewal finds nothing to withdraw."""
+    for attempt_id, generation in renewed:
+        attempt = rows.attempts.get(attempt_id)
+        if attempt is None or attempt.evidence is None or attempt.evidence_lease_generation != generation:
+            continue
+        run = rows.runs[attempt.run_id]
+        plan = plan_evidence_withdrawn(run_snapshot(run), attempt_snapshot(attempt), {
+            "fact": attempt.evidence, "by": attempt.evidence_by, "at_ms": attempt.evidence_at_ms,
+            "lease_generation": generation})
+        apply_plan(conn, plan, now, actor_type="executor", attempt_values=dict(NO_EVIDENCE))
