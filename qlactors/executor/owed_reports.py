@@ -11,8 +11,9 @@ journalled before it is first sent and kept until its own answer; the owed repor
   at once after every new Welcome, to whichever replica is current.
 - An answer settles the report it names (`answer_to`) once: a second answer to it (a copy's, a
   replica's late one) finds nothing owed and is logged and ignored. A report answered `fenced`
-  for its session when that session is no longer the current one is not lost: it is re-made as
-  an Attest from the current session (Started: the Welcome's re-attestation already did it).
+  for its session when that session is no longer the current one is not lost: the same report
+  (StartFailed, Decline, Attest) is re-made from the current session, quoting the same lease
+  (Started: the Welcome's re-attestation already did it).
 
 A part the Executor holds (executor/executor.py), given the journal, the outbox sender, the timers,
 the current session and the live table.
@@ -118,27 +119,25 @@ class OwedReports:
 
     def fenced_by_session(self, report: OwedReport, answer: Any) -> None:
         """A report answered `fenced` for the session it was sent from. While that session is still
-        the current one here it stays owed (this worker is about to learn its session ended, and
-        sends it again from the next one); otherwise it is settled and re-made as an Attest from
-        the current session, so nothing it reported is lost."""
+        the current one here, or no session is open, it stays owed (this worker is about to learn
+        its session ended, and sends it again after the next Welcome); otherwise the same report is
+        re-made from the current session (a new request quoting the same lease: the store takes a
+        StartFailed, a Decline or an Attest from a later session of the same worker), owed before
+        the fenced one is settled, so nothing it reported is lost and its outcome does not depend
+        on which session's answer came first."""
         original = decoded(report)
         s = self.current.welcome
-        if s is not None and (original.session_id, original.session_generation) == (s.session_id,
-                                                                                   s.session_generation):
+        if s is None or (original.session_id, original.session_generation) == (s.session_id,
+                                                                              s.session_generation):
             return
-        self.settle(report)
-        log.warning("event=report_fenced_by_session kind=%s attempt=%s detail=%s action=attest_from_current",
+        log.warning("event=report_fenced_by_session kind=%s attempt=%s detail=%s action=remade_from_current",
                     report.kind, report.attempt_id, getattr(answer, "detail", ""))
-        if s is None:
-            return
-        if isinstance(original, (m.StartFailed, m.Decline)):
-            # Nothing runs for it here: the evidence, from a session that can speak.
-            self.give_back(original.run_id, original.attempt_id, _lease_of(original))
-        elif isinstance(original, m.Attest):
+        if isinstance(original, (m.StartFailed, m.Decline, m.Attest)):
             self.owe(replace(original, request_id=new_id(), session_id=s.session_id,
                              session_generation=s.session_generation), original.attempt_id)
         # Started: the Welcome's re-attestation of the held attempt (`running`) did it already.
         # Leave: the session it drained is gone anyway.
+        self.settle(report)
 
     # -- the owed reports made here ---------------------------------------------------------------
 
@@ -195,7 +194,3 @@ class OwedReports:
 def decoded(report: OwedReport) -> Any:
     return codec.decode([codec.HEADER, report.body])
 
-
-def _lease_of(report: Any) -> LeaseFacts:
-    return LeaseFacts(report.offer_id, report.lease_generation, report.lease_token, report.session_id,
-                      report.session_generation)

@@ -99,7 +99,6 @@ def test_a_late_answer_to_the_old_sessions_heartbeat_does_not_end_the_new_sessio
     assert not rig.answer_heartbeat(beat2).session_ended
 
 
-@pytest.mark.xfail(strict=True, reason="issue 26 item 5: a fenced StartFailed is re-made as never_launched")
 def test_a_start_failure_fenced_by_its_ended_session_still_ends_the_run_failed(make_rig, tmp_path):
     """Issue 26 item 5: the StartFailed of session 1 lands after that session ended. Re-made from
     the next session with its reason, it ends the run `failed` (EXECUTOR_START_FAILED) whatever

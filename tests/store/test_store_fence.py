@@ -229,3 +229,26 @@ def test_pulls_racing_activations_and_declines_never_deadlock(pg_schema_url):
     finally:
         other.close()
         repo.close()
+
+
+@pytest.mark.parametrize("report", sorted(REPORTS))
+def test_only_a_start_failure_or_a_decline_may_come_from_a_later_session_of_the_leases_worker(
+        repo, dispatch, session, report):
+    """Issue 26 item 5: re-made from the next session after the lease's own ended before it landed,
+    a start failure or a decline quoting the same lease (offer id, generation, token) applies;
+    Activate and Started do not; an earlier session, or another worker, is never the lease's."""
+    activated, send = REPORTS[report]
+    fence = prepared(repo, dispatch, session, activated)
+    later = dispatch.sessions.register(WORKER, 4)
+    remade = dataclasses.replace(fence, session_id=later.session_id, session_generation=later.generation)
+    before = db_state(repo, fence.run_id)
+    assert send(dispatch, fence) == "fenced"  # its own session has ended
+    other = dispatch.sessions.register("w2", 4)
+    forged = dataclasses.replace(fence, worker_id="w2", session_id=other.session_id,
+                                 session_generation=other.generation)
+    assert send(dispatch, forged) == "fenced"
+    assert db_state(repo, fence.run_id) == before
+    expected = "applied" if report in ("start_failed", "decline") else "fenced"
+    assert send(dispatch, remade) == expected
+    if expected == "fenced":
+        assert db_state(repo, fence.run_id) == before

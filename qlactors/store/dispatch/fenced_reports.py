@@ -12,7 +12,9 @@ changed) when:
   superseded or ended (`offline`, `ended_at_ms` set, its lease expired); a `draining` session
   still reports (it must start and finish what it holds);
 - the lease is missing (another generation), `released` or `completed`, or its offer id,
-  session or token hash differ (the token compared in constant time);
+  session or token hash differ (the token compared in constant time); a start failure or a
+  decline may come from a later session of the lease's worker (re-made there when the lease's
+  own session ended before it landed: its outcome never depends on that timing, issue 26);
 - the attempt is `lost` or terminal;
 - for Activate only, the lease has expired (an expired offer may be offered to someone else).
 
@@ -76,9 +78,12 @@ class FencedReports:
     def __init__(self, store: Store) -> None:
         self.store = store
 
-    def check_fence(self, held: HeldRows, fence: Fence, *, for_activate: bool) -> HeldFence:
+    def check_fence(self, held: HeldRows, fence: Fence, *, for_activate: bool,
+                    from_later_session: bool = False) -> HeldFence:
         """Check everything `fence` quotes against the rows `held` locked (see the module's doc);
-        raise FenceMismatch."""
+        raise FenceMismatch. `from_later_session` (a start failure, a decline): the report may come
+        from a later session of the lease's worker than the lease's own (re-made there after the
+        lease's session ended before it landed); offer id, generation and token must still match."""
         session = held.sessions.get(fence.session_id)
         run = held.runs.get(fence.run_id)
         attempt = held.attempts.get(fence.attempt_id)
@@ -95,8 +100,9 @@ class FencedReports:
             raise FenceMismatch("lease_generation")
         if lease.offer_id != fence.offer_id:
             raise FenceMismatch("offer_id")
-        if (lease.session_id != fence.session_id or lease.worker_id != fence.worker_id
-                or lease.session_generation != fence.session_generation):
+        if lease.worker_id != fence.worker_id or not (
+                (lease.session_id, lease.session_generation) == (fence.session_id, fence.session_generation)
+                or (from_later_session and lease.session_generation < fence.session_generation)):
             raise FenceMismatch("lease_session")
         if not same_hash(lease.token_hash, fence.lease_token_hash):
             raise FenceMismatch("lease_token")
@@ -207,7 +213,7 @@ class FencedReports:
             raise BadInput("a start failure reason is a string")
         summary = reason[:MAX_ERROR_SUMMARY]
         try:
-            held = self.check_fence(rows, fence, for_activate=False)
+            held = self.check_fence(rows, fence, for_activate=False, from_later_session=True)
         except FenceMismatch as mismatch:
             return Outcome(Result.FENCED, mismatch.detail)
         run, attempt, now = held.run, held.attempt, held.now
@@ -237,7 +243,7 @@ class FencedReports:
         if reason not in (LeaseReleaseReason.DECLINED, LeaseReleaseReason.SHUTDOWN):
             raise BadInput("an unstarted offer is released as declined or shutdown")
         try:
-            held = self.check_fence(rows, fence, for_activate=False)
+            held = self.check_fence(rows, fence, for_activate=False, from_later_session=True)
         except FenceMismatch as mismatch:
             return Outcome(Result.FENCED, mismatch.detail)
         if held.attempt.status != _A.CLAIMED.value:
