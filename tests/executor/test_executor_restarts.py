@@ -16,6 +16,7 @@ import pytest
 
 from qlactors.control.gateway import fence_of
 from qlactors.domain.transitions import ErrorCode
+from qlactors.executor import session_reports
 from qlactors.wire import messages as m
 
 from actor_harness import ack_message, attempt_row, wait_until
@@ -136,3 +137,56 @@ def test_a_start_failure_fenced_by_its_ended_session_still_ends_the_run_failed(m
     assert (run.state, attempt_row(rig.repo, offer.attempt_id).error_code) == (
         "failed", ErrorCode.EXECUTOR_START_FAILED)
     assert "is not a directory" in (attempt_row(rig.repo, offer.attempt_id).error_summary or "")
+
+
+@pytest.mark.xfail(strict=True, reason="issue 26 item 4: heartbeat numbers from the wall clock go stale after a step back")
+def test_a_worker_whose_clock_stepped_back_resumes_and_its_heartbeats_renew(make_rig, monkeypatch):
+    """Issue 26 item 4: heartbeat numbers came from the wall clock. After the worker's clock steps
+    back an hour and it restarts within its session lease, Welcome carries the session's stored
+    number and the resumed worker numbers on from it: its first heartbeat renews."""
+    rig = make_rig()
+    s1 = rig.new_session()
+    offer, _pull, _started = rig.launch_on(s1, held_job(rig))
+    ready(rig)
+    before = rig.heartbeat()
+    assert rig.answer_heartbeat(before).renewed
+    real = session_reports.wall_ms
+    monkeypatch.setattr(session_reports, "wall_ms", lambda: real() - 3_600_000)
+    register = rig.restart_executor()
+    welcome = rig.resume(register)
+    assert welcome.heartbeat_seq == before.seq
+    attest = rig.peer.expect(m.Attest, strict=False)  # the survivor, re-bound in its own session
+    assert rig.answer_attest(attest).result == "applied"
+    wait_until(lambda: rig.ctx.executor_side.journal.get(offer.attempt_id).lease.offer_id == attest.new_slot.offer_id,
+               what="the journal re-bound")
+    beat = rig.heartbeat()
+    assert beat.seq > before.seq
+    ack = rig.answer_heartbeat(beat)
+    assert (ack.detail, len(ack.renewed), ack.fenced) == ("", 1, [])
+    release(rig)
+    assert rig.peer.expect(m.Completed, strict=False).exit_code == 0
+
+
+@pytest.mark.xfail(strict=True, reason="issue 26 item 4: a stale_seq answer renews nothing until the session expires")
+def test_a_stale_heartbeat_number_is_jumped_past_at_once(make_rig, monkeypatch):
+    """Issue 26 item 4: a Welcome without the stored number (a protocol-4 replica's) and a clock
+    stepped back: the first heartbeat is answered `stale_seq` with the stored number, and the worker
+    jumps past it and beats again at once; that heartbeat renews."""
+    rig = make_rig()
+    s1 = rig.new_session()
+    rig.launch_on(s1, held_job(rig))
+    ready(rig)
+    before = rig.heartbeat()
+    assert rig.answer_heartbeat(before).renewed
+    real = session_reports.wall_ms
+    monkeypatch.setattr(session_reports, "wall_ms", lambda: real() - 3_600_000)
+    register = rig.restart_executor()
+    rig.resume(register, heartbeat_seq=None)
+    rig.answer_attest(rig.peer.expect(m.Attest, strict=False))
+    stale = rig.heartbeat()
+    ack = rig.answer_heartbeat(stale)
+    assert (ack.detail, ack.last_seq) == ("stale_seq", before.seq)
+    again = rig.peer.expect(m.Heartbeat, strict=False)  # at once, not a heartbeat interval later
+    assert again.seq > before.seq
+    assert len(rig.answer_heartbeat(again).renewed) == 1
+    release(rig)

@@ -4,6 +4,7 @@ executor's re-attest, exchange, drain and deadline tests and the Gateway's peer 
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 import pytest
 
@@ -70,9 +71,10 @@ class ClusterRig(ExecutorRig):
         self.ref = self.h.start("executor", Executor)
         return self.peer.expect(m.Register, strict=False)
 
-    def resume(self, register: m.Register, **timings: int) -> m.Welcome:
+    def resume(self, register: m.Register, **fields: Any) -> m.Welcome:
         """The Welcome a replica gives a restarted worker's `register`: its session resumed (the
-        store checks the saved secret; the secret rotates)."""
+        store checks the saved secret; the secret rotates), numbering its heartbeats on from the
+        stored number as ClusterSessions does (`heartbeat_seq=None`: a protocol-4 replica's)."""
         secret = new_token()
         session = self.ctx.control_side.dispatch.sessions.resume(
             self.worker_id, register.resume_session_id, register.resume_generation, token_hash(register.resume_secret),
@@ -80,7 +82,7 @@ class ClusterRig(ExecutorRig):
             session_lease_ms=LEASES["session_lease_ms"], register_id=register.register_id)
         self.secrets[session.session_id] = secret
         welcome = welcome_message(session, resume_secret=secret, resumed=True, answer_to=register.request_id,
-                                  **{**LEASES, **timings})
+                                  **{**LEASES, **fields})
         self.peer.send(welcome)
         return welcome
 
