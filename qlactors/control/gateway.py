@@ -1,5 +1,6 @@
 """Control side: the Gateway, the face to executors — sessions, offers, fenced reports, completions,
 log chunks and attestations, each answered; and the stops and nudges for one worker.
+Size: one handler per kind a worker sends, on one code path for both profiles.
 
 Both profiles use it: on edge the one executor is in this process (its session lives as long as
 the process); on a cluster every worker connects over CurveZMQ and every decision is the
@@ -27,6 +28,7 @@ from ..store.records import Activation, Fence, Fenced
 from ..store.dispatch.report_batch import Report, ReportBatch, groups
 from ..store.dispatch.report_locks import LockRequest
 from ..store.dispatch.request_answers import AnswerKey, PullAnswer
+from ..wire import codec
 from ..wire import messages as m
 from ..wire.bridge import Inbound
 from ..wire.offers import BATCH_BUDGET_BYTES, check_offer, offers_message
@@ -68,6 +70,7 @@ class Gateway(RuntimeActor):
         self.peers: dict[str, bytes] = {}  # worker id -> its ROUTER identity, as last heard
         self.heard: dict[str, float] = {}  # worker id -> when (`_clock`) its peer was last heard
         self.peer_workers: dict[bytes, str] = {}  # the reverse of `peers`: a peer of a live session -> its worker
+        self.protocols: dict[str, int] = {}  # a worker -> the version its Welcome from here agreed
         self.worker_id = ""  # the sender of the message being handled (authenticated on a cluster)
         self.pending: list[Inbound] = []  # reports waiting for the next group commit
         self.nudges: set[bytes] | None = None  # during a flush: the peers a completion freed a slot of
@@ -183,6 +186,7 @@ class Gateway(RuntimeActor):
                 self._forget(self.worker_id)
             return
         self._remember(answer.worker_id, peer)
+        self.protocols[answer.worker_id] = answer.protocol
         log.info("event=session_open worker=%s session=%s generation=%d resumed=%s", answer.worker_id,
                  answer.session_id, answer.session_generation, answer.resumed)
         self._to_peer(peer, answer)
@@ -223,10 +227,12 @@ class Gateway(RuntimeActor):
         if peer is not None:
             self.peer_workers.pop(peer, None)
         self.heard.pop(worker_id, None)
+        self.protocols.pop(worker_id, None)
 
     def _to_peer(self, peer: bytes, message: Any) -> None:
-        """Send to `peer`; a failed send is logged only when it is a live session's peer, by its worker."""
-        self.out.to_peer(peer, message, worker=self.peer_workers.get(peer, ""))
+        """Send in the worker's agreed protocol; a failed send is logged only for a live session's peer."""
+        worker = self.peer_workers.get(peer, "")
+        self.out.to_peer(peer, message, worker=worker, protocol=self.protocols.get(worker, codec.PROTOCOL_MIN))
 
     def _forget_the_silent(self) -> None:
         """A cluster peer not heard from for a whole session lease: its session has expired (or

@@ -27,10 +27,15 @@ log = logging.getLogger("qlactors.gateway")
 
 
 def _protocol_refusal(msg: m.Register) -> str | None:
-    if msg.protocol_min <= codec.VERSION <= msg.protocol_max:
+    if max(msg.protocol_min, codec.PROTOCOL_MIN) <= min(msg.protocol_max, codec.PROTOCOL_MAX):
         return None
-    return (f"protocol mismatch: this control side speaks protocol {codec.VERSION}; the worker speaks "
-            f"{msg.protocol_min}..{msg.protocol_max}: upgrade one of them")
+    return (f"protocol mismatch: this control side speaks protocol {codec.PROTOCOL_MIN}..{codec.PROTOCOL_MAX}; "
+            f"the worker speaks {msg.protocol_min}..{msg.protocol_max}: upgrade one of them")
+
+
+def agreed_protocol(msg: m.Register) -> int:
+    """The version a Welcome agrees: the highest both sides speak (Register checked first)."""
+    return min(msg.protocol_max, codec.PROTOCOL_MAX)
 
 
 class DiskRoom(Protocol):
@@ -62,9 +67,9 @@ class LocalSessions:
             return refusal
         s = self.session
         return m.Welcome(answer_to=msg.request_id, worker_id=s.worker_id, session_id=s.session_id, session_generation=s.generation,
-                         resumed=False, resume_secret=secrets.token_urlsafe(32), protocol=codec.VERSION,
+                         resumed=False, resume_secret=secrets.token_urlsafe(32), protocol=agreed_protocol(msg),
                          heartbeat_ms=self.heartbeat_ms, session_lease_ms=None, run_lease_ms=None,
-                         unactivated=[])
+                         unactivated=[], heartbeat_seq=0)
 
     def _current(self, msg: Any, worker_id: str) -> bool:
         s = self.session
@@ -181,7 +186,8 @@ class ClusterSessions:
         return m.Welcome(
             answer_to=msg.request_id,
             worker_id=session.worker_id, session_id=session.session_id, session_generation=session.generation,
-            resumed=resumed, resume_secret=secret, protocol=codec.VERSION, heartbeat_ms=self.heartbeat_ms,
+            resumed=resumed, resume_secret=secret, protocol=agreed_protocol(msg), heartbeat_ms=self.heartbeat_ms,
+            heartbeat_seq=session.heartbeat_seq,
             session_lease_ms=self.session_lease_ms, run_lease_ms=self.run_lease_ms,
             unactivated=[m.Unactivated(run_id=u.run_id, attempt_id=u.attempt_id, offer_id=u.offer_id,
                                        lease_generation=u.lease_generation) for u in unactivated])
@@ -201,7 +207,7 @@ class ClusterSessions:
             renewed=[m.Renewed(attempt_id=a, lease_generation=g, lease_version=v, expires_at_ms=e)
                      for a, g, v, e in answer.renewed],
             fenced=[m.FencedLease(attempt_id=a, lease_generation=g, reason=r) for a, g, r in answer.fenced],
-            detail=answer.reason or "")
+            detail=answer.reason or "", last_seq=answer.last_seq)
         stops = [] if answer.session_ended else self.control.stops.pending(worker_id=worker_id)
         return ack, stops
 

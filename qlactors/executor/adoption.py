@@ -165,7 +165,7 @@ class Adoption:
     def _running_owed(self, attempt_id: str) -> list[m.Attest]:
         """The `running` attestations about the attempt still owed, oldest first: the journal's, so a
         restarted instance knows each re-bind's slot as the one that sent it did."""
-        owed = (decoded(r) for r in self.journal.owed_about(attempt_id) if r.kind == m.Attest.KIND)
+        owed = (decoded(r) for r in self.journal.owed(about=attempt_id) if r.kind == m.Attest.KIND)
         return [a for a in owed if a.fact == ev.RUNNING]
 
     # -- the answers ------------------------------------------------------------------------------
@@ -177,13 +177,7 @@ class Adoption:
                      msg.attempt_id, msg.fact, msg.result)
             return
         if msg.fact != ev.RUNNING:
-            if msg.result == Result.FENCED and session_fence(msg.detail):
-                self.owed.fenced_by_session(report, msg)  # re-made from the current session
-                return
-            self.owed.settle(report)
-            if msg.result != Result.APPLIED:
-                log.warning("event=attest_%s attempt=%s fact=%s detail=%s", msg.result, msg.attempt_id,
-                            msg.fact, msg.detail)
+            self._fact_answered(report, msg)
             return
         sent: m.Attest = decoded(report)
         local = self.slots.get(msg.attempt_id)
@@ -219,7 +213,7 @@ class Adoption:
             # A newer lease was learnt since (an earlier attestation re-bound it): quote that one.
             log.warning("event=rebind_retried attempt=%s detail=%s", msg.attempt_id, msg.detail)
             self.attest_running(local, local.lease)
-        elif self.journal.owed_about(msg.attempt_id):
+        elif self.journal.owed(about=msg.attempt_id):
             # Another report about it is owed (a Started, a give-back): its answer may still keep
             # the process; nothing is stopped on this one.
             log.warning("event=rebind_refused_report_owed attempt=%s result=%s detail=%s", msg.attempt_id,
@@ -231,6 +225,17 @@ class Adoption:
             log.error("event=rebind_refused_process_stopped attempt=%s result=%s detail=%s", msg.attempt_id,
                       msg.result, msg.detail)
             self.begin_stop(local, "rebind_" + msg.result)
+
+    def _fact_answered(self, report: Any, msg: m.Attested) -> None:
+        """The answer to an attestation of a not-running fact: settled, or re-made from the current
+        session when its own session had ended."""
+        if msg.result == Result.FENCED and session_fence(msg.detail):
+            self.owed.fenced_by_session(report, msg)
+            return
+        self.owed.settle(report)
+        if msg.result != Result.APPLIED:
+            log.warning("event=attest_%s attempt=%s fact=%s detail=%s", msg.result, msg.attempt_id, msg.fact,
+                        msg.detail)
 
     def _rebound(self, local: Any, sent: m.Attest, msg: m.Attested, request_id: str) -> None:
         """`applied`: the lease the attestation's own slot names, journalled as the attempt's in the

@@ -126,6 +126,7 @@ class Executor(RuntimeActor):
             return  # the answer to an earlier Register (a session since replaced), or a copy's
         welcomed_at = time.monotonic()
         self.current.open(msg, self.remote)
+        self.session.numbered_from(msg.heartbeat_seq)
         self.current.policy.opened(msg)  # a cluster session: kept for a resume, heartbeats on
         self.ctx.directory.tell("receipts", SessionOpen(msg.worker_id, msg.session_id, msg.session_generation))
         self.current.policy.welcomed(msg)  # held attempts first: adoption attests the rows it adopts

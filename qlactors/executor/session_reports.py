@@ -51,16 +51,23 @@ class SessionReports:
         self.waited: tuple[str, str, int] | None = None
         self.answered_at = time.monotonic()  # the last message from the control side (any replica)
 
-    def schedule_heartbeat(self) -> None:
-        self.bridge.call_at("heartbeat", time.monotonic() + self.current.welcome.heartbeat_ms / 1000, self.me,
-                            HeartbeatDue())
+    def schedule_heartbeat(self, *, now: bool = False) -> None:
+        delay = 0.0 if now else self.current.welcome.heartbeat_ms / 1000
+        self.bridge.call_at("heartbeat", time.monotonic() + delay, self.me, HeartbeatDue())
+
+    def numbered_from(self, stored: int | None) -> None:
+        """A Welcome's (protocol 5) or a stale answer's stored heartbeat number: the next one is
+        higher, whatever the wall clock did since (a resumed worker whose clock stepped back)."""
+        if stored is not None and stored > self.heartbeat_seq:
+            self.heartbeat_seq = stored
 
     def on_heartbeat_due(self, _msg: HeartbeatDue, _peer: bytes) -> None:
         s = self.current.welcome
         if s is None or not self.current.policy.heartbeats:
             return
         # Numbered per session and increasing across restarts of this worker (a resumed session
-        # keeps its stored number): the wall clock in ms, or one more than the last.
+        # keeps its stored number, which Welcome names): the wall clock in ms, or one more than
+        # the last.
         self.heartbeat_seq = max(self.heartbeat_seq + 1, wall_ms())
         # Only the current session's leases: one still an ended session's waits for the answer to
         # its re-attestation (adoption.py), which re-binds it.
@@ -163,6 +170,11 @@ class SessionReports:
         if s is None or self.waited != (msg.answer_to, s.session_id, s.session_generation):
             return  # the answer to an earlier heartbeat, a second answer, or one of a session already left
         self.waited = None
+        if msg.last_seq is not None:  # `stale_seq`: numbered below the session's stored number
+            log.warning("event=heartbeat_stale seq=%d stored=%d action=renumber", msg.seq, msg.last_seq)
+            self.numbered_from(msg.last_seq)
+            self.schedule_heartbeat(now=True)  # its renewals, at once
+            return
         if msg.session_ended:
             log.warning("event=session_ended session=%s detail=%s", s.session_id, msg.detail)
             if self.draining():  # left by the drain (offline): no new session now

@@ -116,6 +116,8 @@ class HeartbeatAnswer:
     session_ended: bool = False
     stale: bool = False
     reason: str | None = None
+    last_seq: int | None = None
+    """When `stale`: the number the session stored last, which the worker jumps past."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -355,7 +355,7 @@ class Bridge(threading.Thread):
         def refuse(ack: Ack) -> None:
             # Answer a frame we could not read with a refusal, so the peer learns why (version!).
             try:
-                router.send_multipart([peer, *codec.encode(ack)], zmq.NOBLOCK)
+                router.send_multipart([peer, *codec.encode(ack, codec.PROTOCOL_MIN)], zmq.NOBLOCK)
             except zmq.ZMQError:
                 pass
 
@@ -428,13 +428,16 @@ class Outbox:
         self._sock.connect(endpoint)
 
     def to_control(self, message: Any) -> None:
-        """Send a request; the bridge's links keep it by its `request_id` until an answer names it."""
-        self._sock.send_multipart([ROUTE_CONTROL, message.request_id.encode("ascii"), *codec.encode(message)])
+        """Send a request; the bridge's links keep it by its `request_id` until an answer names it.
+        Written in the range's lowest version, which every replica reads (codec.py)."""
+        self._sock.send_multipart([ROUTE_CONTROL, message.request_id.encode("ascii"),
+                                   *codec.encode(message, codec.PROTOCOL_MIN)])
 
-    def to_peer(self, peer: bytes, message: Any, *, worker: str = "") -> None:
-        """Send to one executor peer. `worker`: the worker whose live session that peer is (its
-        failed send is logged naming it); "" for a peer no live session is known by (not logged)."""
-        self._sock.send_multipart([ROUTE_PEER, worker.encode(), peer, *codec.encode(message)])
+    def to_peer(self, peer: bytes, message: Any, *, worker: str = "", protocol: int = codec.PROTOCOL_MIN) -> None:
+        """Send to one executor peer, in the `protocol` agreed with it. `worker`: the worker whose
+        live session that peer is (its failed send is logged naming it); "" for a peer no live
+        session is known by (not logged)."""
+        self._sock.send_multipart([ROUTE_PEER, worker.encode(), peer, *codec.encode(message, protocol)])
 
     def close(self) -> None:
         self._sock.close(0)

@@ -13,14 +13,22 @@ from .validators import MAX_STR_BYTES, SCHEMAS, Complaint, short, type_name
 PROTOCOL = b"QLACTORS"
 # 2: batched offers, numbered heartbeats with renewals, resume, Decline, LogChunk, Attest quoting
 # its lease (issue 10). 3: Leave, a worker's drain (issue 11). 4: the exchange (issue 17): a
-# `request_id` on every request, `answer_to` on every answer, `register_id` on Register. Register
-# names the range a worker speaks; Welcome the version agreed. A new kind is not understood by the older version, so each
-# release speaks one version only.
-VERSION = 4
-PROTOCOL_MIN = PROTOCOL_MAX = VERSION
+# `request_id` on every request, `answer_to` on every answer, `register_id` on Register. 5
+# (issue 26): `Welcome.heartbeat_seq`, `HeartbeatAck.last_seq` (fields marked `SINCE` 5 in
+# messages.py). Register names the range a worker speaks; Welcome the version agreed, the highest
+# both speak, so replicas and workers are upgraded one at a time:
+# - a frame is written in the version its reader speaks: a replica writes to a worker in the
+#   version agreed with that worker's peer (PROTOCOL_MIN while it knows none: a replica that did
+#   not answer its Register); a worker writes its requests in PROTOCOL_MIN, since protocol 5
+#   added nothing to them, so every replica of the range reads them;
+# - a frame of an older version lacks the fields added since (they take their defaults).
+VERSION = 5
+PROTOCOL_MIN, PROTOCOL_MAX = 4, VERSION
 # The first frame of every message (Majordomo's `MDPW01` habit): a peer on another version is
 # recognised before its body is read, and refused by name.
-HEADER = PROTOCOL + b"/" + str(VERSION).encode("ascii")
+HEADERS = {v: PROTOCOL + b"/" + str(v).encode("ascii") for v in range(PROTOCOL_MIN, PROTOCOL_MAX + 1)}
+HEADER = HEADERS[VERSION]
+_VERSION_OF = {header: v for v, header in HEADERS.items()}
 
 MAX_FRAME_BYTES = 256 * 1024
 
@@ -60,10 +68,10 @@ class VersionMismatch(DecodeError):
 
     def __init__(self, theirs: str, frames: object) -> None:
         self.theirs = theirs
-        self.ours = str(VERSION)
+        self.ours = f"{PROTOCOL_MIN}..{PROTOCOL_MAX}"
         super().__init__(
             f"peer speaks protocol {PROTOCOL.decode()}/{theirs}, this side speaks "
-            f"{PROTOCOL.decode()}/{VERSION}: run the same qlactors version on both sides", frames)
+            f"{PROTOCOL.decode()}/{self.ours}: upgrade the older side to a release that speaks the other's", frames)
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.theirs, list(self.frames)))
@@ -73,8 +81,9 @@ class EncodeError(QlactorsError, ValueError):
     """A message this side must not send: the peer's decoder would refuse it."""
 
 
-def encode(message: object) -> list[bytes]:
-    """The two frames of a registered message: [HEADER, msgpack map of its kind and fields].
+def encode(message: object, protocol: int = VERSION) -> list[bytes]:
+    """The two frames of a registered message in version `protocol` of the range: [its header,
+    msgpack map of its kind and the fields that version has] (a field added later is not sent).
 
     The fields are checked by the same rules decode applies, so a bad value fails here, at
     its origin, and not as a refusal on the other side. Tuples go out as msgpack arrays.
@@ -84,8 +93,13 @@ def encode(message: object) -> list[bytes]:
     schema = SCHEMAS.get(kind) if type(kind) is str else None
     if schema is None or schema.cls is not cls:
         raise EncodeError(f"{cls.__name__} is not a registered wire message")
+    header = HEADERS.get(protocol)
+    if header is None:
+        raise EncodeError(f"protocol {protocol!r} is not in {PROTOCOL_MIN}..{PROTOCOL_MAX}")
     body: dict[str, object] = {"kind": kind}
     for f in schema.fields:
+        if f.since > protocol:
+            continue
         value = getattr(message, f.name)
         if type(value) is tuple:
             value = list(value)
@@ -99,27 +113,29 @@ def encode(message: object) -> list[bytes]:
         raise EncodeError(f"{kind} cannot be packed: {type(err).__name__}") from err
     if len(packed) > MAX_FRAME_BYTES:
         raise EncodeError(f"{kind} is {len(packed)} bytes packed, over the {MAX_FRAME_BYTES}-byte limit")
-    return [HEADER, packed]
+    return [header, packed]
 
 
-def decode(frames: list[bytes]) -> object:
+def decode(frames: list[bytes], protocols: range = range(PROTOCOL_MIN, PROTOCOL_MAX + 1)) -> object:
     """The message two frames carry, or DecodeError: the only exception this function raises.
 
-    The header is read first, so a peer on another version gets VersionMismatch naming both
-    versions whatever its frames look like. The body must be one msgpack map holding a known
-    kind and exactly that message's fields, each of exactly its annotated type.
+    The header is read first, so a peer on a version outside `protocols` (by default the range
+    this release speaks) gets VersionMismatch naming both whatever its frames look like. The body
+    must be one msgpack map holding a known kind and exactly the fields its header's version gives
+    that message, each of exactly its annotated type; a field added later takes its default.
     """
     if type(frames) not in (list, tuple):
         raise DecodeError(f"frames must be a list of bytes, got {type_name(frames)}", frames)
     if not frames:
         raise DecodeError("no frames: expected 2 (header, body)", frames)
     header = _as_bytes(frames[0], "header", frames)
-    if header != HEADER:
+    protocol = _VERSION_OF.get(header)
+    if protocol is None or protocol not in protocols:
         prefix = PROTOCOL + b"/"
         if header.startswith(prefix) and len(header) > len(prefix):
             theirs = header[len(prefix):len(prefix) + _KEPT_VERSION_CHARS]
             raise VersionMismatch(theirs.decode("ascii", "backslashreplace"), frames)
-        raise DecodeError(f"first frame is not the {HEADER.decode()} header", frames)
+        raise DecodeError(f"first frame is not a {PROTOCOL.decode()}/{PROTOCOL_MIN}..{PROTOCOL_MAX} header", frames)
     if len(frames) != 2:
         raise DecodeError(f"expected 2 frames (header, body), got {len(frames)}", frames)
     body = _as_bytes(frames[1], "body", frames)
@@ -138,7 +154,7 @@ def decode(frames: list[bytes]) -> object:
     except Exception as err:
         raise DecodeError(f"body is not one msgpack value: {type(err).__name__}: {str(err)[:160]}",
                           frames) from err
-    return _build(obj, frames)
+    return _build(obj, frames, protocol)
 
 
 # --- internals -----------------------------------------------------------------------------
@@ -147,7 +163,7 @@ class _Refused(PeerFault):
     """Raised from inside the unpacker's hook; decode turns it into a DecodeError."""
 
 
-def _build(obj: object, frames: object) -> object:
+def _build(obj: object, frames: object, protocol: int) -> object:
     """Check an unpacked body against its kind's schema and construct the message."""
     if type(obj) is not dict:
         raise DecodeError(f"body must be a msgpack map, got {type_name(obj)}", frames)
@@ -161,14 +177,15 @@ def _build(obj: object, frames: object) -> object:
     schema = SCHEMAS.get(kind)
     if schema is None:
         raise DecodeError(f"unknown kind {short(kind)}", frames)
-    unknown = set(obj) - schema.names
+    carried = [f for f in schema.fields if f.since <= protocol]
+    unknown = set(obj) - {f.name for f in carried}
     if unknown:
         names = ", ".join(sorted(map(short, unknown))[:8])
         raise DecodeError(f"{kind} has unknown fields [{names}]", frames)
-    missing = [f.name for f in schema.fields if f.name not in obj]
+    missing = [f.name for f in carried if f.name not in obj]
     if missing:
         raise DecodeError(f"{kind} lacks fields {missing}", frames)
-    for f in schema.fields:
+    for f in carried:
         if f.from_wire is not None:
             try:
                 obj[f.name] = f.from_wire(obj[f.name])

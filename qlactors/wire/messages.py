@@ -8,6 +8,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated, ClassVar, Literal, get_args
 
+# Field metadata: the protocol version that added a field. A frame of an older version does not
+# carry it (the field takes its default); a frame of that version or later must.
+SINCE = "since"
+
 # The codec reads everything it checks from these annotations (see codec.py): plain `int`, `bool`
 # and `str`, `X | None`, `list[str]`, `dict[str, str]`, `Literal[...]` of strings, `str`
 # narrowed by one of the two markers below through `Annotated`, and `PosixStr` (alone, as the
@@ -408,6 +412,9 @@ class Welcome:
     session_lease_ms: int | None  # None on edge (the session lives with the runtime)
     run_lease_ms: int | None  # how long a run lease lasts between renewals; None on edge
     unactivated: list[Unactivated]  # this session's leases never activated: decline the unknown
+    # Protocol 5: the session's last stored heartbeat number (0 for a new session): a resumed
+    # worker numbers on from it, whatever its clock did. None: a protocol-4 frame (not carried).
+    heartbeat_seq: int | None = field(default=None, metadata={SINCE: 5})  # protocol 5; None in a 4 frame
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -451,6 +458,9 @@ class HeartbeatAck:
     renewed: list[Renewed]  # the leases renewed
     fenced: list[FencedLease]  # stop these processes by exact identity and attest it
     detail: str  # why, when the session ended
+    # Protocol 5: with detail `stale_seq`, the session's stored heartbeat number: the worker jumps
+    # past it. None otherwise, and in a protocol-4 frame (not carried).
+    last_seq: int | None = field(default=None, metadata={SINCE: 5})  # protocol 5; None in a 4 frame
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -14,7 +14,7 @@ from typing import Annotated, Literal, Union, get_args, get_origin, get_type_hin
 
 from ..domain import posix
 from ..errors import PeerFault
-from .messages import MAX_CHUNK_BYTES, MESSAGES, Matches, MaxLen, PosixBytes
+from .messages import MAX_CHUNK_BYTES, MESSAGES, SINCE, Matches, MaxLen, PosixBytes
 
 MAX_STR_BYTES = 64 * 1024  # any one string or bin, in bytes (ids are shorter, see messages.Id)
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -36,6 +36,7 @@ class Field:
     check: Check
     to_wire: Convert | None = None
     from_wire: Convert | None = None
+    since: int = 0  # the protocol version that added it (messages.SINCE); 0: every version
 
 
 @dataclass(frozen=True, slots=True)
@@ -343,7 +344,9 @@ def schema_of(cls: type) -> Schema:
     names = [f.name for f in fields(cls)]
     if "kind" in names:
         raise TypeError(f"{cls.__name__} may not have a field named 'kind': the body's tag uses it")
-    return Schema(cls, frozenset(names), tuple(Field(name, *_field_plan(hints[name])) for name in names))
+    since = {f.name: f.metadata.get(SINCE, 0) for f in fields(cls)}
+    return Schema(cls, frozenset(names), tuple(Field(name, *_field_plan(hints[name]), since=since[name])
+                                               for name in names))
 
 
 # Built at import, so a message with a field the codec cannot check fails `import`, not traffic.

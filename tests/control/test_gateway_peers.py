@@ -86,9 +86,9 @@ def test_a_send_names_its_worker_only_while_that_peer_is_a_live_sessions(cluster
     sent: list[tuple[str, str]] = []
     original = Outbox.to_peer
 
-    def spy(self, peer_id, message, *, worker=""):
+    def spy(self, peer_id, message, *, worker="", **kw):
         sent.append((type(message).__name__, worker))
-        original(self, peer_id, message, worker=worker)
+        original(self, peer_id, message, worker=worker, **kw)
 
     monkeypatch.setattr(Outbox, "to_peer", spy)
     h, peer = cluster_gateway

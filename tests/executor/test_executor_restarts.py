@@ -139,7 +139,6 @@ def test_a_start_failure_fenced_by_its_ended_session_still_ends_the_run_failed(m
     assert "is not a directory" in (attempt_row(rig.repo, offer.attempt_id).error_summary or "")
 
 
-@pytest.mark.xfail(strict=True, reason="issue 26 item 4: heartbeat numbers from the wall clock go stale after a step back")
 def test_a_worker_whose_clock_stepped_back_resumes_and_its_heartbeats_renew(make_rig, monkeypatch):
     """Issue 26 item 4: heartbeat numbers came from the wall clock. After the worker's clock steps
     back an hour and it restarts within its session lease, Welcome carries the session's stored
@@ -167,7 +166,6 @@ def test_a_worker_whose_clock_stepped_back_resumes_and_its_heartbeats_renew(make
     assert rig.peer.expect(m.Completed, strict=False).exit_code == 0
 
 
-@pytest.mark.xfail(strict=True, reason="issue 26 item 4: a stale_seq answer renews nothing until the session expires")
 def test_a_stale_heartbeat_number_is_jumped_past_at_once(make_rig, monkeypatch):
     """Issue 26 item 4: a Welcome without the stored number (a protocol-4 replica's) and a clock
     stepped back: the first heartbeat is answered `stale_seq` with the stored number, and the worker

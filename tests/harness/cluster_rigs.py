@@ -82,7 +82,7 @@ class ClusterRig(ExecutorRig):
             session_lease_ms=LEASES["session_lease_ms"], register_id=register.register_id)
         self.secrets[session.session_id] = secret
         welcome = welcome_message(session, resume_secret=secret, resumed=True, answer_to=register.request_id,
-                                  **{**LEASES, **fields})
+                                  **{**LEASES, "heartbeat_seq": session.heartbeat_seq, **fields})
         self.peer.send(welcome)
         return welcome
 

@@ -47,6 +47,7 @@ from qlactors.wire.messages import (
     Completed,
     FencedReport,
     Heartbeat,
+    HeartbeatAck,
     Matches,
     MaxLen,
     Nudge,
@@ -285,7 +286,7 @@ def test_secrets_stay_out_of_repr():
 def test_every_kind_round_trips(cls):
     message = sample(cls)
     frames = encode(message)
-    assert len(frames) == 2 and frames[0] == HEADER == b"QLACTORS/4"
+    assert len(frames) == 2 and frames[0] == HEADER == b"QLACTORS/5"
     assert all(type(f) is bytes for f in frames)
     body = msgpack.unpackb(frames[1], raw=False)
     values = dataclasses.asdict(message)  # records nested in a message travel as maps
@@ -363,16 +364,37 @@ def test_another_version_is_refused_naming_both_versions(version):
         decode([b"QLACTORS/" + version, b"\x80"])
     error = info.value
     assert isinstance(error, DecodeError)
-    assert error.theirs == version.decode() and error.ours == "4"
-    assert f"QLACTORS/{version.decode()}" in str(error) and "QLACTORS/4" in str(error)
+    assert error.theirs == version.decode() and error.ours == "4..5"
+    assert f"QLACTORS/{version.decode()}" in str(error) and "QLACTORS/4..5" in str(error)
 
 
 def test_the_version_is_judged_before_the_frame_count():
     # A future version may use another frame layout; its peer must still hear "wrong version".
     with pytest.raises(VersionMismatch):
-        decode([b"QLACTORS/5"])
+        decode([b"QLACTORS/6"])
     with pytest.raises(VersionMismatch):
-        decode([b"QLACTORS/5", b"a", b"b", b"c"])
+        decode([b"QLACTORS/6", b"a", b"b", b"c"])
+
+
+def test_a_protocol_4_frame_lacks_the_fields_added_in_5_and_decodes_with_their_defaults():
+    """Issue 26: Register/Welcome negotiate 4..5; a frame is written in its reader's version."""
+    welcome = dataclasses.replace(sample(Welcome), heartbeat_seq=41)
+    old = encode(welcome, 4)
+    assert old[0] == b"QLACTORS/4" and "heartbeat_seq" not in msgpack.unpackb(old[1], raw=False)
+    assert decode(old) == dataclasses.replace(welcome, heartbeat_seq=None)
+    assert decode(old, range(4, 5)) == dataclasses.replace(welcome, heartbeat_seq=None)  # a protocol-4 reader
+    new = encode(welcome)
+    assert new[0] == b"QLACTORS/5" and decode(new) == welcome
+    with pytest.raises(VersionMismatch):
+        decode(new, range(4, 5))  # a protocol-4 reader refuses a 5 frame by name
+    body = msgpack.unpackb(new[1], raw=False)
+    refused([b"QLACTORS/4", msgpack.packb(body)], "unknown fields")  # 4 has no heartbeat_seq
+    del body["heartbeat_seq"]
+    refused([b"QLACTORS/5", msgpack.packb(body)], "lacks fields")  # 5 must carry it
+    ack = dataclasses.replace(sample(HeartbeatAck), last_seq=7)
+    assert decode(encode(ack, 4)).last_seq is None and decode(encode(ack)).last_seq == 7
+    with pytest.raises(EncodeError):
+        encode(welcome, 3)
 
 
 def test_a_hostile_version_string_is_bounded_in_the_error():

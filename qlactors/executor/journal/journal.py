@@ -1,5 +1,6 @@
 """Executor side: the executor's local journal: one row per attempt it launches, written before the
 spawn.
+Size: one class over the journal's four tables, each write one short transaction.
 
 On edge the tables live in the same SQLite file as everything else; on a cluster worker in a
 local SQLite file of its own (executor/journal/file.py). The control plane's state never
@@ -42,7 +43,7 @@ _MARK_CLEARED = _J.update().where(_J.c.attempt_id == bindparam("w_attempt_id")).
 _OWED_ABOUT = select(func.count()).select_from(_O).where(_O.c.attempt_id == bindparam("attempt_id"))
 _OWED_ONE = select(_O).where(_O.c.request_id == bindparam("request_id"))
 _OWED_OF = (select(_O).where(_O.c.attempt_id == bindparam("attempt_id"))
-            .order_by(_O.c.created_at_ms, _O.c.request_id))
+            .order_by(_O.c.created_at_ms, _O.c.request_id).limit(bindparam("limit")))
 _OWED_PAGE = select(_O).order_by(_O.c.created_at_ms, _O.c.request_id).limit(bindparam("limit"))
 _SETTLE = _O.delete().where(_O.c.request_id == bindparam("request_id"))
 _DELETE_CLEARED = _J.delete().where(and_(_J.c.attempt_id == bindparam("attempt_id"), _J.c.clear_pending.is_(True)))
@@ -91,8 +92,8 @@ class Journal:
     def rebind(self, attempt_id: str, lease_generation: int, offer_id: str, lease_token: str,
                session_id: str, session_generation: int, *, settle: str | None = None) -> JournalEntry:
         """Record the lease an accepted `Attest` (running) re-bound the attempt to (§9 Re-attest);
-        with `settle`, that Attest's owed row goes in the same transaction, so no restart finds
-        the attestation answered and the re-bind unrecorded."""
+        with `settle`, that Attest's owed row goes in the same transaction (no restart finds it
+        answered and the re-bind unrecorded)."""
         facts = LeaseFacts(offer_id, lease_generation, lease_token, session_id, session_generation)
         with self.store.write(durable=False) as conn:
             entry = self._update(conn, attempt_id, facts.columns(), None)
@@ -338,15 +339,13 @@ class Journal:
                 conn.execute(_DELETE_CLEARED, {"attempt_id": row.attempt_id})
             return OwedReport.from_row(row)
 
-    def owed(self, limit: int = MAX_PAGE) -> builtins.list[OwedReport]:
-        """The reports still owed, oldest first (re-sent at every heartbeat and after a Welcome)."""
+    def owed(self, limit: int = MAX_PAGE, *, about: str | None = None) -> builtins.list[OwedReport]:
+        """The reports still owed (`about` one attempt), oldest first (re-sent at every heartbeat and
+        after a Welcome)."""
+        query = _OWED_PAGE if about is None else _OWED_OF
         with self.store.read() as conn:
-            return [OwedReport.from_row(r) for r in conn.execute(_OWED_PAGE, {"limit": limit_checked(limit)})]
-
-    def owed_about(self, attempt_id: str) -> builtins.list[OwedReport]:
-        """The reports still owed about one attempt, oldest first."""
-        with self.store.read() as conn:
-            return [OwedReport.from_row(r) for r in conn.execute(_OWED_OF, {"attempt_id": attempt_id})]
+            rows = conn.execute(query, {"limit": limit_checked(limit), "attempt_id": about})
+            return [OwedReport.from_row(r) for r in rows]
 
     def owes(self, request_id: str) -> OwedReport | None:
         with self.store.read() as conn:

@@ -69,9 +69,8 @@ class Heartbeats:
         + `session_lease_ms`; None keeps a process-long session), `free_slots` (clamped to the
         capacity), the heartbeat time and the clock skew (database time - `worker_clock_ms`) are
         stored, and each quoted lease is renewed to database time + `run_lease_ms` (version + 1,
-        the attempt's projection follows) or listed as fenced with its reason
-        (`session_rules.renewal_fence`). Expiry alone never fences a renewal.
-        """
+        the attempt's projection follows; evidence it contradicts is withdrawn) or listed as
+        fenced with its reason (`session_rules.renewal_fence`). Expiry never fences a renewal."""
         check_id("worker id", worker_id, 128)
         check_id("session id", session_id)
         if type(seq) is not int or not 1 <= seq < 2**62:
@@ -94,7 +93,8 @@ class Heartbeats:
             if seq == session.heartbeat_seq:  # seq >= 1: its answer was stored with it
                 return answer_from_json(session.heartbeat_answer)
             if seq < session.heartbeat_seq:
-                return HeartbeatAnswer(seq, session.lease_expires_at_ms, stale=True, reason="stale_seq")
+                return HeartbeatAnswer(seq, session.lease_expires_at_ms, stale=True, reason="stale_seq",
+                                       last_seq=session.heartbeat_seq)
             expires = now + run_lease_ms
             rows = HeldRows(now)
             lock_rows(conn, rows, run_ids=sorted({q.run_id for q in quotes}),
