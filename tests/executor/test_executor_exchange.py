@@ -28,6 +28,7 @@ from cluster_rigs import (  # noqa: F401 - make_rig is the rig's fixture
     end_session_by_heartbeat,
     held_job,
     make_rig,
+    offer_failing_start,
     ready,
     release,
 )
@@ -72,14 +73,7 @@ def test_a_start_failure_is_owed_until_answered_and_its_row_kept_until_then(make
     answer; the attempt's journal row stays (hidden) until that answer, then goes."""
     rig = make_rig()
     rig.welcome_to(rig.new_session(), heartbeat_ms=300)  # re-sent every 0.3 s while unanswered
-    pull = rig.peer.expect(m.Pull)
-    gone = tmp_path / "gone"
-    gone.mkdir()
-    rig.repo.tasks.add(spec("job", cwd=str(gone)), actor_name="tester")
-    rig.repo.runs.request("job")
-    offer = rig.offer_for(pull)
-    gone.rmdir()  # the pinned working directory is gone: a start failure, nothing spawned
-    rig.send_offers(pull, offer)
+    offer = offer_failing_start(rig, rig.peer.expect(m.Pull), tmp_path)
     rig.activate(rig.peer.expect(m.Activate))
     failed = rig.peer.expect(m.StartFailed, strict=False)
     assert [r.request_id for r in rig.ctx.executor_side.journal.owed()] == [failed.request_id]

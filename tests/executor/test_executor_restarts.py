@@ -20,8 +20,8 @@ from qlactors.executor import session_reports
 from qlactors.wire import messages as m
 
 from actor_harness import ack_message, attempt_row, wait_until
-from actor_rigs import spec
-from cluster_rigs import ClusterRig, end_session_by_heartbeat, held_job, make_rig, ready, release  # noqa: F401 - fixture
+from cluster_rigs import (ClusterRig, end_session_by_heartbeat, held_job, make_rig, offer_failing_start,  # noqa: F401
+                          ready, release)
 
 
 def _all_of(rig: ClusterRig, kind: type, settle_s: float = 0.5) -> list:
@@ -107,14 +107,7 @@ def test_a_start_failure_fenced_by_its_ended_session_still_ends_the_run_failed(m
     rig = make_rig()
     s1 = rig.new_session()
     rig.welcome_to(s1)
-    pull = rig.peer.expect(m.Pull)
-    gone = tmp_path / "gone"
-    gone.mkdir()
-    rig.repo.tasks.add(spec("job", cwd=str(gone)), actor_name="tester")
-    rig.repo.runs.request("job")
-    offer = rig.offer_for(pull)
-    gone.rmdir()  # a start failure: nothing is spawned
-    rig.send_offers(pull, offer)
+    offer = offer_failing_start(rig, rig.peer.expect(m.Pull), tmp_path)
     rig.activate(rig.peer.expect(m.Activate))
     failed = rig.peer.expect(m.StartFailed, strict=False)
     s2 = end_session_by_heartbeat(rig)
@@ -139,19 +132,24 @@ def test_a_start_failure_fenced_by_its_ended_session_still_ends_the_run_failed(m
     assert "is not a directory" in (attempt_row(rig.repo, offer.attempt_id).error_summary or "")
 
 
-def test_a_worker_whose_clock_stepped_back_resumes_and_its_heartbeats_renew(make_rig, monkeypatch):
-    """Issue 26 item 4: heartbeat numbers came from the wall clock. After the worker's clock steps
-    back an hour and it restarts within its session lease, Welcome carries the session's stored
-    number and the resumed worker numbers on from it: its first heartbeat renews."""
-    rig = make_rig()
-    s1 = rig.new_session()
-    offer, _pull, _started = rig.launch_on(s1, held_job(rig))
+def _clock_stepped_back_and_restarted(rig: ClusterRig, monkeypatch):
+    """A job running and renewed; the worker's wall clock steps back an hour and its process
+    restarts: (offer, the last heartbeat before, the new instance's Register)."""
+    offer, _pull, _started = rig.launch_on(rig.new_session(), held_job(rig))
     ready(rig)
     before = rig.heartbeat()
     assert rig.answer_heartbeat(before).renewed
     real = session_reports.wall_ms
     monkeypatch.setattr(session_reports, "wall_ms", lambda: real() - 3_600_000)
-    register = rig.restart_executor()
+    return offer, before, rig.restart_executor()
+
+
+def test_a_worker_whose_clock_stepped_back_resumes_and_its_heartbeats_renew(make_rig, monkeypatch):
+    """Issue 26 item 4: heartbeat numbers came from the wall clock. After the worker's clock steps
+    back an hour and it restarts within its session lease, Welcome carries the session's stored
+    number and the resumed worker numbers on from it: its first heartbeat renews."""
+    rig = make_rig()
+    offer, before, register = _clock_stepped_back_and_restarted(rig, monkeypatch)
     welcome = rig.resume(register)
     assert welcome.heartbeat_seq == before.seq
     attest = rig.peer.expect(m.Attest, strict=False)  # the survivor, re-bound in its own session
@@ -171,14 +169,7 @@ def test_a_stale_heartbeat_number_is_jumped_past_at_once(make_rig, monkeypatch):
     stepped back: the first heartbeat is answered `stale_seq` with the stored number, and the worker
     jumps past it and beats again at once; that heartbeat renews."""
     rig = make_rig()
-    s1 = rig.new_session()
-    rig.launch_on(s1, held_job(rig))
-    ready(rig)
-    before = rig.heartbeat()
-    assert rig.answer_heartbeat(before).renewed
-    real = session_reports.wall_ms
-    monkeypatch.setattr(session_reports, "wall_ms", lambda: real() - 3_600_000)
-    register = rig.restart_executor()
+    _offer, before, register = _clock_stepped_back_and_restarted(rig, monkeypatch)
     rig.resume(register, heartbeat_seq=None)
     rig.answer_attest(rig.peer.expect(m.Attest, strict=False))
     stale = rig.heartbeat()

@@ -131,6 +131,19 @@ def held_job(rig: ClusterRig) -> list[str]:
     return ["/bin/sh", "-c", f": > {home / 'READY'}; while [ ! -e {home / 'GO'} ]; do sleep 0.05; done; exit 0"]
 
 
+def offer_failing_start(rig: ClusterRig, pull: m.Pull, tmp_path) -> m.Offer:
+    """Offer `pull` a run whose pinned working directory is gone by the time it is activated: a
+    start failure, nothing spawned."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    rig.repo.tasks.add(spec("job", cwd=str(gone)), actor_name="tester")
+    rig.repo.runs.request("job")
+    offer = rig.offer_for(pull)
+    gone.rmdir()
+    rig.send_offers(pull, offer)
+    return offer
+
+
 def ready(rig: ClusterRig) -> None:
     wait_until((rig.h.config.home.parent / "READY").exists, what="the job runs")
 
