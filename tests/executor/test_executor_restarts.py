@@ -16,7 +16,8 @@ import pytest
 
 from qlactors.control.gateway import fence_of
 from qlactors.domain.transitions import ErrorCode
-from qlactors.executor import session_reports
+from qlactors.executor import evidence, session_reports
+from qlactors.runtime.signals import HeartbeatDue
 from qlactors.wire import messages as m
 
 from actor_harness import ack_message, attempt_row, wait_until
@@ -49,6 +50,34 @@ def _rebound_and_restarted(rig: ClusterRig):
     assert (register.resume_session_id, register.resume_generation) == (s2.session_id, s2.generation)
     assert rig.resume(register).resumed
     return offer, first, applied
+
+
+@pytest.mark.xfail(strict=True, reason="issue 26 item 1: an applied re-bind answered before its survivor is adopted is not journalled")
+def test_a_re_bind_answered_before_its_survivor_is_adopted_again_is_journalled(make_rig, monkeypatch):
+    """Issue 26 item 1, the restarted worker cannot read the survivor's /proc at first (no fact: not
+    adopted yet) when the answer to its owed `running` Attest comes: the re-bind is journalled all
+    the same, so the adoption at the next probe quotes the re-bound lease and the job runs on."""
+    real = evidence.liveness_of
+    unreadable = {"on": False}
+    monkeypatch.setattr(evidence, "liveness_of",
+                        lambda *a, **k: evidence.Alive.UNREADABLE if unreadable["on"] else real(*a, **k))
+    rig = make_rig()
+    unreadable["on"] = True  # from the restart on
+    offer, first, applied = _rebound_and_restarted(rig)
+    replay = rig.peer.expect(m.Attest, strict=False)
+    assert replay.request_id == first.request_id
+    rig.answer_attest(replay)
+    wait_until(lambda: rig.ctx.executor_side.journal.get(offer.attempt_id).lease.lease_generation
+               == applied.lease_generation, what="the re-bind journalled")
+    unreadable["on"] = False
+    rig.ref.tell(HeartbeatDue())  # probed again: adopted, attested quoting the re-bound lease
+    again = rig.peer.expect(m.Attest, strict=False)
+    assert (again.fact, again.lease.offer_id, again.lease.lease_generation) == (
+        "running", first.new_slot.offer_id, applied.lease_generation)
+    assert rig.answer_attest(again).result == "applied"
+    release(rig)
+    completed = rig.peer.expect(m.Completed, strict=False)
+    assert (completed.exit_code, completed.stopped_by) == (0, "exit")
 
 
 @pytest.mark.parametrize("replay_first", [False, True], ids=["fresh_answer_first", "replay_answer_first"])
