@@ -37,6 +37,7 @@ import secrets
 from typing import Any, Callable
 
 from ..domain.results import Result
+from ..errors import Conflict
 from ..ids import new_id
 from ..process.identity import Liveness, probe
 from ..runtime.context import Named
@@ -181,13 +182,12 @@ class Adoption:
             return
         sent: m.Attest = decoded(report)
         local = self.slots.get(msg.attempt_id)
-        if local is None:  # ended meanwhile: its receipt decides
-            self.owed.settle(report)
-            return
         if msg.result == Result.APPLIED:
             self._rebound(local, sent, msg, report.request_id)
             return
         self.owed.settle(report)
+        if local is None:  # ended meanwhile (its receipt decides), or not adopted yet (its probe will)
+            return
         if self._running_owed(msg.attempt_id):  # the answer to an earlier attestation: a later one decides
             log.info("event=attest_superseded_by_later attempt=%s result=%s detail=%s", msg.attempt_id,
                      msg.result, msg.detail)
@@ -237,21 +237,28 @@ class Adoption:
             log.warning("event=attest_%s attempt=%s fact=%s detail=%s", msg.result, msg.attempt_id, msg.fact,
                         msg.detail)
 
-    def _rebound(self, local: Any, sent: m.Attest, msg: m.Attested, request_id: str) -> None:
+    def _rebound(self, local: Local | None, sent: m.Attest, msg: m.Attested, request_id: str) -> None:
         """`applied`: the lease the attestation's own slot names, journalled as the attempt's in the
-        transaction that settles it."""
+        transaction that settles it — also while the survivor is not held here (its /proc was
+        unreadable at the last probe: the adoption that follows quotes this lease)."""
         slot = sent.new_slot
         if slot is None or msg.offer_id != slot.offer_id or msg.lease_generation is None:
             log.error("event=rebind_of_unknown_slot attempt=%s offer=%s", msg.attempt_id, msg.offer_id)
             self.owed.settle(self.journal.owes(request_id))
             return
-        local.lease = LeaseFacts(slot.offer_id, msg.lease_generation, slot.lease_token, sent.session_id,
-                                 sent.session_generation)
-        self.journal.rebind(msg.attempt_id, msg.lease_generation, slot.offer_id, slot.lease_token, sent.session_id,
-                            sent.session_generation, settle=request_id)
+        try:
+            self.journal.rebind(msg.attempt_id, msg.lease_generation, slot.offer_id, slot.lease_token,
+                                sent.session_id, sent.session_generation, settle=request_id)
+        except Conflict:  # no row any more: the attempt ended and was cleared meanwhile
+            self.owed.settle(self.journal.owes(request_id))
+            return
         self.owed.forget(request_id)
         log.info("event=rebound attempt=%s lease_generation=%s session=%s", msg.attempt_id,
                  msg.lease_generation, sent.session_id)
+        if local is None:
+            return
+        local.lease = LeaseFacts(slot.offer_id, msg.lease_generation, slot.lease_token, sent.session_id,
+                                 sent.session_generation)
         if self._running_owed(msg.attempt_id):
             return  # a later attestation decides (quoting an older lease, it is attested again)
         if self.current.welcome is not None and not self.current.holds(local.lease):

@@ -52,7 +52,6 @@ def _rebound_and_restarted(rig: ClusterRig):
     return offer, first, applied
 
 
-@pytest.mark.xfail(strict=True, reason="issue 26 item 1: an applied re-bind answered before its survivor is adopted is not journalled")
 def test_a_re_bind_answered_before_its_survivor_is_adopted_again_is_journalled(make_rig, monkeypatch):
     """Issue 26 item 1, the restarted worker cannot read the survivor's /proc at first (no fact: not
     adopted yet) when the answer to its owed `running` Attest comes: the re-bind is journalled all

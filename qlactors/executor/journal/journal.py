@@ -38,6 +38,7 @@ _VISIBLE = _J.c.clear_pending.is_(False)
 _ROW = select(_J).where(_J.c.attempt_id == bindparam("attempt_id")).where(_VISIBLE)
 _UPDATE = _J.update().where(_J.c.attempt_id == bindparam("w_attempt_id")).returning(*_J.c)
 _UPDATE_FROM = _UPDATE.where(_J.c.state == bindparam("w_state"))
+_REBIND = _UPDATE.where(_VISIBLE)
 _DELETE = _J.delete().where(_J.c.attempt_id == bindparam("attempt_id"))
 _MARK_CLEARED = _J.update().where(_J.c.attempt_id == bindparam("w_attempt_id")).values(clear_pending=True)
 _OWED_ABOUT = select(func.count()).select_from(_O).where(_O.c.attempt_id == bindparam("attempt_id"))
@@ -96,10 +97,13 @@ class Journal:
         answered and the re-bind unrecorded)."""
         facts = LeaseFacts(offer_id, lease_generation, lease_token, session_id, session_generation)
         with self.store.write(durable=False) as conn:
-            entry = self._update(conn, attempt_id, facts.columns(), None)
+            updated = conn.execute(_REBIND, dict(facts.columns(), updated_at_ms=self.store.now_ms(conn),
+                                                 w_attempt_id=attempt_id)).first()
+            if updated is None:  # none, or cleared (the attempt ended): `settle` goes the usual way
+                raise Conflict(f"no journal row for attempt {attempt_id}")
             if settle is not None:
                 conn.execute(_SETTLE, {"request_id": settle})
-            return entry
+            return JournalEntry.from_row(updated)
 
     def activated(self, attempt_id: str, activated_at_ms: int, local_deadline_ms: int | None) -> JournalEntry:
         """Record the activation on this executor's own clock and the deadline it derives from it
