@@ -37,6 +37,14 @@ JOURNAL_WRITES = ("accept", "rebind", "activated", "timeout_intent", "shipped", 
                   "set_state", "quarantine", "clear", "journal_pull", "clear_pull", "clear_offer", "owe",
                   "settle", "save_session")
 KILL_KINDS = ("journal:before", "journal:after", "answer:before", "answer:after")
+# The points a seed may name (a point fires when its name starts with the one named; "" is any).
+KILL_NAMES = {
+    "journal": ("journal.accept", "journal.set_state(launching)", "journal.set_state(started)", "journal.activated",
+                "journal.rebind", "journal.owe", "journal.settle", "journal.complete", "journal.clear",
+                "journal.save_session", "journal.journal_pull"),
+    "answer": ("Welcome", "Offers", "Activated", "Ack(started)", "Ack(completed)", "Attested", "HeartbeatAck",
+               "Ack(start_failed)", "Ack(decline)"),
+}
 # The executor's modules that read the wall clock (each imported `wall_ms` by name).
 CLOCK_MODULES = ("registration", "session_policy", "launching", "receipt_consumer", "session_reports",
                  "local_receipts", "disk_reserve")
@@ -50,6 +58,7 @@ class SimKilled(Exception):
 class KillPlan:
     kind: str  # one of KILL_KINDS
     skip: int  # matching points to let pass first
+    name: str = ""  # the point's name starts with it ("": any point of its kind)
 
 
 @dataclass
@@ -109,7 +118,8 @@ class WorkerHandle:
         if not inc.dead.is_set():
             with self._lock:
                 plan = self.plan
-                if plan is None or plan.kind != kind or inc is not self.incarnation:
+                if plan is None or plan.kind != kind or inc is not self.incarnation \
+                        or not name.startswith(plan.name):
                     return
                 if plan.skip > 0:
                     plan.skip -= 1

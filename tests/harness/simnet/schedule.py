@@ -36,7 +36,7 @@ from qlactors.store.dispatch.evidence import ConfirmStopped
 
 from .checker import Asked, Facts
 from .checker import Stop as CheckedStop
-from .process import KILL_KINDS, Hooks, KillPlan
+from .process import KILL_KINDS, KILL_NAMES, Hooks, KillPlan
 from .rig import Job, Timing, WorkerSlot, _Seed, _Thread, restart_gateway
 
 log = logging.getLogger("simnet")
@@ -49,7 +49,7 @@ RUNS = 8
 class ProcessTiming:
     fault_s: float = 4.0  # the schedule's events fall within it (their down times stretch it)
     settle_s: float = 25.0
-    kill_point_wait_s: float = 1.0  # an armed kill with no point to fire at kills anywhere
+    kill_point_wait_s: float = 1.5  # an armed kill with no point to fire at kills anywhere
     lease_wait_s: float = 1.8  # after a kill, before the operator's confirm-stopped or retire
     rescue_after_s: float = 6.0  # after calm, before the operator settles a launch never known
 
@@ -61,12 +61,13 @@ class Event:
     target: str  # a worker, a replica (r0, r1) or a run's index
     point: str = ""  # kill: one of KILL_KINDS
     skip: int = 0
+    name: str = ""  # kill: the point's name (KILL_NAMES), "" for any
     down_s: float = 0.0
     during: str = ""  # kill: "", "confirm-stopped" or "retire"
     delta_ms: int = 0
 
     def __str__(self) -> str:
-        extra = {"kill": f" at {self.point} (skip {self.skip}) down {self.down_s:.1f} s"
+        extra = {"kill": f" at {self.point} {self.name or 'any'} (skip {self.skip}) down {self.down_s:.1f} s"
                          + (f" then {self.during}" if self.during else ""),
                  "drain": f" down {self.down_s:.1f} s", "revoke": f" allowed {self.down_s:.1f} s later",
                  "clock": f" {self.delta_ms:+d} ms"}.get(self.kind, "")
@@ -88,8 +89,10 @@ def schedule_of(rng: random.Random, t: ProcessTiming = ProcessTiming()) -> list[
         return round(rng.uniform(0.2, t.fault_s), 2)
     for _ in range(rng.randint(1, 2)):
         long = rng.random() < 0.4
-        events.append(Event(at(), "kill", rng.choice(WORKERS), point=rng.choice(KILL_KINDS),
-                            skip=rng.randrange(4),
+        point = rng.choice(KILL_KINDS)
+        name = rng.choice(KILL_NAMES[point.split(":")[0]]) if rng.random() < 0.7 else ""
+        events.append(Event(at(), "kill", rng.choice(WORKERS), point=point, name=name,
+                            skip=rng.randrange(4) if not name else rng.randrange(2),
                             down_s=round(rng.uniform(2.0, 3.0) if long else rng.uniform(0.05, 0.6), 2),
                             during=rng.choice(("", "confirm-stopped", "retire")) if long else ""))
     if rng.random() < 0.5:
@@ -104,6 +107,25 @@ def schedule_of(rng: random.Random, t: ProcessTiming = ProcessTiming()) -> list[
         events.append(Event(at(), "clock", rng.choice(WORKERS),
                             delta_ms=rng.choice((-1, 1)) * rng.randint(500, 20_000)))
     return sorted(events, key=lambda e: e.at_s)
+
+
+def _journal_rows(path: Path) -> list[str]:
+    """A worker's journal rows in flight and its owed reports, as lines (for a seed that did not settle)."""
+    import sqlite3
+
+    if not path.exists():
+        return []
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
+    try:
+        rows = [f"attempt {a} {st} lease generation {g} session generation {sg} clear_pending {c}"
+                for a, st, g, sg, c in conn.execute(
+                    "SELECT attempt_id, state, lease_generation, session_generation, clear_pending "
+                    "FROM executor_journal WHERE state IN ('accepted', 'launching', 'started')")]
+        rows += [f"owes {k} about {a} (request {r})"
+                 for r, k, a in conn.execute("SELECT request_id, kind, attempt_id FROM executor_owed")]
+        return rows
+    finally:
+        conn.close()
 
 
 def _hard_shutdown(ctx) -> None:
@@ -201,7 +223,7 @@ class ProcessSeed(_Seed):
         w = self._worker(ev.target)
         handle = self.hooks.workers[str(w.state)]
         inc = handle.incarnation
-        handle.arm(KillPlan(ev.point, ev.skip))
+        handle.arm(KillPlan(ev.point, ev.skip, ev.name))
         if not handle.fired.wait(self.ptiming.kill_point_wait_s):
             handle.kill_now(f"anywhere (no {ev.point} point came within {self.ptiming.kill_point_wait_s} s)")
         killed_at = time.monotonic()
@@ -305,6 +327,9 @@ class ProcessSeed(_Seed):
             if time.monotonic() - calm_at > self.ptiming.rescue_after_s:
                 self._rescue(rescued)
             time.sleep(0.05)
+        for w in self.workers:
+            for line in _journal_rows(w.state / "journal.sqlite"):
+                self.note(f"{w.name} journal: {line}")
         for row in self._unfinished():
             self.note(f"unfinished: attempt {row.id} of run {row.run_id} on {row.worker_id}: {row.status}, "
                       f"evidence {row.evidence} (lease generation {row.evidence_lease_generation} of "
