@@ -5,9 +5,11 @@ from __future__ import annotations
 import random
 from collections import Counter
 
-from simnet.checker import Attempt, Facts, Run, violations
+from simnet.checker import Asked, Attempt, Facts, Run, Stop, cause_of, explained, violations
 from simnet.facts import read_ledger
 from simnet.net import FaultPlan
+from simnet.process import KILL_KINDS
+from simnet.schedule import ProcessTiming, schedule_of
 from simnet.seeds import replay_line
 
 
@@ -105,3 +107,85 @@ def test_a_failing_seed_prints_a_one_line_replay():
     assert replay_line(1234) == "replay: QLACTORS_SIMNET_SEED=1234 pytest tests/profiles/test_simnet.py -k replay"
     assert replay_line(7, "postgres") == ("replay: QLACTORS_SIMNET_SEED=7 QLACTORS_SIMNET_DB=postgres "
                                           "pytest tests/profiles/test_simnet.py -k replay")
+
+
+# -- issue 26: stops the runtime makes, and what asked for them ---------------------------------
+
+def _stopped(status="failed", exit_code=143, **kw) -> Facts:
+    """Attempt a1 of unknown-safety run r1 (its job exits 0) on worker w1, its job started and
+    stopped (no `end`) by the Executor at 2.0 s."""
+    base = dict(runs=[Run("r1", "failed", "unknown", 0)],
+                attempts=[Attempt("a1", "r1", status, exit_code, "EXIT_NONZERO", "w1")], ends=Counter(),
+                stops=[Stop("a1", "rebind_fenced", 2.0)])
+    return _facts(**{**base, **kw})
+
+
+def test_a_job_stopped_by_the_runtime_with_nothing_asking_is_a_violation_naming_the_stop():
+    broken = violations(_stopped())
+    assert ("stopped by the runtime: attempt a1 of unknown-safety run r1 (worker w1), its job running, was "
+            "stopped (rebind_fenced) at 2.0 s and nothing asked for it (no timeout, cancel, revoke, retire, "
+            "confirm-stopped, idempotent-safety recovery)") in broken
+    assert "a stop recorded as the job's exit: attempt a1 of unknown-safety run r1 is failed exit 143, its job exits 0" \
+        in broken
+    assert explained(_stopped()) == ["stop of attempt a1 (rebind_fenced) at 2.0 s: nothing asked for it"]
+
+
+def test_each_cause_that_asked_first_excuses_the_stop_and_is_named():
+    cases = {
+        "cancel of run r1 at 1.5 s": [Asked("cancel", "r1", 1.5)],
+        "confirm-stopped of run r1 at 1.0 s": [Asked("confirm-stopped", "r1", 1.0)],
+        "revoke of worker w1 at 0.5 s": [Asked("revoke", "w1", 0.5)],
+        "retire of worker w1 at 1.9 s": [Asked("retire", "w1", 1.9)],
+    }
+    for cause, asked in cases.items():
+        f = _stopped(asked=asked)
+        assert violations(f) == [], cause
+        assert explained(f) == [f"stop of attempt a1 (rebind_fenced) at 2.0 s: asked for by {cause}"]
+    timed_out = _stopped(runs=[Run("r1", "timed_out", "unknown", 0)],
+                         attempts=[Attempt("a1", "r1", "timed_out", 143, "TIMED_OUT", "w1")])
+    assert violations(timed_out) == [] and explained(timed_out)[0].endswith("asked for by timeout")
+    idem = _stopped(runs=[Run("r1", "succeeded", "idempotent", 0)],
+                    attempts=[Attempt("a1", "r1", "lost", None, "lost", "w1"), Attempt("a2", "r1", "succeeded", 0)],
+                    launches=Counter(a1=1, a2=1), starts=Counter(a1=1, a2=1), ends=Counter(a2=1))
+    assert violations(idem) == [] and explained(idem)[0].endswith("asked for by idempotent-safety recovery")
+
+
+def test_a_cause_asked_after_the_stop_or_of_another_run_or_worker_excuses_nothing():
+    for asked in ([Asked("cancel", "r1", 2.5)], [Asked("cancel", "r2", 1.0)], [Asked("revoke", "w2", 1.0)],
+                  [Asked("retire", "w2", 0.1)]):
+        assert any(line.startswith("stopped by the runtime") for line in violations(_stopped(asked=asked))), asked
+
+
+def test_a_stop_of_a_job_already_gone_or_that_ran_to_its_end_stops_nothing():
+    assert violations(_stopped(status="succeeded", exit_code=0, stops=[Stop("a1", "fenced", 2.0, alive=False)],
+                               ends=Counter(a1=1))) == []
+    assert violations(_stopped(status="succeeded", exit_code=0, ends=Counter(a1=1))) == []
+
+
+def test_a_cancelled_run_may_end_cancelled_with_its_job_stopped():
+    f = _stopped(runs=[Run("r1", "cancelled", "unknown", 0)], attempts=[Attempt("a1", "r1", "cancelled", 143,
+                                                                               None, "w1")],
+                 stops=[Stop("a1", "user", 1.6)], asked=[Asked("cancel", "r1", 1.5)])
+    assert violations(f) == []
+    assert cause_of(f.attempts[0], f.runs[0], f, 1.6) == "cancel of run r1 at 1.5 s"
+
+
+def test_a_process_schedule_is_a_function_of_its_seed_and_in_time_order():
+    import random
+
+    first = schedule_of(random.Random("simnet:5:process"))
+    assert first == schedule_of(random.Random("simnet:5:process"))
+    assert [e.at_s for e in first] == sorted(e.at_s for e in first)
+    kinds = set()
+    for n in range(200):
+        events = schedule_of(random.Random(f"simnet:{n}:process"))
+        assert 1 <= sum(e.kind == "kill" for e in events) <= 2
+        assert all(0.2 <= e.at_s <= ProcessTiming().fault_s for e in events)
+        assert all(e.point in KILL_KINDS for e in events if e.kind == "kill")
+        kinds |= {e.kind for e in events} | {e.during for e in events if e.during}
+    assert kinds == {"kill", "replica", "drain", "revoke", "cancel", "clock", "confirm-stopped", "retire"}
+
+
+def test_a_process_seed_replays_with_its_flag():
+    assert replay_line(300_002, process=True) == ("replay: QLACTORS_SIMNET_SEED=300002 QLACTORS_SIMNET_PROCESS=1 "
+                                                  "pytest tests/profiles/test_simnet.py -k replay")

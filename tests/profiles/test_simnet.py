@@ -1,7 +1,10 @@
 """The simulated network (issue 17): the worker's Executor and two replicas' Gateways on a real
 store in one process, a seeded link between them that drops, duplicates, delays and reorders
 every frame and restarts a Gateway now and then; after it settles, every invariant of
-tests/harness/simnet/checker.py holds. A failing seed prints itself and a one-line replay."""
+tests/harness/simnet/checker.py holds. Seeds with process faults (issue 26, simnet/schedule.py)
+also kill and restart two workers at journal writes and answers, kill a replica between a commit
+and its answer, run operator commands and step a worker's clock. A failing seed prints itself
+and a one-line replay."""
 
 from __future__ import annotations
 
@@ -13,7 +16,8 @@ import pytest
 
 from conftest import PG_URL, _pg_admin_conninfo, _require_postgres
 from simnet.rig import run_seed
-from simnet.seeds import DEFAULT_SEEDS, chaos_pg_seeds, chaos_seeds, replay_seed, verdict
+from simnet.seeds import (DEFAULT_SEEDS, chaos_pg_seeds, chaos_process_seeds, chaos_seeds, default_process_seeds,
+                          replay_process, replay_seed, verdict)
 
 
 @contextmanager
@@ -32,12 +36,12 @@ def _pg_schema():
             conn.execute(f'DROP SCHEMA "{schema}" CASCADE')
 
 
-def _check(seed: int, tmp_path, *, database: str | None = None) -> None:
+def _check(seed: int, tmp_path, *, database: str | None = None, process: bool = False) -> None:
     """Run the seed (on $QLACTORS_SIMNET_DB, sqlite when unset, unless `database` is given)."""
     database = database or os.environ.get("QLACTORS_SIMNET_DB", "sqlite")
     tmp_path.mkdir(parents=True, exist_ok=True)
     with _pg_schema() if database == "postgres" else nullcontext() as url:
-        report = verdict(run_seed(seed, tmp_path, database_url=url), database)
+        report = verdict(run_seed(seed, tmp_path, database_url=url, process=process), database, process)
     assert report is None, report
 
 
@@ -46,18 +50,29 @@ def test_a_seed_of_faults_settles_with_every_invariant_held(seed, tmp_path):
     _check(seed, tmp_path)
 
 
+@pytest.mark.parametrize("seed", default_process_seeds())
+def test_a_seed_of_process_faults_settles_with_every_invariant_held(seed, tmp_path):
+    _check(seed, tmp_path, process=True)
+
+
 def test_replay(tmp_path):
-    """The seed of $QLACTORS_SIMNET_SEED (0 when unset), as a failing seed's replay line runs it;
-    $QLACTORS_SIMNET_REPEAT times (1 when unset) until it fails, since a seed replays its faults
-    but not the threads' interleaving."""
+    """The seed of $QLACTORS_SIMNET_SEED (0 when unset), as a failing seed's replay line runs it
+    (with process faults when $QLACTORS_SIMNET_PROCESS=1); $QLACTORS_SIMNET_REPEAT times (1 when
+    unset) until it fails, since a seed replays its faults but not the threads' interleaving."""
     for n in range(int(os.environ.get("QLACTORS_SIMNET_REPEAT", "1"))):
-        _check(replay_seed(), tmp_path / f"run-{n}")
+        _check(replay_seed(), tmp_path / f"run-{n}", process=replay_process())
 
 
 @pytest.mark.chaos
 @pytest.mark.parametrize("seed", chaos_seeds())
 def test_chaos_seed_settles_with_every_invariant_held(seed, tmp_path):
     _check(seed, tmp_path)
+
+
+@pytest.mark.chaos
+@pytest.mark.parametrize("seed", chaos_process_seeds())
+def test_chaos_seed_of_process_faults_settles_with_every_invariant_held(seed, tmp_path):
+    _check(seed, tmp_path, process=True)
 
 
 @pytest.mark.chaos

@@ -1,5 +1,6 @@
 """What the rig records while a seed runs, beside the store's rows: every launcher the Executor
-spawned (through a wrapper around `spawn`), how many launchers were alive at each spawn, and the
+spawned (through a wrapper around `spawn`), how many launchers of its worker were alive at each
+spawn, and the
 jobs' own ledger (a job appends `start ATTEMPT` first and `end ATTEMPT` as its last act)."""
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class Spawned:
     attempt_id: str
     pid: int
     ticks: int | None
+    worker: str = ""
 
     def alive(self) -> bool:
         return self.ticks is not None and start_ticks(self.pid) == self.ticks
@@ -38,22 +40,30 @@ class Spawned:
 
 @dataclass
 class SpawnRecorder:
-    """Wraps the Executor's `spawn`: counts launches per attempt and the most launchers alive at once."""
+    """Wraps the Executor's `spawn`: counts launches per attempt and the most launchers of one
+    worker alive at once (`worker_of` names the worker spawning: the calling thread's)."""
 
     real: Callable[..., int]
     spawned: list[Spawned] = field(default_factory=list)
     most_alive: int = 0
+    worker_of: Callable[[], str] = lambda: ""
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __call__(self, argv, env, *, token: str, shell: str = "/bin/sh") -> int:
         attempt_id = env.get("QLACTORS_ATTEMPT_ID", "")
         env = {**env, "SIMNET_ATTEMPT": attempt_id}
+        worker = self.worker_of()
         with self._lock:
-            alive = sum(1 for s in self.spawned if s.alive())
+            alive = sum(1 for s in self.spawned if s.worker == worker and s.alive())
             pid = self.real(argv, env, token=token, shell=shell)
-            self.spawned.append(Spawned(attempt_id, pid, start_ticks(pid)))
+            self.spawned.append(Spawned(attempt_id, pid, start_ticks(pid), worker))
             self.most_alive = max(self.most_alive, alive + 1)
         return pid
+
+    def alive(self, attempt_id: str) -> bool:
+        """Whether a launcher of this attempt is alive now."""
+        with self._lock:
+            return any(s.alive() for s in self.spawned if s.attempt_id == attempt_id)
 
     def launches(self) -> Counter:
         return Counter(s.attempt_id for s in self.spawned)

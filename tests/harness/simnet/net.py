@@ -5,7 +5,9 @@ authenticator of its own), and the proxy reaches the real replica's CURVE ROUTER
 own key, so both ends run the real transport and the proxy sees every frame in clear. While
 faulting, every frame in each direction is dropped, duplicated, and delayed by a bounded random
 amount (frames delayed differently are delivered out of order), drawn from `random.Random` of
-(seed, link, direction); once `calm()` is called frames go through at once, in order.
+(seed, link, direction); once `calm()` is called frames go through at once, in order. `sever()`
+(a worker killed, issue 26) loses every frame in flight and every later frame of the worker's
+connections so far, and gives the replica a new connection, as a process's death does.
 """
 
 from __future__ import annotations
@@ -55,11 +57,15 @@ class FaultyLink(threading.Thread):
     """A proxy from `front` (what the worker connects to) to the replica at `replica`."""
 
     def __init__(self, *, seed: int, name: str, front: str, replica: str, server_public: bytes,
-                 server_secret: bytes, worker_public: bytes, worker_secret: bytes, plan: FaultPlan) -> None:
+                 server_secret: bytes, worker_public: bytes, worker_secret: bytes, plan: FaultPlan,
+                 worker_id: str = "w1") -> None:
         super().__init__(name=f"simnet-{name}", daemon=True)
         self.front, self.replica, self.plan = front, replica, plan
         self._rng = {d: random.Random(f"simnet:{seed}:{name}:{d}") for d in (UP, DOWN)}
         self._keys = (server_public, server_secret, worker_public, worker_secret)
+        self.worker_id = worker_id
+        self._sever = threading.Event()
+        self._dead_peers: set[bytes] = set()
         self._faulting = threading.Event()
         self._faulting.set()
         self._stopping = threading.Event()
@@ -73,6 +79,11 @@ class FaultyLink(threading.Thread):
     def calm(self) -> None:
         """Stop faulting: frames from now on go through at once (those held keep their time)."""
         self._faulting.clear()
+
+    def sever(self) -> None:
+        """The worker's process died: the link thread drops what is in flight, refuses the old
+        connections' frames, and reconnects to the replica (a new peer there)."""
+        self._sever.set()
 
     def close(self) -> None:
         self._stopping.set()
@@ -88,17 +99,15 @@ class FaultyLink(threading.Thread):
         auth = None
         front = back = None
         try:
-            auth = start_authenticator(ctx, AllowList({worker_public.decode("ascii"): "w1"}))
+            auth = start_authenticator(ctx, AllowList({worker_public.decode("ascii"): self.worker_id}))
             heartbeat = endpoints.ZmtpHeartbeat.every(1000)
             front = ctx.socket(zmq.ROUTER)
             front_ep = endpoints.parse_endpoint(self.front)
             endpoints.server_router(front, front_ep, heartbeat=heartbeat,
                                     security=server_socket_options(server_secret))
             front.bind(self.front)
-            back = ctx.socket(zmq.DEALER)
-            endpoints.client_dealer(back, endpoints.parse_endpoint(self.replica), heartbeat=heartbeat,
-                                    security=client_socket_options(worker_public, worker_secret, server_public))
-            back.connect(self.replica)
+            self._ctx, self._heartbeat = ctx, heartbeat
+            back = self._connect_back()
         except BaseException as err:
             self._failure = err
         self._ready.set()
@@ -106,18 +115,36 @@ class FaultyLink(threading.Thread):
             if self._failure is None:
                 self._loop(front, back)
         finally:
-            for sock in (front, back):
+            for sock in (front, getattr(self, "_back", back)):
                 if sock is not None:
                     sock.close(0)
             if auth is not None:
                 auth.stop()
             ctx.term()
 
+    def _connect_back(self) -> zmq.Socket:
+        server_public, _server_secret, worker_public, worker_secret = self._keys
+        back = self._ctx.socket(zmq.DEALER)
+        endpoints.client_dealer(back, endpoints.parse_endpoint(self.replica), heartbeat=self._heartbeat,
+                                security=client_socket_options(worker_public, worker_secret, server_public))
+        back.connect(self.replica)
+        return back
+
     def _loop(self, front: zmq.Socket, back: zmq.Socket) -> None:
         poller = zmq.Poller()
         poller.register(front, zmq.POLLIN)
         poller.register(back, zmq.POLLIN)
         while not self._stopping.is_set():
+            if self._sever.is_set():
+                self._sever.clear()
+                self._queue.clear()
+                if self._peer is not None:
+                    self._dead_peers.add(self._peer)
+                self._peer = None
+                poller.unregister(back)
+                back.close(0)
+                back = self._back = self._connect_back()
+                poller.register(back, zmq.POLLIN)
             now = time.monotonic()
             wait_ms = 50 if not self._queue else max(0, min(50, int((self._queue[0][0] - now) * 1000) + 1))
             events = dict(poller.poll(wait_ms))
@@ -137,6 +164,8 @@ class FaultyLink(threading.Thread):
 
     def _take(self, direction: str, frames: list[bytes], peer: bytes | None = None) -> None:
         if peer is not None:
+            if peer in self._dead_peers:
+                return  # a frame of a killed worker's connection
             self._peer = peer
         now = time.monotonic()
         self.counts["frames"] += 1

@@ -80,6 +80,7 @@ class SeedResult:
     facts: Facts
     settled_s: float | None  # how long after the faults stopped it converged; None: it did not
     counts: dict = field(default_factory=dict)
+    log: list[str] = field(default_factory=list)  # what the process schedule did, in order
 
 
 def _free_tcp() -> str:
@@ -124,23 +125,46 @@ def restart_gateway(ctx) -> None:
 
 
 def run_seed(seed: int, root: Path, *, database_url: str | None = None, timing: Timing = Timing(),
-             plan: FaultPlan = FaultPlan(), slots: int = 2) -> SeedResult:
-    """Run one seed in `root` (keys, database file, ledger, the worker's state) and read its facts."""
+             plan: FaultPlan = FaultPlan(), slots: int = 2, process: bool = False,
+             ptiming: "ProcessTiming | None" = None) -> SeedResult:
+    """Run one seed in `root` (keys, database file, ledger, the worker's state) and read its facts.
+    `process`: the seed also faults processes (issue 26, simnet/schedule.py): two workers, each
+    killed and restarted at journal writes and answers, drained, revoked, retired; a replica
+    killed between a commit and its answer; operator commands; a worker's clock stepped."""
     url = database_url or f"sqlite:///{root / 'simnet.sqlite'}"
     admin = Repository.open(url)
     try:
-        seed_run = _Seed(seed, root, url, admin, timing, plan, slots)
+        if process:
+            from .schedule import ProcessSeed, ProcessTiming
+
+            seed_run = ProcessSeed(seed, root, url, admin, timing, plan, slots, ptiming or ProcessTiming())
+        else:
+            seed_run = _Seed(seed, root, url, admin, timing, plan, slots)
         try:
             seed_run.start()
             seed_run.fault_and_settle()
         finally:
             seed_run.stop()
-        return SeedResult(seed, seed_run.facts(), seed_run.settled_s, seed_run.counts())
+        return SeedResult(seed, seed_run.facts(), seed_run.settled_s, seed_run.counts(),
+                          getattr(seed_run, "log", []))
     finally:
         admin.close()
 
 
+@dataclass
+class WorkerSlot:
+    """One worker of the rig: its id, key, state directory, links, and its runtime's thread."""
+
+    name: str
+    state: Path
+    public: str = ""
+    links: list[FaultyLink] = field(default_factory=list)
+    thread: "_Thread | None" = None
+
+
 class _Seed:
+    workers_n = 1
+
     def __init__(self, seed: int, root: Path, url: str, admin: Repository, timing: Timing,
                  plan: FaultPlan, slots: int) -> None:
         self.seed, self.root, self.url, self.admin = seed, root, url, admin
@@ -148,33 +172,53 @@ class _Seed:
         self.rng = random.Random(f"simnet:{seed}")
         self.keys = root / "keys"
         self.ledger = root / "ledger.txt"
-        self.state = root / "state"
         self.runs: dict[str, Job] = {}
-        self.threads: list[_Thread] = []
-        self.links: list[FaultyLink] = []
+        self.threads: list[_Thread] = []  # the replicas'
+        self.workers: list[WorkerSlot] = self._worker_slots()
         self.recorder = SpawnRecorder(launching_module.spawn)
         self.settled_s: float | None = None
 
+    def _worker_slots(self) -> list[WorkerSlot]:
+        # One worker, as issue 17 made it: links r0 and r1, its state in `state`.
+        return [WorkerSlot(WORKER, self.root / "state")]
+
+    def _link_name(self, worker: WorkerSlot, i: int) -> str:
+        return f"r{i}"
+
+    @property
+    def links(self) -> list[FaultyLink]:
+        return [link for w in self.workers for link in w.links]
+
     def start(self) -> None:
         new_key_pair(self.keys, "control")
-        new_key_pair(self.keys, WORKER)
         server_public, server_secret = load_key_pair(self.keys / "control.key_secret")
-        worker_public, worker_secret = load_key_pair(self.keys / f"{WORKER}.key_secret")
-        WorkerKeys(self.admin.store).allow(WORKER, worker_public.decode("ascii"))
+        for w in self.workers:
+            new_key_pair(self.keys, w.name)
+            public, _secret = load_key_pair(self.keys / f"{w.name}.key_secret")
+            w.public = public.decode("ascii")
+            WorkerKeys(self.admin.store).allow(w.name, w.public)
         binds = [_free_tcp(), _free_tcp()]
         for i, bind in enumerate(binds):
             self.threads.append(_Thread(ControlRuntime(self._control_config(i, bind))))
-        for i, bind in enumerate(binds):
-            link = FaultyLink(seed=self.seed, name=f"r{i}", front=_free_tcp(), replica=bind,
-                              server_public=server_public, server_secret=server_secret,
-                              worker_public=worker_public, worker_secret=worker_secret, plan=self.plan)
-            self.links.append(link)
-            link.start()
-            link.wait_ready()
+        for w in self.workers:
+            worker_public, worker_secret = load_key_pair(self.keys / f"{w.name}.key_secret")
+            for i, bind in enumerate(binds):
+                link = FaultyLink(seed=self.seed, name=self._link_name(w, i), front=_free_tcp(), replica=bind,
+                                  server_public=server_public, server_secret=server_secret,
+                                  worker_public=worker_public, worker_secret=worker_secret, plan=self.plan,
+                                  worker_id=w.name)
+                w.links.append(link)
+                link.start()
+                link.wait_ready()
         self._admit()
-        self.state.mkdir()
+        for w in self.workers:
+            w.state.mkdir()
         launching_module.spawn = self.recorder
-        self.threads.append(_Thread(WorkerRuntime(self._worker_config())))
+        for w in self.workers:
+            self.start_worker(w)
+
+    def start_worker(self, w: WorkerSlot) -> None:
+        w.thread = _Thread(WorkerRuntime(self._worker_config(w)))
 
     def _control_config(self, i: int, bind: str) -> ControlConfig:
         t = self.timing
@@ -184,10 +228,10 @@ class _Seed:
                              recovery_grace_ms=t.recovery_grace_ms, drain_grace_ms=0,
                              cadence_tick_ms=t.cadence_tick_ms, shutdown_drain_ms=2_000)
 
-    def _worker_config(self) -> WorkerConfig:
-        return WorkerConfig(path=self.root / "worker.toml", control=tuple(link.front for link in self.links),
-                            server_key=self.keys / "control.key", key=self.keys / f"{WORKER}.key_secret",
-                            slots=self.slots, state_dir=self.state,
+    def _worker_config(self, w: WorkerSlot) -> WorkerConfig:
+        return WorkerConfig(path=self.root / f"{w.name}.toml", control=tuple(link.front for link in w.links),
+                            server_key=self.keys / "control.key", key=self.keys / f"{w.name}.key_secret",
+                            slots=self.slots, state_dir=w.state,
                             request_timeout_ms=self.timing.request_timeout_ms, shutdown_drain_ms=1_000,
                             stop_grace_ms=200, kill_grace_ms=200, output_drain_ms=100, disk_reserve_bytes=0)
 
@@ -202,20 +246,29 @@ class _Seed:
                 actor_name="tester")
             self.runs[self.admin.runs.request(name).run.id] = job
 
+    def journals(self) -> list[Path]:
+        return [w.state / JOURNAL_FILE for w in self.workers]
+
     def fault_and_settle(self) -> None:
         _faults(self.rng, [t.runtime for t in self.threads[:2]], self.timing)
         for link in self.links:
             link.calm()
+        self.settle(self.timing.settle_s)
+
+    def settle(self, settle_s: float) -> None:
         calm_at = time.monotonic()
-        while time.monotonic() - calm_at < self.timing.settle_s:
-            if _settled(self.admin, list(self.runs), self.state / JOURNAL_FILE):
+        while time.monotonic() - calm_at < settle_s:
+            if _settled(self.admin, list(self.runs), self.journals()):
                 self.settled_s = time.monotonic() - calm_at
                 return
             time.sleep(0.05)
 
     def stop(self) -> None:
-        """Every runtime by its own stop (the worker first), the links, then any launcher left."""
+        """Every runtime by its own stop (the workers first), the links, then any launcher left."""
         try:
+            for w in self.workers:
+                if w.thread is not None:
+                    w.thread.stop()
             for t in reversed(self.threads):
                 t.stop()
         finally:
@@ -228,7 +281,7 @@ class _Seed:
         return {k: sum(link.counts[k] for link in self.links) for k in ("frames", "dropped", "duplicated")}
 
     def facts(self) -> Facts:
-        return _facts(self.admin, self.runs, self.root, self.recorder, self.slots)
+        return _facts(self.admin, self.runs, self.root, self.recorder, self.slots, self.journals())
 
 
 def _faults(rng: random.Random, replicas: list[ControlRuntime], timing: Timing) -> None:
@@ -263,22 +316,23 @@ def _rows(admin: Repository, run_ids: list[str]):
     with admin.store.read() as conn:
         r = conn.execute(select(runs.c.id, runs.c.status).where(runs.c.id.in_(run_ids))).all()
         a = conn.execute(select(run_attempts.c.id, run_attempts.c.run_id, run_attempts.c.status,
-                                run_attempts.c.exit_code, run_attempts.c.error_code)
+                                run_attempts.c.exit_code, run_attempts.c.error_code, run_attempts.c.worker_id)
                          .where(run_attempts.c.run_id.in_(run_ids))).all()
     return r, a
 
 
-def _settled(admin: Repository, run_ids: list[str], journal: Path) -> bool:
+def _settled(admin: Repository, run_ids: list[str], journals: list[Path]) -> bool:
     r, a = _rows(admin, run_ids)
     return (all(s in ("succeeded", "failed", "cancelled", "timed_out") for _i, s in r)
-            and not _journal_in_flight(journal))
+            and not any(_journal_in_flight(j) for j in journals))
 
 
-def _facts(admin: Repository, runs: dict[str, Job], root: Path, recorder: SpawnRecorder, slots: int) -> Facts:
+def _facts(admin: Repository, runs: dict[str, Job], root: Path, recorder: SpawnRecorder, slots: int,
+           journals: list[Path]) -> Facts:
     r, a = _rows(admin, list(runs))
     starts, ends = read_ledger(root / "ledger.txt")
     return Facts(
         runs=[Run(i, s, runs[i].safety, runs[i].exit_code) for i, s in r],
         attempts=[Attempt(*row) for row in a], slots=slots, launches=recorder.launches(),
         starts=starts, ends=ends, most_alive=recorder.most_alive,
-        journal_in_flight=_journal_in_flight(root / "state" / JOURNAL_FILE))
+        journal_in_flight=[x for j in journals for x in _journal_in_flight(j)])
