@@ -15,6 +15,7 @@ import logging
 import pytest
 
 from qlactors.control.gateway import fence_of
+from qlactors.domain.receipt import Receipt
 from qlactors.domain.transitions import ErrorCode
 from qlactors.executor import evidence, session_reports
 from qlactors.runtime.signals import HeartbeatDue
@@ -207,3 +208,30 @@ def test_a_stale_heartbeat_number_is_jumped_past_at_once(make_rig, monkeypatch):
     assert again.seq > before.seq
     assert len(rig.answer_heartbeat(again).renewed) == 1
     release(rig)
+
+
+@pytest.mark.xfail(strict=True, reason="simnet 300002/310008/320005: a row whose attempt ended elsewhere stays started")
+def test_a_row_whose_end_the_control_side_has_is_finished_after_a_restart(make_rig):
+    """Simulation seeds 300002, 300005, 310008, 320005: the worker dies after the control side
+    committed its Completed and its receipt was deleted, before the journal row was finished.
+    The restarted worker finds the process gone and no receipt and attests `ended`, answered
+    `superseded` (the attempt succeeded): the row is finished as the Completed's answer would have
+    finished it (its log kept for retention to its final offset), never left `started` for good."""
+    rig = make_rig()
+    offer, _pull, _started = rig.launch_on(rig.new_session(), ["/bin/sh", "-c", "echo out; exit 0"])
+    completed = rig.peer.expect(m.Completed, strict=False)
+    receipt = Receipt(schema_version=completed.schema_version, run_id=completed.run_id,
+                      attempt_id=completed.attempt_id, callback_sequence=completed.callback_sequence,
+                      token=completed.token, started_at_ms=completed.started_at_ms,
+                      finished_at_ms=completed.finished_at_ms, exit_code=completed.exit_code)
+    assert rig.ctx.control_side.completion.complete(completed.run_id, completed.attempt_id, receipt).result == "applied"
+    rig.ctx.executor_side.receipts.delete(offer.attempt_id)  # finish's first step; then the process dies
+    assert rig.ctx.executor_side.journal.get(offer.attempt_id).state == "started"
+    rig.resume(rig.restart_executor(receipts=True))
+    attest = rig.peer.expect(m.Attest, strict=False)
+    assert (attest.attempt_id, attest.fact) == (offer.attempt_id, "ended")
+    assert (rig.answer_attest(attest).result, rig.repo.runs.get(offer.run_id).state) == ("superseded", "succeeded")
+    entry = wait_until(lambda: (e := rig.ctx.executor_side.journal.get(offer.attempt_id)) is not None
+                       and e.state == "completed" and e, what="the row finished")
+    assert entry.final_offset == len(b"out\n") and entry.purge_after_ms is not None
+    rig.peer.quiet(0.5)  # nothing more is said about it

@@ -63,10 +63,14 @@ class ClusterRig(ExecutorRig):
         self.peer.send(answer)
         return answer
 
-    def restart_executor(self) -> m.Register:
-        """The worker's process dies and a new one starts on its state directory: the Executor is
-        stopped where it is (nothing it was sent since is handled) and a new one starts on the same
-        journal; the jobs it launched run on. The new instance's Register."""
+    def restart_executor(self, *, receipts: bool = False) -> m.Register:
+        """The worker's process dies and a new one starts on its state directory: the Executor (and
+        with `receipts` the ReceiptConsumer) is stopped where it is (nothing it was sent since is
+        handled) and a new one starts on the same journal; the jobs it launched run on. The new
+        instance's Register."""
+        if receipts:
+            self.h.directory.get("receipts").stop(timeout=WAIT_S)
+            self.h.start("receipts", ReceiptConsumer)
         self.ref.stop(timeout=WAIT_S)
         self.ref = self.h.start("executor", Executor)
         return self.peer.expect(m.Register, strict=False)
