@@ -55,6 +55,7 @@ from .slots import Local, Slots
 log = logging.getLogger("qlactors.executor")
 
 PROBE_PAGE = 64
+ENDS = (ev.ENDED, "stopped")  # not-running facts after which nothing more is to be said of the attempt
 
 
 class Adoption:
@@ -228,7 +229,10 @@ class Adoption:
 
     def _fact_answered(self, report: Any, msg: m.Attested) -> None:
         """The answer to an attestation of a not-running fact: settled, or re-made from the current
-        session when its own session had ended."""
+        session when its own session had ended. Once the control side has the end of an attempt
+        this worker holds no process for (`ended` or `stopped` recorded; any fact `superseded`: the
+        attempt is over or replaced), its journal row is finished (the ReceiptConsumer's), not
+        left in flight for good (a cluster worker's: edge judges by its own rows)."""
         if msg.result == Result.FENCED and session_fence(msg.detail):
             self.owed.fenced_by_session(report, msg)
             return
@@ -236,6 +240,9 @@ class Adoption:
         if msg.result != Result.APPLIED:
             log.warning("event=attest_%s attempt=%s fact=%s detail=%s", msg.result, msg.attempt_id, msg.fact,
                         msg.detail)
+        end_known = msg.result == Result.SUPERSEDED or (msg.result == Result.APPLIED and msg.fact in ENDS)
+        if end_known and msg.attempt_id not in self.slots and not self.current.policy.judged_by_own_records:
+            self.consume(Consume(msg.run_id, msg.attempt_id, recheck=True, end_known=True))
 
     def _rebound(self, local: Local | None, sent: m.Attest, msg: m.Attested, request_id: str) -> None:
         """`applied`: the lease the attestation's own slot names, journalled as the attempt's in the

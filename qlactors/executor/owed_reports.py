@@ -180,6 +180,8 @@ class OwedReports:
         """Conclusive evidence for recovery: this executor runs no process for the attempt
         (`stopped_by` how it ended, None when it was never launched here)."""
         fact = "never_launched" if stopped_by is None else ("ended" if stopped_by == "exit" else "stopped")
+        if any(r.kind == m.Attest.KIND and decoded(r).fact == fact for r in self.journal.owed(about=attempt_id)):
+            return  # said already, still owed (a restart's two looks at one ended launcher)
         self.attest(run_id, attempt_id, fact, stopped_by)
 
     def decline(self, lease: Any, lease_token: str, session_id: str, generation: int, reason: str) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 from dataclasses import dataclass
 
@@ -123,6 +124,9 @@ class ReceiptConsumer(RuntimeActor):
     def on_consume(self, msg: Consume, _peer: bytes) -> None:
         files = self.ctx.local_receipts
         found = files.look(msg.attempt_id)
+        if found.kind == "missing" and msg.end_known:
+            self._end_known(msg)
+            return
         if found.kind == "missing":
             if not msg.recheck:  # the launcher may still be publishing: one grace, one more look
                 grace = self.ctx.config.runtime.publish_grace_ms / 1000
@@ -199,13 +203,7 @@ class ReceiptConsumer(RuntimeActor):
         files = self.ctx.local_receipts
         if msg.result in SETTLED:
             crash_point("after_completion_commit")
-            final_offset = self.final_offsets.pop(msg.attempt_id, None)
-            if final_offset is None:
-                files.finish(msg.attempt_id)  # delete only after the commit, journal row last
-            else:  # a cluster worker: the log's tail ships on, up to its final offset
-                self.ctx.journal.final_offset(msg.attempt_id, final_offset)
-                files.finish(msg.attempt_id, keep_log_until_ms=wall_ms() + LOCAL_LOG_KEEP_MS)
-                self.ctx.directory.tell("logs", LogFinal(msg.attempt_id, final_offset))
+            self._finish(msg.attempt_id, self.final_offsets.pop(msg.attempt_id, None))
         elif msg.result == Result.REFUSED and quarantines(msg.detail):
             log.warning("event=receipt_refused attempt=%s detail=%s", msg.attempt_id, msg.detail)
             files.quarantine(msg.attempt_id)
@@ -218,6 +216,35 @@ class ReceiptConsumer(RuntimeActor):
             if self.ctx.journal.get(msg.attempt_id) is not None:
                 self.ctx.journal.set_state(msg.attempt_id, "completed")
         self.waiting.pop(msg.attempt_id, None)
+
+    def _finish(self, attempt_id: str, final_offset: int | None) -> None:
+        """The control side has the attempt's end: its files go, the journal row last; a cluster
+        worker's log stays, and its tail ships on up to `final_offset`, for local retention."""
+        files = self.ctx.local_receipts
+        if final_offset is None:
+            files.finish(attempt_id)  # delete only after the commit, journal row last
+            return
+        self.ctx.journal.final_offset(attempt_id, final_offset)
+        files.finish(attempt_id, keep_log_until_ms=wall_ms() + LOCAL_LOG_KEEP_MS)
+        self.ctx.directory.tell("logs", LogFinal(attempt_id, final_offset))
+
+    def _end_known(self, msg: Consume) -> None:
+        """No receipt, and the control side has the attempt's end (the Executor's not-running
+        attestation was answered: the evidence recorded, or the attempt over): the row is finished
+        instead of staying in flight for good; a cluster worker's log ships to its length now."""
+        entry = self.ctx.journal.get(msg.attempt_id)
+        if entry is None or entry.purge_after_ms is not None or msg.attempt_id in self.waiting:
+            return  # gone, handed to retention already, or a Completed in flight finishes it
+        final_offset = None
+        if self.ctx.log_retention is not None:
+            final_offset = entry.final_offset
+            if final_offset is None:
+                try:
+                    final_offset = os.stat(entry.log_path).st_size
+                except OSError:
+                    final_offset = 0  # no log file: nothing was written, nothing is to be shipped
+        log.info("event=row_finished_end_known run=%s attempt=%s", msg.run_id, msg.attempt_id)
+        self._finish(msg.attempt_id, final_offset)
 
     def on_cleanup(self, _msg: Cleanup, _peer: bytes) -> None:
         """Bounded: retry completed-but-not-cleared rows, purge old quarantine entries."""

@@ -98,6 +98,9 @@ class Consume:
     attempt_id: str
     recheck: bool = False
     stopped_by: str = "exit"  # how the launcher ended as the executor saw it: exit, term, kill
+    # The control side has the attempt's end already (a not-running attestation was answered):
+    # with no receipt, the journal row is finished as a completion's answer finishes one.
+    end_known: bool = False
 
 
 @dataclass(frozen=True, slots=True)
