@@ -182,6 +182,8 @@ class Follow:
         while True:
             run = self.repo.runs.get(self.run_id)
             if run.state in TERMINAL_STATES:
+                if self.runtime_up is False:  # it started and ran the job within one poll: said so
+                    self._say_runtime(run.state)
                 return self._ended(run)
             if self.interrupted:
                 say(f"interrupted: run {run.id} goes on ({run.state}); follow it with "
