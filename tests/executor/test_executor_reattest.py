@@ -13,6 +13,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import pytest
+
 
 from qlactors.control.gateway import fence_of
 from qlactors.runtime.signals import Consume, HeartbeatDue, NoReceipt, Resume
@@ -22,8 +24,11 @@ from qlactors.process.identity import Liveness
 from qlactors.wire import messages as m
 from qlactors.executor import evidence
 from qlactors.executor.journal.records import LeaseFacts
+from qlactors.store.cadence.cluster_recovery import ClusterRecoveryCases
+from qlactors.store.dispatch.evidence import ConfirmStopped
 
 from actor_harness import ActorHarness, attempt_row, leases, wait_until
+from session_steps import expire_lease
 from actor_rigs import BOOT_ID, new_token, spec
 from cluster_rigs import LEASES, ClusterRig, make_rig, held_job, ready, release, end_session_by_heartbeat  # noqa: F401 - fixtures
 
@@ -206,6 +211,36 @@ def test_a_launching_row_without_a_marker_is_attested_launch_unknown_never_ended
     assert not rig.ctx.executor_side.receipts.marker_path(made["attempt_id"]).exists()
     assert rig.ctx.executor_side.journal.get(made["attempt_id"]).state == "launching"
     assert rig.ctx.executor_side.journal.get(made["attempt_id"]).identity is None
+
+
+@pytest.mark.xfail(strict=True, reason="simulation seed 310007: a launch_unknown row outlives its attempt")
+def test_a_launch_unknown_row_is_asked_about_again_and_finished_once_its_attempt_is_over(make_rig):
+    """Simulation seed 310007: a row `launching` without a marker is attested `launch_unknown` and
+    waits for an operator; once `confirm-stopped` and recovery have ended its attempt `lost`, the
+    worker learns it when it asks again (every few heartbeats, while the row waits): `superseded`,
+    and the row is finished instead of staying in flight for good."""
+    made: dict[str, Any] = {}
+
+    def journal_it(h: ActorHarness) -> None:
+        made["session"] = _first_session(h)
+        made["run_id"], made["attempt_id"], made["lease"] = _leased_attempt(h, made["session"], "launching")
+
+    rig = make_rig(before=journal_it)
+    rig.welcome_to(rig.new_session())
+    attest = rig.peer.expect(m.Attest)
+    assert (attest.fact, rig.answer_attest(attest).result) == ("launch_unknown", "applied")
+    expire_lease(rig.repo, made["attempt_id"])
+    assert ConfirmStopped(rig.repo.store).confirm_stopped(made["run_id"], "alice").result == "applied"
+    cases = ClusterRecoveryCases(rig.repo.store, recovery_grace_ms=120_000, drain_grace_ms=120_000)
+    (candidate,) = [c for c in cases.page(16)[0] if c.attempt_id == made["attempt_id"]]
+    assert cases.resolve(candidate).result == "applied"
+    assert rig.repo.runs.get(made["run_id"]).state == "lost"
+    for _ in range(6):
+        rig.answer_heartbeat(rig.heartbeat())
+    again = rig.peer.expect(m.Attest, strict=False)
+    assert (again.attempt_id, again.fact) == (made["attempt_id"], "launch_unknown")
+    assert rig.answer_attest(again).result == "superseded"
+    wait_until(lambda: rig.ctx.executor_side.journal.get(made["attempt_id"]) is None, what="the row finished")
 
 
 def test_an_unreadable_proc_is_no_fact_and_the_row_is_probed_again_at_the_next_heartbeat(make_rig, monkeypatch):
