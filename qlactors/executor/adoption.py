@@ -55,6 +55,9 @@ from .slots import Local, Slots
 log = logging.getLogger("qlactors.executor")
 
 PROBE_PAGE = 64
+# A row attested `launch_unknown` waits for an operator (`confirm-stopped`, `worker retire`): it
+# is attested again every this many heartbeats, so the worker learns when its attempt is over.
+ASK_UNDECIDED_EVERY = 6
 ENDS = (ev.ENDED, "stopped")  # not-running facts after which nothing more is to be said of the attempt
 
 
@@ -70,6 +73,8 @@ class Adoption:
         self.current, self.slots, self.owed = current, slots, owed
         self.consume, self.begin_stop = consume, begin_stop
         self.unprobed: set[str] = set()  # journal rows whose /proc was unreadable: probed again
+        self.undecided: set[str] = set()  # rows attested `launch_unknown`, the answer `applied`
+        self.beats = 0  # heartbeats seen (`reprobe`), for ASK_UNDECIDED_EVERY
 
     # -- journal rows not held ------------------------------------------------------------------
 
@@ -78,7 +83,11 @@ class Adoption:
         self._judge([e for e in self.journal.walk(IN_FLIGHT) if e.attempt_id not in self.slots])
 
     def reprobe(self) -> None:
-        """Rows whose /proc was unreadable at the last probe: probed again (each heartbeat)."""
+        """Each heartbeat: rows whose /proc was unreadable at the last probe, probed again; every
+        ASK_UNDECIDED_EVERY, the `launch_unknown` rows attested again."""
+        self.beats += 1
+        if self.undecided and self.beats % ASK_UNDECIDED_EVERY == 0:
+            self._ask_undecided()
         if not self.unprobed:
             return
         ids, self.unprobed = sorted(self.unprobed), set()
@@ -110,6 +119,14 @@ class Adoption:
             log.warning("event=evidence_unreadable run=%s attempt=%s action=probe_later", entry.run_id,
                         entry.attempt_id)
             self.unprobed.add(entry.attempt_id)
+
+    def _ask_undecided(self) -> None:
+        for attempt_id in sorted(self.undecided):
+            entry = self.journal.get(attempt_id)
+            if entry is None or entry.state not in IN_FLIGHT or attempt_id in self.slots:
+                self.undecided.discard(attempt_id)
+            elif not self.journal.owed(about=attempt_id):
+                self.owed.attest(entry.run_id, attempt_id, ev.LAUNCH_UNKNOWN, lease=entry.lease)
 
     def _adopt_running(self, entry: JournalEntry, identity: Any) -> None:
         """A launcher that survived a restart: watched again (for timeout and cancel), re-attested."""
@@ -240,6 +257,10 @@ class Adoption:
         if msg.result != Result.APPLIED:
             log.warning("event=attest_%s attempt=%s fact=%s detail=%s", msg.result, msg.attempt_id, msg.fact,
                         msg.detail)
+        if msg.fact == ev.LAUNCH_UNKNOWN and msg.result == Result.APPLIED:
+            self.undecided.add(msg.attempt_id)  # waits for an operator: asked again now and then
+        else:
+            self.undecided.discard(msg.attempt_id)
         end_known = msg.result == Result.SUPERSEDED or (msg.result == Result.APPLIED and msg.fact in ENDS)
         if end_known and msg.attempt_id not in self.slots and not self.current.policy.judged_by_own_records:
             self.consume(Consume(msg.run_id, msg.attempt_id, recheck=True, end_known=True))

@@ -23,6 +23,7 @@ from qlactors.ids import new_id
 from qlactors.process.identity import Liveness
 from qlactors.wire import messages as m
 from qlactors.executor import evidence
+from qlactors.executor.adoption import ASK_UNDECIDED_EVERY
 from qlactors.executor.journal.records import LeaseFacts
 from qlactors.store.cadence.cluster_recovery import ClusterRecoveryCases
 from qlactors.store.dispatch.evidence import ConfirmStopped
@@ -213,7 +214,6 @@ def test_a_launching_row_without_a_marker_is_attested_launch_unknown_never_ended
     assert rig.ctx.executor_side.journal.get(made["attempt_id"]).identity is None
 
 
-@pytest.mark.xfail(strict=True, reason="simulation seed 310007: a launch_unknown row outlives its attempt")
 def test_a_launch_unknown_row_is_asked_about_again_and_finished_once_its_attempt_is_over(make_rig):
     """Simulation seed 310007: a row `launching` without a marker is attested `launch_unknown` and
     waits for an operator; once `confirm-stopped` and recovery have ended its attempt `lost`, the
@@ -235,7 +235,7 @@ def test_a_launch_unknown_row_is_asked_about_again_and_finished_once_its_attempt
     (candidate,) = [c for c in cases.page(16)[0] if c.attempt_id == made["attempt_id"]]
     assert cases.resolve(candidate).result == "applied"
     assert rig.repo.runs.get(made["run_id"]).state == "lost"
-    for _ in range(6):
+    for _ in range(ASK_UNDECIDED_EVERY):
         rig.answer_heartbeat(rig.heartbeat())
     again = rig.peer.expect(m.Attest, strict=False)
     assert (again.attempt_id, again.fact) == (made["attempt_id"], "launch_unknown")
