@@ -42,9 +42,18 @@ PARTITION_PAST_LEASE_S = (2, 8)
 RESTART_PAUSE_S = (0, 2)
 PARTITION_REOPEN_S = 60
 # `confirm_stopped_thawed`: the operator's commands are started together once the frozen
-# worker's first run lease has lapsed (database time), and the worker is thawed this long after
-# they were started (they take about a second to commit: the thaw may come before, with or after).
-THAW_AFTER_S = (0, 2)
+# worker's first run lease has lapsed (database time), and the worker is thawed a seeded while
+# after the first of them returned (its word recorded): half the time within THAW_SOON_S, else
+# up to THAW_AFTER_S. Recovery acts on a recorded word within a cadence tick or two (200 ms), so
+# only a thaw that soon lets the worker's renewal race it (outcome `withdrawn`).
+THAW_SOON_S = 0.2
+THAW_AFTER_S = 2.0
+# Both issue-26 faults first submit SURVIVORS runs of the task SURVIVOR (45 s, unknown safety,
+# soak.py) and wait up to SURVIVOR_WAIT_S for one to run on their worker, so it holds a job that
+# outlives the fault (the other tasks' jobs mostly end within it).
+SURVIVOR = "survivor"
+SURVIVORS = 3
+SURVIVOR_WAIT_S = 20
 CONFIRM_WAIT_S = 8  # past the run lease, how long the frozen worker's leases are waited for
 _ATTEMPT_NAMED = re.compile(r"attempt (\d+) \(([0-9a-f-]{36})\)")
 _GENERATION = re.compile(r"lease generation (\d+)")
@@ -219,6 +228,7 @@ class Faults:
         name = self._worker()
         held = self.session_lease_s + self.rng.uniform(*PARTITION_PAST_LEASE_S)
         pause = self.rng.uniform(*RESTART_PAUSE_S)
+        survivors = self._survivors(name)
         paths = self.proxies[name]
         before = self._sessions_opened(name)
         rebound = self._worker_log_count(name, "event=rebound")
@@ -231,6 +241,7 @@ class Faults:
             for proxy in paths:
                 proxy.blackhole(UP, False)
                 proxy.blackhole(DOWN, False)
+                proxy.reset()  # the holed streams end at once (the peers connect again)
         healed = time.monotonic()
         reopened = _wait(lambda: self._sessions_opened(name) > before, PARTITION_REOPEN_S)
         reopen_s = f"{time.monotonic() - healed:.1f} s after the heal" if reopened else \
@@ -239,8 +250,28 @@ class Faults:
         rebinds = self._worker_log_count(name, "event=rebound") - rebound
         self.cluster.stop(self.cluster.workers[name], signal.SIGKILL)
         self.restart_worker(name)
-        return name, (f"partitioned {held:.1f} s; new session {reopen_s}; {rebinds} re-binds logged; "
+        return name, (f"{survivors}; partitioned {held:.1f} s; new session {reopen_s}; {rebinds} re-binds logged; "
                       f"killed {pause:.1f} s after it and restarted")
+
+    def _survivors(self, name: str) -> str:
+        """Submit SURVIVORS runs of SURVIVOR and wait (SURVIVOR_WAIT_S at most) until one runs on
+        worker `name`; says how many do."""
+        ids = []
+        for _ in range(SURVIVORS):
+            try:
+                ids.append(self.cluster.cli("run", SURVIVOR).stdout.decode().strip().split()[-1])
+            except (AssertionError, IndexError, subprocess.SubprocessError):
+                continue  # the database restarting: fewer survivors
+
+        def on_it() -> int:
+            try:
+                return self.cluster.sql("SELECT count(*) FROM run_attempts WHERE run_id = ANY(%s) AND "
+                                        "worker_id = %s AND status = 'running'", ids, name)[0][0]
+            except Exception:
+                return 0
+
+        _wait(lambda: on_it() > 0, SURVIVOR_WAIT_S, 0.5)
+        return f"{on_it()} of {len(ids)} survivors running on it"
 
     def _worker_log_count(self, name: str, needle: str) -> int:
         path = self.cluster.root / f"worker-{name}.log"
@@ -250,15 +281,17 @@ class Faults:
         """A worker frozen (SIGSTOP) past its run lease; for each of its runs whose lease has
         lapsed (database time), the operator's `qlactors confirm-stopped RUN --by soak-fault-K`
         (the CLI with the cluster's config, started together); the worker thawed a seeded 0-2 s
-        after the commands were started. The worker's renewal (or re-bind) may land before
+        after the first of them returned (THAW_SOON_S). The worker's renewal (or re-bind) may land before
         recovery acts on the word (the word is withdrawn, the job runs on) or after it (the
         attempt ends `lost`, RECOVERY_CONFIRMED_STOPPED, and the worker stops the job); each
         confirmation, with what it answered, is kept in `confirmations` for the checker."""
         from cluster_harness import QLACTORS
 
         name = self._worker()
-        thaw = self.rng.uniform(*THAW_AFTER_S)
+        soon = self.rng.random() < 0.5
+        thaw = self.rng.uniform(0, THAW_SOON_S) if soon else self.rng.uniform(THAW_SOON_S, THAW_AFTER_S)
         by = f"soak-fault-{len(self.applied) + 1}"
+        survivors = self._survivors(name)
         proc = self.cluster.workers[name]
         proc.popen.send_signal(signal.SIGSTOP)
         frozen = time.monotonic()
@@ -271,12 +304,15 @@ class Faults:
                                           run_id, "--by", by], cwd=self.cluster.root, stdout=subprocess.PIPE,
                                          stderr=subprocess.PIPE, text=True)
                 commands.append((run_id, attempt_id, generation, popen))
-            returned = {}
-            while time.monotonic() < started + thaw:
+            returned: dict[str, float] = {}
+            first = None  # when the first command returned: the thaw is timed from it
+            limit = started + 120
+            while commands and time.monotonic() < limit and (first is None or time.monotonic() < first + thaw):
                 for run_id, _a, _g, popen in commands:
                     if run_id not in returned and popen.poll() is not None:
                         returned[run_id] = time.monotonic() - started
-                time.sleep(0.02)
+                        first = first if first is not None else time.monotonic()
+                time.sleep(0.01)
         finally:
             proc.popen.send_signal(signal.SIGCONT)
         thawed = time.monotonic() - started
@@ -295,10 +331,11 @@ class Faults:
                 lease_generation=answer["lease_generation"] or generation, seen_generation=generation,
                 by=by, worker=name, started_at_ms=at, returned_after_s=round(returned[run_id], 2),
                 thawed_after_s=round(thawed, 2)))
-        return name, (f"stopped {started - frozen + thawed:.1f} s; {len(lapsed)} lapsed leases confirmed by {by} "
+        return name, (f"{survivors}; stopped {started - frozen + thawed:.1f} s; {len(lapsed)} lapsed leases confirmed by {by} "
                       f"({', '.join(f'{k} {v}' for k, v in sorted(answers.items())) or 'none'}; {waiting} "
-                      f"not lapsed); thawed {thawed:.1f} s after the commands started, which returned after "
-                      f"{min(returned.values(), default=0):.1f}-{max(returned.values(), default=0):.1f} s")
+                      f"not lapsed); commands returned after {min(returned.values(), default=0):.2f}-"
+                      f"{max(returned.values(), default=0):.2f} s, thawed at {thawed:.2f} s ({thaw:.2f} s after the "
+                      "first)")
 
     def _lapsed_leases(self, name: str, within_s: float) -> tuple[list[tuple[str, str, int]], int]:
         """Once the first of the worker's live run leases has lapsed (database time; at most

@@ -56,6 +56,9 @@ TASKS = (
     ("timeout-unsafe", "20", ("--timeout", "4"), 7),
     ("tick", "0.2", ("--cron", "*/2 * * * * *", "--tz", "UTC", "--max-concurrent", "2"), 0),
     ("tock", "6", ("--cron", "*/20 * * * * *", "--tz", "UTC", *IDEMPOTENT), 0),
+    # submitted only by `worker_restart_after_partition` and `confirm_stopped_thawed` just before
+    # they strike (faults.SURVIVOR), so the worker holds a job that outlives the fault (issue 26)
+    ("survivor", "45", (), 0),
 )
 
 
