@@ -280,13 +280,13 @@ class Faults:
     def confirm_stopped_thawed(self) -> tuple[str, str]:
         """A worker frozen (SIGSTOP) past its run lease; for each of its runs whose lease has
         lapsed (database time), the operator's `qlactors confirm-stopped RUN --by soak-fault-K`
-        (the CLI with the cluster's config, started together); the worker thawed a seeded 0-2 s
-        after the first of them returned (THAW_SOON_S). The worker's renewal (or re-bind) may land before
-        recovery acts on the word (the word is withdrawn, the job runs on) or after it (the
+        (the CLI with the cluster's config): a first wave for the leases lapsed once the first
+        one has, a second for the rest (later activations: the survivor's) once they have too;
+        the worker thawed a seeded 0-2 s after the first answer of the last wave (THAW_SOON_S).
+        The worker's renewal (or its re-bind, when its session lapsed too) may land before
+        recovery acts on a word (the word is withdrawn or void, the job runs on) or after it (the
         attempt ends `lost`, RECOVERY_CONFIRMED_STOPPED, and the worker stops the job); each
-        confirmation, with what it answered, is kept in `confirmations` for the checker."""
-        from cluster_harness import QLACTORS
-
+        command, with what it answered, is kept in `confirmations` for the checker."""
         name = self._worker()
         soon = self.rng.random() < 0.5
         thaw = self.rng.uniform(0, THAW_SOON_S) if soon else self.rng.uniform(THAW_SOON_S, THAW_AFTER_S)
@@ -295,35 +295,31 @@ class Faults:
         proc = self.cluster.workers[name]
         proc.popen.send_signal(signal.SIGSTOP)
         frozen = time.monotonic()
-        commands = []
+        commands: list[tuple] = []
+        returned: dict[str, float] = {}
+        waves = []
         try:
             lapsed, waiting = self._lapsed_leases(name, self.run_lease_s + CONFIRM_WAIT_S)
-            started, at = time.monotonic(), now_ms()
-            for run_id, attempt_id, generation in lapsed:
-                popen = subprocess.Popen([*QLACTORS, "--config", str(self.cluster.cli_config), "confirm-stopped",
-                                          run_id, "--by", by], cwd=self.cluster.root, stdout=subprocess.PIPE,
-                                         stderr=subprocess.PIPE, text=True)
-                commands.append((run_id, attempt_id, generation, popen))
-            returned: dict[str, float] = {}
-            first = None  # when the first command returned: the thaw is timed from it
-            limit = started + 120
-            while commands and time.monotonic() < limit and (first is None or time.monotonic() < first + thaw):
-                for run_id, _a, _g, popen in commands:
-                    if run_id not in returned and popen.poll() is not None:
-                        returned[run_id] = time.monotonic() - started
-                        first = first if first is not None else time.monotonic()
+            waves.append(len(lapsed))
+            first = self._confirm_wave(lapsed, by, commands, returned, frozen)
+            if waiting:
+                lapsed, waiting = self._lapsed_leases(name, CONFIRM_WAIT_S, every=True,
+                                                      skip={c[0] for c in commands})
+                waves.append(len(lapsed))
+                first = self._confirm_wave(lapsed, by, commands, returned, frozen) or first
+            while first is not None and time.monotonic() < first + thaw:
                 time.sleep(0.01)
         finally:
             proc.popen.send_signal(signal.SIGCONT)
-        thawed = time.monotonic() - started
+        thawed = time.monotonic() - frozen
         answers = Counter()
-        for run_id, attempt_id, generation, popen in commands:
+        for run_id, attempt_id, generation, popen, at in commands:
             try:
                 out, err = popen.communicate(timeout=120)
             except subprocess.TimeoutExpired:
                 popen.kill()
                 out, err = popen.communicate()
-            returned.setdefault(run_id, time.monotonic() - started)
+            returned.setdefault(run_id, time.monotonic() - frozen)
             answer = confirm_answer(popen.returncode, out, err)
             answers[answer["result"]] += 1
             self.confirmations.append(dict(
@@ -331,15 +327,40 @@ class Faults:
                 lease_generation=answer["lease_generation"] or generation, seen_generation=generation,
                 by=by, worker=name, started_at_ms=at, returned_after_s=round(returned[run_id], 2),
                 thawed_after_s=round(thawed, 2)))
-        return name, (f"{survivors}; stopped {started - frozen + thawed:.1f} s; {len(lapsed)} lapsed leases confirmed by {by} "
-                      f"({', '.join(f'{k} {v}' for k, v in sorted(answers.items())) or 'none'}; {waiting} "
-                      f"not lapsed); commands returned after {min(returned.values(), default=0):.2f}-"
-                      f"{max(returned.values(), default=0):.2f} s, thawed at {thawed:.2f} s ({thaw:.2f} s after the "
-                      "first)")
+        said = ", ".join(f"{k} {v}" for k, v in sorted(answers.items())) or "none"
+        return name, (f"{survivors}; stopped {thawed:.1f} s; {len(commands)} lapsed leases confirmed by {by} in "
+                      f"waves of {'+'.join(map(str, waves))} ({said}; {waiting} never lapsed); answered "
+                      f"{min(returned.values(), default=0):.1f}-{max(returned.values(), default=0):.1f} s into the "
+                      f"freeze; thawed {thaw:.2f} s after the last wave's first answer")
 
-    def _lapsed_leases(self, name: str, within_s: float) -> tuple[list[tuple[str, str, int]], int]:
-        """Once the first of the worker's live run leases has lapsed (database time; at most
-        `within_s`), the (run, attempt, lease generation) of those lapsed, and how many not yet."""
+    def _confirm_wave(self, lapsed: list[tuple[str, str, int]], by: str, commands: list, returned: dict,
+                      frozen: float) -> float | None:
+        """Start `confirm-stopped` for each lapsed lease together; when the first of them
+        answered (monotonic time), None when there were none. Each answer's time since `frozen`
+        goes into `returned`."""
+        from cluster_harness import QLACTORS
+
+        wave = []
+        for run_id, attempt_id, generation in lapsed:
+            popen = subprocess.Popen([*QLACTORS, "--config", str(self.cluster.cli_config), "confirm-stopped",
+                                      run_id, "--by", by], cwd=self.cluster.root, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+            wave.append((run_id, attempt_id, generation, popen, now_ms()))
+        commands.extend(wave)
+        deadline = time.monotonic() + 120
+        while wave and time.monotonic() < deadline:
+            for run_id, _a, _g, popen, _at in wave:
+                if popen.poll() is not None:
+                    returned[run_id] = time.monotonic() - frozen
+                    return time.monotonic()
+            time.sleep(0.01)
+        return None
+
+    def _lapsed_leases(self, name: str, within_s: float, *, every: bool = False,
+                       skip: set[str] = frozenset()) -> tuple[list[tuple[str, str, int]], int]:
+        """Once the first (`every`: the last) of the worker's live run leases, those of the runs
+        in `skip` left out, has lapsed (database time; at most `within_s`), the (run, attempt,
+        lease generation) of those lapsed, and how many not yet."""
         query = ("SELECT a.run_id, a.id, l.lease_generation, l.expires_at_ms <= "
                  "(extract(epoch from clock_timestamp()) * 1000)::bigint FROM run_dispatch_leases l "
                  "JOIN run_attempts a ON a.id = l.attempt_id AND a.lease_generation = l.lease_generation "
@@ -353,7 +374,8 @@ class Faults:
                 rows = self.cluster.sql(query, name)
             except Exception:  # the database restarting: look again
                 rows = []
-            if any(r[3] for r in rows):
+            rows = [r for r in rows if r[0] not in skip]
+            if all(r[3] for r in rows) if every else any(r[3] for r in rows):
                 break
             time.sleep(0.2)
         lapsed = [(r[0], r[1], r[2]) for r in rows if r[3]]
