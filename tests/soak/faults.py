@@ -43,7 +43,7 @@ RESTART_PAUSE_S = (0, 2)
 PARTITION_REOPEN_S = 60
 # `confirm_stopped_thawed`: the operator's commands are started together once the frozen
 # worker's first run lease has lapsed (database time), and the worker is thawed a seeded while
-# after the first of them returned (its word recorded): half the time within THAW_SOON_S, else
+# after the first word of them was recorded (seen in the database): half the time within THAW_SOON_S, else
 # up to THAW_AFTER_S. Recovery acts on a recorded word within a cadence tick or two (200 ms), so
 # only a thaw that soon lets the worker's renewal race it (outcome `withdrawn`).
 THAW_SOON_S = 0.2
@@ -282,7 +282,8 @@ class Faults:
         lapsed (database time), the operator's `qlactors confirm-stopped RUN --by soak-fault-K`
         (the CLI with the cluster's config): a first wave for the leases lapsed once the first
         one has, a second for the rest (later activations: the survivor's) once they have too;
-        the worker thawed a seeded 0-2 s after the first answer of the last wave (THAW_SOON_S).
+        the worker thawed a seeded 0-2 s after the first word of the last wave was recorded
+        (seen in the database; THAW_SOON_S).
         The worker's renewal (or its re-bind, when its session lapsed too) may land before
         recovery acts on a word (the word is withdrawn or void, the job runs on) or after it (the
         attempt ends `lost`, RECOVERY_CONFIRMED_STOPPED, and the worker stops the job); each
@@ -331,13 +332,15 @@ class Faults:
         return name, (f"{survivors}; stopped {thawed:.1f} s; {len(commands)} lapsed leases confirmed by {by} in "
                       f"waves of {'+'.join(map(str, waves))} ({said}; {waiting} never lapsed); answered "
                       f"{min(returned.values(), default=0):.1f}-{max(returned.values(), default=0):.1f} s into the "
-                      f"freeze; thawed {thaw:.2f} s after the last wave's first answer")
+                      f"freeze; thawed {thaw:.2f} s after the last wave's first word was recorded")
 
     def _confirm_wave(self, lapsed: list[tuple[str, str, int]], by: str, commands: list, returned: dict,
                       frozen: float) -> float | None:
-        """Start `confirm-stopped` for each lapsed lease together; when the first of them
-        answered (monotonic time), None when there were none. Each answer's time since `frozen`
-        goes into `returned`."""
+        """Start `confirm-stopped` for each lapsed lease together; when the first word of them
+        was recorded (monotonic time: seen in the database, polled every 10 ms, or a command's
+        answer, whichever came first), None when there were none. Each answer's time since
+        `frozen` goes into `returned`."""
+        import psycopg
         from cluster_harness import QLACTORS
 
         wave = []
@@ -347,14 +350,34 @@ class Faults:
                                      stderr=subprocess.PIPE, text=True)
             wave.append((run_id, attempt_id, generation, popen, now_ms()))
         commands.extend(wave)
-        deadline = time.monotonic() + 120
-        while wave and time.monotonic() < deadline:
-            for run_id, _a, _g, popen, _at in wave:
-                if popen.poll() is not None:
-                    returned[run_id] = time.monotonic() - frozen
-                    return time.monotonic()
-            time.sleep(0.01)
-        return None
+        if not wave:
+            return None
+        ids = [w[1] for w in wave]
+        query = ("SELECT count(*) FROM run_attempts WHERE id = ANY(%s) AND evidence = 'confirmed_stopped' "
+                 "AND evidence_by = %s")
+        conn = None
+        try:
+            conn = psycopg.connect(self.cluster.database_url.replace("+psycopg", ""), autocommit=True,
+                                   connect_timeout=5)
+        except psycopg.Error:
+            pass  # the database restarting: the commands' answers tell
+        try:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                for run_id, _a, _g, popen, _at in wave:
+                    if popen.poll() is not None:
+                        returned[run_id] = time.monotonic() - frozen
+                        return time.monotonic()
+                try:
+                    if conn is not None and conn.execute(query, (ids, by)).fetchone()[0]:
+                        return time.monotonic()
+                except psycopg.Error:
+                    conn = None
+                time.sleep(0.01)
+            return None
+        finally:
+            if conn is not None:
+                conn.close()
 
     def _lapsed_leases(self, name: str, within_s: float, *, every: bool = False,
                        skip: set[str] = frozenset()) -> tuple[list[tuple[str, str, int]], int]:
