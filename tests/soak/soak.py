@@ -129,19 +129,23 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(tempfile.mkdtemp(prefix="qlt-soak-", dir="/tmp"))
     pg = PrivatePostgres()
     cluster = None
+    out = args.out or Path(tempfile.gettempdir()) / f"qlactors-soak-{seed}.json"
     try:
         pg.start()
         (root / "cluster").mkdir()
         cluster = make_cluster(root / "cluster", replicas=2, timings=TIMINGS, admin_url=pg.url())
         result = soak(cluster, pg, rng, seed, args)
+        out.write_text(json.dumps(result, indent=2, sort_keys=True))  # kept whatever the cleanup does
     finally:
-        if cluster is not None:
-            cluster.close()
-        pg.close()
-        if not args.keep:
-            shutil.rmtree(root, ignore_errors=True)
-    out = args.out or Path(tempfile.gettempdir()) / f"qlactors-soak-{seed}.json"
-    out.write_text(json.dumps(result, indent=2, sort_keys=True))
+        try:
+            if cluster is not None:
+                cluster.close()
+        except Exception as e:  # the result stands; the server is stopped below all the same
+            say(f"closing the cluster failed: {e!r}")
+        finally:
+            pg.close()
+            if not args.keep:
+                shutil.rmtree(root, ignore_errors=True)
     print_summary(result)
     say(f"result written to {out}" + (f"; directory kept: {root}" if args.keep else ""))
     return 0 if not result["violations"] else 1
