@@ -175,18 +175,28 @@ class Cluster:
                 conn.execute(f'DROP DATABASE IF EXISTS "{self.admin_db}" WITH (FORCE)')
 
     def _kill_leftover_jobs(self) -> None:
-        """Jobs run in their own sessions (they outlive a worker by design): stop any left by PID."""
+        """Jobs run in their own sessions (they outlive a worker by design): stop any left, by
+        their process group, only while its leader is still the journal's process (same pid and
+        start ticks): a journal keeps the ids of jobs long ended, and the machine reuses them (a
+        stale id once SIGKILLed the soak's PostgreSQL WAL writer)."""
+        import sqlite3
+
         for name in self.workers:
             journal = self.root / f"state-{name}" / "journal.sqlite"
             if not journal.exists():
                 continue
-            import sqlite3
             try:
-                rows = sqlite3.connect(journal).execute(
-                    "SELECT pgid FROM executor_journal WHERE pgid IS NOT NULL").fetchall()
+                conn = sqlite3.connect(journal)
+                try:
+                    rows = conn.execute("SELECT pid, pgid, start_ticks FROM executor_journal "
+                                        "WHERE pgid IS NOT NULL").fetchall()
+                finally:
+                    conn.close()
             except sqlite3.Error:
                 continue
-            for (pgid,) in rows:
+            for pid, pgid, start_ticks in rows:
+                if pid != pgid or start_ticks is None or _start_ticks(pgid) != start_ticks:
+                    continue  # not the journal's process (ended, its id reused), or not known to be
                 try:
                     os.killpg(pgid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
@@ -218,6 +228,16 @@ class Cluster:
             logs = "\n".join(f"--- {p.name}\n{p.log()[-3000:]}" for p in [*self.replicas, *self.workers.values()])
             raise AssertionError(f"{len(pending)} runs not terminal after {timeout:g} s\n{logs}")
         return states
+
+
+def _start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (/proc/PID/stat field 22), or None."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": field 3 on
+    return int(fields[19])
 
 
 def _online(cluster: Cluster, name: str) -> bool:

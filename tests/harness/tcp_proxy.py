@@ -12,6 +12,9 @@ it to `127.0.0.1:target_port`, byte for byte. Each direction of the path can be 
   or freeze the server, the moment a large answer passes: the client's next request meets it).
 - `blackhole(direction, on)`: bytes read in that direction while it is on are thrown away (the
   connection stays up; what the peers make of the hole in their stream is theirs).
+- `reset()`: close every connection the proxy carries now, both sides (new ones are accepted as
+  before): e.g. when a blackhole is healed, the streams it holed are ended at once, as a real
+  path's peers would end theirs, instead of stalling in a handshake whose bytes it dropped.
 
 `UP` is client → server (what the client sends, e.g. a worker's requests to its replica),
 `DOWN` server → client. One thread and a selector serve every connection; everything is
@@ -72,6 +75,7 @@ class TcpProxy:
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._stop = threading.Event()
+        self._reset = threading.Event()  # set by `reset`, cleared by the proxy's thread once done
         self.accepted = 0  # connections accepted so far
         self.forwarded = {UP: 0, DOWN: 0}  # bytes sent on, per direction
         self.dropped = {UP: 0, DOWN: 0}  # bytes thrown away by a blackhole
@@ -101,6 +105,17 @@ class TcpProxy:
         with self._lock:
             self._hole[direction] = on
         self._wake()
+
+    def reset(self, timeout: float = 10) -> int:
+        """Close every connection now (in the proxy's thread); how many there were."""
+        with self._lock:
+            n = len(self._pipes)
+            self._reset.set()
+        self._wake()
+        deadline = time.monotonic() + timeout
+        while self._reset.is_set() and time.monotonic() < deadline and self._thread.is_alive():
+            time.sleep(0.01)
+        return n
 
     def when(self, direction: str, min_bytes: int, action) -> None:
         if direction not in self._delay:
@@ -156,6 +171,10 @@ class TcpProxy:
                 with self._lock:
                     self._on_event(key.fileobj, mask)
             with self._lock:
+                if self._reset.is_set():
+                    for pipe in list(self._pipes):
+                        self._drop(pipe)
+                    self._reset.clear()
                 now = time.monotonic()
                 for pipe in list(self._pipes):
                     for flow in pipe.flows.values():

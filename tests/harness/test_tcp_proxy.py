@@ -153,6 +153,21 @@ def test_a_blackholed_direction_throws_its_bytes_away_until_it_is_turned_off(ser
         assert server.wait_for(2) == b"ab"
 
 
+def test_reset_closes_every_connection_on_both_sides_and_new_ones_are_accepted(server, proxy):
+    with _connect(proxy) as c:
+        c.sendall(b"a")
+        assert server.wait_for(1) == b"a"
+        assert proxy.reset() == 1
+        assert proxy.connections() == 0
+        assert c.recv(10) == b""  # the client sees its connection end
+        assert server.eof.wait(WAIT_S)  # and so does the server
+    with _connect(proxy) as c:  # the listener is still there
+        wait = time.monotonic() + WAIT_S
+        while proxy.connections() < 1 and time.monotonic() < wait:
+            time.sleep(0.01)
+        assert proxy.connections() == 1
+
+
 def test_an_end_of_stream_follows_the_last_held_byte(server, proxy):
     proxy.set_delay(UP, 0.3)
     with _connect(proxy) as c:

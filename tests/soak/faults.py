@@ -10,8 +10,10 @@ import re
 import random
 import signal
 import sqlite3
+import subprocess
 import threading
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,7 +22,8 @@ from cluster_harness import Cluster, Proc
 from pg_private import PrivatePostgres
 
 KINDS = ("worker_kill", "host_death", "worker_freeze", "worker_freeze_past_lease",
-         "replica_kill", "replica_freeze", "replica_delay", "postgres_restart")
+         "replica_kill", "replica_freeze", "replica_delay", "postgres_restart",
+         "worker_restart_after_partition", "confirm_stopped_thawed")
 # `replica_freeze`: SIGSTOP for up to this long; `replica_delay`: the one-way delay's range, and
 # how long it is held (issue 17: past the workers' 1.5 s request timeout, within their jobs).
 FREEZE_MAX_S = 12
@@ -32,6 +35,39 @@ DELAY_HELD_S = (5, 15)
 OFFERS_MIN_BYTES = 600
 _ATTEMPT_IN_PATH = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}(?=\.fifo)")
 OFFERS_WAIT_S = 5
+# `worker_restart_after_partition`: the partition outlasts the session lease by this much; the
+# worker is killed this long after its new session opened (the heal's Register), and the soak
+# waits at most PARTITION_REOPEN_S for that session.
+PARTITION_PAST_LEASE_S = (2, 8)
+RESTART_PAUSE_S = (0, 2)
+PARTITION_REOPEN_S = 60
+# `confirm_stopped_thawed`: the operator's commands are started together once the frozen
+# worker's first run lease has lapsed (database time), and the worker is thawed a seeded while
+# after the first word of them was recorded (seen in the database): half the time within THAW_SOON_S, else
+# up to THAW_AFTER_S. Recovery acts on a recorded word within a cadence tick or two (200 ms), so
+# only a thaw that soon lets the worker's renewal race it (outcome `withdrawn`).
+THAW_SOON_S = 0.2
+THAW_AFTER_S = 2.0
+# Both issue-26 faults first submit SURVIVORS runs of the task SURVIVOR (45 s, unknown safety,
+# soak.py) and wait up to SURVIVOR_WAIT_S for one to run on their worker, so it holds a job that
+# outlives the fault (the other tasks' jobs mostly end within it).
+SURVIVOR = "survivor"
+SURVIVORS = 3
+SURVIVOR_WAIT_S = 20
+CONFIRM_WAIT_S = 8  # past the run lease, how long the frozen worker's leases are waited for
+_ATTEMPT_NAMED = re.compile(r"attempt (\d+) \(([0-9a-f-]{36})\)")
+_GENERATION = re.compile(r"lease generation (\d+)")
+
+
+def confirm_answer(returncode: int, stdout: str, stderr: str) -> dict:
+    """What one `qlactors confirm-stopped RUN` said (pure): `result` is `applied` (recorded now),
+    `already` (a trusted fact about the lease was there: nothing written) or `refused` (exit 2,
+    nothing written; `detail` its line), with the attempt and lease generation it named."""
+    text = stdout.strip() or stderr.strip()
+    named, generation = _ATTEMPT_NAMED.search(text), _GENERATION.search(text)
+    result = ("refused" if returncode != 0 else "already" if "already recorded" in text else "applied")
+    return dict(result=result, attempt_id=named.group(2) if named else None,
+                lease_generation=int(generation.group(1)) if generation else None, detail=text[:300])
 
 
 @dataclass
@@ -46,6 +82,16 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def _wait(condition, timeout: float, step: float = 0.2) -> bool:
+    """Whether `condition()` came true within `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(step)
+    return bool(condition())
+
+
 @dataclass
 class Faults:
     cluster: Cluster
@@ -53,12 +99,15 @@ class Faults:
     rng: random.Random
     tag: str  # SOAK_TAG=<tag> is in every job's environment
     session_lease_s: float
+    run_lease_s: float = 10.0
     began: float = field(default_factory=time.monotonic)
     applied: list[Applied] = field(default_factory=list)
     killed_at_ms: dict[str, int] = field(default_factory=dict)  # attempt id -> its group killed
     slots: int = 4
     # worker name -> its TcpProxy to each replica, in the replicas' order (tests/harness/tcp_proxy.py)
     proxies: dict[str, list] = field(default_factory=dict)
+    # every operator `confirm-stopped` the soak ran (`confirm_stopped_thawed`), one dict each
+    confirmations: list[dict] = field(default_factory=list)
 
     def apply(self, kind: str) -> Applied:
         at = time.monotonic() - self.began
@@ -163,10 +212,197 @@ class Faults:
         return ours
 
     def worker_freeze(self) -> tuple[str, str]:
-        return self._freeze_worker(self.rng.uniform(2, self.session_lease_s * 0.6))
+        # within the run lease (so within the session lease, which is longer)
+        return self._freeze_worker(self.rng.uniform(2, min(self.run_lease_s, self.session_lease_s) * 0.6))
 
     def worker_freeze_past_lease(self) -> tuple[str, str]:
         return self._freeze_worker(self.rng.uniform(self.session_lease_s + 2, self.session_lease_s + 10))
+
+    def worker_restart_after_partition(self) -> tuple[str, str]:
+        """Both directions of both of a worker's paths (its proxies to every replica) blackholed
+        past its session lease, then healed; once the worker has registered its new session (and
+        re-attests its survivors `running`: re-binds), a seeded 0-2 s later it is SIGKILLed and
+        started again on its state directory, its jobs still running (as `worker_kill`)."""
+        from tcp_proxy import DOWN, UP
+
+        name = self._worker()
+        held = self.session_lease_s + self.rng.uniform(*PARTITION_PAST_LEASE_S)
+        pause = self.rng.uniform(*RESTART_PAUSE_S)
+        survivors = self._survivors(name)
+        paths = self.proxies[name]
+        before = self._sessions_opened(name)
+        rebound = self._worker_log_count(name, "event=rebound")
+        for proxy in paths:
+            proxy.blackhole(UP)
+            proxy.blackhole(DOWN)
+        try:
+            time.sleep(held)
+        finally:
+            for proxy in paths:
+                proxy.blackhole(UP, False)
+                proxy.blackhole(DOWN, False)
+                proxy.reset()  # the holed streams end at once (the peers connect again)
+        healed = time.monotonic()
+        reopened = _wait(lambda: self._sessions_opened(name) > before, PARTITION_REOPEN_S)
+        reopen_s = f"{time.monotonic() - healed:.1f} s after the heal" if reopened else \
+            f"none within {PARTITION_REOPEN_S} s of the heal"
+        time.sleep(pause)
+        rebinds = self._worker_log_count(name, "event=rebound") - rebound
+        self.cluster.stop(self.cluster.workers[name], signal.SIGKILL)
+        self.restart_worker(name)
+        return name, (f"{survivors}; partitioned {held:.1f} s; new session {reopen_s}; {rebinds} re-binds logged; "
+                      f"killed {pause:.1f} s after it and restarted")
+
+    def _survivors(self, name: str) -> str:
+        """Submit SURVIVORS runs of SURVIVOR and wait (SURVIVOR_WAIT_S at most) until one runs on
+        worker `name`; says how many do."""
+        ids = []
+        for _ in range(SURVIVORS):
+            try:
+                ids.append(self.cluster.cli("run", SURVIVOR).stdout.decode().strip().split()[-1])
+            except (AssertionError, IndexError, subprocess.SubprocessError):
+                continue  # the database restarting: fewer survivors
+
+        def on_it() -> int:
+            try:
+                return self.cluster.sql("SELECT count(*) FROM run_attempts WHERE run_id = ANY(%s) AND "
+                                        "worker_id = %s AND status = 'running'", ids, name)[0][0]
+            except Exception:
+                return 0
+
+        _wait(lambda: on_it() > 0, SURVIVOR_WAIT_S, 0.5)
+        return f"{on_it()} of {len(ids)} survivors running on it"
+
+    def _worker_log_count(self, name: str, needle: str) -> int:
+        path = self.cluster.root / f"worker-{name}.log"
+        return path.read_text(errors="replace").count(needle) if path.exists() else 0
+
+    def confirm_stopped_thawed(self) -> tuple[str, str]:
+        """A worker frozen (SIGSTOP) past its run lease; for each of its runs whose lease has
+        lapsed (database time), the operator's `qlactors confirm-stopped RUN --by soak-fault-K`
+        (the CLI with the cluster's config): a first wave for the leases lapsed once the first
+        one has, a second for the rest (later activations: the survivor's) once they have too;
+        the worker thawed a seeded 0-2 s after the first word of the last wave was recorded
+        (seen in the database; THAW_SOON_S).
+        The worker's renewal (or its re-bind, when its session lapsed too) may land before
+        recovery acts on a word (the word is withdrawn or void, the job runs on) or after it (the
+        attempt ends `lost`, RECOVERY_CONFIRMED_STOPPED, and the worker stops the job); each
+        command, with what it answered, is kept in `confirmations` for the checker."""
+        name = self._worker()
+        soon = self.rng.random() < 0.5
+        thaw = self.rng.uniform(0, THAW_SOON_S) if soon else self.rng.uniform(THAW_SOON_S, THAW_AFTER_S)
+        by = f"soak-fault-{len(self.applied) + 1}"
+        survivors = self._survivors(name)
+        proc = self.cluster.workers[name]
+        proc.popen.send_signal(signal.SIGSTOP)
+        frozen = time.monotonic()
+        commands: list[tuple] = []
+        returned: dict[str, float] = {}
+        waves = []
+        try:
+            lapsed, waiting = self._lapsed_leases(name, self.run_lease_s + CONFIRM_WAIT_S)
+            waves.append(len(lapsed))
+            first = self._confirm_wave(lapsed, by, commands, returned, frozen)
+            if waiting:
+                lapsed, waiting = self._lapsed_leases(name, CONFIRM_WAIT_S, every=True,
+                                                      skip={c[0] for c in commands})
+                waves.append(len(lapsed))
+                first = self._confirm_wave(lapsed, by, commands, returned, frozen) or first
+            while first is not None and time.monotonic() < first + thaw:
+                time.sleep(0.01)
+        finally:
+            proc.popen.send_signal(signal.SIGCONT)
+        thawed = time.monotonic() - frozen
+        answers = Counter()
+        for run_id, attempt_id, generation, popen, at in commands:
+            try:
+                out, err = popen.communicate(timeout=120)
+            except subprocess.TimeoutExpired:
+                popen.kill()
+                out, err = popen.communicate()
+            returned.setdefault(run_id, time.monotonic() - frozen)
+            answer = confirm_answer(popen.returncode, out, err)
+            answers[answer["result"]] += 1
+            self.confirmations.append(dict(
+                answer, run_id=run_id, attempt_id=answer["attempt_id"] or attempt_id,
+                lease_generation=answer["lease_generation"] or generation, seen_generation=generation,
+                by=by, worker=name, started_at_ms=at, returned_after_s=round(returned[run_id], 2),
+                thawed_after_s=round(thawed, 2)))
+        said = ", ".join(f"{k} {v}" for k, v in sorted(answers.items())) or "none"
+        return name, (f"{survivors}; stopped {thawed:.1f} s; {len(commands)} lapsed leases confirmed by {by} in "
+                      f"waves of {'+'.join(map(str, waves))} ({said}; {waiting} never lapsed); answered "
+                      f"{min(returned.values(), default=0):.1f}-{max(returned.values(), default=0):.1f} s into the "
+                      f"freeze; thawed {thaw:.2f} s after the last wave's first word was recorded")
+
+    def _confirm_wave(self, lapsed: list[tuple[str, str, int]], by: str, commands: list, returned: dict,
+                      frozen: float) -> float | None:
+        """Start `confirm-stopped` for each lapsed lease together; when the first word of them
+        was recorded (monotonic time: seen in the database, polled every 10 ms, or a command's
+        answer, whichever came first), None when there were none. Each answer's time since
+        `frozen` goes into `returned`."""
+        import psycopg
+        from cluster_harness import QLACTORS
+
+        wave = []
+        for run_id, attempt_id, generation in lapsed:
+            popen = subprocess.Popen([*QLACTORS, "--config", str(self.cluster.cli_config), "confirm-stopped",
+                                      run_id, "--by", by], cwd=self.cluster.root, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+            wave.append((run_id, attempt_id, generation, popen, now_ms()))
+        commands.extend(wave)
+        if not wave:
+            return None
+        ids = [w[1] for w in wave]
+        query = ("SELECT count(*) FROM run_attempts WHERE id = ANY(%s) AND evidence = 'confirmed_stopped' "
+                 "AND evidence_by = %s")
+        conn = None
+        try:
+            conn = psycopg.connect(self.cluster.database_url.replace("+psycopg", ""), autocommit=True,
+                                   connect_timeout=5)
+        except psycopg.Error:
+            pass  # the database restarting: the commands' answers tell
+        try:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                for run_id, _a, _g, popen, _at in wave:
+                    if popen.poll() is not None:
+                        returned[run_id] = time.monotonic() - frozen
+                        return time.monotonic()
+                try:
+                    if conn is not None and conn.execute(query, (ids, by)).fetchone()[0]:
+                        return time.monotonic()
+                except psycopg.Error:
+                    conn = None
+                time.sleep(0.01)
+            return None
+        finally:
+            if conn is not None:
+                conn.close()
+
+    def _lapsed_leases(self, name: str, within_s: float, *, every: bool = False,
+                       skip: set[str] = frozenset()) -> tuple[list[tuple[str, str, int]], int]:
+        """Once the first (`every`: the last) of the worker's live run leases, those of the runs
+        in `skip` left out, has lapsed (database time; at most `within_s`), the (run, attempt,
+        lease generation) of those lapsed, and how many not yet."""
+        query = ("SELECT a.run_id, a.id, l.lease_generation, l.expires_at_ms <= "
+                 "(extract(epoch from clock_timestamp()) * 1000)::bigint FROM run_dispatch_leases l "
+                 "JOIN run_attempts a ON a.id = l.attempt_id AND a.lease_generation = l.lease_generation "
+                 "JOIN runs r ON r.id = a.run_id WHERE l.worker_id = %s AND l.status = 'leased' "
+                 "AND a.status IN ('starting', 'running') AND r.status IN ('dispatching', 'running') "
+                 "ORDER BY a.run_id")
+        deadline = time.monotonic() + within_s
+        rows: list = []
+        while time.monotonic() < deadline:
+            try:
+                rows = self.cluster.sql(query, name)
+            except Exception:  # the database restarting: look again
+                rows = []
+            rows = [r for r in rows if r[0] not in skip]
+            if all(r[3] for r in rows) if every else any(r[3] for r in rows):
+                break
+            time.sleep(0.2)
+        lapsed = [(r[0], r[1], r[2]) for r in rows if r[3]]
+        return lapsed, len(rows) - len(lapsed)
 
     def _freeze_worker(self, seconds: float) -> tuple[str, str]:
         name = self._worker()

@@ -31,6 +31,20 @@ The invariants:
 - `slots_exceeded`: at some moment a worker ran more jobs than its slots (the executions the
   ledger tells of, each named by the worker whose state directory its output went to; bounded as
   for `concurrent_attempts`), when `slots` is given.
+- `confirm_outcome` (issue 26): an operator's `confirm-stopped` recorded for an attempt's lease
+  generation G (the soak's `confirm_stopped_thawed`, while the worker was frozen) ends in one of
+  the legitimate ways only: `lost` (recovery acted on the word first: the attempt ended `lost`,
+  RECOVERY_CONFIRMED_STOPPED, on that word, under G), `withdrawn` (the worker's renewal of G
+  landed first: an `attempt.evidence_withdrawn` of that word, and the attempt never ended on it),
+  `rebound` (the worker, registered anew, re-bound the attempt to a new lease generation first,
+  which voids the word), or `ended` (the attempt's own report, or its timeout or cancel intent,
+  ended it first under G: `succeeded`, `failed`, `timed_out` or `cancelled`). A withdrawn or
+  voided word that still ended the attempt, or an attempt that ended `lost` otherwise under G
+  while the word stood, is a violation; one not ended at all is `not_terminal`'s.
+  What an operator's word ended is excused, and named, in `Findings.excused` (not a violation):
+  its job may still have run (`lost_while_running`), may have ended before the word with its
+  outcome dropped (`lost_after_its_end`), and a retry may have run beside it
+  (`concurrent_attempts`): the operator's statement, not the runtime, allowed each.
 Overlapping executions of an idempotent run are allowed (it may run twice by its own word) and
 only counted.
 """
@@ -42,6 +56,10 @@ from dataclasses import dataclass, field
 
 TERMINAL_STATES = frozenset({"succeeded", "failed", "cancelled", "timed_out"})
 TERMINAL_EVENTS = frozenset({"run.succeeded", "run.failed", "run.cancelled", "run.timed_out"})
+CONFIRMED_STOPPED = "confirmed_stopped"
+CONFIRMED_STOPPED_CODE = "RECOVERY_CONFIRMED_STOPPED"
+# The violations an operator's false `confirm-stopped` explains (see `confirm_outcome`).
+EXCUSABLE = frozenset({"lost_while_running", "lost_after_its_end", "concurrent_attempts"})
 
 
 @dataclass(frozen=True)
@@ -61,6 +79,11 @@ class Attempt:
     status: str
     finished_at_ms: int | None
     log_final_offset: int | None
+    error_code: str | None = None
+    lease_generation: int | None = None  # the attempt's last lease generation
+    evidence: str | None = None  # its not-running fact at the end, and who said it
+    evidence_by: str | None = None
+    evidence_lease_generation: int | None = None
 
 
 @dataclass(frozen=True)
@@ -82,6 +105,26 @@ class Chunk:
 
 
 @dataclass(frozen=True)
+class Confirmation:
+    """An operator's `confirm-stopped` that was recorded (`applied`) for an attempt's lease
+    generation, by `by` (the soak names each fault's operator: `soak-fault-K`)."""
+    attempt_id: str
+    run_id: str
+    lease_generation: int
+    by: str
+
+
+@dataclass(frozen=True)
+class Withdrawal:
+    """An `attempt.evidence_withdrawn` event: a renewal of `lease_generation` cleared `fact`,
+    said by `by`."""
+    attempt_id: str
+    fact: str
+    by: str | None
+    lease_generation: int
+
+
+@dataclass(frozen=True)
 class Violation:
     kind: str
     run_id: str | None
@@ -97,21 +140,39 @@ class Findings:
     executions: int = 0
     retried_runs: int = 0  # runs with more than one attempt
     idempotent_overlaps: int = 0
+    # what each operator's confirmation came to (`confirm_outcome`): outcome -> how many
+    confirm_outcomes: dict[str, int] = field(default_factory=dict)
+    # (by, attempt id, outcome) of each confirmation
+    confirmed: list[tuple[str, str, str]] = field(default_factory=list)
+    # violations an operator's word explains (EXCUSABLE), each detail naming whose word
+    excused: list[Violation] = field(default_factory=list)
 
     def add(self, kind: str, run_id: str | None, detail: str) -> None:
         self.violations.append(Violation(kind, run_id, detail))
+
+    def add_or_excuse(self, kind: str, run_id: str | None, detail: str, word: str | None) -> None:
+        """A violation, or excused when `word` (the operator whose confirm-stopped ended one of
+        the attempts it concerns) explains it."""
+        if word is not None and kind in EXCUSABLE:
+            self.excused.append(Violation(kind, run_id, f"{detail} (excused: ended on the word of {word})"))
+        else:
+            self.add(kind, run_id, detail)
 
 
 def check(runs: list[Run], attempts: list[Attempt], terminal_events: list[tuple[str, str]],
           executions: list[Execution], chunks: list[Chunk], *, killed_at_ms: dict[str, int],
           horizon_ms: int, waiting_why: dict[str, str] | None = None,
-          logs: dict[str, bytes] | None = None, slots: int | None = None) -> Findings:
+          logs: dict[str, bytes] | None = None, slots: int | None = None,
+          confirmations: list[Confirmation] | None = None,
+          withdrawals: list[Withdrawal] | None = None) -> Findings:
     """Every invariant over the whole soak. `terminal_events`: (run_id, type) of each terminal
     event; `killed_at_ms`: attempt id -> when the soak killed its process group (a host death),
     the latest its execution can have lasted; `horizon_ms`: the end of the soak (the bound of
     an execution that never ended and has no other); `waiting_why`: run id -> what `status`
     says a run still waits for; `logs`: attempt id -> its log's bytes (checked when given);
-    `slots`: each worker's slots (`slots_exceeded` checked when given)."""
+    `slots`: each worker's slots (`slots_exceeded` checked when given); `confirmations`: the
+    operator's recorded `confirm-stopped`s, `withdrawals`: every `attempt.evidence_withdrawn`
+    (`confirm_outcome` checked, and what a word ended excused)."""
     found = Findings(attempts=len(attempts), executions=len(executions))
     by_run_attempts: dict[str, list[Attempt]] = defaultdict(list)
     for a in attempts:
@@ -119,11 +180,12 @@ def check(runs: list[Run], attempts: list[Attempt], terminal_events: list[tuple[
     attempt_of = {a.attempt_id: a for a in attempts}
     _terminal_events(found, runs, terminal_events, waiting_why or {})
     runs_by_id = {r.run_id: r for r in runs}
+    ended_on_word = _confirm_outcomes(found, confirmations or [], withdrawals or [], attempt_of)
     by_run_exec = _executions(found, executions, attempt_of, runs_by_id, killed_at_ms, horizon_ms)
     for run in runs:
-        _no_concurrent_attempts(found, run, by_run_exec.get(run.run_id, []))
+        _no_concurrent_attempts(found, run, by_run_exec.get(run.run_id, []), ended_on_word)
     _succeeded_ran_and_logged(found, runs, by_run_attempts, executions, chunks, logs)
-    _not_lost_while_it_ran(found, runs_by_id, attempt_of, executions, killed_at_ms, horizon_ms)
+    _not_lost_while_it_ran(found, runs_by_id, attempt_of, executions, killed_at_ms, horizon_ms, ended_on_word)
     if slots is not None:
         _within_slots(found, executions, attempt_of, killed_at_ms, horizon_ms, slots)
     found.runs_by_state = dict(Counter(r.status for r in runs))
@@ -183,7 +245,8 @@ def _end_bound(e: Execution, attempt: Attempt, killed_at_ms: dict[str, int], hor
     return min(bounds) if bounds else horizon_ms
 
 
-def _no_concurrent_attempts(found: Findings, run: Run, spans: list[tuple[int, int, str]]) -> None:
+def _no_concurrent_attempts(found: Findings, run: Run, spans: list[tuple[int, int, str]],
+                            ended_on_word: dict[str, str]) -> None:
     spans = sorted(spans)
     for (s1, e1, a1), (s2, e2, a2) in zip(spans, spans[1:]):
         if a1 == a2:
@@ -192,8 +255,9 @@ def _no_concurrent_attempts(found: Findings, run: Run, spans: list[tuple[int, in
             if run.idempotent:
                 found.idempotent_overlaps += 1
             else:
-                found.add("concurrent_attempts", run.run_id,
-                          f"attempt {a2} started at {s2} while {a1} ran ({s1}..{e1})")
+                found.add_or_excuse("concurrent_attempts", run.run_id,
+                                    f"attempt {a2} started at {s2} while {a1} ran ({s1}..{e1})",
+                                    ended_on_word.get(a1) or ended_on_word.get(a2))
 
 
 def _succeeded_ran_and_logged(found: Findings, runs: list[Run], by_run: dict[str, list[Attempt]],
@@ -239,7 +303,8 @@ def log_problem(final_offset: int | None, chunks: list[Chunk]) -> str | None:
 
 
 def _not_lost_while_it_ran(found: Findings, runs: dict[str, Run], attempt_of: dict[str, Attempt],
-                           executions: list[Execution], killed_at_ms: dict[str, int], horizon_ms: int) -> None:
+                           executions: list[Execution], killed_at_ms: dict[str, int], horizon_ms: int,
+                           ended_on_word: dict[str, str]) -> None:
     """A `lost` attempt of a run of unknown safety: no execution of it went on past the moment it
     was marked lost, and none had ended on its own before it (the job's outcome was there)."""
     for e in executions:
@@ -252,12 +317,55 @@ def _not_lost_while_it_ran(found: Findings, runs: dict[str, Run], attempt_of: di
         lost_at = attempt.finished_at_ms if attempt.finished_at_ms is not None else horizon_ms
         killed = killed_at_ms.get(e.attempt_id)
         if e.start_ms <= lost_at < e.end_ms:
-            found.add("lost_while_running", run.run_id,
-                      f"attempt {e.attempt_id} marked lost at {lost_at}, its job ran {e.start_ms}..{e.end_ms} "
-                      "to its end")
+            found.add_or_excuse("lost_while_running", run.run_id,
+                                f"attempt {e.attempt_id} marked lost at {lost_at}, its job ran "
+                                f"{e.start_ms}..{e.end_ms} to its end", ended_on_word.get(e.attempt_id))
         elif e.end_ms <= lost_at and (killed is None or killed < e.end_ms):
-            found.add("lost_after_its_end", run.run_id,
-                      f"attempt {e.attempt_id} marked lost at {lost_at}, its job ran to its end at {e.end_ms}")
+            found.add_or_excuse("lost_after_its_end", run.run_id,
+                                f"attempt {e.attempt_id} marked lost at {lost_at}, its job ran to its end at "
+                                f"{e.end_ms}", ended_on_word.get(e.attempt_id))
+
+
+def _confirm_outcomes(found: Findings, confirmations: list[Confirmation], withdrawals: list[Withdrawal],
+                      attempt_of: dict[str, Attempt]) -> dict[str, str]:
+    """Each recorded confirmation's outcome (`confirm_outcome`, in the module's doc), counted in
+    `found.confirm_outcomes`; returns attempt id -> the operator whose word ended it `lost`."""
+    withdrawn = {(w.attempt_id, w.by, w.lease_generation) for w in withdrawals if w.fact == CONFIRMED_STOPPED}
+    ended_on_word: dict[str, str] = {}
+    outcomes: Counter = Counter()
+    for c in confirmations:
+        a = attempt_of.get(c.attempt_id)
+        if a is None:
+            found.add("confirm_outcome", c.run_id, f"{c.by} confirmed attempt {c.attempt_id}, unknown")
+            continue
+        said = f"{c.by}'s confirm-stopped of attempt {a.attempt_id} (lease generation {c.lease_generation})"
+        on_word = (a.status == "lost" and a.error_code == CONFIRMED_STOPPED_CODE and a.evidence == CONFIRMED_STOPPED
+                   and a.evidence_by == c.by and a.evidence_lease_generation == c.lease_generation)
+        was_withdrawn = (a.attempt_id, c.by, c.lease_generation) in withdrawn
+        moved = a.lease_generation is not None and a.lease_generation > c.lease_generation
+        if on_word:
+            outcome = "lost"
+            ended_on_word[a.attempt_id] = c.by
+            if was_withdrawn or moved:
+                found.add("confirm_outcome", a.run_id, f"{said} ended it lost although the word was "
+                          + ("withdrawn by a renewal" if was_withdrawn else f"void (lease generation {a.lease_generation})"))
+                outcome = "violated"
+        elif was_withdrawn:
+            outcome = "withdrawn"
+        elif moved:
+            outcome = "rebound"
+        elif a.lease_generation == c.lease_generation and a.status in TERMINAL_STATES:
+            outcome = "ended"
+        elif a.status in ("starting", "running", "claimed"):
+            outcome = "unresolved"  # not terminal: reported as not_terminal
+        else:
+            outcome = "violated"
+            found.add("confirm_outcome", a.run_id, f"{said}: the attempt ended {a.status} ({a.error_code}) under "
+                      f"lease generation {a.lease_generation} while the word stood, not on it")
+        outcomes[outcome] += 1
+        found.confirmed.append((c.by, a.attempt_id, outcome))
+    found.confirm_outcomes = dict(outcomes)
+    return ended_on_word
 
 
 def _within_slots(found: Findings, executions: list[Execution], attempt_of: dict[str, Attempt],

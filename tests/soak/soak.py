@@ -30,15 +30,18 @@ sys.path[:0] = [str(HERE), str(HERE.parent / "harness"), str(HERE.parent)]
 
 from cluster_harness import TERMINAL, make_cluster  # noqa: E402
 from faults import KINDS, Faults, now_ms  # noqa: E402
-from invariants import Attempt, Chunk, Run, check  # noqa: E402
+from invariants import Attempt, Chunk, Confirmation, Run, Withdrawal, check  # noqa: E402
 from ledger import JOB, parse  # noqa: E402
 from pg_private import PrivatePostgres, available  # noqa: E402
 
 # heartbeat 5 s: the replicas' ZMTP heartbeat follows it (a connection closed 15 s after an
 # unanswered PING), so a `replica_delay` of up to 12 s keeps the connection and the late answers
-# arrive, as on a slow path; the run lease is the least it allows (2 heartbeats).
-TIMINGS = dict(heartbeat_ms=5_000, session_lease_ms=10_000, run_lease_ms=10_000,
-               recovery_grace_ms=40_000, cadence_tick_ms=200, db_timeout_ms=800,
+# arrive, as on a slow path; the run lease is the least it allows (2 heartbeats). The session
+# lease outlasts the run lease (as the defaults' 45 s and 30 s do), so a run lease can lapse in a
+# live session and its worker's renewal can still withdraw an operator's word about it
+# (`confirm_stopped_thawed`, issue 26); the recovery grace is the least it allows (+ 30 s).
+TIMINGS = dict(heartbeat_ms=5_000, session_lease_ms=15_000, run_lease_ms=10_000,
+               recovery_grace_ms=45_000, cadence_tick_ms=200, db_timeout_ms=800,
                request_timeout_ms=1_500)
 SLOTS = 4
 IDEMPOTENT = ("--retry-on-lost", "--max-attempts", "3", "--safety", "idempotent", "--backoff", "1")
@@ -53,6 +56,9 @@ TASKS = (
     ("timeout-unsafe", "20", ("--timeout", "4"), 7),
     ("tick", "0.2", ("--cron", "*/2 * * * * *", "--tz", "UTC", "--max-concurrent", "2"), 0),
     ("tock", "6", ("--cron", "*/20 * * * * *", "--tz", "UTC", *IDEMPOTENT), 0),
+    # submitted only by `worker_restart_after_partition` and `confirm_stopped_thawed` just before
+    # they strike (faults.SURVIVOR), so the worker holds a job that outlives the fault (issue 26)
+    ("survivor", "45", (), 0),
 )
 
 
@@ -108,13 +114,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--settle", type=float, default=300, help="seconds allowed to settle at the end")
     ap.add_argument("--out", type=Path, default=None, help="where to write the result (JSON)")
     ap.add_argument("--keep", action="store_true", help="keep the soak's directory (logs, ledger)")
-    ap.add_argument("--only", default=",".join(KINDS), help="the fault kinds to choose from (comma-separated)")
+    ap.add_argument("--only", "--kinds", dest="only", default=",".join(KINDS), help="the fault kinds to choose from (comma-separated)")
     args = ap.parse_args(argv)
     unknown = set(args.only.split(",")) - set(KINDS)
     if unknown:
         ap.error(f"--only: unknown fault kinds {sorted(unknown)}; the kinds: {', '.join(KINDS)}")
     seed = args.seed if args.seed is not None else int(time.time())
-    say(f"seed={seed}")
+    say(f"seed={seed} qlactors={_qlactors_path()}")
     why = available()
     if why:
         say(f"cannot run: {why}")
@@ -123,19 +129,23 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(tempfile.mkdtemp(prefix="qlt-soak-", dir="/tmp"))
     pg = PrivatePostgres()
     cluster = None
+    out = args.out or Path(tempfile.gettempdir()) / f"qlactors-soak-{seed}.json"
     try:
         pg.start()
         (root / "cluster").mkdir()
         cluster = make_cluster(root / "cluster", replicas=2, timings=TIMINGS, admin_url=pg.url())
         result = soak(cluster, pg, rng, seed, args)
+        out.write_text(json.dumps(result, indent=2, sort_keys=True))  # kept whatever the cleanup does
     finally:
-        if cluster is not None:
-            cluster.close()
-        pg.close()
-        if not args.keep:
-            shutil.rmtree(root, ignore_errors=True)
-    out = args.out or Path(tempfile.gettempdir()) / f"qlactors-soak-{seed}.json"
-    out.write_text(json.dumps(result, indent=2, sort_keys=True))
+        try:
+            if cluster is not None:
+                cluster.close()
+        except Exception as e:  # the result stands; the server is stopped below all the same
+            say(f"closing the cluster failed: {e!r}")
+        finally:
+            pg.close()
+            if not args.keep:
+                shutil.rmtree(root, ignore_errors=True)
     print_summary(result)
     say(f"result written to {out}" + (f"; directory kept: {root}" if args.keep else ""))
     return 0 if not result["violations"] else 1
@@ -154,8 +164,8 @@ def soak(cluster, pg, rng: random.Random, seed: int, args) -> dict:
                     "sh", "-c", JOB.format(ledger=ledger, sleep=sleep))
     # Every worker reaches every replica through a proxy of its own (replica_delay holds one back).
     proxies = {name: cluster.route_through_proxies(name) for name in ("w1", "w2")}
-    faults = Faults(cluster, pg, rng, tag, session_lease_s=TIMINGS["session_lease_ms"] / 1000, slots=SLOTS,
-                    proxies=proxies)
+    faults = Faults(cluster, pg, rng, tag, session_lease_s=TIMINGS["session_lease_ms"] / 1000,
+                    run_lease_s=TIMINGS["run_lease_ms"] / 1000, slots=SLOTS, proxies=proxies)
     for name in ("w1", "w2"):
         cluster.start_worker(name, slots=SLOTS)
     began_ms = now_ms()
@@ -196,6 +206,9 @@ def soak(cluster, pg, rng: random.Random, seed: int, args) -> dict:
                   submit_retries=submitter.retries, timings=TIMINGS, slots=SLOTS,
                   faults=[asdict(f) for f in faults.applied],
                   faults_by_kind=dict(Counter(f.kind for f in faults.applied)),
+                  confirmations=faults.confirmations,
+                  confirm_answers=dict(Counter(c["result"] for c in faults.confirmations)),
+                  qlactors=_qlactors_path(),
                   process_logs=_process_log_notes(cluster))
     return result
 
@@ -219,7 +232,13 @@ def judge(cluster, faults: Faults, ledger: Path, *, horizon_ms: int) -> dict:
         "SELECT r.id, t.name, r.status, tr.safety, r.error_code FROM runs r JOIN tasks t ON t.id = r.task_id "
         "JOIN task_revisions tr ON tr.task_id = r.task_id AND tr.revision = r.task_revision")]
     attempts = [Attempt(*row) for row in cluster.sql(
-        "SELECT id, run_id, number, status, finished_at_ms, log_final_offset FROM run_attempts")]
+        "SELECT id, run_id, number, status, finished_at_ms, log_final_offset, error_code, lease_generation, "
+        "evidence, evidence_by, evidence_lease_generation FROM run_attempts")]
+    withdrawals = [Withdrawal(a, p.get("fact"), p.get("by"), p.get("lease_generation")) for a, p in (
+        (a, json.loads(p)) for a, p in cluster.sql(
+            "SELECT attempt_id, payload_json FROM run_events WHERE type = 'attempt.evidence_withdrawn'"))]
+    confirmations = [Confirmation(c["attempt_id"], c["run_id"], c["lease_generation"], c["by"])
+                     for c in faults.confirmations if c["result"] == "applied"]
     events = cluster.sql("SELECT run_id, type FROM run_events WHERE type LIKE 'run.%%'")
     chunks = [Chunk(*row) for row in cluster.sql("SELECT attempt_id, start_offset, length FROM log_chunks")]
     logs = {a: bytes(d) for a, d in cluster.sql(
@@ -229,7 +248,8 @@ def judge(cluster, faults: Faults, ledger: Path, *, horizon_ms: int) -> dict:
     if any(r.status not in TERMINAL for r in runs):
         waiting = {w["run_id"]: w["why"] for w in cluster.cli_json("status").get("unresolved_recoveries", [])}
     found = check(runs, attempts, events, executions, chunks, killed_at_ms=faults.killed_at_ms,
-                  horizon_ms=horizon_ms, waiting_why=waiting, logs=logs, slots=SLOTS)
+                  horizon_ms=horizon_ms, waiting_why=waiting, logs=logs, slots=SLOTS,
+                  confirmations=confirmations, withdrawals=withdrawals)
     for line in unreadable:
         found.add("ledger_unreadable", None, line[:200])
     _cli_logs_agree(cluster, found, runs, attempts, logs)
@@ -238,6 +258,10 @@ def judge(cluster, faults: Faults, ledger: Path, *, horizon_ms: int) -> dict:
                 idempotent_overlaps=found.idempotent_overlaps, groups_killed=len(faults.killed_at_ms),
                 cron_runs=cluster.sql("SELECT count(*) FROM runs WHERE trigger_type = 'cron'")[0][0],
                 not_succeeded=_not_succeeded(cluster),
+                lost_attempts=dict(Counter(a.error_code or "-" for a in attempts if a.status == "lost")),
+                withdrawals=len(withdrawals), confirm_outcomes=found.confirm_outcomes,
+                confirmed=[dict(by=b, attempt_id=a, outcome=o) for b, a, o in found.confirmed],
+                excused=[asdict(v) for v in found.excused],
                 violations=[asdict(v) for v in found.violations])
 
 
@@ -267,6 +291,13 @@ def _process_log_notes(cluster) -> dict[str, dict[str, int]]:
     return notes
 
 
+def _qlactors_path() -> str:
+    """Where the `qlactors` the soak's processes run comes from (they inherit its environment)."""
+    import qlactors
+
+    return str(Path(qlactors.__file__).resolve().parent)
+
+
 def _commit() -> str:
     """HEAD's short hash, `-dirty` when the tree has changes; "unknown" outside a checkout."""
     def git(*args: str) -> str:
@@ -290,10 +321,23 @@ def print_summary(r: dict) -> None:
           f"{r['groups_killed']}, settled in {r['settle_s']} s")
     print(f"runs not succeeded (task state error): {json.dumps(r['not_succeeded'], sort_keys=True)}")
     print(f"faults by kind: {json.dumps(r['faults_by_kind'], sort_keys=True)}")
+    print(f"lost attempts by code: {json.dumps(r['lost_attempts'], sort_keys=True)}")
+    if r["confirmations"]:
+        print(f"operator confirm-stopped: {len(r['confirmations'])} commands, answered "
+              f"{json.dumps(r['confirm_answers'], sort_keys=True)}; recorded ones came to "
+              f"{json.dumps(r['confirm_outcomes'], sort_keys=True)} ({r['withdrawals']} evidence_withdrawn events)")
+        outcome = {(c["by"], c["attempt_id"]): c["outcome"] for c in r["confirmed"]}
+        for c in r["confirmations"]:
+            print(f"  {c['by']:<14} {c['worker']} run {c['run_id']} attempt {c['attempt_id']} gen "
+                  f"{c['lease_generation']}: {c['result']} after {c['returned_after_s']} s, thawed at "
+                  f"{c['thawed_after_s']} s -> {outcome.get((c['by'], c['attempt_id']), '-')}")
     for f in r["faults"]:
         print(f"  {f['at_s']:>7.1f} s  {f['kind']:<26} {f['target']:<18} {f['detail']}")
     bad = {k: v for k, v in r["process_logs"].items() if v["event=actor_failed"] or v["Traceback"]}
     print(f"process logs with actor_failed/Traceback: {json.dumps(bad, sort_keys=True) if bad else 'none'}")
+    print(f"excused (an operator's confirm-stopped allowed them): {len(r['excused'])}")
+    for v in r["excused"][:50]:
+        print(f"  {v['kind']} run={v['run_id']}: {v['detail']}")
     print(f"violations: {len(r['violations'])}")
     for v in r["violations"][:50]:
         print(f"  {v['kind']} run={v['run_id']}: {v['detail']}")

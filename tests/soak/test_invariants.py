@@ -180,3 +180,92 @@ def test_a_worker_running_more_jobs_than_its_slots_is_a_violation():
     run, attempt, event, _e, chunks = _ok_run("r9")
     parts.append((run, attempt, event, Execution(attempt.attempt_id, 1_500, 1_900, worker="w1"), chunks))
     assert check_slots(parts).violations == []
+
+
+# -- an operator's confirm-stopped on a frozen worker's lapsed lease (issue 26) ------------------
+
+def _confirmed(status, *, error_code=None, generation=1, evidence=None, by=None, execution=None,
+               idempotent=False, withdrawn=False, run_status=None, code=None):
+    """A run whose attempt a1 (lease generation 1) was confirmed stopped by soak-fault-3, as the
+    attempt ended: `status` under lease `generation`, with its evidence at the end."""
+    from invariants import Confirmation, Withdrawal
+
+    run = Run("r1", "t", run_status or ("succeeded" if status == "succeeded" else "failed"), idempotent, code)
+    attempt = Attempt("a1", "r1", 1, status, 10_000, 3 if status == "succeeded" else None, error_code,
+                      generation, evidence, by, 1 if evidence else None)
+    execution = execution or Execution("a1", 1_000, 20_000 if status == "succeeded" else None)
+    chunks = [Chunk("a1", 0, 3)] if status == "succeeded" else []
+    terminal = "run.succeeded" if status == "succeeded" else "run.failed"
+    runs, attempts = [run], [attempt]
+    return dict(runs=runs, attempts=attempts, events=[("r1", terminal)], execs=[execution], chunks=chunks,
+                confirmations=[Confirmation("a1", "r1", 1, "soak-fault-3")],
+                withdrawals=[Withdrawal("a1", "confirmed_stopped", "soak-fault-3", 1)] if withdrawn else [])
+
+
+def _check_confirmed(parts, extra_attempts=(), extra_execs=()):
+    return check(parts["runs"], parts["attempts"] + list(extra_attempts), parts["events"],
+                 parts["execs"] + list(extra_execs), parts["chunks"], killed_at_ms={}, horizon_ms=99_000,
+                 confirmations=parts["confirmations"], withdrawals=parts["withdrawals"])
+
+
+LOST_ON_WORD = dict(error_code="RECOVERY_CONFIRMED_STOPPED", evidence="confirmed_stopped", by="soak-fault-3",
+                    code="RUN_LOST_RETRY_DISABLED")
+
+
+def test_a_confirmation_the_worker_s_renewal_withdrew_lets_the_job_end_on_its_own():
+    found = _check_confirmed(_confirmed("succeeded", withdrawn=True))
+    assert found.violations == [] and found.confirm_outcomes == {"withdrawn": 1}
+    assert found.confirmed == [("soak-fault-3", "a1", "withdrawn")]
+
+
+def test_a_confirmation_voided_by_a_re_bind_or_beaten_by_the_job_s_own_report_is_legitimate():
+    assert _check_confirmed(_confirmed("succeeded", generation=2)).confirm_outcomes == {"rebound": 1}
+    ended = _check_confirmed(_confirmed("succeeded"))
+    assert ended.violations == [] and ended.confirm_outcomes == {"ended": 1}
+
+
+def test_a_confirmation_recovery_acted_on_ends_the_attempt_lost_and_excuses_what_the_word_allowed():
+    # the job ran on to its end after the word ended its attempt (the worker was frozen): the
+    # operator's statement was false, so `lost_while_running` is excused and names the fault
+    found = _check_confirmed(_confirmed("lost", execution=Execution("a1", 1_000, 20_000), **LOST_ON_WORD))
+    assert found.violations == [] and found.confirm_outcomes == {"lost": 1}
+    assert [(v.kind, "soak-fault-3" in v.detail) for v in found.excused] == [("lost_while_running", True)]
+    # it had ended before the word (its receipt not yet reported): its outcome dropped, excused
+    found = _check_confirmed(_confirmed("lost", execution=Execution("a1", 1_000, 5_000), **LOST_ON_WORD))
+    assert found.violations == [] and [v.kind for v in found.excused] == ["lost_after_its_end"]
+
+
+def test_a_retry_that_ran_beside_an_attempt_ended_on_the_operator_s_word_is_excused():
+    parts = _confirmed("lost", execution=Execution("a1", 1_000, None), **LOST_ON_WORD)
+    parts["runs"] = [Run("r1", "t", "failed", False, "RUN_LOST_RETRY_DISABLED")]
+    retry = Attempt("a2", "r1", 2, "failed", 30_000, None)
+    # a1's execution has no end line: bounded by its recorded finish, 10 000; a2 began at 5 000
+    found = _check_confirmed(parts, extra_attempts=[retry], extra_execs=[Execution("a2", 5_000, 25_000)])
+    assert found.violations == [] and [v.kind for v in found.excused] == ["concurrent_attempts"]
+
+
+def test_the_same_faults_without_an_operator_s_word_are_still_violations():
+    parts = _confirmed("lost", execution=Execution("a1", 1_000, 20_000), **LOST_ON_WORD)
+    parts["confirmations"] = []
+    found = _check_confirmed(parts)
+    assert _kinds(found) == ["lost_while_running"] and found.excused == []
+    # ended lost on another operator's word: this confirmation does not excuse it either
+    other = dict(LOST_ON_WORD, by="soak-fault-9")
+    found = _check_confirmed(_confirmed("lost", execution=Execution("a1", 1_000, 20_000), **other))
+    assert _kinds(found) == ["confirm_outcome", "lost_while_running"]
+
+
+def test_a_withdrawn_or_void_word_that_still_ended_the_attempt_is_a_violation():
+    found = _check_confirmed(_confirmed("lost", withdrawn=True, **LOST_ON_WORD))
+    assert _kinds(found) == ["confirm_outcome"] and "withdrawn by a renewal" in found.violations[0].detail
+    assert found.confirm_outcomes == {"violated": 1}
+    found = _check_confirmed(_confirmed("lost", generation=2, **LOST_ON_WORD))
+    assert _kinds(found) == ["confirm_outcome"] and "void (lease generation 2)" in found.violations[0].detail
+
+
+def test_an_attempt_ended_lost_otherwise_while_the_word_stood_is_a_violation():
+    found = _check_confirmed(_confirmed("lost", error_code="RECOVERY_PROCESS_STOPPED", evidence="stopped",
+                                        code="RUN_LOST_RETRY_DISABLED"))
+    assert _kinds(found) == ["confirm_outcome"]
+    assert "ended lost (RECOVERY_PROCESS_STOPPED) under lease generation 1 while the word stood" in \
+        found.violations[0].detail
