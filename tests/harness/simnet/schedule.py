@@ -154,6 +154,7 @@ class ProcessSeed(_Seed):
         self.hooks = Hooks(self.recorder.alive)
         self.recorder.worker_of = self.hooks.worker_name
         self.asked: list[Asked] = []
+        self.killed_contexts: list = []  # the zmq contexts of killed runtimes (closed at their end)
         self.log: list[str] = [f"schedule: {e}" for e in self.events]
         self.run_ids: list[str] = []
 
@@ -232,6 +233,7 @@ class ProcessSeed(_Seed):
             link.sever()
         runtime = w.thread.runtime
         runtime._shutdown = _hard_shutdown  # an instance attribute: this runtime only
+        self.killed_contexts.append(runtime.ctx.zmq)
         w.thread.stop()
         w.thread = None
         if ev.during:
@@ -366,12 +368,16 @@ class ProcessSeed(_Seed):
         finally:
             self.hooks.remove()
             # A killed runtime's sockets are closed by its end, as the OS closes a dead process's:
-            # here by the collector once its released threads have ended, without the warning
-            # that would otherwise surface in whichever test runs next.
+            # its released threads close theirs, and its context's term (started at the kill)
+            # returns once every socket is closed; waited for here, so no socket is left to the
+            # collector of whichever test runs next (a ResourceWarning there fails that test).
             import gc
             import warnings
 
-            time.sleep(0.3)
+            contexts = [*self.killed_contexts, *(t.runtime.ctx.zmq for t in self.threads)]
+            deadline = time.monotonic() + 15
+            while any(not z.closed for z in contexts) and time.monotonic() < deadline:
+                time.sleep(0.05)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", ResourceWarning)
                 gc.collect()
