@@ -236,7 +236,12 @@ class _Seed:
                             stop_grace_ms=200, kill_grace_ms=200, output_drain_ms=100, disk_reserve_bytes=0)
 
     def _admit(self) -> None:
-        for n, job in enumerate(jobs_of(self.rng)):
+        self._admit_jobs(jobs_of(self.rng))
+
+    def _admit_jobs(self, jobs: list[Job]) -> list[str]:
+        """A task per job (its ledger line, sleep and exit code) and one run of each: their ids."""
+        run_ids = []
+        for n, job in enumerate(jobs):
             retry = RetryPolicy() if job.safety == "unknown" else RetryPolicy(
                 max_attempts=3, retry_on_lost=True, safety=RetrySafety.IDEMPOTENT, backoff_base_ms=50,
                 backoff_max_ms=200)
@@ -244,7 +249,10 @@ class _Seed:
             self.admin.tasks.add(TaskSpec(name=name, command=Command(shell=JOB.format(
                 ledger=self.ledger, sleep=job.sleep_s, code=job.exit_code)), retry=retry, stop_grace_ms=200),
                 actor_name="tester")
-            self.runs[self.admin.runs.request(name).run.id] = job
+            run_id = self.admin.runs.request(name).run.id
+            self.runs[run_id] = job
+            run_ids.append(run_id)
+        return run_ids
 
     def journals(self) -> list[Path]:
         return [w.state / JOURNAL_FILE for w in self.workers]

@@ -165,23 +165,7 @@ class ProcessSeed(_Seed):
         return f"{worker.name}-r{i}"
 
     def _admit(self) -> None:
-        from qlactors.domain.model import Command, TaskSpec
-        from qlactors.domain.retry import RetryPolicy
-        from qlactors.domain.states import RetrySafety
-
-        from .facts import JOB
-
-        for n, job in enumerate(self.jobs):
-            retry = RetryPolicy() if job.safety == "unknown" else RetryPolicy(
-                max_attempts=3, retry_on_lost=True, safety=RetrySafety.IDEMPOTENT, backoff_base_ms=50,
-                backoff_max_ms=200)
-            name = f"sim-{n}"
-            self.admin.tasks.add(TaskSpec(name=name, command=Command(shell=JOB.format(
-                ledger=self.ledger, sleep=job.sleep_s, code=job.exit_code)), retry=retry, stop_grace_ms=200),
-                actor_name="tester")
-            run_id = self.admin.runs.request(name).run.id
-            self.runs[run_id] = job
-            self.run_ids.append(run_id)
+        self.run_ids.extend(self._admit_jobs(self.jobs))
 
     def start(self) -> None:
         for w in self.workers:
