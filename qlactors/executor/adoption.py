@@ -25,8 +25,13 @@ evidence gives, and each survivor's lease is re-bound to the current session.
   was learnt meanwhile; nothing while another report about the attempt is owed; else the process
   is stopped by its exact identity (§9 Renewal).
 
+What each fact and each answer does to the attempt is the attempt machine's (executor/attempt.py):
+this part probes, reads the facts the machine asks for (`answer_event`), and carries out the
+effects that are its own (ADOPT, OWE_ATTEST_RUNNING, JOURNAL_REBIND); the Executor feeds the
+events and carries out the rest (a stop, a consume).
+
 A part the Executor holds (executor/executor.py), given the journal and the files it probes, the
-live table, the current session and the owed reports; a consume and a stop are the Executor's.
+live table, the current session and the owed reports.
 """
 
 from __future__ import annotations
@@ -34,17 +39,17 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from ..domain.results import Result
 from ..errors import Conflict
 from ..ids import new_id
 from ..process.identity import Liveness, probe
 from ..runtime.context import Named
-from ..runtime.signals import Consume
 from ..wire import messages as m
 from ..wire.bridge import Bridge
 from . import evidence as ev
+from .attempt import Event, EventKind
 from .journal.journal import Journal
 from .journal.records import IN_FLIGHT, JournalEntry, LeaseFacts
 from .local_receipts import LocalReceipts
@@ -66,106 +71,70 @@ class Adoption:
 
     def __init__(self, *, journal: Journal, local_receipts: LocalReceipts, boot_id: Callable[[], str],
                  publish_grace_ms: int, bridge: Bridge, me: Named, current: CurrentSession, slots: Slots,
-                 owed: OwedReports, consume: Callable[[Consume], None],
-                 begin_stop: Callable[[Local, str], None]) -> None:
+                 owed: OwedReports) -> None:
         self.journal, self.local_receipts, self.boot_id = journal, local_receipts, boot_id
         self.publish_grace_ms, self.bridge, self.me = publish_grace_ms, bridge, me
         self.current, self.slots, self.owed = current, slots, owed
-        self.consume, self.begin_stop = consume, begin_stop
         self.unprobed: set[str] = set()  # journal rows whose /proc was unreadable: probed again
         self.undecided: set[str] = set()  # rows attested `launch_unknown`, the answer `applied`
         self.beats = 0  # heartbeats seen (`reprobe`), for ASK_UNDECIDED_EVERY
 
     # -- journal rows not held ------------------------------------------------------------------
 
-    def adopt(self) -> None:
-        """Probe every in-flight journal row this instance does not hold, and act on its fact."""
-        self._judge([e for e in self.journal.walk(IN_FLIGHT) if e.attempt_id not in self.slots])
+    def adopt(self) -> Iterator[ev.Evidence]:
+        """The evidence of every in-flight journal row this instance does not hold, page by page."""
+        return self._judge([e for e in self.journal.walk(IN_FLIGHT) if e.attempt_id not in self.slots])
 
-    def reprobe(self) -> None:
-        """Each heartbeat: rows whose /proc was unreadable at the last probe, probed again; every
-        ASK_UNDECIDED_EVERY, the `launch_unknown` rows attested again."""
+    def reprobe(self) -> Iterator[ev.Evidence]:
+        """Each heartbeat: the evidence of rows whose /proc was unreadable at the last probe."""
         self.beats += 1
-        if self.undecided and self.beats % ASK_UNDECIDED_EVERY == 0:
-            self._ask_undecided()
         if not self.unprobed:
-            return
+            return iter(())
         ids, self.unprobed = sorted(self.unprobed), set()
         entries = (self.journal.get(a) for a in ids if a not in self.slots)
-        self._judge([e for e in entries if e is not None and e.state in IN_FLIGHT])
+        return self._judge([e for e in entries if e is not None and e.state in IN_FLIGHT])
 
-    def _judge(self, rows: list[JournalEntry]) -> None:
+    def _judge(self, rows: list[JournalEntry]) -> Iterator[ev.Evidence]:
         grace_s = self.publish_grace_ms / 1000
         for start in range(0, len(rows), PROBE_PAGE):
-            for found in ev.probe_rows(rows[start:start + PROBE_PAGE], receipts=self.local_receipts,
-                                       current_boot_id=self.boot_id(), grace_s=grace_s):
-                self._act_on(found)
+            yield from ev.probe_rows(rows[start:start + PROBE_PAGE], receipts=self.local_receipts,
+                                     current_boot_id=self.boot_id(), grace_s=grace_s)
 
-    def _act_on(self, found: ev.Evidence) -> None:
-        entry, fact = found.entry, found.fact
-        if fact == ev.NEVER_LAUNCHED:  # an instance that died before launching it: nothing runs
-            self.journal.clear(entry.attempt_id)
-            self.owed.give_back(entry.run_id, entry.attempt_id, entry.lease)
-        elif fact == ev.RUNNING:
-            self._adopt_running(entry, found.identity)
-        elif fact in (ev.ENDED_WITH_RECEIPT, ev.ENDED, ev.REBOOTED) or self.current.policy.judged_by_own_records:
-            # Its receipt, or the lack of one, decides, exactly as for a launcher whose exit we
-            # saw ourselves (the probe has waited the publish grace for a process found gone).
-            self.consume(Consume(entry.run_id, entry.attempt_id, recheck=fact != ev.UNREADABLE))
-        elif fact == ev.LAUNCH_UNKNOWN:  # maybe spawned, maybe not: never relaunched, never "ended"
-            log.warning("event=launch_unknown run=%s attempt=%s", entry.run_id, entry.attempt_id)
-            self.owed.attest(entry.run_id, entry.attempt_id, ev.LAUNCH_UNKNOWN, lease=entry.lease)
-        else:  # unreadable /proc is not evidence (§10): no fact now, a later probe
-            log.warning("event=evidence_unreadable run=%s attempt=%s action=probe_later", entry.run_id,
-                        entry.attempt_id)
-            self.unprobed.add(entry.attempt_id)
-
-    def _ask_undecided(self) -> None:
+    def undecided_due(self) -> list[JournalEntry]:
+        """Every ASK_UNDECIDED_EVERY heartbeats, the `launch_unknown` rows still waiting (not held,
+        in flight), to be attested again."""
+        if not self.undecided or self.beats % ASK_UNDECIDED_EVERY != 0:
+            return []
+        due = []
         for attempt_id in sorted(self.undecided):
             entry = self.journal.get(attempt_id)
             if entry is None or entry.state not in IN_FLIGHT or attempt_id in self.slots:
                 self.undecided.discard(attempt_id)
-            elif not self.journal.owed(about=attempt_id):
-                self.owed.attest(entry.run_id, attempt_id, ev.LAUNCH_UNKNOWN, lease=entry.lease)
+            else:
+                due.append(entry)
+        return due
 
-    def _adopt_running(self, entry: JournalEntry, identity: Any) -> None:
-        """A launcher that survived a restart: watched again (for timeout and cancel), re-attested."""
+    def adopt_running(self, entry: JournalEntry, identity: Any) -> Local | None:
+        """A launcher that survived a restart: held and watched again (for timeout and cancel).
+        None when it ended since the probe (its receipt decides)."""
         boot_id = self.boot_id()
         try:
             pidfd = os.pidfd_open(identity.pid)
-        except ProcessLookupError:  # ended since the probe: its receipt decides
-            self.consume(Consume(entry.run_id, entry.attempt_id))
-            return
+        except ProcessLookupError:
+            return None
         if probe(identity, current_boot_id=boot_id) is not Liveness.RUNNING:
             os.close(pidfd)  # ended, or the pid was recycled, between the probe and the open
-            self.consume(Consume(entry.run_id, entry.attempt_id))
-            return
+            return None
         local = Local(run_id=entry.run_id, attempt_id=entry.attempt_id, identity=identity, pidfd=pidfd,
-                      deadline_ms=entry.local_deadline_ms)
+                      deadline_ms=entry.local_deadline_ms, lease=None)
         self.slots.hold(local)
         self.bridge.watch(pidfd, entry.attempt_id, self.me)
         log.info("event=adopted run=%s attempt=%s pid=%d", entry.run_id, entry.attempt_id, identity.pid)
-        self.current.policy.adopted(local, entry.lease)  # a worker's: re-bound to this session
+        return local
 
-    # -- attempts held when a new session opens ---------------------------------------------------
+    # -- re-attestation ---------------------------------------------------------------------------
 
-    def reattest_held(self, welcome: m.Welcome) -> None:
-        """A session other than their lease's: re-attest each held survivor, give back the rest."""
-        current = (welcome.session_id, welcome.session_generation)
-        for local in self.slots:
-            lease = self._lease_of(local)
-            if lease is not None and (lease.session_id, lease.session_generation) == current:
-                continue  # a resumed session: its lease goes on
-            if local.identity is None:  # accepted, not launched: its Activate is the old session's
-                self.journal.clear(local.attempt_id)
-                self.slots.release(local.attempt_id)
-                self.owed.give_back(local.run_id, local.attempt_id, lease)
-                continue
-            log.info("event=reattest_running run=%s attempt=%s session=%s", local.run_id, local.attempt_id,
-                     welcome.session_id)
-            self.attest_running(local, lease)
-
-    def _lease_of(self, local: Any) -> LeaseFacts | None:
+    def lease_of(self, local: Any) -> LeaseFacts | None:
         if local.lease is not None:
             return local.lease
         entry = self.journal.get(local.attempt_id)
@@ -173,86 +142,77 @@ class Adoption:
 
     def attest_running(self, local: Any, lease: LeaseFacts | None) -> None:
         """`running` from the current session quoting `lease`, with a fresh slot for the re-bound one
-        (journalled with the owed Attest before it is sent). Never while a `running` attestation
-        about it is owed already: that one is sent again (after a restart too) and its answer decides."""
-        s = self.current.welcome
-        if s is None or self._running_owed(local.attempt_id):
+        (journalled with the owed Attest before it is sent). The machine never asks for one while a
+        `running` attestation about it is owed: that one is sent again (after a restart too) and its
+        answer decides."""
+        if self.current.welcome is None:
             return
         slot = (new_id(), secrets.token_urlsafe(32))
         self.owed.attest(local.run_id, local.attempt_id, ev.RUNNING, lease=lease, slot=slot, identity=local.identity)
 
-    def _running_owed(self, attempt_id: str) -> list[m.Attest]:
-        """The `running` attestations about the attempt still owed, oldest first: the journal's, so a
-        restarted instance knows each re-bind's slot as the one that sent it did."""
+    def running_owed(self, attempt_id: str, but: str = "") -> list[m.Attest]:
+        """The `running` attestations about the attempt still owed (but request `but`), oldest first:
+        the journal's, so a restarted instance knows each re-bind's slot as the one that sent it did."""
         owed = (decoded(r) for r in self.journal.owed(about=attempt_id) if r.kind == m.Attest.KIND)
-        return [a for a in owed if a.fact == ev.RUNNING]
+        return [a for a in owed if a.fact == ev.RUNNING and a.request_id != but]
 
     # -- the answers ------------------------------------------------------------------------------
 
-    def on_attested(self, msg: m.Attested, _peer: bytes) -> None:
-        report = self.owed.answered(msg.answer_to)
-        if report is None:  # a second answer to an attestation settled already, or a stray one
-            log.info("event=answer_ignored of=attest attempt=%s fact=%s result=%s (not the answer waited for)",
-                     msg.attempt_id, msg.fact, msg.result)
-            return
-        if msg.fact != ev.RUNNING:
-            self._fact_answered(report, msg)
-            return
-        sent: m.Attest = decoded(report)
-        local = self.slots.get(msg.attempt_id)
+    def answer_event(self, local: Local, sent: m.Attest, msg: m.Attested) -> Event:
+        """The event an answer to a `running` attestation is for the attempt machine, with the facts
+        it reads (this answer's report is settled already, unless `applied`)."""
+        later = bool(self.running_owed(msg.attempt_id, but=sent.request_id))
         if msg.result == Result.APPLIED:
-            self._rebound(local, sent, msg, report.request_id)
-            return
-        self.owed.settle(report)
-        if local is None:  # ended meanwhile (its receipt decides), or not adopted yet (its probe will)
-            return
-        if self._running_owed(msg.attempt_id):  # the answer to an earlier attestation: a later one decides
-            log.info("event=attest_superseded_by_later attempt=%s result=%s detail=%s", msg.attempt_id,
-                     msg.result, msg.detail)
-            return
-        quoted = _quoted(sent)
-        if msg.result == Result.SUPERSEDED:
-            if local.identity is not None and local.stop_phase is None:
-                log.warning("event=superseded_process_stopped attempt=%s detail=%s", msg.attempt_id, msg.detail)
-                self.begin_stop(local, Result.SUPERSEDED)
-        elif msg.result == Result.FENCED and session_fence(msg.detail):
             s = self.current.welcome
-            if s is not None and (s.session_id, s.session_generation) != (sent.session_id, sent.session_generation):
-                # Sent from a session that has ended since: attested again from the current one.
-                log.warning("event=rebind_fenced_by_session attempt=%s detail=%s action=reattest",
-                            msg.attempt_id, msg.detail)
-                self.attest_running(local, local.lease or quoted)
-            else:
-                # Its session is still current here: its next heartbeat finds it ended, and the
-                # Welcome after the re-register attests again. Its renewals stay held.
-                log.warning("event=rebind_fenced_by_session attempt=%s detail=%s action=reattest_next_session",
-                            msg.attempt_id, msg.detail)
-        elif local.lease is not None and local.lease != quoted:
-            # A newer lease was learnt since (an earlier attestation re-bound it): quote that one.
-            log.warning("event=rebind_retried attempt=%s detail=%s", msg.attempt_id, msg.detail)
-            self.attest_running(local, local.lease)
-        elif self.journal.owed(about=msg.attempt_id):
-            # Another report about it is owed (a Started, a give-back): its answer may still keep
-            # the process; nothing is stopped on this one.
-            log.warning("event=rebind_refused_report_owed attempt=%s result=%s detail=%s", msg.attempt_id,
-                        msg.result, msg.detail)
-        elif local.identity is not None and local.stop_phase is None:
-            # The quoted lease is not this worker's any more and nothing can renew it: a survivor
-            # running with no lease would be unknown to everyone. Stopped by its exact identity;
-            # its receipt (or its absence, attested) reports it.
-            log.error("event=rebind_refused_process_stopped attempt=%s result=%s detail=%s", msg.attempt_id,
-                      msg.result, msg.detail)
-            self.begin_stop(local, "rebind_" + msg.result)
+            current = s is None or (s.session_id, s.session_generation) == (sent.session_id, sent.session_generation)
+            return Event(EventKind.REBIND_APPLIED, running_owed=later, lease_current=current)
+        if msg.result == Result.SUPERSEDED:
+            return Event(EventKind.REBIND_SUPERSEDED, running_owed=later)
+        s = self.current.welcome
+        return Event(EventKind.REBIND_FENCED, running_owed=later,
+                     session_fence=msg.result == Result.FENCED and session_fence(msg.detail),
+                     sent_from_current=s is None or (s.session_id, s.session_generation) == (
+                         sent.session_id, sent.session_generation),
+                     newer_lease=local.lease is not None and local.lease != quoted(sent),
+                     report_owed=bool(self.journal.owed(about=msg.attempt_id)))
 
-    def _fact_answered(self, report: Any, msg: m.Attested) -> None:
+    def slot_of(self, sent: m.Attest, msg: m.Attested) -> bool:
+        """Whether an `applied` answer names the slot its attestation asked for."""
+        slot = sent.new_slot
+        if slot is None or msg.offer_id != slot.offer_id or msg.lease_generation is None:
+            log.error("event=rebind_of_unknown_slot attempt=%s offer=%s", msg.attempt_id, msg.offer_id)
+            return False
+        return True
+
+    def rebind(self, local: Local | None, sent: m.Attest, msg: m.Attested) -> bool:
+        """`applied`: the lease the attestation's own slot names, journalled as the attempt's in the
+        transaction that settles it — also while the survivor is not held here (its /proc was
+        unreadable at the last probe: the adoption that follows quotes this lease). False when
+        the row is gone (the attempt ended and was cleared meanwhile)."""
+        slot = sent.new_slot
+        try:
+            self.journal.rebind(msg.attempt_id, msg.lease_generation, slot.offer_id, slot.lease_token,
+                                sent.session_id, sent.session_generation, settle=sent.request_id)
+        except Conflict:
+            self.owed.settle(self.journal.owes(sent.request_id))
+            return False
+        self.owed.forget(sent.request_id)
+        log.info("event=rebound attempt=%s lease_generation=%s session=%s", msg.attempt_id,
+                 msg.lease_generation, sent.session_id)
+        if local is not None:
+            local.lease = LeaseFacts(slot.offer_id, msg.lease_generation, slot.lease_token, sent.session_id,
+                                     sent.session_generation)
+        return True
+
+    def fact_answered(self, report: Any, msg: m.Attested) -> bool:
         """The answer to an attestation of a not-running fact: settled, or re-made from the current
-        session when its own session had ended. Once the control side has the end of an attempt
-        this worker holds no process for (`ended` or `stopped` recorded; any fact `superseded`: the
-        attempt is over or replaced), its journal row is finished (the ReceiptConsumer's), not
-        left in flight for good (a cluster worker's: edge judges by its own rows)."""
+        session when its own session had ended. True once the control side has the end of an
+        attempt this worker holds no process for (`ended` or `stopped` recorded; any fact
+        `superseded`: the attempt is over or replaced): its journal row is to be finished, not left
+        in flight for good (a cluster worker's: edge judges by its own rows)."""
         if msg.result == Result.FENCED and session_fence(msg.detail):
             self.owed.fenced_by_session(report, msg)
-            return
+            return False
         self.owed.settle(report)
         if msg.result != Result.APPLIED:
             log.warning("event=attest_%s attempt=%s fact=%s detail=%s", msg.result, msg.attempt_id, msg.fact,
@@ -262,39 +222,10 @@ class Adoption:
         else:
             self.undecided.discard(msg.attempt_id)
         end_known = msg.result == Result.SUPERSEDED or (msg.result == Result.APPLIED and msg.fact in ENDS)
-        if end_known and msg.attempt_id not in self.slots and not self.current.policy.judged_by_own_records:
-            self.consume(Consume(msg.run_id, msg.attempt_id, recheck=True, end_known=True))
-
-    def _rebound(self, local: Local | None, sent: m.Attest, msg: m.Attested, request_id: str) -> None:
-        """`applied`: the lease the attestation's own slot names, journalled as the attempt's in the
-        transaction that settles it — also while the survivor is not held here (its /proc was
-        unreadable at the last probe: the adoption that follows quotes this lease)."""
-        slot = sent.new_slot
-        if slot is None or msg.offer_id != slot.offer_id or msg.lease_generation is None:
-            log.error("event=rebind_of_unknown_slot attempt=%s offer=%s", msg.attempt_id, msg.offer_id)
-            self.owed.settle(self.journal.owes(request_id))
-            return
-        try:
-            self.journal.rebind(msg.attempt_id, msg.lease_generation, slot.offer_id, slot.lease_token,
-                                sent.session_id, sent.session_generation, settle=request_id)
-        except Conflict:  # no row any more: the attempt ended and was cleared meanwhile
-            self.owed.settle(self.journal.owes(request_id))
-            return
-        self.owed.forget(request_id)
-        log.info("event=rebound attempt=%s lease_generation=%s session=%s", msg.attempt_id,
-                 msg.lease_generation, sent.session_id)
-        if local is None:
-            return
-        local.lease = LeaseFacts(slot.offer_id, msg.lease_generation, slot.lease_token, sent.session_id,
-                                 sent.session_generation)
-        if self._running_owed(msg.attempt_id):
-            return  # a later attestation decides (quoting an older lease, it is attested again)
-        if self.current.welcome is not None and not self.current.holds(local.lease):
-            # Re-bound to a session that has ended since: attest again from the current one.
-            self.attest_running(local, local.lease)
+        return end_known and msg.attempt_id not in self.slots and not self.current.policy.judged_by_own_records
 
 
-def _quoted(sent: m.Attest) -> LeaseFacts | None:
+def quoted(sent: m.Attest) -> LeaseFacts | None:
     """The lease an Attest quoted, as the journal keeps one."""
     lease = sent.lease
     if lease is None or sent.lease_session_id is None or sent.lease_session_generation is None:

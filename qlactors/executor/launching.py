@@ -218,13 +218,6 @@ class Launching:
 
     # -- stop ---------------------------------------------------------------------------------
 
-    def on_stop_requested(self, msg: m.StopRequested, _peer: bytes) -> None:
-        local = self.slots.get(msg.attempt_id)
-        if local is None or local.identity is None or local.stop_phase is not None:
-            return
-        local.grace_ms = msg.grace_ms
-        self.begin_stop(local, msg.reason)
-
     def _signal(self, local: Local, sig: signal.Signals) -> Liveness:
         """Signal the job's process group by exact identity (launch.signal_job); note what it got."""
         marker = self.receipts.marker_path(local.attempt_id)
@@ -240,20 +233,15 @@ class Launching:
         self.bridge.call_at(f"stop:{local.attempt_id}", time.monotonic() + local.grace_ms / 1000,
                             self.me, StopCheck(local.attempt_id, "term"))
 
-    def on_stop_check(self, msg: StopCheck, _peer: bytes) -> None:
-        local = self.slots.get(msg.attempt_id)
-        if local is None or local.identity is None:
-            return
-        if msg.phase == "term":
-            liveness = self._signal(local, signal.SIGKILL)
-            if liveness is Liveness.RUNNING:
-                local.stop_phase = "kill"
-                log.info("event=stop_kill attempt=%s", local.attempt_id)
-                # The launcher outlives its job: it stops what is left (TERM, the task's stop
-                # grace, KILL), drains, and publishes.
-                runtime = self.config.runtime
-                wait_ms = runtime.kill_grace_ms + local.grace_ms + runtime.output_drain_ms
-                self.bridge.call_at(f"stop:{local.attempt_id}", time.monotonic() + wait_ms / 1000,
-                                    self.me, StopCheck(local.attempt_id, "kill"))
-        else:
-            log.error("event=stop_inconclusive attempt=%s", local.attempt_id)
+    def kill(self, local: Local) -> None:
+        """The stop grace went by: KILL the job's group; the launcher outlives its job, stops what
+        is left (TERM, the task's stop grace, KILL), drains and publishes, and is checked once more
+        after that."""
+        if self._signal(local, signal.SIGKILL) is not Liveness.RUNNING:
+            return  # gone: its exit comes
+        local.stop_phase = "kill"
+        log.info("event=stop_kill attempt=%s", local.attempt_id)
+        runtime = self.config.runtime
+        wait_ms = runtime.kill_grace_ms + local.grace_ms + runtime.output_drain_ms
+        self.bridge.call_at(f"stop:{local.attempt_id}", time.monotonic() + wait_ms / 1000,
+                            self.me, StopCheck(local.attempt_id, "kill"))

@@ -60,6 +60,7 @@ class LocalSession:
     heartbeats = False
     drains = False  # a SIGTERM ends the process and its session together
     judged_by_own_records = True  # edge recovery judges an ended attempt by its records (§6)
+    rebinds = False  # leases live with the process: a survivor is never re-bound
 
     def __init__(self, *, give_back: Callable[..., None]) -> None:
         self.give_back = give_back
@@ -91,9 +92,6 @@ class LocalSession:
     def activation_refused(self, local: Local) -> None:
         """Edge's Activate went to the Gateway in-process (no copies): the slot is freed, nothing more."""
 
-    def adopted(self, local: Local, lease: LeaseFacts | None) -> None:
-        """Its lease lives with the process: nothing to re-bind."""
-
 
 class RemoteSession:
     """A cluster worker's session, leased by the replicas (see the module docstring)."""
@@ -101,17 +99,16 @@ class RemoteSession:
     heartbeats = True
     drains = True
     judged_by_own_records = False  # a replica decides on the fact attested
+    rebinds = True  # a survivor of an older session is attested `running` and re-bound
 
     def __init__(self, *, journal: Any, boot_id: Callable[[], str], logs: Any, tell: Callable[[str, Any], Any],
                  schedule_heartbeat: Callable[[], None], decline_unknown: Callable[[m.Welcome], None],
-                 reattest_held: Callable[[m.Welcome], None], give_back: Callable[..., None],
-                 decline: Callable[..., None], answered_pair: Callable[[str], str | None],
-                 attest_running: Callable[[Local, LeaseFacts | None], None]) -> None:
+                 give_back: Callable[..., None], decline: Callable[..., None],
+                 answered_pair: Callable[[str], str | None]) -> None:
         self.journal, self.boot_id, self.logs, self.tell = journal, boot_id, logs, tell
         self.schedule_heartbeat = schedule_heartbeat
-        self.decline_unknown, self.reattest_held = decline_unknown, reattest_held
+        self.decline_unknown = decline_unknown
         self.give_back, self.decline, self.answered_pair = give_back, decline, answered_pair
-        self.attest_running = attest_running
 
     def opened(self, welcome: m.Welcome) -> None:
         """Kept for a resume; heartbeats on."""
@@ -120,10 +117,9 @@ class RemoteSession:
         self.schedule_heartbeat()
 
     def welcomed(self, welcome: m.Welcome) -> None:
-        """Leases of an older session: declined when unknown, re-attested (held first: adoption
-        attests the rows it adopts)."""
+        """Leases of an older session never activated here: declined when unknown. (The held ones
+        are re-attested by the Executor: `rebinds`.)"""
         self.decline_unknown(welcome)
-        self.reattest_held(welcome)
 
     def pull_sent(self, pull_id: str, pairs: dict[str, str]) -> None:
         """Journalled before it is sent (SEMANTICS.md §9 Offers)."""
@@ -155,7 +151,3 @@ class RemoteSession:
     def activation_refused(self, local: Local) -> None:
         """The give-back is owed: re-made from the next session if this one has ended."""
         self.give_back(local.run_id, local.attempt_id, local.lease)
-
-    def adopted(self, local: Local, lease: LeaseFacts | None) -> None:
-        """Its lease is re-bound to this session."""
-        self.attest_running(local, lease)

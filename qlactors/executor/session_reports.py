@@ -5,8 +5,9 @@ probed again), a cut-off worker's own deadlines (§7), and the leases a Welcome 
 activated. (Re-attesting and re-binding survivors: adoption.py.)
 
 A part the Executor holds (executor/executor.py), given the journal, the timers, the current
-session, the live table, the Pull and the owed reports; launches, stops, re-probes and the
-Register are the other parts', passed in as callbacks.
+session, the live table, the Pull and the owed reports. What a heartbeat or its answer means for
+an attempt (a deadline passed, a lease fenced) it returns to the Executor, which asks the attempt
+machine (executor/attempt.py); an Activate repeat and the Register are still passed in.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ import time
 from typing import Any, Callable
 
 from ..clock import wall_ms
-from ..domain.results import Result
 from ..ids import new_id
 from ..runtime.context import Named
 from ..runtime.signals import HeartbeatDue
@@ -38,12 +38,11 @@ class SessionReports:
 
     def __init__(self, *, journal: Journal, bridge: Bridge, me: Named, current: CurrentSession, slots: Slots,
                  send: Callable[[Any], None], pulling: Pulling, owed: OwedReports,
-                 send_activate: Callable[[Local], None], begin_stop: Callable[[Local, str], None],
-                 reprobe: Callable[[], None], draining: Callable[[], bool],
+                 send_activate: Callable[[Local], None], draining: Callable[[], bool],
                  register: Callable[..., None]) -> None:
         self.journal, self.bridge, self.me = journal, bridge, me
         self.current, self.slots, self.send, self.pulling, self.owed = current, slots, send, pulling, owed
-        self.send_activate, self.begin_stop, self.reprobe = send_activate, begin_stop, reprobe
+        self.send_activate = send_activate
         self.draining, self.register = draining, register
         self.heartbeat_seq = 0
         # The heartbeat whose answer is waited for: (request id, session id, generation). Only its
@@ -61,10 +60,12 @@ class SessionReports:
         if stored is not None and stored > self.heartbeat_seq:
             self.heartbeat_seq = stored
 
-    def on_heartbeat_due(self, _msg: HeartbeatDue, _peer: bytes) -> None:
+    def beat(self) -> list[Local] | None:
+        """A heartbeat and the repeats it carries; the held attempts past their own deadline while
+        cut off (`_past_deadline`), for the Executor to stop. None: no heartbeat (no session, edge)."""
         s = self.current.welcome
         if s is None or not self.current.policy.heartbeats:
-            return
+            return None
         # Numbered per session and increasing across restarts of this worker (a resumed session
         # keeps its stored number, which Welcome names): the wall clock in ms, or one more than
         # the last.
@@ -83,11 +84,10 @@ class SessionReports:
             renewals=renewals))
         self.pulling.repeat(s.heartbeat_ms)
         self._repeat_activates()
-        self.reprobe()
-        self._enforce_deadlines()
         self.schedule_heartbeat()
+        return self._past_deadline()
 
-    def _enforce_deadlines(self) -> None:
+    def _past_deadline(self) -> list[Local]:
         """Cut off from every replica (nothing heard from any for `CUT_OFF_BEATS` heartbeat
         intervals, though each heartbeat is answered), the worker enforces its jobs' deadlines
         itself (SEMANTICS.md §7): past its own deadline (activation on this clock + timeout) a
@@ -97,17 +97,13 @@ class SessionReports:
         timeout intent at the database deadline whatever the worker's reach, ends the run
         `timed_out`. While a replica answers, its StopRequested stops the job."""
         if time.monotonic() - self.answered_at < CUT_OFF_BEATS * self.current.welcome.heartbeat_ms / 1000:
-            return
+            return []
         now = wall_ms()
-        for local in self.slots:
-            if local.deadline_ms is None or now < local.deadline_ms:
-                continue
-            if local.identity is None or local.stop_phase is not None:
-                continue
-            self.journal.timeout_intent(local.attempt_id, now)
-            log.warning("event=local_timeout run=%s attempt=%s deadline_ms=%d cut_off_s=%.1f", local.run_id,
-                        local.attempt_id, local.deadline_ms, time.monotonic() - self.answered_at)
-            self.begin_stop(local, "timeout")
+        return [local for local in self.slots if local.deadline_ms is not None and now >= local.deadline_ms]
+
+    def cut_off_s(self) -> float:
+        """How long nothing was heard from any replica."""
+        return time.monotonic() - self.answered_at
 
     def decline_unknown(self, welcome: m.Welcome) -> None:
         """Decline each lease Welcome lists as never activated that this instance does not hold
@@ -163,41 +159,37 @@ class SessionReports:
             log.warning("event=activate_repeated run=%s attempt=%s", local.run_id, local.attempt_id)
             self.send_activate(local)
 
-    def on_heartbeat_ack(self, msg: m.HeartbeatAck, _peer: bytes) -> None:
-        """Renewed leases go on; a fenced one's process is stopped by its exact identity (and attested
-        when it has ended); an ended session means registering anew. Edge sends no heartbeat."""
+    def answered(self, msg: m.HeartbeatAck) -> list[Local] | None:
+        """Renewed leases go on; the held attempts whose lease is fenced are returned, for the
+        Executor to stop (or forget, when never launched); an ended session means registering anew.
+        None: not the answer waited for, or one that asks for nothing more (no pull). Edge sends no
+        heartbeat."""
         s = self.current.welcome
         if s is None or self.waited != (msg.answer_to, s.session_id, s.session_generation):
-            return  # the answer to an earlier heartbeat, a second answer, or one of a session already left
+            return None  # the answer to an earlier heartbeat, a second answer, or one of a session already left
         self.waited = None
         if msg.last_seq is not None:  # `stale_seq`: numbered below the session's stored number
             log.warning("event=heartbeat_stale seq=%d stored=%d action=renumber", msg.seq, msg.last_seq)
             self.numbered_from(msg.last_seq)
             self.schedule_heartbeat(now=True)  # its renewals, at once
-            return
+            return None
         if msg.session_ended:
             log.warning("event=session_ended session=%s detail=%s", s.session_id, msg.detail)
             if self.draining():  # left by the drain (offline): no new session now
                 self.bridge.cancel_timer("heartbeat")
-                return
+                return None
             self.current.end()
             self.pulling.forget()  # its pairs were the old session's; a late answer is declined with them
             self.bridge.cancel_timer("heartbeat")
             # Naming the lost session (refused, it falls back to a new one) tells the control side
             # that this process lived on while another took its session: a duplicate key (§9).
             self.register(resume=True)
-            return
+            return None
+        fenced_locals = []
         for fenced in msg.fenced:
             local = self.slots.get(fenced.attempt_id)
             if local is None or local.lease is None or local.lease.lease_generation != fenced.lease_generation:
                 continue
             log.warning("event=lease_fenced attempt=%s reason=%s", fenced.attempt_id, fenced.reason)
-            if local.identity is not None:
-                if local.stop_phase is None:
-                    self.begin_stop(local, Result.FENCED)
-            else:  # not launched: never will be under this lease
-                self.journal.clear(local.attempt_id)
-                self.slots.release(local.attempt_id)
-        # A replica nudges the workers it talks to when work waits; a run another replica (or a
-        # command) created reaches this worker by this pull at the latest.
-        self.pulling.pull()
+            fenced_locals.append(local)
+        return fenced_locals

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from ..wire import messages as m
+from .attempt import AttemptPhase
 from .journal.records import LeaseFacts
 
 
@@ -31,6 +32,15 @@ class Local:
     activate_sent_at: float | None = None  # monotonic; set while its Activate waits for `Activated`
     activation_refused: bool = False  # its Activate was fenced or refused: never launched here
     activate_request_id: str = ""  # the Activate of this offer, the same on every copy
+
+    def phase(self, *, rebinding: bool) -> AttemptPhase:
+        """Its phase (executor/attempt.py), read from its fields; `rebinding`: a `running` Attest
+        about it is owed (the journal's)."""
+        if self.identity is None:
+            return AttemptPhase.REFUSED if self.activation_refused else AttemptPhase.ACTIVATING
+        if self.stop_phase is not None:
+            return AttemptPhase.KILLING if self.stop_phase == "kill" else AttemptPhase.STOPPING
+        return AttemptPhase.REBINDING if rebinding else AttemptPhase.RUNNING
 
     def holds_offer(self, offer: m.Offer) -> bool:
         """Whether this is `offer` itself, held (accepted here), as opposed to another offer of it."""
