@@ -49,7 +49,7 @@ from ..runtime.context import Named
 from ..wire import messages as m
 from ..wire.bridge import Bridge
 from . import evidence as ev
-from .attempt import Event, EventKind
+from .attempt import Decision, Effect, Event, EventKind
 from .journal.journal import Journal
 from .journal.records import IN_FLIGHT, JournalEntry, LeaseFacts
 from .local_receipts import LocalReceipts
@@ -232,3 +232,24 @@ def quoted(sent: m.Attest) -> LeaseFacts | None:
         return None
     return LeaseFacts(lease.offer_id, lease.lease_generation, lease.lease_token, sent.lease_session_id,
                       sent.lease_session_generation)
+
+
+def log_refused_rebind(msg: m.Attested, event: Event, decision: Decision) -> None:
+    """What a refused `running` attestation came to, in the words of the worker's log."""
+    if event.running_owed:
+        what, level = "attest_superseded_by_later", logging.INFO  # the answer to an earlier one: a later one decides
+    elif decision.stop_cause == "superseded":
+        what, level = "superseded_process_stopped", logging.WARNING
+    elif event.session_fence:
+        again = Effect.OWE_ATTEST_RUNNING in decision.effects
+        what, level = "rebind_fenced_by_session action=" + ("reattest" if again else "reattest_next_session"), \
+            logging.WARNING
+    elif event.newer_lease:
+        what, level = "rebind_retried", logging.WARNING  # a newer lease was learnt since: quoted now
+    elif event.report_owed:
+        what, level = "rebind_refused_report_owed", logging.WARNING  # its answer may still keep the process
+    elif decision.stop_cause:
+        what, level = "rebind_refused_process_stopped", logging.ERROR  # nothing can renew the quoted lease
+    else:
+        what, level = "rebind_refused_stopping", logging.INFO  # a stop is under way already
+    log.log(level, "event=%s attempt=%s result=%s detail=%s", what, msg.attempt_id, msg.result, msg.detail or "-")

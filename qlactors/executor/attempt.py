@@ -102,7 +102,6 @@ class Effect(str, enum.Enum):
     RELEASE_SLOT = "release_slot"
     PULL = "pull"
     CONSUME = "consume"  # hand the attempt to the ReceiptConsumer
-    PROBE = "probe"  # probe the journal row now
     PROBE_LATER = "probe_later"  # /proc unreadable: on a later heartbeat
 
 
@@ -369,11 +368,11 @@ TABLE: dict[AttemptPhase, dict[EventKind, Rule]] = {
                          ROW, END, E.RESTARTED),
     P.RELEASED: _row({}, DONE, OFFER, ACTIVATION, SPAWN, STARTED, REBIND, STOP, STOP_TIMERS, DECLINE, SESSION,
                      ROW, END, E.RESTARTED),
-    P.UNPROBED: _row({E.PROBED: _probed, E.NEW_SESSION: _to(P.UNPROBED, X.PROBE)}, NOT_HELD,
-                     OFFER, ACTIVATION, SPAWN, STARTED, REBIND, STOP, STOP_TIMERS, DECLINE, E.SESSION_ENDED, E.DRAIN,
-                     E.ASK_AGAIN, E.END_KNOWN, END, E.RESTARTED),
+    P.UNPROBED: _row({E.PROBED: _probed, E.NEW_SESSION: "every row not held is probed at a Welcome: PROBED decides"},
+                     NOT_HELD, OFFER, ACTIVATION, SPAWN, STARTED, REBIND, STOP, STOP_TIMERS, DECLINE, E.SESSION_ENDED,
+                     E.DRAIN, E.ASK_AGAIN, E.END_KNOWN, END, E.RESTARTED),
     P.UNDECIDED: _row({E.ASK_AGAIN: _ask_again, E.END_KNOWN: _to(P.EXITED, X.CONSUME),
-                       E.NEW_SESSION: _to(P.UNPROBED, X.PROBE), E.RESTARTED: _restarted}, NOT_HELD,
+                       E.NEW_SESSION: _to(P.UNPROBED), E.RESTARTED: _restarted}, NOT_HELD,
                       OFFER, ACTIVATION, SPAWN, STARTED, REBIND, STOP, STOP_TIMERS, DECLINE, E.SESSION_ENDED, E.DRAIN,
                       E.PROBED, END),
 }

@@ -11,8 +11,12 @@ worker's any more) forgets the offer; `refused` means the attempt was activated 
 launched here: a drain does not launch): it is given back (`never_launched`), and its journal
 row stays `accepted`, so a restart gives it back again if that attestation was lost.
 
-A part the Executor holds (executor/executor.py), given the current session, the live table, the
-Pull and the owed reports.
+What a decline's answer does to its attempt (forgotten, or given back) is the attempt machine's
+(executor/attempt.py: DRAIN, DECLINE_APPLIED, DECLINE_REFUSED); this part keeps the drain's own
+state: the Leave, the declines waited for, the answer to the Pull pending at SIGTERM.
+
+A part the Executor holds (executor/executor.py), given the current session, the Pull and the
+owed reports.
 """
 
 from __future__ import annotations
@@ -28,7 +32,6 @@ from .journal.journal import Journal
 from .owed_reports import OwedReports
 from .pulling import Pulling
 from .session_policy import CurrentSession
-from .slots import Slots
 
 log = logging.getLogger("qlactors.executor")
 
@@ -39,9 +42,8 @@ _LEAVE = "leave"  # what a drain waits for besides its declines (attempt ids)
 class Draining:
     """The SIGTERM drain of an Executor (see the module docstring)."""
 
-    def __init__(self, *, journal: Journal, current: CurrentSession, slots: Slots, pulling: Pulling,
-                 owed: OwedReports) -> None:
-        self.journal, self.current, self.slots, self.pulling, self.owed = journal, current, slots, pulling, owed
+    def __init__(self, *, journal: Journal, current: CurrentSession, pulling: Pulling, owed: OwedReports) -> None:
+        self.journal, self.current, self.pulling, self.owed = journal, current, pulling, owed
         self.done: Any = None  # the DrainSession's event while a drain runs
         self.phase: str | None = None  # the Leave status last sent
         self.waits: set[str] = set()  # attempt ids with a Decline unanswered, and `_LEAVE`
@@ -50,25 +52,31 @@ class Draining:
         """Whether a drain runs (SIGTERM came): nothing is accepted or launched any more."""
         return self.done is not None
 
-    def on_drain_session(self, msg: DrainSession, _peer: bytes) -> None:
+    def begin(self, msg: DrainSession) -> bool:
+        """SIGTERM: tell the replica the session is `draining`; False (and the drain is done at once)
+        on edge (the session lives with the process), with no session to leave, or when one runs
+        already. The Executor then declines every offer accepted and never launched (`expect`)."""
         s = self.current.welcome
         if not self.current.policy.drains or s is None or self.done is not None:
             if s is None:
                 msg.no_session.set()
-            msg.done.set()  # edge (the session lives with the process), or no session to leave
-            return
+            msg.done.set()
+            return False
         self.done = msg.done
         self.waits = {_LEAVE}
         self._leave("draining")
-        for local in self.slots:
-            if local.identity is None and local.offer is not None:  # accepted, never launched
-                self.waits.add(local.attempt_id)
-                self._send_decline(local.offer, local.lease_token, local.session_id, local.session_generation)
+        return True
+
+    def expect(self, attempt_id: str) -> None:
+        """A Decline of the drain owed for `attempt_id`: waited for before the session goes offline."""
+        self.waits.add(attempt_id)
+
+    def begun(self, *, running: int) -> None:
         # A Pull waiting for its answer: its offers are declined when they come, which is before
         # the answer to this Leave (a replica answers a worker's requests in order); an answer
         # lost on the way is not waited for (those leases expire, and recovery offers them again).
-        log.info("event=drain_begun session=%s declining=%d running=%d", s.session_id,
-                 len(self.waits) - 1, sum(l.identity is not None for l in self.slots))
+        log.info("event=drain_begun session=%s declining=%d running=%d", self.current.welcome.session_id,
+                 len(self.waits) - 1, running)
 
     def _leave(self, status: str) -> None:
         s = self.current.welcome
@@ -93,9 +101,10 @@ class Draining:
         self.journal.clear_pull(msg.pull_id)
         self.pulling.drop()
 
-    def ack(self, msg: m.Ack, report: Any) -> bool:
-        """Handle the answer to a drain's Leave or Decline (the owed `report` it answers, settled
-        here); False for any other Ack."""
+    def answer(self, msg: m.Ack, report: Any) -> bool:
+        """Settle the answer to a drain's Leave or Decline (the owed `report` it answers); False for
+        any other Ack. A Decline's attempt is the machine's (DECLINE_APPLIED, DECLINE_REFUSED), then
+        `declined`."""
         if self.done is None:
             return False
         if msg.of == "leave":
@@ -113,17 +122,13 @@ class Draining:
             return False
         self.owed.settle(report)
         self.waits.discard(msg.attempt_id)
-        local: Any = self.slots.get(msg.attempt_id)
-        if local is not None and local.identity is None:
-            self.slots.release(msg.attempt_id)
-            if msg.result == Result.REFUSED:  # activated meanwhile, never launched: given back
-                self.owed.give_back(local.run_id, local.attempt_id, local.lease)
-            else:  # released and offered again, or no longer this worker's
-                self.journal.clear(msg.attempt_id)
+        return True
+
+    def declined(self, msg: m.Ack) -> None:
+        """A drain's Decline answered and its attempt decided: offline once nothing is waited for."""
         log.info("event=offer_declined_drain attempt=%s result=%s detail=%s", msg.attempt_id, msg.result,
                  msg.detail or "-")
         self._maybe_offline()
-        return True
 
     def _maybe_offline(self) -> None:
         if self.phase == "draining" and not self.waits:

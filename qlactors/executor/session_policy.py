@@ -15,7 +15,6 @@ is none: a worker between sessions has always been treated so (a late Offers or 
 
 from __future__ import annotations
 
-import logging
 from typing import Any, Callable
 
 from ..clock import wall_ms
@@ -24,8 +23,6 @@ from ..runtime.signals import ShipLog
 from ..wire import messages as m
 from .journal.records import LeaseFacts
 from .slots import Local
-
-log = logging.getLogger("qlactors.executor")
 
 
 class CurrentSession:
@@ -62,9 +59,6 @@ class LocalSession:
     judged_by_own_records = True  # edge recovery judges an ended attempt by its records (§6)
     rebinds = False  # leases live with the process: a survivor is never re-bound
 
-    def __init__(self, *, give_back: Callable[..., None]) -> None:
-        self.give_back = give_back
-
     def opened(self, welcome: m.Welcome) -> None:
         """Nothing is kept for a resume, no heartbeat runs."""
 
@@ -77,20 +71,11 @@ class LocalSession:
     def pull_answered(self, pull_id: str) -> None:
         pass
 
-    def unexpected_offer(self, offer: m.Offer, _batch: m.Offers) -> None:
-        """Leases live with the process, nothing expires: given back, judged by its records."""
-        log.warning("event=offer_unexpected offer=%s attempt=%s action=give_back", offer.offer_id,
-                    offer.attempt_id)
-        self.give_back(offer.run_id, offer.attempt_id)
-
     def activated(self, local: Local) -> None:
         """One clock on edge: the store judges "finished in time" itself."""
 
     def launched(self, local: Local, worker_id: str) -> None:
         """Logs stay in local files."""
-
-    def activation_refused(self, local: Local) -> None:
-        """Edge's Activate went to the Gateway in-process (no copies): the slot is freed, nothing more."""
 
 
 class RemoteSession:
@@ -102,13 +87,10 @@ class RemoteSession:
     rebinds = True  # a survivor of an older session is attested `running` and re-bound
 
     def __init__(self, *, journal: Any, boot_id: Callable[[], str], logs: Any, tell: Callable[[str, Any], Any],
-                 schedule_heartbeat: Callable[[], None], decline_unknown: Callable[[m.Welcome], None],
-                 give_back: Callable[..., None], decline: Callable[..., None],
-                 answered_pair: Callable[[str], str | None]) -> None:
+                 schedule_heartbeat: Callable[[], None], decline_unknown: Callable[[m.Welcome], None]) -> None:
         self.journal, self.boot_id, self.logs, self.tell = journal, boot_id, logs, tell
         self.schedule_heartbeat = schedule_heartbeat
         self.decline_unknown = decline_unknown
-        self.give_back, self.decline, self.answered_pair = give_back, decline, answered_pair
 
     def opened(self, welcome: m.Welcome) -> None:
         """Kept for a resume; heartbeats on."""
@@ -128,14 +110,6 @@ class RemoteSession:
     def pull_answered(self, pull_id: str) -> None:
         self.journal.clear_pull(pull_id)
 
-    def unexpected_offer(self, offer: m.Offer, batch: m.Offers) -> None:
-        """Declined at once with the pair its Pull journalled; left to expire when that is unknown."""
-        token = self.answered_pair(offer.offer_id)
-        log.warning("event=offer_unexpected offer=%s attempt=%s action=%s", offer.offer_id, offer.attempt_id,
-                    "decline" if token else "expire")
-        if token is not None:
-            self.decline(offer, token, batch.session_id, batch.session_generation, "not_waited_for")
-
     def activated(self, local: Local) -> None:
         """"Finished in time" is judged on this worker's own clock (§5)."""
         offer = local.offer
@@ -147,7 +121,3 @@ class RemoteSession:
         """Its log is shipped to the control side."""
         self.tell("logs", ShipLog(local.run_id, local.attempt_id, token_hash(local.token),
                                   str(self.logs.path_for(local.run_id, local.attempt_id)), worker_id=worker_id))
-
-    def activation_refused(self, local: Local) -> None:
-        """The give-back is owed: re-made from the next session if this one has ended."""
-        self.give_back(local.run_id, local.attempt_id, local.lease)

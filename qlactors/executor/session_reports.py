@@ -6,14 +6,15 @@ activated. (Re-attesting and re-binding survivors: adoption.py.)
 
 A part the Executor holds (executor/executor.py), given the journal, the timers, the current
 session, the live table, the Pull and the owed reports. What a heartbeat or its answer means for
-an attempt (a deadline passed, a lease fenced) it returns to the Executor, which asks the attempt
-machine (executor/attempt.py); an Activate repeat and the Register are still passed in.
+an attempt (an Activate due again, a deadline passed, a lease fenced) it returns to the Executor,
+which asks the attempt machine (executor/attempt.py); the Register is still passed in.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..clock import wall_ms
@@ -33,16 +34,22 @@ log = logging.getLogger("qlactors.executor")
 CUT_OFF_BEATS = 2  # heartbeat intervals without an answer: no replica is reachable (§7)
 
 
+@dataclass(frozen=True)
+class Beat:
+    """What a heartbeat found due for the held attempts."""
+
+    activates_due: list[Local]
+    past_deadline: list[Local]
+
+
 class SessionReports:
     """Heartbeats and their answers, of an Executor (see the module docstring)."""
 
     def __init__(self, *, journal: Journal, bridge: Bridge, me: Named, current: CurrentSession, slots: Slots,
                  send: Callable[[Any], None], pulling: Pulling, owed: OwedReports,
-                 send_activate: Callable[[Local], None], draining: Callable[[], bool],
-                 register: Callable[..., None]) -> None:
+                 draining: Callable[[], bool], register: Callable[..., None]) -> None:
         self.journal, self.bridge, self.me = journal, bridge, me
         self.current, self.slots, self.send, self.pulling, self.owed = current, slots, send, pulling, owed
-        self.send_activate = send_activate
         self.draining, self.register = draining, register
         self.heartbeat_seq = 0
         # The heartbeat whose answer is waited for: (request id, session id, generation). Only its
@@ -60,9 +67,10 @@ class SessionReports:
         if stored is not None and stored > self.heartbeat_seq:
             self.heartbeat_seq = stored
 
-    def beat(self) -> list[Local] | None:
-        """A heartbeat and the repeats it carries; the held attempts past their own deadline while
-        cut off (`_past_deadline`), for the Executor to stop. None: no heartbeat (no session, edge)."""
+    def beat(self) -> Beat | None:
+        """A heartbeat and the Pull it repeats; what it found due for the held attempts (their
+        Activate, their own deadline while cut off), for the Executor to feed the attempt machine.
+        None: no heartbeat (no session, edge)."""
         s = self.current.welcome
         if s is None or not self.current.policy.heartbeats:
             return None
@@ -83,9 +91,8 @@ class SessionReports:
             free_slots=max(0, self.slots.free()), worker_clock_ms=wall_ms(),
             renewals=renewals))
         self.pulling.repeat(s.heartbeat_ms)
-        self._repeat_activates()
         self.schedule_heartbeat()
-        return self._past_deadline()
+        return Beat(activates_due=self._activates_due(), past_deadline=self._past_deadline())
 
     def _past_deadline(self) -> list[Local]:
         """Cut off from every replica (nothing heard from any for `CUT_OFF_BEATS` heartbeat
@@ -141,23 +148,16 @@ class SessionReports:
             log.warning("event=unactivated_lease_declined attempt=%s offer=%s", lease.attempt_id, lease.offer_id)
             self.owed.decline(lease, token, welcome.session_id, welcome.session_generation, "unknown_after_restart")
 
-    def _repeat_activates(self) -> None:
-        """An Activate unanswered for a heartbeat interval went astray (lost on the way, or its
-        replica died before it committed it): send it again, the same request, fence and token
-        hash; a repeat gets the first answer, and the launch happens once, on the first
-        `Activated` that comes.
-        Not while draining: those offers are declined (draining.py), never launched."""
-        if self.draining():
-            return
+    def _activates_due(self) -> list[Local]:
+        """Held attempts whose Activate was sent a heartbeat interval ago or more: one unanswered
+        that long went astray (lost on the way, or its replica died before it committed it), and
+        the machine sends it again while the attempt is activating (ACTIVATE_DUE: the same
+        request, fence and token hash; a repeat gets the first answer, and the launch happens
+        once, on the first `Activated` that comes; never while draining)."""
         now = time.monotonic()
         heartbeat_s = self.current.welcome.heartbeat_ms / 1000
-        for local in self.slots:
-            if local.activate_sent_at is None or local.identity is not None or local.offer is None:
-                continue
-            if now - local.activate_sent_at < heartbeat_s:
-                continue
-            log.warning("event=activate_repeated run=%s attempt=%s", local.run_id, local.attempt_id)
-            self.send_activate(local)
+        return [local for local in self.slots
+                if local.activate_sent_at is not None and now - local.activate_sent_at >= heartbeat_s]
 
     def answered(self, msg: m.HeartbeatAck) -> list[Local] | None:
         """Renewed leases go on; the held attempts whose lease is fenced are returned, for the

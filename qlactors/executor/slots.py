@@ -20,27 +20,17 @@ class Local:
     offer: m.Offer | None = None  # None for an attempt re-adopted after a restart
     lease_token: str = ""
     token: str = ""
+    phase: AttemptPhase = AttemptPhase.OFFERED  # set only from executor/attempt.py's decisions
     identity: Any = None  # ProcessIdentity, or the store's Identity for a re-adopted attempt
     pidfd: int = -1
-    stop_phase: str | None = None  # None, "term" or "kill": how far a stop has gone
     sent: str | None = None  # "term" or "kill": the last signal the job's group actually got
     grace_ms: int = 1000
     session_id: str = ""  # the session the lease was granted to (from Offers)
     session_generation: int = 0
     lease: LeaseFacts | None = None  # the lease held now (renewed by heartbeats, re-bound by Attest)
     deadline_ms: int | None = None  # a cluster worker's own deadline (its clock): activation + timeout
-    activate_sent_at: float | None = None  # monotonic; set while its Activate waits for `Activated`
-    activation_refused: bool = False  # its Activate was fenced or refused: never launched here
+    activate_sent_at: float | None = None  # monotonic; when its Activate was last sent
     activate_request_id: str = ""  # the Activate of this offer, the same on every copy
-
-    def phase(self, *, rebinding: bool) -> AttemptPhase:
-        """Its phase (executor/attempt.py), read from its fields; `rebinding`: a `running` Attest
-        about it is owed (the journal's)."""
-        if self.identity is None:
-            return AttemptPhase.REFUSED if self.activation_refused else AttemptPhase.ACTIVATING
-        if self.stop_phase is not None:
-            return AttemptPhase.KILLING if self.stop_phase == "kill" else AttemptPhase.STOPPING
-        return AttemptPhase.REBINDING if rebinding else AttemptPhase.RUNNING
 
     def holds_offer(self, offer: m.Offer) -> bool:
         """Whether this is `offer` itself, held (accepted here), as opposed to another offer of it."""

@@ -149,8 +149,6 @@ class World:
         elif x is X.CONSUME:
             assert self.process == "exited"
             self.final = self.stopped_by
-        elif x is X.PROBE:
-            self.queue.append(Event(E.PROBED, fact=self.fact()))
 
     def fact(self) -> str:
         if self.journal == "accepted":
@@ -204,6 +202,8 @@ class World:
         self.feed(Event(E.SESSION_ENDED))
         if self.lease_session != self.session or self.phase in (P.UNPROBED, P.UNDECIDED):
             self.feed(Event(E.NEW_SESSION, running_owed="attest_running" in self.kinds(), draining=self.draining))
+        if self.phase is P.UNPROBED and self.journal in ("accepted", "launching", "started"):
+            self.feed(Event(E.PROBED, fact=self.fact(), running_owed="attest_running" in self.kinds()))
 
     def restart(self) -> None:
         self.feed(Event(E.RESTARTED))
