@@ -15,7 +15,7 @@ What a decline's answer does to its attempt (forgotten, or given back) is the at
 (executor/attempt.py: DRAIN, DECLINE_APPLIED, DECLINE_REFUSED); this part keeps the drain's own
 state: the Leave, the declines waited for, the answer to the Pull pending at SIGTERM.
 
-A part the Executor holds (executor/executor.py), given the current session, the Pull and the
+A part the Executor holds (executor/executor.py), given the journal, the current session and the
 owed reports.
 """
 
@@ -30,7 +30,6 @@ from ..runtime.signals import DrainSession
 from ..wire import messages as m
 from .journal.journal import Journal
 from .owed_reports import OwedReports
-from .pulling import Pulling
 from .session_policy import CurrentSession
 
 log = logging.getLogger("qlactors.executor")
@@ -42,8 +41,8 @@ _LEAVE = "leave"  # what a drain waits for besides its declines (attempt ids)
 class Draining:
     """The SIGTERM drain of an Executor (see the module docstring)."""
 
-    def __init__(self, *, journal: Journal, current: CurrentSession, pulling: Pulling, owed: OwedReports) -> None:
-        self.journal, self.current, self.pulling, self.owed = journal, current, pulling, owed
+    def __init__(self, *, journal: Journal, current: CurrentSession, owed: OwedReports) -> None:
+        self.journal, self.current, self.owed = journal, current, owed
         self.done: Any = None  # the DrainSession's event while a drain runs
         self.phase: str | None = None  # the Leave status last sent
         self.waits: set[str] = set()  # attempt ids with a Decline unanswered, and `_LEAVE`
@@ -90,16 +89,15 @@ class Draining:
     def _send_decline(self, offer: m.Offer, lease_token: str, session_id: str, generation: int) -> None:
         self.owed.decline(offer, lease_token, session_id, generation, DECLINE_REASON)
 
-    def decline_drained_offers(self, msg: m.Offers) -> None:
-        """The answer to the Pull pending when the drain began: every offer in it declined."""
-        pairs = self.pulling.pairs()
+    def decline_drained_offers(self, msg: m.Offers, pairs: dict[str, str]) -> None:
+        """The answer to the Pull pending when the drain began (its `pairs`): every offer in it
+        declined (the Executor drops the Pull)."""
         for offer in msg.offers:
             token = pairs.get(offer.offer_id)
             if token is not None:
                 self.waits.add(offer.attempt_id)
                 self._send_decline(offer, token, msg.session_id, msg.session_generation)
         self.journal.clear_pull(msg.pull_id)
-        self.pulling.drop()
 
     def answer(self, msg: m.Ack, report: Any) -> bool:
         """Settle the answer to a drain's Leave or Decline (the owed `report` it answers); False for

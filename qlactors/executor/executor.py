@@ -36,13 +36,12 @@ from .machine import Machine, Subject
 from .owed_reports import OwedReports, decoded, session_fence
 from .pulling import Pulling
 from .registration import Registration
-from .session_policy import CurrentSession, LocalSession, RemoteSession
+from .session_policy import CurrentSession, RemoteSession
 from .session_reports import SessionReports
 from .slots import Slots
 
 log = logging.getLogger("qlactors.executor")
 
-CONSUME_RETRY_S = 0.1  # a ReceiptConsumer restart takes milliseconds
 E = EventKind
 
 
@@ -54,9 +53,7 @@ class Executor(RuntimeActor):
     def __init__(self, ctx: ExecutorContext) -> None:
         super().__init__(ctx)
         self._build_parts(ctx)
-        self.remote = RemoteSession(
-            journal=ctx.journal, boot_id=ctx.boot_id, logs=ctx.logs, tell=ctx.directory.tell,
-            schedule_heartbeat=self.session.schedule_heartbeat, decline_unknown=self.session.decline_unknown)
+        self.remote = RemoteSession(journal=ctx.journal, boot_id=ctx.boot_id, logs=ctx.logs, tell=ctx.directory.tell)
 
     def _build_parts(self, ctx: ExecutorContext) -> None:
         """The parts, each given what it uses (the outbox exists only from `on_start`: `_send`)."""
@@ -64,7 +61,7 @@ class Executor(RuntimeActor):
         self.slots = Slots(ctx.config.runtime.slots)
         # Edge: the local session's id. A cluster worker learns its id in Welcome (its key's).
         worker_id = ctx.session.worker_id if ctx.session is not None else ""
-        self.current = CurrentSession(worker_id, LocalSession())
+        self.current = CurrentSession(worker_id)
         self.owed = OwedReports(journal=journal, bridge=bridge, me=me, current=self.current, slots=self.slots,
                                 send=send)
         self.registration = Registration(
@@ -73,7 +70,7 @@ class Executor(RuntimeActor):
             labels=list(getattr(ctx, "labels", ())))
         self.pulling = Pulling(current=self.current, slots=self.slots, send=send, admitting=ctx.admitting,
                                disk_reserve=ctx.disk_reserve)
-        self.drain = Draining(journal=journal, current=self.current, pulling=self.pulling, owed=self.owed)
+        self.drain = Draining(journal=journal, current=self.current, owed=self.owed)
         self.launching = Launching(
             config=ctx.config, journal=journal, receipts=ctx.receipts, logs=ctx.logs,
             local_receipts=ctx.local_receipts, boot_id=ctx.boot_id, launcher_shell=ctx.launcher_shell,
@@ -82,11 +79,10 @@ class Executor(RuntimeActor):
             journal=journal, local_receipts=ctx.local_receipts, boot_id=ctx.boot_id,
             publish_grace_ms=ctx.config.runtime.publish_grace_ms, bridge=bridge, me=me, current=self.current,
             slots=self.slots, owed=self.owed)
-        self.session = SessionReports(
-            journal=journal, bridge=bridge, me=me, current=self.current, slots=self.slots, send=send,
-            pulling=self.pulling, owed=self.owed, draining=self.drain.active, register=self.registration.register)
+        self.session = SessionReports(journal=journal, bridge=bridge, me=me, current=self.current, slots=self.slots,
+                                      send=send, owed=self.owed)
         self.machine = Machine(journal=journal, slots=self.slots, launching=self.launching, adoption=self.adoption,
-                               owed=self.owed, pulling=self.pulling, consume=lambda msg: self.on_consume(msg, b""))
+                               owed=self.owed, pulling=self.pulling, directory=ctx.directory, bridge=bridge, me=me)
 
     def _send(self, message: Any) -> None:
         self.out.to_control(message)
@@ -131,10 +127,13 @@ class Executor(RuntimeActor):
         welcomed_at = time.monotonic()
         self.current.open(msg, self.remote)
         self.session.numbered_from(msg.heartbeat_seq)
-        self.current.policy.opened(msg)  # a cluster session: kept for a resume, heartbeats on
+        policy = self.current.policy
+        policy.opened(msg)  # a cluster session: kept for a resume
+        if policy.heartbeats:
+            self.session.schedule_heartbeat()
         self.ctx.directory.tell("receipts", SessionOpen(msg.worker_id, msg.session_id, msg.session_generation))
-        self.current.policy.welcomed(msg)
-        if self.current.policy.rebinds:  # held attempts first: adoption attests the rows it adopts
+        if policy.rebinds:  # unknown leases declined; held attempts first: adoption attests the rows it adopts
+            self.pulling.learn(self.session.decline_unknown(msg, pull_pending=self.pulling.pending is not None))
             self._new_session(msg)
         for found in self.adoption.adopt():  # every row not held: its probe decides
             self._probed(found)
@@ -170,7 +169,8 @@ class Executor(RuntimeActor):
             self._offers_not_waited(msg)
             return
         if self.drain.active():  # SIGTERM since this Pull was sent: nothing is accepted
-            self.drain.decline_drained_offers(msg)
+            self.drain.decline_drained_offers(msg, self.pulling.pairs())
+            self.pulling.drop()
             return
         pairs = self.pulling.pairs()
         for offer in msg.offers:
@@ -323,6 +323,7 @@ class Executor(RuntimeActor):
         beat = self.session.beat()
         if beat is None:
             return
+        self.pulling.repeat(self.current.welcome.heartbeat_ms)
         draining = self.drain.active()
         for local in beat.activates_due:
             self.machine.feed(local, Event(E.ACTIVATE_DUE, draining=draining))
@@ -335,10 +336,16 @@ class Executor(RuntimeActor):
             self.machine.feed(local, Event(E.DEADLINE_PASSED), reason="timeout", cut_off_s=self.session.cut_off_s())
 
     def on_heartbeat_ack(self, msg: m.HeartbeatAck, _peer: bytes) -> None:
-        fenced = self.session.answered(msg)
-        if fenced is None:
+        answer = self.session.answered(msg, draining=self.drain.active())
+        if answer is None:
             return
-        for local in fenced:
+        if answer.session_ended:
+            self.pulling.forget()  # its pairs were the old session's; a late answer is declined with them
+            # Naming the lost session (refused, it falls back to a new one) tells the control side
+            # that this process lived on while another took its session: a duplicate key (§9).
+            self.registration.register(resume=True)
+            return
+        for local in answer.fenced:
             self.machine.feed(local, Event(E.LEASE_FENCED), reason=Result.FENCED)
         # A replica nudges the workers it talks to when work waits; a run another replica (or a
         # command) created reaches this worker by this pull at the latest.
@@ -387,12 +394,7 @@ class Executor(RuntimeActor):
         self.machine.feed(local, Event(E.EXITED), stopped_by=local.sent or "exit")
 
     def on_consume(self, msg: Consume, _peer: bytes) -> None:
-        """Hand an ended launcher to the ReceiptConsumer; while it is being restarted (no live
-        instance) again a moment later: never dropped, this executor has forgotten the attempt."""
-        if not self.ctx.directory.tell("receipts", msg):
-            log.warning("event=consume_deferred attempt=%s in_s=%.2f", msg.attempt_id, CONSUME_RETRY_S)
-            self.ctx.bridge.call_at(f"consume:{msg.attempt_id}", time.monotonic() + CONSUME_RETRY_S,
-                                    self.me, msg)
+        self.machine.consume(msg)  # a deferred one, again
 
     def on_no_receipt(self, msg: NoReceipt, _peer: bytes) -> None:
         self.owed.attest_not_running(msg.run_id, msg.attempt_id, msg.stopped_by)

@@ -14,11 +14,14 @@ there: what follows it was about the world it expected.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from ..clock import wall_ms
+from ..runtime.context import Directory, Named
 from ..runtime.signals import Consume
+from ..wire.bridge import Bridge
 from . import evidence as ev
 from .adoption import Adoption
 from .attempt import AttemptPhase, Decision, Effect, Event, EventKind, decide
@@ -32,6 +35,7 @@ from .slots import Local, Slots
 log = logging.getLogger("qlactors.executor")
 
 X = Effect
+CONSUME_RETRY_S = 0.1  # a ReceiptConsumer restart takes milliseconds
 IRREVERSIBLE = frozenset({X.SPAWN, X.SIGNAL_TERM, X.SIGNAL_KILL})
 
 
@@ -62,9 +66,18 @@ class Machine:
     """Decide and carry out, for one Executor (see the module docstring)."""
 
     def __init__(self, *, journal: Journal, slots: Slots, launching: Launching, adoption: Adoption,
-                 owed: OwedReports, pulling: Pulling, consume: Callable[[Consume], None]) -> None:
+                 owed: OwedReports, pulling: Pulling, directory: Directory, bridge: Bridge, me: Named) -> None:
         self.journal, self.slots, self.launching, self.adoption = journal, slots, launching, adoption
-        self.owed, self.pulling, self.consume = owed, pulling, consume
+        self.owed, self.pulling = owed, pulling
+        self.directory, self.bridge, self.me = directory, bridge, me
+
+    def consume(self, msg: Consume) -> None:
+        """Hand an ended launcher to the ReceiptConsumer; while it is being restarted (no live
+        instance) again a moment later (the Executor's `Consume` handler): never dropped, this
+        executor has forgotten the attempt."""
+        if not self.directory.tell("receipts", msg):
+            log.warning("event=consume_deferred attempt=%s in_s=%.2f", msg.attempt_id, CONSUME_RETRY_S)
+            self.bridge.call_at(f"consume:{msg.attempt_id}", time.monotonic() + CONSUME_RETRY_S, self.me, msg)
 
     def feed(self, local: Local, event: Event, **cause: Any) -> Decision:
         """What `event` does to a held attempt."""

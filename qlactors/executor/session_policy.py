@@ -29,11 +29,11 @@ class CurrentSession:
     """The session this executor speaks from now (its Welcome, None between sessions), its worker
     id, and that session's policy."""
 
-    def __init__(self, worker_id: str, local: "LocalSession") -> None:
+    def __init__(self, worker_id: str) -> None:
         self.welcome: m.Welcome | None = None
         self.worker_id = worker_id  # edge: the local session's; a worker learns its own in Welcome
-        self._local = local
-        self.policy: LocalSession | RemoteSession = local
+        self._local = LocalSession()
+        self.policy: LocalSession | RemoteSession = self._local
 
     def open(self, welcome: m.Welcome, remote: "RemoteSession") -> None:
         self.welcome = welcome
@@ -60,10 +60,7 @@ class LocalSession:
     rebinds = False  # leases live with the process: a survivor is never re-bound
 
     def opened(self, welcome: m.Welcome) -> None:
-        """Nothing is kept for a resume, no heartbeat runs."""
-
-    def welcomed(self, welcome: m.Welcome) -> None:
-        """No lease of an older session to decline or re-attest."""
+        """Nothing is kept for a resume."""
 
     def pull_sent(self, pull_id: str, pairs: dict[str, str]) -> None:
         """The Pull goes to the Gateway in-process: nothing journalled."""
@@ -84,24 +81,17 @@ class RemoteSession:
     heartbeats = True
     drains = True
     judged_by_own_records = False  # a replica decides on the fact attested
-    rebinds = True  # a survivor of an older session is attested `running` and re-bound
+    rebinds = True  # a survivor of an older session is attested `running` and re-bound; an unknown
+    # lease the Welcome lists as never activated is declined
 
-    def __init__(self, *, journal: Any, boot_id: Callable[[], str], logs: Any, tell: Callable[[str, Any], Any],
-                 schedule_heartbeat: Callable[[], None], decline_unknown: Callable[[m.Welcome], None]) -> None:
+    def __init__(self, *, journal: Any, boot_id: Callable[[], str], logs: Any,
+                 tell: Callable[[str, Any], Any]) -> None:
         self.journal, self.boot_id, self.logs, self.tell = journal, boot_id, logs, tell
-        self.schedule_heartbeat = schedule_heartbeat
-        self.decline_unknown = decline_unknown
 
     def opened(self, welcome: m.Welcome) -> None:
-        """Kept for a resume; heartbeats on."""
+        """Kept for a resume (the Executor starts the heartbeats: `heartbeats`)."""
         self.journal.save_session(welcome.worker_id, welcome.session_id, welcome.session_generation,
                                   welcome.resume_secret, self.boot_id())
-        self.schedule_heartbeat()
-
-    def welcomed(self, welcome: m.Welcome) -> None:
-        """Leases of an older session never activated here: declined when unknown. (The held ones
-        are re-attested by the Executor: `rebinds`.)"""
-        self.decline_unknown(welcome)
 
     def pull_sent(self, pull_id: str, pairs: dict[str, str]) -> None:
         """Journalled before it is sent (SEMANTICS.md §9 Offers)."""

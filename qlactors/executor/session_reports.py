@@ -25,13 +25,20 @@ from ..wire import messages as m
 from ..wire.bridge import Bridge
 from .journal.journal import Journal
 from .owed_reports import OwedReports
-from .pulling import Pulling
 from .session_policy import CurrentSession
 from .slots import Local, Slots
 
 log = logging.getLogger("qlactors.executor")
 
 CUT_OFF_BEATS = 2  # heartbeat intervals without an answer: no replica is reachable (§7)
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What the answer to a heartbeat asks of the Executor."""
+
+    fenced: list[Local]  # held attempts whose lease is fenced
+    session_ended: bool  # register anew (the Pull's pairs were the old session's)
 
 
 @dataclass(frozen=True)
@@ -46,11 +53,9 @@ class SessionReports:
     """Heartbeats and their answers, of an Executor (see the module docstring)."""
 
     def __init__(self, *, journal: Journal, bridge: Bridge, me: Named, current: CurrentSession, slots: Slots,
-                 send: Callable[[Any], None], pulling: Pulling, owed: OwedReports,
-                 draining: Callable[[], bool], register: Callable[..., None]) -> None:
+                 send: Callable[[Any], None], owed: OwedReports) -> None:
         self.journal, self.bridge, self.me = journal, bridge, me
-        self.current, self.slots, self.send, self.pulling, self.owed = current, slots, send, pulling, owed
-        self.draining, self.register = draining, register
+        self.current, self.slots, self.send, self.owed = current, slots, send, owed
         self.heartbeat_seq = 0
         # The heartbeat whose answer is waited for: (request id, session id, generation). Only its
         # own answer is acted on (SEMANTICS.md §9 Exchange), once.
@@ -90,7 +95,6 @@ class SessionReports:
             session_generation=s.session_generation, seq=self.heartbeat_seq,
             free_slots=max(0, self.slots.free()), worker_clock_ms=wall_ms(),
             renewals=renewals))
-        self.pulling.repeat(s.heartbeat_ms)
         self.schedule_heartbeat()
         return Beat(activates_due=self._activates_due(), past_deadline=self._past_deadline())
 
@@ -112,7 +116,7 @@ class SessionReports:
         """How long nothing was heard from any replica."""
         return time.monotonic() - self.answered_at
 
-    def decline_unknown(self, welcome: m.Welcome) -> None:
+    def decline_unknown(self, welcome: m.Welcome, *, pull_pending: bool) -> dict[str, str]:
         """Decline each lease Welcome lists as never activated that this instance does not hold
         (SEMANTICS.md §9 Offers): its Pull was journalled, but its Offers answer reached an
         instance that died before journalling the offer, or never arrived. Declined, it is
@@ -121,11 +125,12 @@ class SessionReports:
         Offers this executor knows (held, or journalled as accepted) are kept for adoption. The
         lease token comes from the journalled Pull; a lease with no journalled pair cannot be
         quoted (its token is unknown here) and is left to expire. Every journalled Pull is stale
-        once a session opens without one pending (its answer can no longer be taken): forgotten.
+        once a session opens without one pending (its answer can no longer be taken): forgotten;
+        their pairs are returned, with which a late Offers answer to one of them is declined.
         """
-        if self.pulling.pending is not None:
-            return
         tokens: dict[str, str] = {}
+        if pull_pending:
+            return tokens
         while True:
             stale = self.journal.open_pulls()
             if not stale:
@@ -133,7 +138,6 @@ class SessionReports:
             for pulled in stale:
                 tokens.update(pulled.pairs)
                 self.journal.clear_pull(pulled.pull_id)
-        self.pulling.learn(tokens)  # a late Offers answer to one of them: declined
         for lease in welcome.unactivated:
             if lease.attempt_id in self.slots:
                 continue  # held here: it goes on
@@ -147,6 +151,7 @@ class SessionReports:
                 continue
             log.warning("event=unactivated_lease_declined attempt=%s offer=%s", lease.attempt_id, lease.offer_id)
             self.owed.decline(lease, token, welcome.session_id, welcome.session_generation, "unknown_after_restart")
+        return tokens
 
     def _activates_due(self) -> list[Local]:
         """Held attempts whose Activate was sent a heartbeat interval ago or more: one unanswered
@@ -159,11 +164,11 @@ class SessionReports:
         return [local for local in self.slots
                 if local.activate_sent_at is not None and now - local.activate_sent_at >= heartbeat_s]
 
-    def answered(self, msg: m.HeartbeatAck) -> list[Local] | None:
+    def answered(self, msg: m.HeartbeatAck, *, draining: bool) -> Answer | None:
         """Renewed leases go on; the held attempts whose lease is fenced are returned, for the
         Executor to stop (or forget, when never launched); an ended session means registering anew.
         None: not the answer waited for, or one that asks for nothing more (no pull). Edge sends no
-        heartbeat."""
+        heartbeat. `draining`: left by the drain (offline), no new session is registered."""
         s = self.current.welcome
         if s is None or self.waited != (msg.answer_to, s.session_id, s.session_generation):
             return None  # the answer to an earlier heartbeat, a second answer, or one of a session already left
@@ -175,16 +180,11 @@ class SessionReports:
             return None
         if msg.session_ended:
             log.warning("event=session_ended session=%s detail=%s", s.session_id, msg.detail)
-            if self.draining():  # left by the drain (offline): no new session now
-                self.bridge.cancel_timer("heartbeat")
+            self.bridge.cancel_timer("heartbeat")
+            if draining:  # left by the drain (offline): no new session now
                 return None
             self.current.end()
-            self.pulling.forget()  # its pairs were the old session's; a late answer is declined with them
-            self.bridge.cancel_timer("heartbeat")
-            # Naming the lost session (refused, it falls back to a new one) tells the control side
-            # that this process lived on while another took its session: a duplicate key (§9).
-            self.register(resume=True)
-            return None
+            return Answer(fenced=[], session_ended=True)
         fenced_locals = []
         for fenced in msg.fenced:
             local = self.slots.get(fenced.attempt_id)
@@ -192,4 +192,4 @@ class SessionReports:
                 continue
             log.warning("event=lease_fenced attempt=%s reason=%s", fenced.attempt_id, fenced.reason)
             fenced_locals.append(local)
-        return fenced_locals
+        return Answer(fenced=fenced_locals, session_ended=False)
