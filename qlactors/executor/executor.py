@@ -116,9 +116,6 @@ class Executor(RuntimeActor):
                 local.pidfd = -1
         super()._close()
 
-    def _owed_about(self, attempt_id: str) -> bool:
-        return bool(self.ctx.journal.owed(about=attempt_id))
-
     # -- session and offers -------------------------------------------------------------------
 
     def on_welcome(self, msg: m.Welcome, _peer: bytes) -> None:
@@ -204,7 +201,8 @@ class Executor(RuntimeActor):
             token = self.pulling.answered_pair(offer.offer_id)
             log.warning("event=offer_unexpected offer=%s attempt=%s action=%s", offer.offer_id, offer.attempt_id,
                         "give_back" if own_records else "decline" if token else "expire")
-            self.machine.feed(self.launching.offered(offer, token, msg),
+            # Edge's give-back quotes no lease (it never held one); a worker's Decline quotes the pair.
+            self.machine.feed(self.launching.offered(offer, None if own_records else token, msg),
                               Event(E.OFFER_NOT_WAITED, pair_known=token is not None, own_records=own_records),
                               reason="not_waited_for", decline=(offer, token, msg.session_id, msg.session_generation))
 
@@ -331,7 +329,7 @@ class Executor(RuntimeActor):
             self._probed(found)
         for entry in self.adoption.undecided_due():
             self.machine.feed_row(entry, AttemptPhase.UNDECIDED,
-                                  Event(E.ASK_AGAIN, report_owed=self._owed_about(entry.attempt_id)))
+                                  Event(E.ASK_AGAIN, report_owed=bool(self.ctx.journal.owed(about=entry.attempt_id))))
         for local in beat.past_deadline:
             self.machine.feed(local, Event(E.DEADLINE_PASSED), reason="timeout", cut_off_s=self.session.cut_off_s())
 
