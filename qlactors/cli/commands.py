@@ -10,6 +10,7 @@ import sys
 from typing import Any
 
 from ..domain.cron import grace_ms_from_seconds
+from ..domain import posix
 from ..domain.labels import check_labels
 from ..domain.model import Command, TaskSpec, parse_env_pairs, seconds_to_ms
 from ..domain.numbers import parse_whole
@@ -210,6 +211,8 @@ def task_list(repo: Repository, args: argparse.Namespace) -> int:
 
 def task_show(repo: Repository, args: argparse.Namespace) -> int:
     view = repo.tasks.get(args.name)
+    if args.reveal is not None:
+        return _reveal(view.spec.env, args)
     history = repo.tasks.history(args.name)
     qualifying = _qualifying(repo, args, view.spec.labels)
     if args.json:
@@ -219,6 +222,21 @@ def task_show(repo: Repository, args: argparse.Namespace) -> int:
         task_detail(view, _global_retention(args))
         placement_line(view.spec.labels, qualifying)
         task_history(history)
+    return 0
+
+
+def _reveal(env: dict[str, str], args: argparse.Namespace) -> int:
+    """`task show NAME --reveal KEY`: one environment value, to a terminal (else only with
+    `--force`: a value piped or redirected lands in a file or another program)."""
+    if args.reveal not in env:
+        names = ", ".join(sorted(env)) or "none"
+        raise BadInput(f"task {args.name!r} has no environment variable {args.reveal!r} (it has: {names})")
+    if not sys.stdout.isatty() and not args.force:
+        raise BadInput(f"--reveal prints a secret value to a terminal only; stdout is not one (add --force to "
+                       f"write {args.reveal!r} of task {args.name!r} to it anyway)")
+    sys.stdout.flush()
+    sys.stdout.buffer.write(posix.posix_bytes(env[args.reveal]) + b"\n")
+    sys.stdout.flush()
     return 0
 
 

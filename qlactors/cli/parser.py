@@ -161,6 +161,9 @@ def _task_commands(sub) -> None:
     show = tsub.add_parser("show", help="show one task")
     show.add_argument("name", type=utf8)
     show.add_argument("--json", action="store_true")
+    show.add_argument("--reveal", metavar="KEY", type=utf8,
+                      help="print the value of the task's environment variable KEY (to a terminal only)")
+    show.add_argument("--force", action="store_true", help="with --reveal: print it when stdout is not a terminal")
     rm = tsub.add_parser("rm", help="remove a task (history is kept)")
     rm.add_argument("name", type=utf8)
     rm.add_argument("--force", action="store_true", help="cancel its active runs instead of refusing")

@@ -204,6 +204,38 @@ def env_from_json(data: Any) -> dict[str, str]:
     return {key: posix.from_json(value) for key, value in data.items()}
 
 
+def env_names_json(env: Mapping[str, str]) -> dict[str, dict[str, Any]]:
+    """What the API and `--json` say of a task's environment: each name, that it is set, and its
+    value's size in bytes, never the value (values are where users keep cookies and tokens)."""
+    return {key: {"set": True, "bytes": len(posix.posix_bytes(env[key]))} for key in sorted(env)}
+
+
+def env_patched(data: Any, current: Mapping[str, str] | None) -> dict[str, str]:
+    """A task's environment after `data` (a JSON object) is applied to `current` (None: a new task).
+
+    A string (or `{"base64": ...}`) sets its name; `null` removes it; `{"set": true, ...}` (as the
+    API shows a name) keeps the current value; a name not given is kept. PosixTextError (a
+    ValueError) for another shape, and for a kept or removed name of a new task (its value cannot
+    be read back: it must be given).
+    """
+    if type(data) is not dict or any(type(key) is not str for key in data):
+        raise posix.PosixTextError("an environment is a JSON object of names to values")
+    env = dict(current or {})
+    for key, value in data.items():
+        shown = type(value) is dict and value.get("set") is True and "base64" not in value
+        if value is None or shown:
+            if current is None:
+                raise posix.PosixTextError(f"{key}: give its value as a string (values are never read back, "
+                                           "so a task shown by the API cannot be copied with them)")
+            if value is None:
+                env.pop(key, None)
+            elif key not in env:
+                raise posix.PosixTextError(f"{key}: the task has no such variable to keep; give its value")
+            continue
+        env[key] = posix.from_json(value)
+    return env
+
+
 def parse_env_pairs(pairs: list[str]) -> dict[str, str]:
     """Turn `K=V` words into a mapping; a name given twice is refused (which one was meant?)."""
     env: dict[str, str] = {}

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..domain import posix
-from ..domain.model import Command, TaskSpec, env_from_json, env_to_json
+from ..domain.model import Command, TaskSpec, env_from_json, env_names_json, env_to_json
 from ..domain.retention import RetentionPolicy, TaskRetention
 from ..domain.retry import RetryPolicy
 from ..domain.states import RUN_CANCEL_REQUESTED, RunStatus
@@ -90,7 +90,7 @@ class TaskView:
         return {
             "id": self.id, "name": s.name, "revision": self.revision, "enabled": self.enabled,
             "command": s.command.to_json(), "cwd": None if s.cwd is None else posix.to_json(s.cwd),
-            "env": env_to_json(s.env),
+            "env": env_names_json(s.env),  # names and sizes, never the values
             "timeout_ms": s.timeout_ms, "stop_grace_ms": s.stop_grace_ms,
             "keep_leftovers": s.keep_leftovers,
             "max_concurrent": s.max_concurrent,

@@ -68,7 +68,7 @@ async def update_task(request: Request) -> JSONResponse:
     def update() -> dict:
         tasks = backend(request).repo.tasks
         current = tasks.get(name)
-        given = read_task(body, base_retry=current.spec.retry, creating=False)
+        given = read_task(body, base_retry=current.spec.retry, creating=False, current_env=current.spec.env)
         if given.enabled is not None and given.enabled != current.enabled:
             raise BadInput("`enabled` is not changed by PATCH (one change, one transaction): POST "
                            f"/api/v1/tasks/{name}/{'enable' if given.enabled else 'disable'}; nothing was written")

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from ..domain import posix
-from ..domain.model import Command, env_from_json
+from ..domain.model import Command, env_patched
 from ..domain.retention import TaskRetention
 from ..domain.retry import RetryPolicy
 from ..errors import BadInput
@@ -41,8 +41,10 @@ class TaskInput:
     enabled: bool | None = None
 
 
-def read_task(body: Any, *, base_retry: RetryPolicy, creating: bool) -> TaskInput:
-    """Check a body's shape and types; the domain checks the values when the spec is built."""
+def read_task(body: Any, *, base_retry: RetryPolicy, creating: bool,
+              current_env: Mapping[str, str] | None = None) -> TaskInput:
+    """Check a body's shape and types; the domain checks the values when the spec is built.
+    `env` is applied to `current_env` (an update's: the names it does not give are kept)."""
     if type(body) is not dict:
         raise BadInput("the body must be a JSON object with the task's fields (as `task show --json` writes them)")
     unknown = set(body) - _KNOWN
@@ -57,7 +59,7 @@ def read_task(body: Any, *, base_retry: RetryPolicy, creating: bool) -> TaskInpu
         changes["cwd"] = None if body["cwd"] is None else _posix("cwd", body["cwd"])
     if "env" in body:
         try:
-            changes["env"] = env_from_json(body["env"])
+            changes["env"] = env_patched(body["env"], None if creating else dict(current_env or {}))
         except ValueError as err:
             raise BadInput(f"env: {err}") from None
     if "timeout_ms" in body:

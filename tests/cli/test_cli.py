@@ -44,7 +44,7 @@ def test_task_add_one_spaced_word_is_a_shell_string_several_words_an_argv_and_op
     assert argv["stop_grace_ms"] == 3000
     assert argv["max_concurrent"] == 4
     assert argv["cwd"] == str(tmp_path / "sub" / "dir")  # relative became absolute
-    assert argv["env"] == {"A": "1", "B": "x=y"}
+    assert argv["env"] == {"A": {"set": True, "bytes": 1}, "B": {"set": True, "bytes": 3}}  # never the values
     assert argv["retry"] == {"retry_on_lost": True, "max_attempts": 3, "safety": "idempotent",
                              "backoff_base_ms": 2000, "backoff_max_ms": 60000}
 

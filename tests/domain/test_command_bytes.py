@@ -159,14 +159,16 @@ def _gather(*calls):
         return list(pool.map(lambda call: call(), calls))
 
 
-def test_task_add_takes_non_utf8_bytes_and_json_prints_them_as_base64(tmp_path):
+def test_task_add_takes_non_utf8_bytes_and_json_prints_them_as_base64_and_reveal_as_bytes(tmp_path):
     home = tmp_path / "h"
     added = _ql(home, "task", "add", "nu1", "--env", b"K=\xff", "--", b"echo \xff\xfe bad")
     assert added.returncode == 0, added.stderr
     shown, listed = _gather(lambda: _ql(home, "task", "show", "nu1", "--json"),
                             lambda: _ql(home, "task", "list", "--json"))
     assert json.loads(shown.stdout)["command"] == {"shell": {"base64": base64.b64encode(b"echo \xff\xfe bad").decode()}}
-    assert json.loads(shown.stdout)["env"] == {"K": {"base64": "/w=="}}
+    assert json.loads(shown.stdout)["env"] == {"K": {"set": True, "bytes": 1}}  # values are never read back
+    revealed = _ql(home, "task", "show", "nu1", "--reveal", "K", "--force")
+    assert (revealed.returncode, revealed.stdout) == (0, b"\xff\n")
     assert json.loads(listed.stdout)[0]["command"] == json.loads(shown.stdout)["command"]
     text = _ql(home, "task", "show", "nu1")
     assert text.returncode == 0 and b"echo \\xff\\xfe bad" in text.stdout

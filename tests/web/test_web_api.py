@@ -84,7 +84,7 @@ def test_a_task_is_added_shown_changed_disabled_and_removed_with_who_did_it(site
     assert added.status == 201, added
     task = added.json()
     assert (task["name"], task["revision"], task["timeout_ms"]) == ("lifecycle", 1, 60000)
-    assert task["command"] == {"argv": ["echo", "one"]} and task["env"] == {"GREETING": "hi"}
+    assert task["command"] == {"argv": ["echo", "one"]} and task["env"] == {"GREETING": {"set": True, "bytes": 2}}
     assert task["trigger"]["cron"] == "0 3 * * *"
     changed = server.request("PATCH", "/api/v1/tasks/lifecycle", token=admin,
                              body={"command": {"shell": "echo two; echo three"}, "trigger": None})
