@@ -31,16 +31,46 @@ async def blocking(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
 
 
 async def json_body(request: Request) -> Any:
-    """The request's JSON body (400 when it is none, too big, or not JSON)."""
-    body = await request.body()
-    if len(body) > MAX_BODY_BYTES:
-        raise ApiError(413, "too_large", f"the body is over {MAX_BODY_BYTES} bytes; nothing was written")
+    """The request's JSON body (413 when it is too big, 400 when it is not JSON: sent as another
+    media type, not UTF-8, malformed, nested past the parser's depth, a number past Python's digit
+    limit, or an object with a name given twice). Read with a running cap: a `Content-Length` over
+    it is refused before anything is read, and a body that grows past it while read is refused
+    without being held whole."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise _too_large()
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise _too_large()
+        chunks.append(chunk)
+    body = b"".join(chunks)
     if not body:
         return {}
+    media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if media != "application/json":
+        raise ApiError(400, "bad_json", f"send the body as Content-Type: application/json (got {media or 'none'!r}); "
+                                        "nothing was written")
     try:
-        return json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ApiError(400, "bad_json", f"the body is not JSON ({err}); nothing was written") from None
+        return json.loads(body, object_pairs_hook=_unique_names)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError, ValueError) as err:
+        reason = "nested too deeply" if isinstance(err, RecursionError) else str(err)
+        raise ApiError(400, "bad_json", f"the body is not JSON we take ({reason}); nothing was written") from None
+
+
+def _too_large() -> ApiError:
+    return ApiError(413, "too_large", f"the body is over {MAX_BODY_BYTES} bytes; nothing was written")
+
+
+def _unique_names(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose names are each given once (a name given twice: which value was meant?)."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        twice = next(name for name, _ in pairs if name in seen or seen.add(name))
+        raise ValueError(f"the name {twice!r} is given twice in one object")
+    return obj
 
 
 def query_int(request: Request, name: str, default: int | None = None, *, low: int = 0) -> int | None:

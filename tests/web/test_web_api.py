@@ -305,3 +305,37 @@ def test_a_database_that_stays_locked_is_503_and_nothing_is_written(site):
         holder.execute("ROLLBACK")
         holder.close()
     assert home.query("SELECT count(*) AS n FROM runs")[0]["n"] == before
+
+
+def test_a_body_that_is_not_plain_json_is_400_at_any_depth_and_never_a_500(site):
+    """Nesting to 100,000 levels, a 5,000-digit number, a name given twice, another media type: 400
+    `bad_json` naming why, nothing written; a declared Content-Length over the cap: 413 before a
+    byte is read (issue 28)."""
+    home, server, admin, _ = site
+    before = home.query("SELECT count(*) AS n FROM task_revisions")[0]["n"]
+    json_type = {"Content-Type": "application/json"}
+    for depth in (10, 1_000, 100_000):
+        nested = b'{"name": "deep", "command": ' + b"[" * depth + b"]" * depth + b"}"
+        answer = server.request("POST", "/api/v1/tasks", token=admin, raw=nested, headers=json_type)
+        assert (answer.status, answer.code) in ((400, "bad_json"), (422, "invalid")), (depth, answer)
+        assert depth < 1_000 or answer.code == "bad_json", (depth, answer)
+    cases = [(b'{"name": "big", "timeout_ms": ' + b"9" * 5000 + b"}", json_type, "digit"),
+             (b'{"name": "twice", "name": "again"}', json_type, "twice"),
+             (b'{"name": "typed"}', {"Content-Type": "text/plain"}, "application/json")]
+    for raw, headers, words in cases:
+        answer = server.request("POST", "/api/v1/tasks", token=admin, raw=raw, headers=headers)
+        assert (answer.status, answer.code) == (400, "bad_json"), (raw[:40], answer)
+        assert words in answer.json()["error"]["message"], answer
+    conn = server.connection()
+    try:
+        conn.putrequest("POST", "/api/v1/tasks")
+        conn.putheader("Authorization", f"Bearer {admin}")
+        conn.putheader("Content-Type", "application/json")
+        conn.putheader("Content-Length", str(300 * 1024 * 1024))
+        conn.endheaders()  # and not a byte of the 300 MiB it announces
+        reply = conn.getresponse()
+        assert reply.status == 413, reply.read()
+    finally:
+        conn.close()
+    assert home.query("SELECT count(*) AS n FROM task_revisions")[0]["n"] == before
+    assert "Traceback" not in server.log()
