@@ -10,10 +10,17 @@ same host (the page's same-origin check then sees the scheme the browser used).
 from __future__ import annotations
 
 import logging
+import socket
 import sys
 
 from ..config.web import WebSettings
+from ..errors import QlactorsError
 from .backend import Backend
+
+
+class CannotListen(QlactorsError):
+    """The address to serve on cannot be bound (in use, not this host's, not allowed): exit 1,
+    before anything says it serves."""
 
 
 def serve(backend: Backend, settings: WebSettings, *, log_level: str = "INFO") -> int:
@@ -25,6 +32,7 @@ def serve(backend: Backend, settings: WebSettings, *, log_level: str = "INFO") -
     from .notifier import Notifier
 
     listen = settings.listen
+    sock = _bound(listen.host, listen.port, str(listen))
     logging.basicConfig(stream=sys.stderr, level=getattr(logging, log_level),
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
     config = uvicorn.Config(build_app(backend), host=listen.host, port=listen.port, log_level=log_level.lower(),
@@ -35,10 +43,27 @@ def serve(backend: Backend, settings: WebSettings, *, log_level: str = "INFO") -
     logging.getLogger("qlactors.web").info("qlactors web (%s) on http://%s/", backend.profile, listen)
     notifier = Notifier(Notifications(backend.repo.store), page_url=settings.public_url).start()
     try:
-        server.run()
+        server.run(sockets=[sock])
     finally:
         notifier.stop()
+        sock.close()
     return 0 if server.started else 1
+
+
+def _bound(host: str, port: int, shown: str) -> socket.socket:
+    """A listening socket on HOST:PORT, bound here so that an address in use is one line and
+    exit 1 (uvicorn would log that it serves first, then its own error, and exit 3)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as err:
+        sock.close()
+        raise CannotListen(f"cannot listen on {shown}: {(err.strerror or str(err)).lower()}") from None
+    sock.set_inheritable(True)
+    return sock
 
 
 def _quiet_server(uvicorn):
