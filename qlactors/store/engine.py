@@ -43,7 +43,9 @@ class Store:
                 raise BadInput("pool_size and the lock, statement and idle-in-transaction timeouts are "
                                "PostgreSQL settings; a SQLite store takes none of them")
             self._dialect = sqlite
-            self.engine: Engine = create_engine(parsed, echo=echo, pool_size=2, max_overflow=2)
+            # hide_parameters: a database error's message and traceback never quote a bound value
+            # (a command, an environment value, a token hash).
+            self.engine: Engine = create_engine(parsed, echo=echo, pool_size=2, max_overflow=2, hide_parameters=True)
             self._dialect.configure(self.engine)
         elif self.dialect_name == "postgresql":
             if parsed.get_driver_name() != "psycopg":
@@ -52,7 +54,7 @@ class Store:
             self._dialect = postgres
             size = pool_size if pool_size is not None else postgres.DEFAULT_POOL_SIZE
             self.engine = create_engine(parsed, echo=echo, isolation_level="READ COMMITTED",
-                                        pool_size=size, max_overflow=size)
+                                        pool_size=size, max_overflow=size, hide_parameters=True)
             postgres.configure(self.engine, timeouts)
         else:
             raise QlactorsError(f"unsupported database {self.dialect_name!r}: use sqlite or postgresql+psycopg")

@@ -140,3 +140,18 @@ def test_sqlite_switch_to_wal_waits_out_a_busy_file_then_gives_up(tmp_path):
     sqlite.switch_to_wal(switcher, str(path), patience_s=0)  # already WAL: nothing to wait for
     holder.close()
     switcher.close()
+
+
+def test_a_database_error_never_quotes_a_bound_value(sqlite_store):
+    """A statement the database refuses: its error (what a traceback in a log shows) names the
+    statement, never the values bound to it (a command, an environment value; issue 28)."""
+    import traceback
+
+    from sqlalchemy.exc import IntegrityError
+
+    secret = "planted-value-7c1e"
+    with pytest.raises(IntegrityError) as refused:
+        with sqlite_store.write() as conn:
+            conn.execute(text("INSERT INTO tasks (id, name) VALUES (:id, :name)"), {"id": secret, "name": None})
+    shown = "".join(traceback.format_exception(refused.value))
+    assert "INSERT INTO tasks" in shown and secret not in shown, shown
