@@ -238,7 +238,7 @@ def log_refused_rebind(msg: m.Attested, event: Event, decision: Decision) -> Non
     """What a refused `running` attestation came to, in the words of the worker's log."""
     if event.running_owed:
         what, level = "attest_superseded_by_later", logging.INFO  # the answer to an earlier one: a later one decides
-    elif decision.stop_cause == "superseded":
+    elif decision.stop_cause == Result.SUPERSEDED:
         what, level = "superseded_process_stopped", logging.WARNING
     elif event.session_fence:
         again = Effect.OWE_ATTEST_RUNNING in decision.effects

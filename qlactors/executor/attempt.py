@@ -25,13 +25,14 @@ import enum
 from dataclasses import dataclass
 from typing import Callable, Mapping, Union
 
+from ..domain.results import Result
 from . import evidence as ev
 
 
 class AttemptPhase(str, enum.Enum):
     OFFERED = "offered"  # in an Offers answer, not journalled yet
     ACTIVATING = "activating"  # journalled `accepted`; its Activate repeated until answered
-    REFUSED = "refused"  # Activate refused between sessions: never launched, held until a Welcome
+    REFUSED = "activation_refused"  # Activate refused between sessions: never launched, held until a Welcome
     LAUNCHING = "launching"  # journalled `launching` before the spawn: a restart never spawns it again
     LAUNCHED = "launched"  # spawned, identity journalled (`started`), Started owed
     RUNNING = "running"  # Started answered, or a survivor re-bound to the current session
@@ -209,7 +210,7 @@ def _rebind_applied(_p: P, e: Event) -> Decision:
 def _rebind_superseded(p: P, e: Event) -> Decision:
     if e.running_owed:
         return Decision(p, ignored="the answer to an earlier attestation: a later one decides")
-    return _to(P.STOPPING, X.SIGNAL_TERM, cause="superseded")
+    return _to(P.STOPPING, X.SIGNAL_TERM, cause=Result.SUPERSEDED)
 
 
 def _rebind_fenced(p: P, e: Event) -> Decision:
