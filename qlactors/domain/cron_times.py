@@ -143,6 +143,7 @@ def _template(text: str, zone: str) -> _Template:
 
     tz = load_zone(zone)
     fields = _fields(text)
+    _check_ranges(text, fields)
     expanded, seconds = " ".join(fields), len(fields) == 6
     try:
         aware = croniter(expanded, datetime.fromtimestamp(_PROBE_FROM_S, tz), second_at_beginning=seconds)
@@ -150,6 +151,28 @@ def _template(text: str, zone: str) -> _Template:
     except (CroniterError, ValueError, TypeError, KeyError) as exc:
         raise CronError("cron", f"cron expression {text!r} is not valid: {exc}; {_FIELDS_HELP}") from None
     return _Template(aware, naive, tz, cron_dst.is_fixed_time(fields))
+
+
+_FIELD_RANGES = (("minute", 0, 59), ("hour", 0, 23), ("day", 1, 31), ("month", 1, 12), ("weekday", 0, 7))
+_SECOND_RANGE = ("second", 0, 59)
+
+
+def _check_ranges(text: str, fields: list[str]) -> None:
+    """Each number of each field within its range, the field named when one is not (croniter's
+    own message names neither)."""
+    if len(fields) not in (5, 6):
+        return  # croniter's message, with the help on the count of fields
+    ranges = ((_SECOND_RANGE,) if len(fields) == 6 else ()) + _FIELD_RANGES
+    for field, (name, low, high) in zip(fields, ranges):
+        for part in field.split(","):
+            values, _, step = part.partition("/")
+            if step.isdigit() and int(step) == 0:
+                raise CronError("cron", f"cron expression {text!r} is not valid: {name} step 0 in {part!r}; "
+                                        f"a step is 1 or more")
+            for value in values.split("-"):
+                if value.isdigit() and not low <= int(value) <= high:
+                    raise CronError("cron", f"cron expression {text!r} is not valid: {name} {int(value)} is "
+                                            f"out of range {low}-{high}")
 
 
 def _never(text: str) -> CronError:

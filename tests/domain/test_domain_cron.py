@@ -179,6 +179,19 @@ def test_bad_expressions_are_refused_with_a_message_naming_them(bad):
     assert err.value.exit_status == 2
 
 
+@pytest.mark.parametrize("bad, words", [("61 * * * *", "minute 61 is out of range 0-59"),
+                                        ("0 24 * * *", "hour 24 is out of range 0-23"),
+                                        ("0 0 0 * *", "day 0 is out of range 1-31"),
+                                        ("0 0 * 13 *", "month 13 is out of range 1-12"),
+                                        ("0 0 * * 1-8", "weekday 8 is out of range 0-7"),
+                                        ("60 0 0 * * *", "second 60 is out of range 0-59"),
+                                        ("*/0 * * * *", "minute step 0")])
+def test_a_number_out_of_its_fields_range_is_named_with_the_field_and_the_range(bad, words):
+    with pytest.raises(CronError) as err:
+        parse_cron(bad)
+    assert words in str(err.value), str(err.value)
+
+
 def test_non_string_and_oversized_expressions_are_refused():
     for bad in (None, 5, ["*"] * 5, "* " * 400):
         with pytest.raises(CronError):
