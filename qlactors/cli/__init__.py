@@ -19,6 +19,25 @@ CLUSTER_ONLY = frozenset({"workers", "worker"})
 NO_CLUSTER_DATABASE = "no cluster database: pass --config control.toml or set QLACTORS_DATABASE_URL"
 
 
+def _dashed_name(own: list[str]) -> QlactorsError | None:
+    """`task add -dash ...`: argparse would take `-dash` for an option and say that a name is
+    missing; the word meant as the name is named instead (a task name starts with a letter or digit)."""
+    at = next((i for i in range(len(own) - 2) if own[i] == "task" and own[i + 1] in _NAMED), None)
+    word = None if at is None else own[at + 2]
+    if word is None or not word.startswith("-") or word.startswith("--") or word == "-h":
+        return None
+    from ..domain.model import validate_name
+
+    try:
+        validate_name(word)
+    except QlactorsError as err:
+        return err
+    return None
+
+
+_NAMED = ("add", "update", "enable", "disable", "show", "rm")
+
+
 def _split_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
     """Everything after the first `--` is the job's command, never qlactors' options."""
     if "--" in argv:
@@ -75,6 +94,10 @@ def _changes_intent(args) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     own, words = _split_command(list(sys.argv[1:] if argv is None else argv))
+    dashed = _dashed_name(own)
+    if dashed is not None:
+        print(f"qlactors: {dashed}", file=sys.stderr)
+        return dashed.exit_status
     parser = build()
     args = parser.parse_args(own)
     if words is not None and not (args.command == "task" and args.task_command in ("add", "update")):

@@ -53,7 +53,9 @@ def knob_of(f: dataclasses.Field) -> Knob | None:
 
 def check_int(k: Knob, value: Any, where: str) -> int:
     """The one range check: a whole number (never a bool) in k.low..k.high."""
-    if type(value) is not int or not k.low <= value <= k.high:
+    if type(value) is not int:
+        raise BadInput(f"{where} = {value!r} must be a whole number in {k.low}..{k.high}")
+    if not k.low <= value <= k.high:
         raise BadInput(f"{where} = {value!r} is out of range {k.low}..{k.high}")
     return value
 

@@ -78,8 +78,10 @@ def query_int(request: Request, name: str, default: int | None = None, *, low: i
     text = request.query_params.get(name)
     if text is None or text == "":
         return default
-    if not (text.isascii() and text.isdigit()) or len(text) > 18 or int(text) < low:
+    if not (text.isascii() and text.isdigit()) or (len(text) <= 18 and int(text) < low):
         raise ApiError(400, "bad_query", f"{name} must be a whole number >= {low}, got {text!r}")
+    if len(text) > 18:
+        raise ApiError(400, "bad_query", f"{name} {text[:24]}{'...' if len(text) > 24 else ''} is too large")
     return int(text)
 
 

@@ -81,6 +81,20 @@ def test_numbers_outside_the_strict_grammar_are_refused_with_one_line_and_nothin
     _nothing_but_the_existing_task(home)
 
 
+def test_a_dashed_task_name_is_named_and_a_setting_that_is_no_whole_number_says_so(existing):
+    """`task add -dash` names the name it refuses (argparse would take it for an option and say
+    a name is missing); `slots = 2.5` in the config says it must be a whole number (issue 28)."""
+    home = existing
+    for args in (("task", "add", "-dash", "--", "true"), ("task", "show", "-x"), ("task", "rm", "-dash")):
+        assert_refused(ql_bytes(home, *args), f"invalid task name {args[2]!r}")
+    (home / "qlactors.toml").write_text("[runtime]\nslots = 2.5\n")
+    try:
+        assert_refused(ql_bytes(home, "status"), "slots = 2.5 must be a whole number in 1..256")
+    finally:
+        (home / "qlactors.toml").unlink()
+    _nothing_but_the_existing_task(home)
+
+
 def test_seconds_are_whole_milliseconds_and_zero_still_means_no_timeout(tmp_path):
     home = tmp_path / "home"
     ok("task", "add", "t1", "--timeout", "0.001", "--stop-grace", "2.5000", "--", "true", home=home)

@@ -37,7 +37,9 @@ def test_home_resolution_order(tmp_path):
 
 @pytest.mark.parametrize("body, words", [
     ("[runtime]\nslots = 0\n", "out of range"),
-    ("[runtime]\nslots = true\n", "out of range"),
+    ("[runtime]\nslots = true\n", "must be a whole number"),
+    ("[runtime]\nslots = 2.5\n", "slots = 2.5 must be a whole number in 1..256"),
+    ('[runtime]\nslots = "four"\n', "must be a whole number"),
     ("[runtime]\nnope = 1\n", "unknown [runtime]"),
     ("[bogus]\n", "unknown section"),
     ('profile = "cloud"\n', "unknown profile"),

@@ -99,7 +99,7 @@ def test_store_options_carry_the_pool_and_the_three_timeouts():
     (f'profile = "control"\n[database]\nurl = "{PG}"\n[worker]\nslots = 1\n', "unknown section"),
     ('profile = "worker"\n[worker]\ncontrol = []\n', "[worker] control = []"),
     ('profile = "worker"\n[worker]\nlabels = ["has space"]\n', "[worker] labels: label 'has space'"),
-    ('profile = "worker"\n[worker]\nslots = "4"\n', "[worker] slots = '4' is out of range"),
+    ('profile = "worker"\n[worker]\nslots = "4"\n', "[worker] slots = '4' must be a whole number"),
     ('profile = "worker"\n[launcher]\nshell = "sh"\n', "[launcher] shell"),
     ('profile = "edge"\n', "profile = 'edge'"),
 ])

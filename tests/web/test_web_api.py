@@ -322,6 +322,8 @@ def test_a_body_that_is_not_plain_json_is_400_at_any_depth_and_never_a_500(site)
     cases = [(b'{"name": "big", "timeout_ms": ' + b"9" * 5000 + b"}", json_type, "digit"),
              (b'{"name": "twice", "name": "again"}', json_type, "twice"),
              (b'{"name": "typed"}', {"Content-Type": "text/plain"}, "application/json")]
+    huge_limit = server.request("GET", "/api/v1/runs?limit=" + "9" * 40, token=admin)
+    assert (huge_limit.status, huge_limit.code) == (400, "bad_query") and "too large" in huge_limit.json()["error"]["message"]
     for raw, headers, words in cases:
         answer = server.request("POST", "/api/v1/tasks", token=admin, raw=raw, headers=headers)
         assert (answer.status, answer.code) == (400, "bad_json"), (raw[:40], answer)
