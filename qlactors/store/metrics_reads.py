@@ -30,6 +30,7 @@ class Figures:
     oldest_queued_at_ms: int | None = None
     cron_late_ms: int = 0  # the most an enabled schedule's next fire is overdue (0: none)
     sessions: dict[str, int] = field(default_factory=dict)  # worker session status -> count
+    task_names: list[str] = field(default_factory=list)  # the tasks there are (their counters start at 0)
     notifications: dict[str, int] = field(default_factory=dict)  # outbox status -> rows
 
 
@@ -38,13 +39,17 @@ def read_figures(store: Store) -> Figures:
     bucket_columns = [run_outcome_counts.c[f"le_{b}s"] for b in DURATION_BUCKETS_S]
     with store.read() as conn:
         now = store.now_ms(conn)
-        finished = [Finished(row.name, row.state, row.finished, row.timed, row.duration_ms_sum,
-                             tuple(row[5:]))
+        # By name: a name used again after `task rm` continues its counters (one series per name).
+        summed = [func.sum(c) for c in (run_outcome_counts.c.finished, run_outcome_counts.c.timed,
+                                        run_outcome_counts.c.duration_ms_sum, *bucket_columns)]
+        finished = [Finished(row[0], row[1], row[2], row[3], row[4], tuple(row[5:]))
                     for row in conn.execute(
-                        select(tasks.c.name, run_outcome_counts.c.state, run_outcome_counts.c.finished,
-                               run_outcome_counts.c.timed, run_outcome_counts.c.duration_ms_sum, *bucket_columns)
+                        select(tasks.c.name, run_outcome_counts.c.state, *summed)
                         .join(tasks, tasks.c.id == run_outcome_counts.c.task_id)
+                        .group_by(tasks.c.name, run_outcome_counts.c.state)
                         .order_by(tasks.c.name, run_outcome_counts.c.state))]
+        names = list(conn.execute(select(tasks.c.name).where(tasks.c.deleted_at_ms.is_(None))
+                                  .order_by(tasks.c.name)).scalars())
         oldest = conn.execute(select(func.min(runs.c.queued_at_ms)).where(runs.c.status == "queued")).scalar()
         overdue = conn.execute(
             select(func.min(trigger_schedules.c.next_fire_at_ms))
@@ -58,4 +63,4 @@ def read_figures(store: Store) -> Figures:
                                    .group_by(notification_outbox.c.status)).all())
     return Figures(now_ms=now, finished=finished, oldest_queued_at_ms=oldest,
                    cron_late_ms=max(0, now - overdue) if overdue is not None else 0,
-                   sessions=sessions, notifications=outbox)
+                   sessions=sessions, notifications=outbox, task_names=names)

@@ -105,4 +105,38 @@ def test_every_metric_the_sample_dashboard_plots_is_served(metered):
     dashboard = (Path(__file__).resolve().parents[2] / "docs" / "grafana-dashboard.json").read_text()
     plotted = {re.sub(r"_(total|bucket|sum|count)$", "", name)
                for name in re.findall(r"qlactors_[a-z_]+", json.dumps(json.loads(dashboard)))}
-    assert plotted - {"qlactors_replicas_up"} <= served, plotted - served  # replicas: a cluster's
+    cluster_only = {"qlactors_replicas_up", "qlactors_worker_sessions"}
+    assert plotted - cluster_only <= served, plotted - served
+
+
+def test_every_active_state_and_every_tasks_counters_are_there_at_0_and_edge_has_no_worker_sessions(tmp_path):
+    """A scrape before any run: `qlactors_runs_active` has every state not finished, at 0, and each
+    task's finished and lost counters exist at 0 (a rate over them is defined from the first
+    scrape); a task name used again after `task rm` gives one series, not two; edge exports no
+    worker sessions (issue 28)."""
+    home = Home(tmp_path)
+    server = None
+    try:
+        home.main("task", "add", "fresh", "--", "true")
+        home.main("task", "add", "reused", "--", "true")
+        home.main("task", "rm", "reused")
+        home.main("task", "add", "reused", "--", "true")
+        token = new_token(home, "prometheus", read_only=True)
+        server = WebServer(tmp_path, ["--home", str(home.path)])
+        answer = server.request("GET", "/metrics", token=token)
+        assert answer.status == 200
+        text = answer.body.decode()
+        samples = _parse(text)
+    finally:
+        if server is not None:
+            server.stop()
+        home.close()
+    for state in ("queued", "dispatching", "running", "retry_wait", "lost"):
+        assert samples[("qlactors_runs_active", (("state", state),))] == 0, state
+    for task in ("fresh", "reused"):
+        for state in ("succeeded", "failed", "cancelled", "timed_out"):
+            assert samples[("qlactors_runs_finished_total", (("state", state), ("task", task)))] == 0
+        assert samples[("qlactors_runs_lost_total", (("task", task),))] == 0
+    assert "qlactors_worker_sessions" not in text
+    lines = [line for line in text.splitlines() if line.startswith("qlactors_runs_finished_total{")]
+    assert len(lines) == len(set(line.rsplit(" ", 1)[0] for line in lines)) == 8, lines
