@@ -25,9 +25,11 @@ class PeerFault(QlactorsError, ValueError):
 
 
 class BadInput(PeerFault):
-    """The request itself is wrong; nothing was written (exit status 2)."""
+    """The request itself is wrong; nothing was written (exit status 2). `field` names what is
+    refused where one thing is (an API body's path, `trigger.cron`; None otherwise)."""
 
     exit_status = 2
+    field: str | None = None
 
 
 class NotFound(BadInput):

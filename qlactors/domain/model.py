@@ -38,7 +38,19 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,255}$")
 
 
 class TaskSpecError(BadInput):
-    """A task definition outside the allowed shape or bounds."""
+    """A task definition outside the allowed shape or bounds; `field` names the task field it
+    refuses (the API's name), read from the option the message starts with when not given."""
+
+    def __init__(self, message: str, field: str | None = None) -> None:
+        super().__init__(message)
+        option = message.split(" ", 1)[0].rstrip(":")
+        self.field = field or OPTION_FIELDS.get(option)
+
+
+# The CLI's options and the task fields (API, `--json`) they set.
+OPTION_FIELDS = {"--timeout": "timeout_ms", "--stop-grace": "stop_grace_ms", "--max-concurrent": "max_concurrent",
+                 "--max-queued": "max_queued", "--random-delay": "random_delay_ms", "--cwd": "cwd", "--env": "env",
+                 "--keep-leftovers": "keep_leftovers", "--backoff": "retry.backoff_base_ms"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +65,7 @@ class Command:
         """One word containing white space is a shell string; several words are an argv."""
         words = tuple(words)
         if not words:
-            raise TaskSpecError("no command given: put it after `--`, e.g. `-- echo hello`")
+            raise TaskSpecError("no command given: put it after `--`, e.g. `-- echo hello`", "command")
         if len(words) == 1 and any(c.isspace() for c in words[0]):
             return cls(shell=words[0])
         return cls(argv=words)
@@ -87,24 +99,24 @@ class Command:
     def validate(self) -> None:
         if self.shell is not None:
             if self.argv:
-                raise TaskSpecError("a command is either an argv or a shell string, not both")
+                raise TaskSpecError("a command is either an argv or a shell string, not both", "command")
             text = self.shell
             if not text.strip():
-                raise TaskSpecError("the shell command is empty")
+                raise TaskSpecError("the shell command is empty", "command")
         else:
             if not self.argv or not self.argv[0]:
-                raise TaskSpecError("no command given: put it after `--`, e.g. `-- echo hello`")
+                raise TaskSpecError("no command given: put it after `--`, e.g. `-- echo hello`", "command")
             text = "\0".join(self.argv)
         if "\0" in (self.shell or "") or any("\0" in a for a in self.argv):
-            raise TaskSpecError("the command contains a NUL byte")
+            raise TaskSpecError("the command contains a NUL byte", "command")
         for i, word in enumerate((self.shell,) if self.shell is not None else self.argv):
             what = "the shell string" if self.shell is not None else f"argv item {i}"
             if _posix_length(what, word) > MAX_WORD_BYTES:
                 raise TaskSpecError(f"{what} is over the {MAX_WORD_BYTES}-byte limit for one "
-                                    "command word: shorten it, or put it in a script and run that")
+                                    "command word: shorten it, or put it in a script and run that", "command")
         if _posix_length("the command", text) > MAX_COMMAND_BYTES:
             raise TaskSpecError(f"the command is over the {MAX_COMMAND_BYTES}-byte limit for all "
-                                "its words together: put it in a script and run that")
+                                "its words together: put it in a script and run that", "command")
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +162,7 @@ class TaskSpec:
         if type(self.keep_leftovers) is not bool:
             raise TaskSpecError("--keep-leftovers is a flag")
         if len(self.labels) > MAX_LABELS:
-            raise TaskSpecError(f"at most {MAX_LABELS} labels")
+            raise TaskSpecError(f"at most {MAX_LABELS} labels", "labels")
         return self
 
     def with_changes(self, **changes: Any) -> "TaskSpec":
@@ -161,7 +173,7 @@ def validate_name(name: str) -> str:
     if not isinstance(name, str) or not _NAME.match(name):
         raise TaskSpecError(
             f"invalid task name {name!r}: use 1-128 letters, digits, '.', '_' or '-', "
-            "starting with a letter or digit")
+            "starting with a letter or digit", "name")
     return name
 
 
@@ -172,7 +184,7 @@ def _check_int(option: str, value: Any, low: int, high: int, unit: str, *, hint:
 
 def _check_env(env: Mapping[str, str]) -> None:
     if len(env) > MAX_ENV_ENTRIES:
-        raise TaskSpecError(f"at most {MAX_ENV_ENTRIES} --env entries")
+        raise TaskSpecError(f"at most {MAX_ENV_ENTRIES} --env entries", "env")
     for key, value in env.items():
         if not _ENV_NAME.match(key):
             raise TaskSpecError(f"--env {key!r}: not a valid variable name (letters, digits, '_')")

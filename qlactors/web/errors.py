@@ -14,9 +14,9 @@ class ApiError(QlactorsError):
 
     exit_status = 2
 
-    def __init__(self, status: int, code: str, message: str) -> None:
+    def __init__(self, status: int, code: str, message: str, field: str | None = None) -> None:
         super().__init__(message)
-        self.status, self.code, self.message = status, code, message
+        self.status, self.code, self.message, self.field = status, code, message, field
 
 
 # Most specific first: the first class an error is an instance of decides.
@@ -38,11 +38,31 @@ def answer_for(err: QlactorsError) -> ApiError | None:
         return None
     for cls, status, code in _STATUS_OF:
         if isinstance(err, cls):
-            return ApiError(status, code, str(err))
+            return ApiError(status, code, str(err), field_of(err) if status == 422 else None)
     return ApiError(500, "runtime_error", str(err))
+
+
+def field_of(err: QlactorsError) -> str | None:
+    """The body field (a path: `trigger.cron`) a refusal names; None when it is about no one field."""
+    from ..domain.cron_times import CronError
+    from ..domain.retry import PolicyError
+
+    field = getattr(err, "field", None)
+    if field is None:
+        return None
+    if isinstance(err, CronError):
+        return "trigger." + _TRIGGER_FIELDS.get(field, field)
+    if isinstance(err, PolicyError):
+        return "retry." + field
+    return field
+
+
+_TRIGGER_FIELDS = {"zone": "tz", "grace": "grace_ms"}
 
 
 def error_response(err: ApiError) -> JSONResponse:
     headers = {"WWW-Authenticate": 'Bearer realm="qlactors"'} if err.status == 401 else None
-    return JSONResponse({"error": {"code": err.code, "message": err.message}}, status_code=err.status,
-                        headers=headers)
+    error = {"code": err.code, "message": err.message}
+    if err.status == 422:
+        error["field"] = err.field  # null: about no one field (a task with active runs, say)
+    return JSONResponse({"error": error}, status_code=err.status, headers=headers)

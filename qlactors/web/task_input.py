@@ -6,8 +6,9 @@ so an API refusal says what the CLI says."""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from ..domain import posix
 from ..domain.model import Command, env_patched
@@ -44,48 +45,67 @@ class TaskInput:
 def read_task(body: Any, *, base_retry: RetryPolicy, creating: bool,
               current_env: Mapping[str, str] | None = None) -> TaskInput:
     """Check a body's shape and types; the domain checks the values when the spec is built.
-    `env` is applied to `current_env` (an update's: the names it does not give are kept)."""
+    `env` is applied to `current_env` (an update's: the names it does not give are kept). A
+    refusal names the field it is about (`BadInput.field`)."""
     if type(body) is not dict:
         raise BadInput("the body must be a JSON object with the task's fields (as `task show --json` writes them)")
     unknown = set(body) - _KNOWN
     if unknown:
         raise BadInput(f"unknown field(s) {sorted(unknown)}; nothing was written")
     if creating and "command" not in body:
-        raise BadInput("no command given: send `command` as {\"argv\": [...]} or {\"shell\": \"...\"}")
+        with _about("command"):
+            raise BadInput("no command given: send `command` as {\"argv\": [...]} or {\"shell\": \"...\"}")
     changes: dict[str, Any] = {}
-    if "command" in body:
-        changes["command"] = _command(body["command"])
-    if "cwd" in body:
-        changes["cwd"] = None if body["cwd"] is None else _posix("cwd", body["cwd"])
-    if "env" in body:
+    for name, read in _readers(body, base_retry, creating, current_env):
+        if name in body:
+            with _about(name):
+                changes[name] = read(body[name])
+    with _about("trigger"):
+        trigger, remove = _trigger(body)
+        if creating and remove:
+            raise BadInput("trigger: null removes a schedule: leave it out to add a task without one")
+    with _about("retention"):
+        retention = _retention(body.get("retention"))
+    with _about("enabled"):
+        enabled = None if "enabled" not in body else _bool("enabled", body["enabled"])
+    return TaskInput(changes=changes, trigger=trigger, remove_trigger=remove, retention=retention, enabled=enabled)
+
+
+@contextmanager
+def _about(name: str) -> Iterator[None]:
+    """A refusal raised while reading `name` names it, unless it names a field of its own."""
+    try:
+        yield
+    except BadInput as err:
+        if err.field is None:
+            err.field = name
+        raise
+
+
+def _readers(body: Mapping[str, Any], base_retry: RetryPolicy, creating: bool,
+             current_env: Mapping[str, str] | None) -> list[tuple[str, Callable[[Any], Any]]]:
+    """Each spec field a body may give, and how its value is read."""
+    def env(value: Any) -> dict[str, str]:
         try:
-            changes["env"] = env_patched(body["env"], None if creating else dict(current_env or {}))
+            return env_patched(value, None if creating else dict(current_env or {}))
         except ValueError as err:
             raise BadInput(f"env: {err}") from None
-    if "timeout_ms" in body:
-        changes["timeout_ms"] = _int_or_none("timeout_ms", body["timeout_ms"])
-        if changes["timeout_ms"] == 0:
-            changes["timeout_ms"] = None  # as `--timeout 0`: no timeout
-    for name in _INTS:
-        if name in body:
-            changes[name] = _int(name, body[name])
-    if "keep_leftovers" in body:
-        changes["keep_leftovers"] = _bool("keep_leftovers", body["keep_leftovers"])
-    if "labels" in body:
-        labels = body["labels"]
-        if type(labels) is not list or any(type(x) is not str for x in labels):
+
+    def timeout(value: Any) -> int | None:
+        ms = _int_or_none("timeout_ms", value)
+        return None if ms == 0 else ms  # as `--timeout 0`: no timeout
+
+    def labels(value: Any) -> tuple[str, ...]:
+        if type(value) is not list or any(type(x) is not str for x in value):
             raise BadInput("labels must be a list of strings")
         from ..domain.labels import check_labels
 
-        changes["labels"] = check_labels("labels", labels) if labels else ()
-    if "retry" in body:
-        changes["retry"] = _retry(body["retry"], base_retry)
-    trigger, remove = _trigger(body)
-    if creating and remove:
-        raise BadInput("trigger: null removes a schedule: leave it out to add a task without one")
-    return TaskInput(changes=changes, trigger=trigger, remove_trigger=remove,
-                     retention=_retention(body.get("retention")),
-                     enabled=None if "enabled" not in body else _bool("enabled", body["enabled"]))
+        return check_labels("labels", value) if value else ()
+
+    return [("command", _command), ("cwd", lambda v: None if v is None else _posix("cwd", v)), ("env", env),
+            ("timeout_ms", timeout), *((name, lambda v, n=name: _int(n, v)) for name in _INTS),
+            ("keep_leftovers", lambda v: _bool("keep_leftovers", v)), ("labels", labels),
+            ("retry", lambda v: _retry(v, base_retry))]
 
 
 def _command(value: Any) -> Command:

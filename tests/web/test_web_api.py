@@ -341,3 +341,31 @@ def test_a_body_that_is_not_plain_json_is_400_at_any_depth_and_never_a_500(site)
         conn.close()
     assert home.query("SELECT count(*) AS n FROM task_revisions")[0]["n"] == before
     assert "Traceback" not in server.log()
+
+
+def test_every_422_names_the_field_it_refuses(site):
+    """A refused value's body says which field it is (`"field"`, a path such as `trigger.cron`), so
+    a form can show the error where it belongs; a refusal about no one field says `null` (issue 28)."""
+    home, server, admin, _ = site
+    argv = {"argv": ["x"]}
+    cases = [
+        ("POST", {"name": "f1", "command": argv, "timeout_ms": -1}, "timeout_ms"),
+        ("POST", {"name": "f1", "command": "echo"}, "command"),
+        ("POST", {"name": "f1"}, "command"),
+        ("POST", {"name": "-f1", "command": argv}, "name"),
+        ("POST", {"name": "f1", "command": argv, "trigger": {"cron": "61 * * * *"}}, "trigger.cron"),
+        ("POST", {"name": "f1", "command": argv, "trigger": {"cron": "* * * * *", "tz": "Mars/Base"}}, "trigger.tz"),
+        ("POST", {"name": "f1", "command": argv, "retry": {"max_attempts": 0}}, "retry.max_attempts"),
+        ("POST", {"name": "f1", "command": argv, "env": {"1X": "v"}}, "env"),
+        ("POST", {"name": "f1", "command": argv, "labels": [1]}, "labels"),
+        ("POST", {"name": "f1", "command": argv, "cwd": "relative/dir"}, "cwd"),
+        ("POST", {"name": "f1", "command": argv, "retention": {"max_runs": -3}}, "retention"),
+        ("PATCH", {"max_concurrent": "two"}, "max_concurrent"),
+        ("POST", {"name": "f1", "command": argv, "colour": 1}, None),
+    ]
+    for method, body, field in cases:
+        path = "/api/v1/tasks" if method == "POST" else "/api/v1/tasks/hello"
+        answer = server.request(method, path, token=admin, body=body)
+        assert (answer.status, answer.code) == (422, "invalid"), (body, answer)
+        assert "field" in answer.json()["error"] and answer.json()["error"]["field"] == field, (body, answer)
+    assert server.request("GET", "/api/v1/tasks/f1", token=admin).status == 404
