@@ -61,7 +61,14 @@ def worker_retire(repo: Repository, args: argparse.Namespace) -> int:
                        "more: its runs are then recovered and may run again elsewhere. Make sure of it (its "
                        "host is down, or its job processes are gone), then add --confirm-stopped; "
                        "nothing was changed")
-    done = WorkerRetirement(repo.store).retire(args.name)
+    retirement = WorkerRetirement(repo.store)
+    alive = None if args.force else retirement.fresh(args.name)
+    if alive is not None:
+        raise BadInput(f"worker {args.name} looks alive: its session {alive.session_id} heartbeat "
+                       f"{alive.age_ms / 1000:.1f} s ago and its lease runs {alive.left_ms / 1000:.1f} s more; "
+                       "retire is for a worker that is gone (stop it first, or wait for its lease to expire), "
+                       "and --force retires it anyway; nothing was changed")
+    done = retirement.retire(args.name)
     print(f"worker {done.worker_id} retired: {done.sessions_ended} session(s) ended (its reports are fenced; "
           f"its key stays allowed); {len(done.attempts)} attempt(s) marked stopped by the operator: "
           "recovery ends them `lost` once their lease has expired, then their retry policy applies")

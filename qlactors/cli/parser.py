@@ -132,6 +132,8 @@ def _cluster_commands(sub) -> None:
     retire.add_argument("--confirm-stopped", action="store_true",
                         help="required: you have made sure none of its jobs runs (its host is down, "
                              "or its processes are gone)")
+    retire.add_argument("--force", action="store_true",
+                        help="retire it even though its session's heartbeat is fresh (within its lease)")
 
     confirm = sub.add_parser("confirm-stopped", help="the operator's word that RUN's current attempt runs "
                                                       "nowhere: recovery ends it (lost, then its retry policy)")

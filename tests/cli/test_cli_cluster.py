@@ -90,6 +90,24 @@ def test_allow_binds_one_key_to_one_worker_and_revoke_ends_its_sessions(cluster)
     assert "worker w2 allowed" in cluster.ok("worker", "allow", "w2", k2).stdout
 
 
+def test_a_worker_retired_after_its_drain_shows_retired_and_an_expired_one_needs_no_force(cluster):
+    """Retire is the operator's word, a drain only the worker's: a drained worker retired shows
+    `retired` in `workers`; a worker whose lease has expired is retired without --force (issue 28)."""
+    key, _ = new_key_pair(cluster.tmp / "keys", "w1")
+    cluster.ok("worker", "allow", "w1", key)
+    session = cluster.session("w1")
+    with cluster.repo.store.write() as conn:
+        now = cluster.repo.store.now_ms(conn)
+        conn.execute(update(worker_sessions).where(worker_sessions.c.session_id == session.session_id)
+                     .values(status="offline", drained_at_ms=now - 1000, ended_at_ms=now - 1000,
+                             lease_expires_at_ms=now - 1000))
+    [before] = json.loads(cluster.ok("workers", "--json").stdout)
+    assert before["state"] == "offline (drained)", before
+    cluster.ok("worker", "retire", "w1", "--confirm-stopped")  # gone: no --force needed
+    [after] = json.loads(cluster.ok("workers", "--json").stdout)
+    assert after["state"] == "retired", after
+
+
 def test_retire_needs_confirm_stopped_then_ends_the_sessions_and_keeps_the_key(cluster):
     key, _ = new_key_pair(cluster.tmp / "keys", "w1")
     cluster.ok("worker", "allow", "w1", key)
@@ -100,7 +118,10 @@ def test_retire_needs_confirm_stopped_then_ends_the_sessions_and_keeps_the_key(c
     with cluster.repo.store.read() as conn:
         assert conn.execute(select(worker_sessions.c.status).where(
             worker_sessions.c.session_id == session.session_id)).scalar_one() == "online"
-    done = cluster.ok("worker", "retire", "w1", "--confirm-stopped").stdout
+    alive = cluster.ql("worker", "retire", "w1", "--confirm-stopped")  # its heartbeat is fresh
+    assert alive.returncode == 2 and "looks alive" in alive.stderr and "--force" in alive.stderr, alive
+    assert "nothing was changed" in alive.stderr
+    done = cluster.ok("worker", "retire", "w1", "--confirm-stopped", "--force").stdout
     assert "worker w1 retired: 1 session(s) ended" in done and "0 attempt(s)" in done
     with cluster.repo.store.read() as conn:
         assert conn.execute(select(worker_sessions.c.status).where(

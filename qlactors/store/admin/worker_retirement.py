@@ -37,9 +37,33 @@ class Retirement:
     """The attempts given the `retired` evidence (id order)."""
 
 
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """A worker's session whose lease a heartbeat renewed and has not expired (database time)."""
+
+    session_id: str
+    age_ms: int  # since its last heartbeat
+    left_ms: int  # until its lease expires
+
+
 class WorkerRetirement:
     def __init__(self, store: Store) -> None:
         self.store = store
+
+    def fresh(self, worker_id: str) -> Heartbeat | None:
+        """The worker's live session whose lease has not expired (its newest), or None: a worker
+        that heartbeats now is alive, and `worker retire` refuses it unless forced."""
+        check_worker_id(worker_id)
+        s = worker_sessions.c
+        with self.store.read() as conn:
+            now = self.store.now_ms(conn)
+            row = conn.execute(select(s.session_id, s.heartbeat_at_ms, s.created_at_ms, s.lease_expires_at_ms).where(
+                and_(s.worker_id == worker_id, s.ended_at_ms.is_(None), s.status.in_(("online", "draining")),
+                     s.lease_expires_at_ms > now)).order_by(s.lease_expires_at_ms.desc()).limit(1)).first()
+        if row is None:
+            return None
+        beat = row.heartbeat_at_ms if row.heartbeat_at_ms is not None else row.created_at_ms
+        return Heartbeat(row.session_id, max(0, now - beat), row.lease_expires_at_ms - now)
 
     def retire(self, worker_id: str) -> Retirement:
         check_worker_id(worker_id)

@@ -21,16 +21,19 @@ NEVER = "never"  # the status shown for an allowed worker that has no session ye
 SERVING = ("online", "draining")  # the session statuses whose free slots mean something
 
 
-def worker_state(status: str, lease_expired: bool, drained: bool, allowed: bool) -> str:
+def worker_state(status: str, lease_expired: bool, drained: bool, allowed: bool, ended_by: str | None = None) -> str:
     """What `workers` shows for a worker's current session (SEMANTICS.md §9 Sessions, Drain):
     `online`, `draining` (its SIGTERM: no more offers, its jobs go on), `expired` (online or
     draining, but its session lease ran out: no heartbeat reached a replica), `offline (drained)`
     (its worker left after a drain: a planned stop, the drain grace applies), `retired` (ended
     while its key stays allowed: `worker retire`, or a revoke whose key was allowed again),
-    `offline` (ended, its key revoked), or `never`."""
+    `offline` (ended, its key revoked), or `never`. A retired worker shows `retired` also when it
+    had drained before (retire is the operator's word, a drain only the worker's)."""
     if status == NEVER:
         return NEVER
     if status == "offline":
+        if ended_by == "retired" and allowed:
+            return "retired"
         if drained:
             return "offline (drained)"
         return "retired" if allowed else "offline"
@@ -54,13 +57,15 @@ class WorkerView:
     labels: tuple[str, ...] = ()
     ended_at_ms: int | None = None  # when the session ended (offline), database time
     drained_at_ms: int | None = None  # when its worker drained it (SIGTERM), database time
+    ended_by: str | None = None  # revoked | retired: the operator ended it
     note: str | None = None  # `duplicate`: the session was taken back from a second process with its key
 
     @property
     def state(self) -> str:
         """online | draining | expired | offline (drained) | retired | offline | never; a session
         taken back from a second live process presenting the same key adds `(duplicate key)`."""
-        state = worker_state(self.status, self.lease_expired, self.drained_at_ms is not None, self.allowed)
+        state = worker_state(self.status, self.lease_expired, self.drained_at_ms is not None, self.allowed,
+                             self.ended_by)
         return f"{state} (duplicate key)" if self.note == DUPLICATE else state
 
     @property
@@ -137,4 +142,4 @@ def _view(row, now: int, allowed: bool, taken: int) -> WorkerView:
         heartbeat_age_ms=None if row.heartbeat_at_ms is None else max(0, now - row.heartbeat_at_ms),
         lease_expires_at_ms=expires, lease_expired=expires is not None and expires <= now,
         clock_skew_ms=row.clock_skew_ms, labels=tuple(json.loads(row.labels_json or "[]")),
-        ended_at_ms=row.ended_at_ms, drained_at_ms=row.drained_at_ms, note=row.note)
+        ended_at_ms=row.ended_at_ms, drained_at_ms=row.drained_at_ms, note=row.note, ended_by=row.ended_by)
