@@ -297,8 +297,12 @@ class ReplicaLinks:
             frames = self._failover.rotate(self._clock())
             if self._try_send(frames):
                 self._failover.delivered(self._clock())
-                log.warning("event=link_failover from=%s to=%s reason=%s resend=%d",
-                            failed, self.current(), why.replace(" ", "_"), len(frames))
+                if self.current() == failed:  # around the ring: no other replica took them
+                    log.warning("event=link_resent endpoint=%s reason=%s resend=%d (no other replica took them)",
+                                failed, why.replace(" ", "_"), len(frames))
+                else:
+                    log.warning("event=link_failover from=%s to=%s reason=%s resend=%d",
+                                failed, self.current(), why.replace(" ", "_"), len(frames))
                 self._unreachable_logged = False
                 return
         self._failover.unreachable(self._clock())

@@ -161,6 +161,22 @@ def test_a_request_the_first_replica_never_answers_is_answered_by_the_second(mak
     assert not first.sock.poll(500)
 
 
+def test_a_failover_around_the_ring_back_to_the_same_replica_is_a_resend_not_a_failover(make_cluster, caplog):
+    """The only replica up never answered: the requests go to it again, logged as a resend; a
+    `link_failover` never names one endpoint as both from and to (issue 28)."""
+    caplog.set_level("WARNING", logger="qlactors.links")
+    cluster = make_cluster(request_timeout_s=1.0, replicas_up=(True, False))
+    first = cluster.replicas[0]
+    wait_until(lambda: cluster.links.connected() == {first.endpoint}, what="the link to the one replica up")
+    cluster.outbox.to_control(heartbeat("w1", free_slots=3))
+    _, request = first.receive()
+    _, again = first.receive()  # after the timeout, around the ring: the same replica again
+    assert again == request
+    wait_until(lambda: "event=link_resent" in caplog.text, what="the resend logged")
+    assert f"event=link_resent endpoint={first.endpoint}" in caplog.text
+    assert f"from={first.endpoint} to={first.endpoint}" not in caplog.text
+
+
 def test_a_replica_that_answers_stays_current(make_cluster):
     cluster = make_cluster(request_timeout_s=60.0)
     first, second = cluster.replicas
