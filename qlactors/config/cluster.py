@@ -104,6 +104,10 @@ class WorkerConfig:
     state_dir: Path = knob(Path("state"), kind="path", doc="journal, logs and receipts; one worker at a time")
     request_timeout_ms: int = knob(5_000, 100, 60_000,
                                    doc="how long a request waits for its answer before the next replica")
+    handshake_failures_max: int = knob(10, 1, 1_000_000,
+                                       doc="CURVE handshakes failing in a row (a wrong server_key, a protocol "
+                                           "mismatch; not a key the replicas do not allow yet) before the worker "
+                                           "exits 1")
     log_cap_bytes: int = shared("log_cap_bytes")
     stop_grace_ms: int = shared("stop_grace_ms")
     kill_grace_ms: int = shared("kill_grace_ms")

@@ -111,11 +111,12 @@ class WorkerRuntime(Runner):
         zctx = zmq.Context()
         links = ReplicaLinks(zctx, list(cfg.control), server_public=server_public, public=public,
                              secret=secret, request_timeout_s=cfg.request_timeout_ms / 1000,
-                             heartbeat_ms=10_000)
+                             heartbeat_ms=10_000, handshake_failures_max=cfg.handshake_failures_max)
         bridge = Bridge(zctx, control_links=links)
         directory = Directory()
         fatal = Fatal(on_trip=self._poke)
         bridge.on_version_mismatch = lambda why: fatal.trip(f"the control side speaks another protocol: {why}")
+        links.on_give_up = fatal.trip
         admitting = threading.Event()
         local_receipts = LocalReceipts(receipts, journal, self.config.runtime.quarantine_retention_ms)
         ctx = ExecutorContext(

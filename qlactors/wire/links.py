@@ -55,7 +55,8 @@ UNREACHABLE_RETRY_S = 0.25
 # A replica that refused this worker's key is connected again this long after, doubling up to the cap.
 REFUSED_RECONNECT_FIRST_S = 1.0
 REFUSED_RECONNECT_MAX_S = 30.0
-HANDSHAKE_LOG_S = 300.0  # a failed handshake is logged once per endpoint, then at most this often
+HANDSHAKE_LOG_S = 60.0  # a failed handshake is logged once per endpoint, then at most this often
+HANDSHAKE_FAILURES_MAX = 10  # failed handshakes in a row (not refusals of the key) before giving up
 _EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
            | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL)
 
@@ -140,7 +141,8 @@ class ReplicaLinks:
 
     def __init__(self, ctx: zmq.Context, endpoints_: list[str], *, server_public: bytes, public: bytes,
                  secret: bytes, request_timeout_s: float, heartbeat_ms: int,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 handshake_failures_max: int = HANDSHAKE_FAILURES_MAX) -> None:
         self.ctx = ctx
         self.endpoints = [endpoints.connectable(endpoints.parse_endpoint(e)) for e in endpoints_]
         if not self.endpoints:
@@ -159,6 +161,14 @@ class ReplicaLinks:
         self._refused: dict[int, Backoff] = {}
         self._reconnect_at: dict[int, float] = {}
         self._handshake_log = LogLimit(HANDSHAKE_LOG_S)
+        # Handshakes failed in a row for a reason that will not fix itself (a wrong server_key, a
+        # protocol mismatch: not a key the replica does not accept yet). At the bound, with no
+        # replica connected, `on_give_up` (the worker's fatal stop: exit 1, so an init system shows
+        # it failed); one replica frozen past the handshake interval while another serves is not it.
+        self._failed_in_a_row = 0
+        self._gave_up = False
+        self._handshake_failures_max = handshake_failures_max
+        self.on_give_up: Callable[[str], None] = lambda _why: None
 
     # -- any thread -----------------------------------------------------------------------------
 
@@ -256,6 +266,7 @@ class ReplicaLinks:
             except zmq.Again:
                 return
             if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self._failed_in_a_row = 0
                 self._connected = self._connected | {endpoint}
                 log.info("event=link_connected endpoint=%s", endpoint)
                 refused = self._refused.pop(index, None)
@@ -271,12 +282,24 @@ class ReplicaLinks:
             elif event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
                 self._on_refused(index, endpoint)
             else:
-                unlogged = self._handshake_log.admit(endpoint, self._clock())
-                if unlogged is not None:
-                    log.error("event=link_handshake_failed endpoint=%s event=%s unlogged_since=%d (is "
-                              "server_key the replicas' public key, and is the replica's authenticator "
-                              "running? logged at most every %.0f s)", endpoint, _event_name(event),
-                              unlogged, HANDSHAKE_LOG_S)
+                self._handshake_failed(endpoint, event)
+
+    def _handshake_failed(self, endpoint: str, event: int) -> None:
+        """A handshake that failed for a reason that will not fix itself: logged (once, then at most
+        once a minute per endpoint), and counted; at the bound the worker gives up."""
+        self._failed_in_a_row += 1
+        unlogged = self._handshake_log.admit(endpoint, self._clock())
+        if unlogged is not None:
+            log.error("event=link_handshake_failed endpoint=%s event=%s unlogged_since=%d in_a_row=%d of=%d (is "
+                      "server_key the replicas' public key, and is the replica's authenticator running? logged "
+                      "at most every %.0f s; the worker stops at %d in a row)", endpoint, _event_name(event),
+                      unlogged, self._failed_in_a_row, self._handshake_failures_max, HANDSHAKE_LOG_S,
+                      self._handshake_failures_max)
+        if self._failed_in_a_row >= self._handshake_failures_max and not self._connected and not self._gave_up:
+            self._gave_up = True
+            self.on_give_up(f"{self._failed_in_a_row} CURVE handshakes in a row failed ({_event_name(event)}, "
+                            f"last with {endpoint}): is server_key the replicas' public key, and do they "
+                            "speak this worker's protocol?")
 
     def _on_refused(self, index: int, endpoint: str) -> None:
         """The replica refused this worker's key: connect it again after the backoff (libzmq will not)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 
 import pytest
 import zmq
@@ -95,7 +96,7 @@ class Cluster:
     """Two CURVE ROUTER replicas (one context, one authenticator) and a worker bridge on its own context."""
 
     def __init__(self, *, request_timeout_s: float, replicas_up: tuple[bool, ...] = (True, True),
-                 listed: bool = True, server_key: KeyPair | None = None) -> None:
+                 listed: bool = True, server_key: KeyPair | None = None, handshake_failures_max: int = 10) -> None:
         self.server, self.worker = KeyPair.new(), KeyPair.new()
         self.server_ctx = zmq.Context()
         self.allow_list = AllowList({self.worker.text: "w1"} if listed else {})
@@ -106,7 +107,10 @@ class Cluster:
         self.ctx = zmq.Context()
         self.links = ReplicaLinks(self.ctx, self.endpoints, server_public=(server_key or self.server).public,
                                   public=self.worker.public, secret=self.worker.secret,
-                                  request_timeout_s=request_timeout_s, heartbeat_ms=1000)
+                                  request_timeout_s=request_timeout_s, heartbeat_ms=1000,
+                                  handshake_failures_max=handshake_failures_max)
+        self.gave_up: list[str] = []
+        self.links.on_give_up = self.gave_up.append
         self.got = Collected()
         self.bridge = Bridge(self.ctx, control_links=self.links)
         self.bridge.route_executor(["nudge", "ack"], self.got)
@@ -276,6 +280,22 @@ def test_a_wrong_server_key_is_logged_once_per_endpoint_by_the_events_name(make_
     assert len(failed) == 1, failed
     assert endpoint in failed[0] and "event=EVENT_HANDSHAKE_FAILED_NO_DETAIL" in failed[0]
     assert "server_key" in failed[0]
+
+
+def test_handshakes_failing_in_a_row_give_up_once_and_a_key_not_yet_allowed_never_does(make_cluster, caplog):
+    """A wrong server_key fails every handshake: at the bound the links give up (the worker's fatal
+    stop: exit 1), once, saying why; a replica that refuses the worker's key (not allowed yet) is
+    tried again for ever, since a later `worker allow` must work (SEMANTICS.md §9; issue 28)."""
+    wrong = make_cluster(request_timeout_s=600.0, replicas_up=(True,), server_key=KeyPair.new(),
+                         handshake_failures_max=3)
+    wait_until(lambda: wrong.gave_up, what="the links to give up")
+    time.sleep(0.5)  # more failures: still one give-up
+    assert len(wrong.gave_up) == 1 and "3 CURVE handshakes in a row failed" in wrong.gave_up[0]
+    assert "server_key" in wrong.gave_up[0]
+    refused = make_cluster(request_timeout_s=600.0, replicas_up=(True,), listed=False, handshake_failures_max=3)
+    wait_until(lambda: "link_refused" in caplog.text, what="the key refused")
+    time.sleep(1.0)
+    assert refused.gave_up == []
 
 
 def test_links_refuse_no_endpoint_and_a_wildcard():
