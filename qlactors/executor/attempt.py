@@ -306,6 +306,10 @@ _ALIVE: dict[EventKind, Rule] = {  # a launched process, not being stopped
     E.NEW_SESSION: _reattest, E.SESSION_ENDED: "keeps running: the next Welcome re-binds it",
     E.STOP_REQUESTED: _STOP, E.DEADLINE_PASSED: _TIMEOUT, E.LEASE_FENCED: _LEASE_STOP,
     E.DRAIN: "keeps running: the journal keeps it for the restart", E.EXITED: _EXIT, E.RESTARTED: _restarted,
+    # A stop's timer outlives the Executor instance that began the stop (bridge timers are kept by
+    # the actor's name): the new instance, which adopted the launcher, goes on with that stop.
+    E.TERM_ELAPSED: _to(P.KILLING, X.SIGNAL_KILL),
+    E.KILL_ELAPSED: "stop inconclusive: the launcher's own drain did not end it",
 }
 _STOPPING: dict[EventKind, Rule] = {
     E.EXITED: _EXIT, E.RESTARTED: _restarted, E.NEW_SESSION: _while_stopping(_reattest),
@@ -336,14 +340,14 @@ TABLE: dict[AttemptPhase, dict[EventKind, Rule]] = {
     }, "the spawn is under way in this handler", OFFER, ACTIVATION, STARTED, REBIND, STOP, STOP_TIMERS, DECLINE,
         SESSION, ROW, END),
     P.LAUNCHED: _row({**_ALIVE, **_STARTED_ANSWERS}, "launched: not about this phase",
-                     OFFER, ACTIVATION, SPAWN, REBIND, STOP_TIMERS, DECLINE, ROW, E.REPORT_SETTLED),
+                     OFFER, ACTIVATION, SPAWN, REBIND, DECLINE, ROW, E.REPORT_SETTLED),
     P.RUNNING: _row({**_ALIVE, **_STARTED_ANSWERS}, "running: not about this phase",
-                    OFFER, ACTIVATION, SPAWN, REBIND, STOP_TIMERS, DECLINE, ROW, E.REPORT_SETTLED),
+                    OFFER, ACTIVATION, SPAWN, REBIND, DECLINE, ROW, E.REPORT_SETTLED),
     P.REBINDING: _row({
         **_ALIVE, E.LEASE_FENCED: "its renewals are held: the re-bind's answer decides",
         E.REBIND_APPLIED: _rebind_applied, E.REBIND_SUPERSEDED: _rebind_superseded,
         E.REBIND_FENCED: _rebind_fenced,
-    }, "a running Attest is owed: its answer decides", OFFER, ACTIVATION, SPAWN, STARTED, STOP_TIMERS, DECLINE,
+    }, "a running Attest is owed: its answer decides", OFFER, ACTIVATION, SPAWN, STARTED, DECLINE,
         ROW, E.REPORT_SETTLED),
     P.STOPPING: _row({**_STOPPING, E.TERM_ELAPSED: _to(P.KILLING, X.SIGNAL_KILL)}, BUSY,
                      OFFER, ACTIVATION, SPAWN, STARTED, STOP, E.KILL_ELAPSED, DECLINE, E.SESSION_ENDED, E.DRAIN,

@@ -73,6 +73,15 @@ def test_a_rebind_refusal_stops_only_when_nothing_could_keep_the_process():
     assert decide(P.STOPPING, Event(E.REBIND_SUPERSEDED)) == Decision(P.STOPPING, ignored="a stop is under way")
 
 
+def test_a_stop_timer_that_outlived_the_executor_instance_goes_on_with_the_stop():
+    """The bridge keeps a stop's timer by the actor's name: a restarted Executor (memory gone, the
+    launcher adopted: RUNNING) gets the TERM grace's end and sends the KILL the stop was heading to
+    (tests/runtime/test_actor_restarts.py, mid-stop)."""
+    for phase in (P.LAUNCHED, P.RUNNING, P.REBINDING):
+        assert decide(phase, Event(E.TERM_ELAPSED)) == Decision(P.KILLING, (X.SIGNAL_KILL,))
+        assert decide(phase, Event(E.KILL_ELAPSED)).effects == ()
+
+
 # -- random sequences ----------------------------------------------------------------------------
 
 class _Crash(Exception):
