@@ -7,7 +7,9 @@ claimed again after its claim runs out.
 A webhook is an HTTP POST of the run's facts as JSON (domain/notify.py `RunFacts.document`); an
 apprise URL goes through the `apprise` package (the chat and push services: Telegram, DingTalk,
 WeCom, Bark, Slack, Discord, e-mail...) when it is installed (`pip install apprise`); a command
-runs with the facts in its environment (QLACTORS_NOTIFY_*), stdin /dev/null, its output dropped.
+runs with the facts in its environment (QLACTORS_NOTIFY_*, beside PATH and HOME: never the web
+process's own, which may hold the database URL), stdin /dev/null, its output dropped, in a
+session of its own, whose whole process group is killed at its timeout.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import subprocess
 import threading
 import urllib.error
@@ -124,13 +127,28 @@ def _apprise(due: Due) -> tuple[bool, str]:
     return (True, "sent") if sender.notify(title=facts.title(), body="\n".join(lines)) else (False, "apprise: not sent")
 
 
+COMMAND_ENV = ("PATH", "HOME")  # what a command takes from the web process's environment
+
+
 def _command(due: Due) -> tuple[bool, str]:
-    env = {**os.environ, **due.facts.environment()}
+    env = {k: os.environ[k] for k in COMMAND_ENV if k in os.environ} | due.facts.environment()
     try:
-        done = subprocess.run(["/bin/sh", "-c", due.target], env=env, stdin=subprocess.DEVNULL,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=COMMAND_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        return False, f"the command ran past {COMMAND_TIMEOUT_S:g} s"
+        proc = subprocess.Popen(["/bin/sh", "-c", due.target], env=env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     except OSError as err:
         return False, f"the command did not start: {err.strerror}"
-    return done.returncode == 0, f"exit {done.returncode}"
+    try:
+        code = proc.wait(timeout=COMMAND_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        _kill_group(proc)
+        return False, f"the command ran past {COMMAND_TIMEOUT_S:g} s (its process group was killed)"
+    return code == 0, f"exit {code}"
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """KILL the command's process group (its session's: the group id is its pid), then reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()

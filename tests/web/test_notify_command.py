@@ -1,0 +1,51 @@
+"""A `command` notification rule (web/notifier.py): its environment is the run's facts
+(QLACTORS_NOTIFY_*) beside PATH and HOME, never the web process's own (which may hold the
+database URL or a token), and at its timeout its whole process group is killed, not just the
+shell (issue 28)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from qlactors.domain.notify import RunFacts
+from qlactors.store.admin.notifications import Due
+from qlactors.web import notifier
+
+
+def _due(target: str) -> Due:
+    facts = RunFacts(task="nightly", run_id="r1", state="failed", exit_code=7, error_code="EXIT_NONZERO",
+                     created_at_ms=1, started_at_ms=2, finished_at_ms=3, url=None)
+    return Due(id="o1", claimed_until_ms=0, run_id="r1", rule_id="n1", kind="command", target=target, tries=0,
+               facts=facts)
+
+
+def test_a_command_gets_the_facts_path_and_home_and_nothing_else_of_the_web_process(tmp_path, monkeypatch):
+    monkeypatch.setenv("QLACTORS_DATABASE_URL", "postgresql://qlactors:planted-pw@db/qlactors")
+    out = tmp_path / "env.txt"
+    assert notifier._command(_due(f"env > {out}")) == (True, "exit 0")
+    env = dict(line.split("=", 1) for line in out.read_text().splitlines() if "=" in line)
+    assert env["QLACTORS_NOTIFY_TASK"] == "nightly" and env["QLACTORS_NOTIFY_EXIT_CODE"] == "7"
+    assert env["PATH"] == os.environ["PATH"]
+    assert "QLACTORS_DATABASE_URL" not in env and "planted-pw" not in out.read_text()
+
+
+def test_a_command_past_its_timeout_has_its_whole_process_group_killed(tmp_path, monkeypatch):
+    monkeypatch.setattr(notifier, "COMMAND_TIMEOUT_S", 0.5)
+    pid_file = tmp_path / "child.pid"
+    started = time.monotonic()
+    ok, detail = notifier._command(_due(f"sleep 60 & echo $! > {pid_file}; wait"))
+    assert not ok and "ran past" in detail and time.monotonic() - started < 10
+    child = int(pid_file.read_text())
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and _alive(child):
+        time.sleep(0.05)
+    assert not _alive(child), "the command's background child outlived its timeout"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except FileNotFoundError:
+        return False
