@@ -14,21 +14,25 @@ session of its own, whose whole process group is killed at its timeout.
 
 from __future__ import annotations
 
+import base64
+import http.client
 import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import threading
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from urllib.parse import unquote, urlsplit
 
 from ..store.admin.notifications import Due, Notifications
 
 log = logging.getLogger("qlactors.notify")
 POLL_S = 1.0
-SEND_TIMEOUT_S = 10.0
+SEND_TIMEOUT_S = 10.0  # one socket operation
+TRY_DEADLINE_S = 10.0  # a whole webhook try: connect, send, the answer read
+MAX_ANSWER_BYTES = 64 * 1024  # what is read of a receiver's answer body
 COMMAND_TIMEOUT_S = 30.0
 CLAIM_BATCH = 16
 
@@ -102,16 +106,52 @@ def deliver(due: Due) -> tuple[bool, str]:
 
 
 def _webhook(due: Due) -> tuple[bool, str]:
-    body = json.dumps(due.facts.document()).encode()
-    request = urllib.request.Request(due.target, data=body, method="POST",
-                                     headers={"Content-Type": "application/json", "User-Agent": "qlactors"})
+    """One POST, the whole try within TRY_DEADLINE_S (a receiver that drips its answer a byte at a
+    time holds nothing longer: the connection is shut at the deadline), no redirect followed (a
+    3xx is a failed try: following it would turn the POST into an empty GET). The body and the
+    `Idempotency-Key` header carry the outbox row's id, so a receiver can drop the duplicate a
+    crash between a delivery and its record may cause."""
+    body = json.dumps({**due.facts.document(), "notification_id": due.id}).encode()
+    target = urlsplit(due.target)
+    conn_class = http.client.HTTPSConnection if target.scheme == "https" else http.client.HTTPConnection
+    conn = conn_class(target.hostname or "", target.port, timeout=SEND_TIMEOUT_S)
+    path = (target.path or "/") + (f"?{target.query}" if target.query else "")
+    headers = {"Content-Type": "application/json", "User-Agent": "qlactors", "Idempotency-Key": due.id}
+    if target.username is not None:
+        token = base64.b64encode(f"{unquote(target.username)}:{unquote(target.password or '')}".encode())
+        headers["Authorization"] = "Basic " + token.decode("ascii")
+    expired = threading.Event()
+    watchdog = threading.Timer(TRY_DEADLINE_S, _shut, (conn, expired))
+    watchdog.start()
+    status, failure = 0, ""
     try:
-        with urllib.request.urlopen(request, timeout=SEND_TIMEOUT_S) as answer:
-            return 200 <= answer.status < 300, f"HTTP {answer.status}"
-    except urllib.error.HTTPError as err:
-        return False, f"HTTP {err.code}"
-    except (urllib.error.URLError, OSError) as err:
-        return False, f"not delivered: {getattr(err, 'reason', err)}"
+        conn.request("POST", path, body=body, headers=headers)
+        answer = conn.getresponse()
+        answer.read(MAX_ANSWER_BYTES)
+        status = answer.status
+    except (OSError, http.client.HTTPException) as err:
+        failure = f"not delivered: {getattr(err, 'strerror', None) or type(err).__name__}"
+    finally:
+        watchdog.cancel()
+        conn.close()
+    if expired.is_set():  # cut at the deadline: whatever was read of the answer is no answer
+        return False, f"not delivered within {TRY_DEADLINE_S:g} s"
+    if failure:
+        return False, failure
+    if 300 <= status < 400:
+        return False, f"HTTP {status} (a redirect is not followed: give the final URL)"
+    return 200 <= status < 300, f"HTTP {status}"
+
+
+def _shut(conn: http.client.HTTPConnection, expired: threading.Event) -> None:
+    """The try's deadline: end its connection, so whatever it waits on returns at once."""
+    expired.set()
+    sock = conn.sock
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
 
 def _apprise(due: Due) -> tuple[bool, str]:

@@ -49,3 +49,65 @@ def _alive(pid: int) -> bool:
             return f.read().split(") ", 1)[1][0] != "Z"
     except FileNotFoundError:
         return False
+
+
+# -- webhooks ---------------------------------------------------------------------------------------
+
+def _serve(handler_body) -> tuple[str, object]:
+    """A receiver on 127.0.0.1 whose POST handler is `handler_body(handler)`; (url, server)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802
+            self.rfile.read(int(self.headers["Content-Length"]))
+            handler_body(self)
+
+        def do_GET(self):  # noqa: N802
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{server.server_address[1]}/hook", server
+
+
+def test_a_redirect_is_a_failed_try_never_followed():
+    def redirect(h):
+        h.send_response(302)
+        h.send_header("Location", "/elsewhere")
+        h.send_header("Content-Length", "0")
+        h.end_headers()
+
+    url, server = _serve(redirect)
+    try:
+        ok, detail = notifier._webhook(_due(url))
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert not ok and "HTTP 302" in detail and "redirect" in detail
+
+
+def test_a_receiver_that_drips_its_answer_holds_a_try_no_longer_than_its_deadline(monkeypatch):
+    monkeypatch.setattr(notifier, "TRY_DEADLINE_S", 1.0)
+
+    def drip(h):
+        h.wfile.write(b"HTTP/1.1 200 OK\r\n")
+        for _ in range(20):  # one byte every half second: never a socket timeout, never an end
+            h.wfile.write(b"X")
+            h.wfile.flush()
+            time.sleep(0.5)
+
+    url, server = _serve(drip)
+    try:
+        started = time.monotonic()
+        ok, detail = notifier._webhook(_due(url))
+        took = time.monotonic() - started
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert not ok and "within 1 s" in detail, detail
+    assert took < 5, took

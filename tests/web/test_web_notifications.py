@@ -24,6 +24,7 @@ class Receiver:
     def __init__(self, port: int | None = None, delay: float = 0.0) -> None:
         self.port = port or free_port()
         self.bodies: list[dict] = []
+        self.keys: list[str | None] = []  # each POST's Idempotency-Key
         self.delay = delay
         receiver = self
 
@@ -32,6 +33,7 @@ class Receiver:
                 length = int(self.headers["Content-Length"])
                 body = json.loads(self.rfile.read(length))
                 time.sleep(receiver.delay)
+                receiver.keys.append(self.headers.get("Idempotency-Key"))
                 receiver.bodies.append(body)
                 self.send_response(204)
                 self.end_headers()
@@ -81,11 +83,13 @@ def test_a_failed_run_posts_exactly_the_documented_json(notified):
         ended = wait_state(server, admin, run["id"], {"failed"})
         wait_until(lambda: receiver.bodies, 30, "the webhook")
         attempt = ended["attempts"][-1]
+        [outbox] = _notifications(home, run["id"])
         assert receiver.bodies == [{
             "event": "run.finished", "task": "flaky", "run_id": run["id"], "state": "failed", "exit_code": 7,
             "error_code": ended["error_code"], "created_at_ms": ended["created_at_ms"],
             "started_at_ms": ended["started_at_ms"], "finished_at_ms": ended["finished_at_ms"],
-            "url": f"http://127.0.0.1:{server.port}/#run={run['id']}"}]
+            "url": f"http://127.0.0.1:{server.port}/#run={run['id']}", "notification_id": outbox["id"]}]
+        assert receiver.keys == [outbox["id"]]  # the Idempotency-Key a receiver drops a duplicate by
         assert attempt["exit_code"] == 7
         wait_until(lambda: _notifications(home, run["id"])[0]["status"] == "delivered", 10, "delivered recorded")
         shown = home.ok("show", run["id"]).stdout

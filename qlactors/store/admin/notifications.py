@@ -147,7 +147,7 @@ class Notifications:
                 .where(notification_outbox.c.run_id == run_id).order_by(notification_outbox.c.created_at_ms)).all()
             tries = conn.execute(select(notification_deliveries).where(notification_deliveries.c.run_id == run_id)
                                  .order_by(notification_deliveries.c.try_number)).all()
-        return [{"rule_id": r.rule_id, "state": r.state, "kind": r.kind, "target": _shown_target(r.kind, r.target),
+        return [{"id": r.id, "rule_id": r.rule_id, "state": r.state, "kind": r.kind, "target": _shown_target(r.kind, r.target),
                  "status": r.status, "tries": [{"number": t.try_number, "ok": bool(t.ok), "detail": t.detail,
                                                  "at_ms": t.at_ms} for t in tries if t.outbox_id == r.id],
                  "next_try_at_ms": r.next_try_at_ms if r.status == "pending" else None,
