@@ -90,3 +90,14 @@ def next_try_delay_ms(tries: int) -> int | None:
     if tries >= MAX_TRIES:
         return None
     return min(FIRST_RETRY_MS * 2 ** max(tries - 1, 0), MAX_RETRY_MS)
+
+
+def lane(kind: str, target: str) -> str:
+    """What one delivery occupies while it runs: a webhook's or an apprise URL's host (one dead
+    endpoint holds its own lane, never another's), a command's own text."""
+    if kind == "command":
+        return "command:" + target
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(target)
+    return f"{parts.scheme}://{(parts.hostname or '').lower()}:{parts.port or ''}"

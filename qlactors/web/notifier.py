@@ -26,6 +26,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import unquote, urlsplit
 
+from ..domain.notify import lane
 from ..store.admin.notifications import Due, Notifications
 
 log = logging.getLogger("qlactors.notify")
@@ -44,6 +45,10 @@ class Notifier:
         self.stopping = threading.Event()
         self.busy = threading.Semaphore(workers * 2)  # claimed and not yet recorded: bounded
         self.thread = threading.Thread(target=self._loop, name="qlactors-notifier", daemon=True)
+        self.lanes: set[str] = set()  # the delivery lanes (targets' hosts) with a try in flight
+        self.lock = threading.Lock()
+        self.wake = threading.Event()  # a slot was freed after a claim that took all it asked for
+        self.more_due = False
 
     def start(self) -> "Notifier":
         self.thread.start()
@@ -57,20 +62,31 @@ class Notifier:
     def _loop(self) -> None:
         while not self.stopping.is_set():
             try:
-                self.tick()
+                claimed, asked = self.tick()
             except Exception as err:  # the database is down, say: try again next tick
                 log.warning("notifications: %s", type(err).__name__)
-            self.stopping.wait(POLL_S)
+                claimed, asked = 0, 1
+            # A claim that took every slot it asked for leaves more due: claim again at once, and
+            # again as each slot frees (a burst is delivered at the pool's pace, not one claim a
+            # second); else the next second.
+            self.more_due = asked > 0 and claimed == asked
+            if self.more_due and claimed > 0:
+                continue
+            self.wake.wait(POLL_S)
+            self.wake.clear()
 
-    def tick(self) -> int:
-        """Claim what is due (as many as free delivery slots) and hand it to the pool."""
+    def tick(self) -> tuple[int, int]:
+        """Claim what is due (as many as free delivery slots, none in a lane with a try in flight)
+        and hand it to the pool; (claimed, asked)."""
         free = 0
         while free < CLAIM_BATCH and self.busy.acquire(blocking=False):
             free += 1
         if free == 0:
-            return 0
+            return 0, 0
         try:
-            due = self.notifications.claim_due(limit=free, page_url=self.page_url)
+            with self.lock:
+                busy = frozenset(self.lanes)
+            due = self.notifications.claim_due(limit=free, page_url=self.page_url, busy=busy)
         except BaseException:
             due = []
             raise
@@ -78,8 +94,10 @@ class Notifier:
             for _ in range(free - len(due)):  # the slots no claimed row took (all, when it failed)
                 self.busy.release()
         for item in due:
+            with self.lock:
+                self.lanes.add(lane(item.kind, item.target))
             self.pool.submit(self._deliver, item)
-        return len(due)
+        return len(due), free
 
     def _deliver(self, due: Due) -> None:
         try:
@@ -93,7 +111,10 @@ class Notifier:
         except Exception as err:  # the database: not recorded; the claim runs out and it is tried again
             log.warning("notification of run %s: %s", due.run_id, type(err).__name__)
         finally:
+            with self.lock:
+                self.lanes.discard(lane(due.kind, due.target))
             self.busy.release()
+            self.wake.set()  # its lane and its slot are free: what waits for either is claimed now
 
 
 def deliver(due: Due) -> tuple[bool, str]:

@@ -199,3 +199,31 @@ def test_a_recovered_rule_tells_only_of_the_first_success_after_a_failure(notifi
         assert out.read_text() == f"{states[1][0]} succeeded\n"
     finally:
         server.stop()
+
+
+def test_one_hanging_endpoint_with_20_due_holds_up_no_other_rule(notified):
+    """Head-of-line blocking (issue 28): 20 notifications due to a receiver that never answers hold
+    one delivery lane (its host), not every slot: a healthy rule's notification arrives within 2 s
+    of its run's end."""
+    home, _, admin, start_web = notified
+    hanging, healthy = Receiver(delay=60.0), Receiver()
+    server = None
+    try:
+        home.main("notify", "add", "--task", "flaky", "--on", "failed", "--webhook", hanging.url)
+        home.main("notify", "add", "--task", "fine", "--on", "succeeded", "--webhook", healthy.url)
+        failed = [home.main("run", "flaky").strip() for _ in range(20)]
+        for run_id in failed:
+            home.wait_terminal(run_id)
+        server = start_web()
+        time.sleep(1.5)  # the notifier has claimed what it will of the 20
+        run = server.request("POST", "/api/v1/tasks/fine/runs", token=admin).json()
+        ended = wait_state(server, admin, run["id"], {"succeeded"}, timeout=30)
+        wait_until(lambda: healthy.bodies, 30, "the healthy rule's notification")
+        arrived_ms = time.time() * 1000
+        assert arrived_ms - ended["finished_at_ms"] < 2_000, arrived_ms - ended["finished_at_ms"]
+        assert len(hanging.bodies) <= 1  # one try in its lane at a time (the first still hangs)
+    finally:
+        hanging.close()
+        healthy.close()
+        if server is not None:
+            server.stop()

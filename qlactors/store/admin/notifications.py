@@ -9,7 +9,7 @@ from typing import Any
 
 from sqlalchemy import and_, or_, select, update
 
-from ...domain.notify import DEFAULT_ON, RunFacts, check_on_states, check_target, next_try_delay_ms
+from ...domain.notify import DEFAULT_ON, RunFacts, check_on_states, check_target, lane, next_try_delay_ms
 from ...errors import NotFound
 from ...ids import new_id
 from ..engine import Store
@@ -19,6 +19,7 @@ from ..schema import (notification_deliveries, notification_outbox, notification
 # A claimed row another deliverer may take again after this (its claimer died); well past the
 # longest try (web/notifier.py bounds each one), so a live try is never taken from under it.
 CLAIM_MS = 10 * 60_000
+CANDIDATES_PER_SLOT = 4  # rows read per slot to fill: enough to step over rows of busy lanes
 DETAIL_CHARS = 500
 
 
@@ -94,9 +95,12 @@ class Notifications:
 
     # -- delivery ----------------------------------------------------------------------------
 
-    def claim_due(self, *, limit: int, page_url: str | None) -> list[Due]:
+    def claim_due(self, *, limit: int, page_url: str | None, busy: frozenset[str] = frozenset()) -> list[Due]:
         """Claim up to `limit` pending rows whose time has come (and that no live claim holds),
-        for CLAIM_MS; concurrent deliverers skip each other's rows (PostgreSQL: SKIP LOCKED)."""
+        for CLAIM_MS, at most one per delivery lane (a target's host: `domain.notify.lane`) and none
+        in a lane of `busy` (the ones this deliverer has a try in flight in): a dead endpoint
+        holds its own lane, never the others'. Concurrent deliverers skip each other's rows
+        (PostgreSQL: SKIP LOCKED)."""
         with self.store.write() as conn:
             now = self.store.now_ms(conn)
             query = (select(notification_outbox, notification_rules.c.kind, notification_rules.c.target)
@@ -105,9 +109,14 @@ class Notifications:
                                  notification_outbox.c.next_try_at_ms <= now,
                                  or_(notification_outbox.c.claimed_until_ms.is_(None),
                                      notification_outbox.c.claimed_until_ms <= now)))
-                     .order_by(notification_outbox.c.next_try_at_ms).limit(limit)
+                     .order_by(notification_outbox.c.next_try_at_ms).limit(limit * CANDIDATES_PER_SLOT)
                      .with_for_update(skip_locked=True, of=notification_outbox))
-            rows = conn.execute(query).all()
+            rows, taken = [], set(busy)
+            for row in conn.execute(query).all():
+                way = lane(row.kind, row.target)
+                if way not in taken and len(rows) < limit:
+                    taken.add(way)
+                    rows.append(row)
             for row in rows:
                 conn.execute(update(notification_outbox).where(notification_outbox.c.id == row.id)
                              .values(claimed_until_ms=now + CLAIM_MS))
