@@ -91,13 +91,10 @@ class Machine:
 
     def run(self, phase: AttemptPhase, event: Event, subject: Subject) -> Decision:
         decision = decide(phase, event)
-        if decision.effects:
-            log.info("event=attempt_%s attempt=%s phase=%s next=%s effects=%s", event.kind.value,
-                     subject.attempt_id, phase.value, decision.phase.value,
-                     ",".join(x.value for x in decision.effects))
-        elif decision.ignored:
-            log.debug("event=attempt_%s_ignored attempt=%s phase=%s why=%s", event.kind.value, subject.attempt_id,
-                      phase.value, decision.ignored)
+        if log.isEnabledFor(logging.DEBUG):  # every decision, at DEBUG: a run costs no log line more
+            log.debug("event=attempt_%s attempt=%s phase=%s next=%s effects=%s ignored=%s", event.kind.value,
+                      subject.attempt_id, phase.value, decision.phase.value,
+                      ",".join(x.value for x in decision.effects) or "-", decision.ignored or "-")
         for effect in decision.effects:
             if effect in IRREVERSIBLE:
                 self._enter(subject, decision)
