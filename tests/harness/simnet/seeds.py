@@ -10,7 +10,7 @@ from .rig import SeedResult
 DEFAULT_SEEDS = 12  # the default suite (each seed takes a few seconds on a 2-core machine)
 CHAOS_SEEDS = 120  # `pytest -m chaos` (~12 min); QLACTORS_SIMNET_SEEDS overrides (`tox -e simnet`: 3,000)
 CHAOS_FIRST = 100_000  # chaos seeds do not repeat the default suite's
-CHAOS_PG_SEEDS = 20  # `pytest -m chaos` on PostgreSQL (~4 min); QLACTORS_SIMNET_PG_SEEDS overrides
+CHAOS_PG_SEEDS = 20  # `pytest -m chaos` on PostgreSQL (~4 min); QLACTORS_SIMNET_PG_SEEDS (and _PG_FIRST) override
 CHAOS_PG_FIRST = 200_000
 # Seeds with process faults (issue 26; simnet/schedule.py): each takes ~15-30 s.
 DEFAULT_PROCESS_SEEDS = 3  # the default suite
@@ -28,7 +28,8 @@ def chaos_seeds() -> range:
 def chaos_pg_seeds() -> range:
     """The chaos seeds run on PostgreSQL (fewer: each makes and drops a schema)."""
     count = int(os.environ.get("QLACTORS_SIMNET_PG_SEEDS", CHAOS_PG_SEEDS))
-    return range(CHAOS_PG_FIRST, CHAOS_PG_FIRST + count)
+    first = int(os.environ.get("QLACTORS_SIMNET_PG_FIRST", CHAOS_PG_FIRST))
+    return range(first, first + count)
 
 
 def default_process_seeds() -> range:
