@@ -150,9 +150,13 @@ ATTEMPT_OUTPUT_LEFT_OPEN = "attempt.output_left_open"
 # A renewal of the lease generation a not-running fact spoke of (an operator's `confirm-stopped`,
 # a worker's attestation) proved it wrong: the fact is cleared (issue 26).
 ATTEMPT_EVIDENCE_WITHDRAWN = "attempt.evidence_withdrawn"
+# A process that outlived its session (a restart of the runtime, a new worker session) was re-bound
+# to the current one: a new lease generation (issue 28).
+ATTEMPT_ADOPTED = "attempt.adopted"
 
 EVENT_TYPES = frozenset(
-    {RUN_CREATED, RUN_CANCEL_REQUESTED, RUN_RETRY_SCHEDULED, ATTEMPT_OUTPUT_LEFT_OPEN, ATTEMPT_EVIDENCE_WITHDRAWN}
+    {RUN_CREATED, RUN_CANCEL_REQUESTED, RUN_RETRY_SCHEDULED, ATTEMPT_OUTPUT_LEFT_OPEN, ATTEMPT_EVIDENCE_WITHDRAWN,
+     ATTEMPT_ADOPTED}
     | {run_event(s) for s in RunStatus}
     | {attempt_event(s) for s in AttemptStatus}
 )

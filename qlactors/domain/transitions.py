@@ -12,6 +12,7 @@ from typing import Any, Mapping
 
 from ..errors import PeerFault
 from .states import (
+    ATTEMPT_ADOPTED,
     ATTEMPT_EVIDENCE_WITHDRAWN,
     ATTEMPT_OUTPUT_LEFT_OPEN,
     ATTEMPT_TRANSITIONS,
@@ -92,6 +93,7 @@ class PlannedEvent:
     type: str
     attempt_id: str | None = None
     payload: Mapping[str, Any] = field(default_factory=dict)
+    by_system: bool = False  # the runtime's own step, whoever asked for the change (`attempt.claimed`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,8 +201,8 @@ def transition(
 def plan_admission(run_id: str, attempt_id: str, payload: Mapping[str, Any] | None = None) -> Plan:
     """A new run: `run.created`, `run.queued` and Attempt 1 `attempt.claimed`, version 3."""
     body = dict(payload or {})
-    events = _events(0, [(RUN_CREATED, None, body), (run_event(R.QUEUED), None, {}),
-                         (attempt_event(A.CLAIMED), attempt_id, {})])
+    events = _events(0, [(RUN_CREATED, None, body), (run_event(R.QUEUED), None, {})]) + (
+        PlannedEvent(sequence=3, type=attempt_event(A.CLAIMED), attempt_id=attempt_id, by_system=True),)
     return Plan(run_id=run_id, run_from=None, run_to=R.QUEUED, attempt_id=attempt_id,
                 attempt_from=None, attempt_to=A.CLAIMED, expected_version=0,
                 version=len(events), event_sequence=len(events), events=events)
@@ -340,6 +342,26 @@ def plan_evidence_withdrawn(run: RunSnapshot, attempt: AttemptSnapshot, payload:
     """A renewal proved the attempt's not-running fact wrong: one `attempt.evidence_withdrawn`
     event (what was said, by whom, when), no change of state."""
     return transition(run, attempt, payload=payload, lead_events=(ATTEMPT_EVIDENCE_WITHDRAWN,))
+
+
+def plan_adopted(run: RunSnapshot, attempt: AttemptSnapshot, payload: Mapping[str, Any]) -> Plan:
+    """A process that outlived its session re-bound to the current one (a new lease generation):
+    `attempt.adopted` (its payload: the new generation, the worker and session), and when the
+    attempt was still `starting` (its Started never landed), the `running` a Started would have
+    recorded."""
+    if attempt.status is A.STARTING:
+        return transition(run, attempt, run_to=R.RUNNING, attempt_to=A.RUNNING, payload=payload,
+                          lead_events=(ATTEMPT_ADOPTED,))
+    if attempt.status is not A.RUNNING:
+        raise InvalidTransition(f"attempt is {attempt.status.value}: only a live one is adopted")
+    return transition(run, attempt, payload=payload, lead_events=(ATTEMPT_ADOPTED,))
+
+
+def adoption_payload(generation: int, from_generation: int | None, worker_id: str, session_id: str) -> dict[str, Any]:
+    """What `attempt.adopted` says: the lease generation the process is bound to now, the one it
+    held before (None when none was live), and the worker and session that hold it."""
+    return {"lease_generation": generation, "from_generation": from_generation, "worker_id": worker_id,
+            "session_id": session_id}
 
 
 def plan_offer_unencodable(run: RunSnapshot, attempt: AttemptSnapshot) -> Plan:

@@ -20,6 +20,7 @@ from .run_endings import record_run_end
 from .schema import run_attempts, run_dispatch_leases, run_events, runs, task_revisions
 
 MAX_EVENT_PAYLOAD_BYTES = 16 * 1024
+SYSTEM = "system"  # the actor of an event the runtime records on its own (`PlannedEvent.by_system`)
 
 # The hot statements are built once, with bound parameters: building a Core statement and its
 # cache key costs several times what executing it does (see docs/performance.md). Parameters of
@@ -121,11 +122,13 @@ def encode_payload(payload: Mapping[str, Any]) -> str:
 def append_events(conn: Connection, plan: Plan, now_ms: int, actor_type: str, *,
                   actor_name: str | None = None) -> None:
     """The plan's events, by `actor_type`; `actor_name` is the person behind them (an API token's
-    name, the CLI's user), None for what the runtime does on its own."""
+    name, the CLI's user), None for what the runtime does on its own. An event `by_system` (the
+    attempt a new run claims) is the runtime's own step: `system`, nobody's name."""
     if not plan.events:
         return
     rows = [{"id": new_id(), "run_id": plan.run_id, "sequence": e.sequence, "type": e.type,
-             "actor_type": actor_type, "actor_name": actor_name, "attempt_id": e.attempt_id,
+             "actor_type": SYSTEM if e.by_system else actor_type,
+             "actor_name": None if e.by_system else actor_name, "attempt_id": e.attempt_id,
              "payload_json": encode_payload(e.payload), "created_at_ms": now_ms}
             for e in plan.events]
     kept = conn.info.get(_KEPT_EVENTS)

@@ -28,6 +28,8 @@ from qlactors.domain.states import (
     run_event,
 )
 from qlactors.domain.transitions import (
+    adoption_payload,
+    plan_adopted,
     AttemptSnapshot,
     ErrorCode,
     InvalidTransition,
@@ -150,8 +152,8 @@ def test_status_event_names_are_known_event_types():
     for s in AttemptStatus:
         assert attempt_event(s) == f"attempt.{s.value}" and attempt_event(s) in EVENT_TYPES
     assert {RUN_CREATED, RUN_CANCEL_REQUESTED, RUN_RETRY_SCHEDULED} <= EVENT_TYPES
-    assert {"attempt.output_left_open", "attempt.evidence_withdrawn"} <= EVENT_TYPES
-    assert len(EVENT_TYPES) == 5 + len(RunStatus) + len(AttemptStatus)
+    assert {"attempt.output_left_open", "attempt.evidence_withdrawn", "attempt.adopted"} <= EVENT_TYPES
+    assert len(EVENT_TYPES) == 6 + len(RunStatus) + len(AttemptStatus)
 
 
 def test_run_status_attempt_covers_every_run_status_with_consistent_terminality():
@@ -308,6 +310,27 @@ def test_admission_plans_created_queued_and_attempt_one_claimed_at_version_three
     assert (plan.expected_version, plan.version, plan.event_sequence) == (0, 3, 3)
     assert (plan.run_to, plan.attempt_to, plan.events[2].attempt_id) == (R.QUEUED, A.CLAIMED, "att-1")
     assert plan.events[0].payload == {"trigger": "manual"}
+    # The claim is the runtime's step, not the person's who asked for the run (issue 28).
+    assert [e.by_system for e in plan.events] == [False, False, True]
+
+
+def test_an_adoption_is_an_event_of_its_own_and_a_starting_attempt_becomes_running():
+    """issue 28: a re-bind after a restart bumps the run's version with `attempt.adopted`;
+    a `starting` attempt (its Started never landed) also records the `running` a Started would."""
+    offered = apply(admitted(), plan_offer(*admitted()))
+    state = apply(offered, plan_activate(*offered))  # starting
+    payload = adoption_payload(2, 1, "w1", "s2")
+    from_starting = plan_adopted(*state, payload)
+    assert types(from_starting) == ["attempt.adopted", "attempt.running", "run.running"]
+    assert from_starting.events[0].payload == {"lease_generation": 2, "from_generation": 1, "worker_id": "w1",
+                                               "session_id": "s2"}
+    running = apply(state, plan_started(*state))
+    again = plan_adopted(*running, adoption_payload(3, 2, "w1", "s3"))
+    assert types(again) == ["attempt.adopted"]
+    assert (again.run_to, again.attempt_to) == (R.RUNNING, A.RUNNING)
+    assert (again.version, again.event_sequence) == (running[0].version + 1, running[0].event_sequence + 1)
+    with pytest.raises(InvalidTransition):
+        plan_adopted(*admitted(), payload)  # only a live attempt is adopted
 
 
 def test_happy_path_offer_activate_started_completion_succeeds():

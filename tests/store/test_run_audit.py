@@ -38,9 +38,11 @@ def test_a_request_records_who_asked_on_its_events_and_the_view_and_json_carry_i
     repo.tasks.add(spec(), actor_name="tester")
     run_id = repo.runs.request("job", actor_name="alice").run.id
     stored = actors(repo, run_id)
-    assert stored and {(a, n) for _, a, n in stored} == {("user", "alice")}
+    # the attempt it claims is the runtime's own step, not alice's (issue 28)
+    assert stored == [("run.created", "user", "alice"), ("run.queued", "user", "alice"),
+                      ("attempt.claimed", "system", None)]
     view = repo.runs.get(run_id)
-    assert [e.actor_name for e in view.events] == ["alice"] * len(stored)
+    assert [e.actor_name for e in view.events] == ["alice", "alice", None]
     first = view.to_json()["events"][0]
     assert (first["type"], first["actor_type"], first["actor_name"]) == ("run.created", "user", "alice")
     assert first["payload"] == {"trigger_type": "manual"}  # the payload is unchanged
@@ -55,8 +57,8 @@ def test_a_cancel_and_a_retry_record_their_own_asker(repo):
     cancel = actors(repo, run_id)[admitted:]
     assert cancel and {n for _, _, n in cancel} == {"bob"}
     retried = repo.runs.retry(run_id, actor_name="carol").run.id
-    assert names(repo, retried) == {"carol"}
-    assert names(repo, run_id) == {"alice", "bob"}  # the old run is untouched
+    assert names(repo, retried) == {"carol", None}  # None: its `attempt.claimed`, the runtime's
+    assert names(repo, run_id) == {"alice", "bob", None}  # the old run is untouched
 
 
 def test_without_a_name_the_events_carry_none_as_before(repo):
@@ -77,7 +79,7 @@ def test_what_the_runtime_does_on_its_own_carries_no_name(repo, dispatch):
     assert offer.run_id == asked
     repo.runs.cancel(asked, CancelReason.SHUTDOWN, actor_type="system")  # edge's shutdown cancel
     admission, runtime = actors(repo, asked)[:admitted], actors(repo, asked)[admitted:]
-    assert {n for _, _, n in admission} == {"alice"}
+    assert [n for _, _, n in admission] == ["alice", "alice", None]  # the claim: the runtime's own step
     assert {a for _, a, _ in runtime} >= {"system"} and len({a for _, a, _ in runtime}) > 1, runtime
     assert all(name is None for _, _, name in runtime), runtime
 

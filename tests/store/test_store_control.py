@@ -337,7 +337,8 @@ def test_rebind_adopts_a_surviving_starting_attempt_into_the_new_session(repo, d
     assert attempt.status == "running" and Identity.from_row(attempt) == IDENTITY
     assert (attempt.session_id, attempt.lease_generation, attempt.offer_id) == (new_session.session_id, 2, "rebind-1")
     assert attempt.started_at_ms is not None and repo.runs.get(flight.run_id).started_at_ms is not None
-    assert event_types(repo, flight.run_id)[-2:] == [("attempt.running", "recovery"), ("run.running", "recovery")]
+    assert event_types(repo, flight.run_id)[-3:] == [("attempt.adopted", "recovery"), ("attempt.running", "recovery"),
+                                                     ("run.running", "recovery")]
     # the new fence works, the old one is dead
     assert dispatch.reports.started(out.value, *vars_of(IDENTITY)).detail == "already_running"
     assert dispatch.reports.started(flight.fence, *vars_of(IDENTITY)).result == "fenced"
@@ -348,13 +349,19 @@ def test_rebind_adopts_a_surviving_starting_attempt_into_the_new_session(repo, d
     assert n_events(repo, flight.run_id) == n and len(lease_rows(repo, flight.attempt_id)) == 2
 
 
-def test_rebind_of_a_running_attempt_keeps_it_running_without_events(repo, dispatch, session, control):
+def test_rebind_of_a_running_attempt_keeps_it_running_with_one_adopted_event(repo, dispatch, session, control):
+    """issue 28: the re-bind is a fact in the history (SEMANTICS §3: no change without its event)."""
     flight = launch(repo, dispatch, session)
     new_session = dispatch.sessions.register("edge", 64)
-    n = n_events(repo, flight.run_id)
+    n, version = n_events(repo, flight.run_id), repo.runs.get(flight.run_id).version
     out = control.recovery.rebind(flight.run_id, flight.attempt_id, new_session, IDENTITY,
                          offer_id="rebind-2", lease_token_hash=new_hash())
-    assert out.result == "applied" and n_events(repo, flight.run_id) == n
+    assert out.result == "applied" and n_events(repo, flight.run_id) == n + 1
+    assert repo.runs.get(flight.run_id).version == version + 1
+    assert event_types(repo, flight.run_id)[-1] == ("attempt.adopted", "recovery")
+    adopted = repo.runs.get(flight.run_id).events[-1]
+    assert adopted.payload == {"lease_generation": 2, "from_generation": 1, "worker_id": new_session.worker_id,
+                               "session_id": new_session.session_id}
     assert [lease.status for lease in lease_rows(repo, flight.attempt_id)] == ["released", "leased"]
 
 

@@ -333,6 +333,10 @@ def test_attest_running_from_the_current_session_rebinds_an_old_sessions_lease(r
         2, restarted.session_id, "offer-2", "running")
     # the old lease no longer renews (from no session); the new lease does
     assert beat(dispatch, restarted, 1, flight.quote).fenced == ((flight.quote.attempt_id, 1, "lease_session"),)
+    # the re-bind is a fact of the run's history (issue 28), by the worker's executor
+    adopted = repo.runs.get(flight.quote.run_id).events[-1]
+    assert (adopted.type, adopted.actor_type, adopted.payload["lease_generation"], adopted.payload["from_generation"]) \
+        == ("attempt.adopted", "executor", 2, 1)
     new_quote = LeaseQuote(flight.quote.run_id, flight.quote.attempt_id, "offer-2", 2, new_token)
     assert [r[:3] for r in beat(dispatch, restarted, 2, new_quote).renewed] == [(flight.quote.attempt_id, 2, 2)]
 
@@ -358,6 +362,8 @@ def test_attest_running_of_an_attempt_whose_started_never_landed_records_it_runn
     assert (run["status"], attempt["status"], attempt["session_id"]) == ("running", "running", restarted.session_id)
     assert Identity.from_row(SimpleNamespace(**attempt)) == IDENTITY and attempt["started_at_ms"] is not None
     assert [lease["status"] for lease in leases] == ["released", "leased"]
+    assert [e.type for e in repo.runs.get(flight.quote.run_id).events][-3:] == [
+        "attempt.adopted", "attempt.running", "run.running"]
     assert [e.type for e in repo.runs.get(flight.quote.run_id).events][-1] == "run.running"
 
 

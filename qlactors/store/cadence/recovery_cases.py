@@ -14,7 +14,7 @@ from sqlalchemy import and_, func, or_, select
 
 from ...domain.results import Outcome, Result
 from ...domain.states import AttemptStatus, LeaseReleaseReason, LeaseStatus, RunStatus
-from ...domain.transitions import plan_lost, plan_started
+from ...domain.transitions import adoption_payload, plan_adopted, plan_lost
 from ...errors import BadInput, Conflict
 from ..engine import Store
 from ..plans import (apply_plan, attempt_snapshot, current_attempt, end_lease, load_open_pair, load_run,
@@ -154,18 +154,13 @@ class RecoveryCases:
             pgid=ident.pgid, start_ticks=ident.start_ticks)
         if attempt.started_at_ms is None:
             values["started_at_ms"] = now
-        if attempt.status == _A.STARTING.value:
-            plan = plan_started(run_snapshot(run), attempt_snapshot(attempt))
-            apply_plan(conn, plan, now, actor_type=actor_type,
-                       expected_callback_sequence=attempt.callback_sequence, attempt_values=values,
-                       run_values={"started_at_ms": now} if run.started_at_ms is None else None)
-        else:
-            changed = conn.execute(run_attempts.update().where(and_(
-                run_attempts.c.id == attempt_id, run_attempts.c.status == attempt.status,
-                run_attempts.c.callback_sequence == attempt.callback_sequence))
-                .values(updated_at_ms=now, **values)).rowcount
-            if changed != 1:
-                raise Conflict(f"attempt {attempt_id} changed meanwhile")
+        plan = plan_adopted(run_snapshot(run), attempt_snapshot(attempt), adoption_payload(
+            generation, None if live is None else live.lease_generation, session.worker_id, session.session_id))
+        # `starting` becomes `running` with the identity (as a Started would); a `running` one
+        # takes the new lease's projection. Either way the run's version and `attempt.adopted`.
+        apply_plan(conn, plan, now, actor_type=actor_type, expected_callback_sequence=attempt.callback_sequence,
+                   attempt_values=values,
+                   run_values={"started_at_ms": now} if plan.changes_run and run.started_at_ms is None else None)
         fence = Fence(session.worker_id, session.session_id, session.generation, run_id, attempt_id,
                       offer_id, generation, lease_token_hash, 1)
         return Outcome(Result.APPLIED, None, _R.RUNNING.value, fence)

@@ -26,7 +26,7 @@ from sqlalchemy import and_, bindparam
 from ...domain.recovery_evidence import NEVER_LAUNCHED
 from ...domain.results import Outcome, Result
 from ...domain.states import AttemptStatus, LeaseReleaseReason, LeaseStatus
-from ...domain.transitions import plan_started
+from ...domain.transitions import adoption_payload, plan_adopted
 from ...errors import BadInput, Conflict
 from ..engine import Store
 from ..plans import apply_plan, attempt_snapshot, current_attempt, end_lease, load_attempt, load_run, run_snapshot
@@ -181,16 +181,19 @@ class Attestations:
                           lease_expires_at_ms=expires, worker_id=session.worker_id,
                           session_id=session.session_id, session_generation=session.generation,
                           **NO_EVIDENCE)
+        plan = plan_adopted(run_snapshot(run), attempt_snapshot(attempt), adoption_payload(
+            new_generation, lease.lease_generation, session.worker_id, session.session_id))
         if stored is None:
-            apply_plan(conn, plan_started(run_snapshot(run), attempt_snapshot(attempt)), now,
-                       actor_type=ACTOR, expected_callback_sequence=attempt.callback_sequence,
+            apply_plan(conn, plan, now, actor_type=ACTOR, expected_callback_sequence=attempt.callback_sequence,
                        run_values={"started_at_ms": now} if run.started_at_ms is None else None,
                        attempt_values=dict(projection, boot_id=identity.boot_id, pid=identity.pid,
                                            pgid=identity.pgid, start_ticks=identity.start_ticks,
                                            started_at_ms=now))
-        elif conn.execute(_REBIND, dict(projection, updated_at_ms=now, w_id=attempt.id, w_status=attempt.status,
-                                        w_generation=lease.lease_generation)).rowcount != 1:
+            return _held("rebound", new_generation, 1, expires)
+        if conn.execute(_REBIND, dict(projection, updated_at_ms=now, w_id=attempt.id, w_status=attempt.status,
+                                      w_generation=lease.lease_generation)).rowcount != 1:
             raise Conflict(f"attempt {attempt.id} changed meanwhile")
+        apply_plan(conn, plan, now, actor_type=ACTOR)  # the run's version and `attempt.adopted`
         return _held("rebound", new_generation, 1, expires)
 
 
