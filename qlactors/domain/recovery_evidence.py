@@ -80,6 +80,9 @@ class WaitingFacts:
     cancel_reason: str | None = None
     """The run's committed cancel intent (`timeout`, ...): its stop waits for the worker, and
     evidence ends the run as the intent says instead of `lost`."""
+    worker_revoked: bool = False
+    """`worker revoke` ended the lease's session and the key has not been allowed again: what the
+    worker holds (the job's result) cannot reach the control side until an operator acts."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,12 +98,17 @@ def waiting(facts: WaitingFacts, now_ms: int, recovery_grace_ms: int) -> Waiting
     worker = facts.worker_id or "?"
     if facts.lease_expires_at_ms is None:
         head = f"no live lease (worker {worker})"
+    elif facts.lease_expires_at_ms > now_ms:  # listed before its expiry: a revoked worker's
+        head = f"lease of worker {worker} expires in {_ago(facts.lease_expires_at_ms - now_ms)}"
     else:
         head = f"lease of worker {worker} expired {_ago(now_ms - facts.lease_expires_at_ms)} ago"
     parts = [head]
     if facts.cancel_reason is not None:
         parts.append(f"{facts.cancel_reason} stop pending: worker {worker} has not reported the job "
                      "stopped (it may still run)")
+    if facts.worker_revoked:
+        parts.append(f"result held on revoked worker {worker}: `qlactors worker allow {worker} KEYFILE` it "
+                     f"again or `qlactors worker retire {worker} --confirm-stopped`")
     if facts.session_drained:
         parts.append(f"worker {worker} drained its session (SIGTERM): its restart re-attests it")
     if facts.evidence is not None and facts.evidence_lease_generation != facts.lease_generation:
@@ -125,8 +133,9 @@ def waiting(facts: WaitingFacts, now_ms: int, recovery_grace_ms: int) -> Waiting
             parts.append(f"{facts.safety}: {ends} at {utc_second(eligible)} once {grace} passed")
     else:
         alone = f"; this attempt alone: `qlactors confirm-stopped {facts.run_id}`" if facts.run_id else ""
-        parts.append(f"unknown safety: waits for the worker or "
-                     f"`qlactors worker retire {worker} --confirm-stopped`{alone}")
+        parts.append("unknown safety: waits for an operator (above)" + alone if facts.worker_revoked else
+                     f"unknown safety: waits for the worker or `qlactors worker retire {worker} --confirm-stopped`"
+                     + alone)
     return Waiting("; ".join(parts), eligible)
 
 

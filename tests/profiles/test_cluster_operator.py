@@ -79,6 +79,11 @@ def test_a_key_revoked_under_running_jobs_says_so_once_and_allowing_it_again_del
     journal_done = lambda: "event=completed_resent" in worker.log()  # noqa: E731 - both receipts wait
     wait_until(journal_done, 40, "the jobs to end and their completions to wait")
     assert _statuses(cluster) == {"running"}
+    # `status` and `show` say why the runs are held and what the operator can do (issue 28)
+    held = [w for w in cluster.cli_json("status")["unresolved_recoveries"] if w["run_id"] in runs]
+    assert len(held) == 2 and all("result held on revoked worker w1" in w["why"] for w in held), held
+    assert "unresolved recoveries: 2" in cluster.cli("status").stdout.decode()
+    assert "result held on revoked worker w1: `qlactors worker allow w1" in cluster.cli("show", runs[0]).stdout.decode()
     log = worker.log()
     revoked = [line for line in log.splitlines() if "event=worker_key_revoked" in line]
     assert len(revoked) == 1 and " ERROR " in revoked[0] and "running=2" in revoked[0], revoked

@@ -309,3 +309,29 @@ def test_a_pending_stop_is_named_and_an_idempotent_run_ends_by_its_intent_after_
     assert resolve_one(cases, flight).run_state == "cancelled"
     shown = repo.runs.get(flight.quote.run_id)
     assert (shown.state, shown.attempts[-1].exit_code, shown.stop_pending) == ("cancelled", None, None)
+
+
+def test_a_revoked_worker_s_attempt_is_listed_at_once_with_what_the_operator_can_do(repo, dispatch, cases, worker):
+    """issue 28: a run whose worker was revoked is held there (its result cannot reach the control
+    side): listed as unresolved at once, its lease still live, saying so and naming the two ways
+    out; once the key is allowed again it is the worker's to report, and nothing is listed."""
+    from qlactors.store.admin.worker_keys import WorkerKeys
+
+    flight = launch(repo, dispatch, worker)
+    keys = WorkerKeys(repo.store)
+    keys.allow("w1", "k" * 40)
+    _now, listed = cases.waiting()
+    assert listed == [] and cases.waiting_for(flight.quote.attempt_id) is None  # a live lease: nothing to say
+    keys.revoke("w1")
+    _now, listed = cases.waiting()
+    assert [w.attempt_id for w in listed] == [flight.quote.attempt_id]
+    why = listed[0].reason
+    assert why.startswith("lease of worker w1 expires in "), why
+    assert ("result held on revoked worker w1: `qlactors worker allow w1 KEYFILE` it again or "
+            "`qlactors worker retire w1 --confirm-stopped`") in why
+    assert f"unknown safety: waits for an operator (above); this attempt alone: `qlactors confirm-stopped " \
+           f"{flight.quote.run_id}`" in why
+    assert cases.waiting_for(flight.quote.attempt_id) == listed[0]  # what `show` says
+    assert page_ids(cases) == []  # nothing is decided on it
+    keys.allow("w1", "k" * 40)
+    assert cases.waiting()[1] == [] and cases.waiting_for(flight.quote.attempt_id) is None

@@ -46,7 +46,7 @@ from ...errors import BadInput
 from ..dispatch.dispatch_queries import SESSION_SHARED
 from ..engine import Store
 from ..plans import load_open_pair, sql_states
-from ..schema import run_attempts, run_dispatch_leases, run_retry_policies, runs, worker_sessions
+from ..schema import run_attempts, run_dispatch_leases, run_retry_policies, runs, worker_keys, worker_sessions
 from .control_rows import page_size
 from .recovery_cases import lost_in
 from .stops import end_by_intent_in
@@ -54,7 +54,7 @@ from .stops import end_by_intent_in
 ACTOR = "recovery"
 WAITING_SHOWN = 20
 
-_A, _L, _S, _P = run_attempts, run_dispatch_leases, worker_sessions, run_retry_policies
+_A, _L, _S, _P, _K = run_attempts, run_dispatch_leases, worker_sessions, run_retry_policies, worker_keys
 _LIVE = sql_states(AttemptStatus.STARTING, AttemptStatus.RUNNING)
 _RUNS = sql_states(RunStatus.DISPATCHING, RunStatus.RUNNING, RunStatus.LOST)
 
@@ -78,25 +78,32 @@ _KIND = case(
     (and_(_P.c.safety.in_(_words(*GRACE_SAFETIES)), _SESSION_END <= _NOW - bindparam("grace_ms", type_=BigInteger)),
      literal_column(repr(SESSION_ENDED))),
     else_=null())
-_BASE = (
+# The lease's session was ended by `worker revoke` and the worker's key has not been allowed again:
+# its results are held on the worker until an operator acts (issue 28).
+_REVOKED = and_(_S.c.ended_by == "revoked", _K.c.worker_id.is_(None))
+_SELECT = (
     select(_A.c.run_id, _A.c.id.label("attempt_id"), _A.c.status, _A.c.worker_id, _A.c.session_id,
            _A.c.session_generation, _A.c.evidence, _A.c.evidence_lease_generation,
            _A.c.lease_generation.label("attempt_lease_generation"),
            _L.c.lease_generation, _L.c.expires_at_ms.label("lease_expires_at_ms"), _P.c.safety,
            _S.c.status.label("session_status"), _S.c.lease_expires_at_ms.label("session_expires_at_ms"),
            _S.c.drained_at_ms.label("session_drained_at_ms"), runs.c.cancel_reason,
-           _SESSION_END.label("session_end_ms"), _KIND.label("kind"))
+           _SESSION_END.label("session_end_ms"), _KIND.label("kind"), _REVOKED.label("worker_revoked"))
     .select_from(_A.join(runs, runs.c.id == _A.c.run_id)
                  .outerjoin(_L, and_(_L.c.attempt_id == _A.c.id, _L.c.status == LeaseStatus.LEASED.value))
                  .outerjoin(_S, _S.c.session_id == _A.c.session_id)
+                 .outerjoin(_K, _K.c.worker_id == _A.c.worker_id)
                  .outerjoin(_P, _P.c.run_id == _A.c.run_id))
-    .where(and_(_A.c.status.in_(_LIVE), runs.c.status.in_(_RUNS),
-                or_(_L.c.attempt_id.is_(None),
-                    and_(_L.c.expires_at_ms.is_not(None), _L.c.expires_at_ms <= _NOW)))))
+    .where(and_(_A.c.status.in_(_LIVE), runs.c.status.in_(_RUNS))))
+_EXPIRED = or_(_L.c.attempt_id.is_(None), and_(_L.c.expires_at_ms.is_not(None), _L.c.expires_at_ms <= _NOW))
+_BASE = _SELECT.where(_EXPIRED)
 _ORDER = (func.coalesce(_L.c.expires_at_ms, _A.c.updated_at_ms), _A.c.id)
 _PAGE = _BASE.where(_KIND.is_not(None)).order_by(*_ORDER).limit(bindparam("limit"))
-_WAITING = _BASE.where(_KIND.is_(None)).order_by(*_ORDER).limit(bindparam("limit"))
+# A revoked worker's attempts are listed at once, their lease still live or not: nothing it holds
+# can come back until an operator allows its key again or retires it.
+_WAITING = _SELECT.where(and_(or_(_EXPIRED, _REVOKED), _KIND.is_(None))).order_by(*_ORDER).limit(bindparam("limit"))
 _ONE = _BASE.where(_A.c.id == bindparam("attempt_id"))
+_ONE_WAITING = _SELECT.where(and_(or_(_EXPIRED, _REVOKED), _A.c.id == bindparam("attempt_id")))
 _LIVE_LEASE_LOCKED = select(_L.c.lease_generation).where(and_(
     _L.c.attempt_id == bindparam("attempt_id"), _L.c.status == LeaseStatus.LEASED.value)).with_for_update()
 
@@ -170,11 +177,11 @@ class ClusterRecoveryCases:
         return now, [self._waiting(r, now) for r in rows]
 
     def waiting_for(self, attempt_id: str) -> WaitingAttempt | None:
-        """The attempt's waiting reason, or None when it does not wait (no expired lease, or it has
-        evidence and recovery is about to act)."""
+        """The attempt's waiting reason, or None when it does not wait (no expired lease and no
+        revoked worker, or it has evidence and recovery is about to act)."""
         with self.store.read() as conn:
             now = self.store.now_ms(conn)
-            row = conn.execute(_ONE, self._params(now, attempt_id=attempt_id)).first()
+            row = conn.execute(_ONE_WAITING, self._params(now, attempt_id=attempt_id)).first()
         return None if row is None or row.kind is not None else self._waiting(row, now)
 
     def _waiting(self, row, now: int) -> WaitingAttempt:
@@ -184,7 +191,7 @@ class ClusterRecoveryCases:
         why: Waiting = waiting(WaitingFacts(row.worker_id, row.lease_expires_at_ms, row.evidence, row.safety,
                                             ended, row.session_drained_at_ms is not None,
                                             row.evidence_lease_generation, row.attempt_lease_generation,
-                                            row.run_id, row.cancel_reason),
+                                            row.run_id, row.cancel_reason, bool(row.worker_revoked)),
                                now, self.recovery_grace_ms)
         return WaitingAttempt(row.run_id, row.attempt_id, row.status, row.worker_id, row.session_generation,
                               row.lease_expires_at_ms, row.evidence, why.reason, why.eligible_at_ms)
