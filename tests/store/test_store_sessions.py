@@ -11,6 +11,7 @@ import pytest
 from sqlalchemy import select, update
 
 from qlactors.errors import BadInput
+from qlactors.store.admin.workers import Workers
 from qlactors.store.cadence.control import Control
 from qlactors.store.records import Fenced, Identity, LeaseQuote
 from qlactors.store.schema import run_attempts, run_dispatch_leases, worker_sessions
@@ -81,9 +82,15 @@ def test_resume_within_the_lease_on_the_same_boot_rotates_the_secret(repo, dispa
     secret, rotated = new_hash(), new_hash()
     session = register(dispatch, "w1", secret)
     assert beat(dispatch, session, 3).renewed == ()
+    with repo.store.write() as conn:  # its last heartbeat long before the restart
+        conn.execute(update(worker_sessions).where(worker_sessions.c.session_id == session.session_id)
+                     .values(heartbeat_at_ms=worker_sessions.c.heartbeat_at_ms - 600_000))
     before = session_row(repo, session.session_id)
     resumed = dispatch.sessions.resume("w1", session.session_id, 1, secret, rotated, BOOT,
                                       capacity=2, labels=["cpu"], session_lease_ms=LEASE_MS)
+    # `workers` counts the heartbeat's age from the resume, not from before the stop (issue 28)
+    [shown] = Workers(repo.store).list().workers
+    assert shown.heartbeat_age_ms is not None and shown.heartbeat_age_ms < 600_000 / 2
     assert (resumed.session_id, resumed.generation, resumed.capacity) == (session.session_id, 1, 2)
     assert resumed.labels == ("cpu",) and resumed.heartbeat_seq == 3
     row = session_row(repo, session.session_id)

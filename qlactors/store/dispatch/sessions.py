@@ -171,7 +171,8 @@ class Sessions:
         On success the secret rotates (the old one is refused from now on) and the session records
         `register_id`: a repeat of that resume (same session, generation and register id) gets the
         session as it stands, with no second rotation and no check of the rotated secret, as long
-        as no later resume rotated it again. The lease is renewed from database time and capacity
+        as no later resume rotated it again. The lease is renewed from database time (the resume
+        counts as a heartbeat: `workers` shows its age from the resume) and capacity
         and labels are the worker's current ones, and so is the clock skew given `worker_clock_ms`;
         the Session's `heartbeat_seq` is the last heartbeat number stored, to number on from.
         """
@@ -202,7 +203,7 @@ class Sessions:
                              "register a new session")
             expires = now + session_lease_ms
             update_session(conn, session, now, resume_secret_hash=new_resume_secret_hash,
-                           lease_expires_at_ms=expires, capacity=capacity, status="online",
+                           lease_expires_at_ms=expires, heartbeat_at_ms=now, capacity=capacity, status="online",
                            ended_at_ms=None, drained_at_ms=None, resume_register_id=register_id,
                            free_slots=min(session.free_slots, capacity), labels_json=labels_json(labels),
                            **({} if worker_clock_ms is None else {"clock_skew_ms": clock_skew(now, worker_clock_ms)}))
