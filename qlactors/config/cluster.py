@@ -74,6 +74,8 @@ class ControlConfig:
     retention_max_age_ms: int = shared("retention_max_age_ms")
     retention_max_runs: int = shared("retention_max_runs")
     retention_page: int = shared("retention_page")
+    retention_revoked_tokens_ms: int = shared("retention_revoked_tokens_ms")
+    retention_task_events: int = shared("retention_task_events")
 
     SECTION: ClassVar[str] = "control"
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ..domain.model import MAX_STOP_GRACE_MS
-from ..domain.retention import KEEP_AGE_MS_RANGE, KEEP_RUNS_RANGE
+from ..domain.retention import KEEP_AGE_MS_RANGE, KEEP_RUNS_RANGE, REVOKED_TOKENS_MS, TASK_EVENTS_KEPT
 from ..errors import BadInput
 
 MIB = 1024 * 1024
@@ -88,6 +88,10 @@ class RuntimeSettings:
     retention_max_runs: int = knob(1_000, *KEEP_RUNS_RANGE, edge=100,
                                    doc="and at most this many per task, newest kept")
     retention_page: int = knob(64, 1, 256, edge=16, doc="finished runs retired per cycle")
+    retention_revoked_tokens_ms: int = knob(REVOKED_TOKENS_MS, *KEEP_AGE_MS_RANGE,
+                                            doc="a revoked API token's row is kept this long after its revocation")
+    retention_task_events: int = knob(TASK_EVENTS_KEPT, *KEEP_RUNS_RANGE, edge=100,
+                                      doc="history entries kept per task, newest kept")
     disk_reserve_bytes: int = knob(256 * MIB, 0, 1 << 40, edge=32 * MIB,
                                    doc="free bytes kept on the logs file system: below it no attempt starts")
     output_drain_ms: int = knob(1_000, 0, 60_000,

@@ -91,7 +91,9 @@ class Scheduler(RuntimeActor):
         rt = self.ctx.config.runtime
         try:
             report = self.retention.retire_page(wall_ms(), max_age_ms=rt.retention_max_age_ms,
-                                                max_runs=rt.retention_max_runs, page=rt.retention_page)
+                                                max_runs=rt.retention_max_runs, page=rt.retention_page,
+                                                revoked_tokens_ms=rt.retention_revoked_tokens_ms,
+                                                task_events=rt.retention_task_events)
         except Exception as err:
             log.warning("event=retention_failed cycle=%d error=%r", self.cycle, err)
             return False

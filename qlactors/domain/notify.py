@@ -46,10 +46,9 @@ def check_target(kind: str, target: str) -> str:
         except ValueError:
             parts = parts._replace(netloc="")
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise BadInput(f"--webhook {target!r}: give an http:// or https:// URL; nothing was written")
+            raise BadInput(f"--webhook {redacted(target)}: give an http:// or https:// URL; nothing was written")
     if kind == "apprise" and "://" not in target:
-        raise BadInput(f"--apprise {target!r}: give an apprise URL such as tgram://BOT_TOKEN/CHAT_ID; "
-                       "nothing was written")
+        raise BadInput("--apprise: give an apprise URL such as tgram://BOT_TOKEN/CHAT_ID; nothing was written")
     return target
 
 
@@ -90,6 +89,40 @@ def next_try_delay_ms(tries: int) -> int | None:
     if tries >= MAX_TRIES:
         return None
     return min(FIRST_RETRY_MS * 2 ** max(tries - 1, 0), MAX_RETRY_MS)
+
+
+def redacted(target: str) -> str:
+    """A target URL as logs and messages show it: `scheme://host[:port]/…`, never its userinfo,
+    path, query or fragment (where a password, a token or a signed key lives). A URL that cannot be
+    parsed shows its scheme only."""
+    scheme, sep, _rest = target.partition("://")
+    scheme = scheme.lower() if sep and scheme.isascii() and scheme.replace("+", "").replace("-", "").replace(
+        ".", "").isalnum() else "?"
+    try:
+        parts = urlsplit(target)
+        host = parts.hostname or ""
+    except ValueError:  # an unbalanced IPv6 bracket, say
+        return f"{scheme}://…"
+    try:
+        port = parts.port
+    except ValueError:  # a port that is no number (often a secret: tgram://BOT_ID:SECRET/...)
+        port = None
+    if not host or not all(c.isalnum() or c in ".-_:" for c in host):
+        return f"{scheme}://…"
+    host = f"[{host}]" if ":" in host else host
+    return f"{scheme}://{host}{'' if port is None else f':{port}'}/…"
+
+
+def shown_target(kind: str, target: str) -> str:
+    """What anything but `notify list` shows of a rule's target (logs, `show`, error messages): a
+    command is `command` (its words may hold a secret); a webhook its `redacted` URL; an apprise
+    URL its scheme only, since many services keep the secret where the host goes
+    (`tgram://BOT_TOKEN/CHAT_ID`, `discord://ID/TOKEN`)."""
+    if kind == "command":
+        return "command"
+    if kind == "apprise":
+        return redacted(target).partition("://")[0] + "://…"
+    return redacted(target)
 
 
 def lane(kind: str, target: str) -> str:

@@ -24,6 +24,14 @@ HOUR_MS = 3_600_000
 # The bounds a user may set, globally (config knobs) or per task (--keep-days, --keep-runs).
 KEEP_AGE_MS_RANGE = (HOUR_MS, 3_650 * DAY_MS)
 KEEP_RUNS_RANGE = (1, 1_000_000)
+# The other rows retention bounds (store/cadence/retention_sweep.py): a revoked API token's row is
+# kept this long after its revocation; each task keeps this many newest history entries (what
+# `task show` and the API read: store/intent/tasks.py MAX_HISTORY).
+REVOKED_TOKENS_MS = 30 * DAY_MS
+TASK_EVENTS_KEPT = 500
+# That sweep runs at most this often (each of its reads scans what it bounds), sooner while a
+# batch was full.
+SWEEP_EVERY_MS = 60_000
 
 
 class RetireReason(str, Enum):

@@ -10,6 +10,11 @@ WeCom, Bark, Slack, Discord, e-mail...) when it is installed (`pip install appri
 runs with the facts in its environment (QLACTORS_NOTIFY_*, beside PATH and HOME: never the web
 process's own, which may hold the database URL), stdin /dev/null, its output dropped, in a
 session of its own, whose whole process group is killed at its timeout.
+
+A target is a secret (a password, a token in its path or query): logs and recorded tries show
+it as `domain.notify.shown_target` does (`https://host:port/…`), never an exception's text that
+may quote it, and the libraries apprise sends through are kept from logging at all (apprise and
+urllib3 log the whole URL at DEBUG, and its path in their warnings).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import unquote, urlsplit
 
-from ..domain.notify import lane
+from ..domain.notify import lane, shown_target
 from ..store.admin.notifications import Due, Notifications
 
 log = logging.getLogger("qlactors.notify")
@@ -36,6 +41,9 @@ TRY_DEADLINE_S = 10.0  # a whole webhook try: connect, send, the answer read
 MAX_ANSWER_BYTES = 64 * 1024  # what is read of a receiver's answer body
 COMMAND_TIMEOUT_S = 30.0
 CLAIM_BATCH = 16
+# Loggers of the libraries apprise sends through, which quote a target's URL (its path and query,
+# where a bot token lives) at DEBUG and in some warnings: never a record, at any level.
+QUIET_LOGGERS = ("apprise", "urllib3", "requests")
 
 
 class Notifier:
@@ -106,8 +114,8 @@ class Notifier:
             except Exception as err:  # a target the sender chokes on is a failed try, recorded
                 ok, detail = False, f"not delivered: {type(err).__name__}"
             status = self.notifications.record_try(due, ok=ok, detail=detail)
-            log.info("notification of run %s by rule %s: %s", due.run_id, due.rule_id,
-                     status or "claim lost meanwhile, not recorded")
+            log.info("notification of run %s by rule %s to %s: %s (%s)", due.run_id, due.rule_id,
+                     shown_target(due.kind, due.target), status or "claim lost meanwhile, not recorded", detail)
         except Exception as err:  # the database: not recorded; the claim runs out and it is tried again
             log.warning("notification of run %s: %s", due.run_id, type(err).__name__)
         finally:
@@ -176,6 +184,7 @@ def _shut(conn: http.client.HTTPConnection, expired: threading.Event) -> None:
 
 
 def _apprise(due: Due) -> tuple[bool, str]:
+    quiet_senders()
     try:
         import apprise
     except ImportError:
@@ -186,6 +195,13 @@ def _apprise(due: Due) -> tuple[bool, str]:
     facts = due.facts
     lines = [f"run {facts.run_id}: {facts.state}"] + ([facts.url] if facts.url else [])
     return (True, "sent") if sender.notify(title=facts.title(), body="\n".join(lines)) else (False, "apprise: not sent")
+
+
+def quiet_senders() -> None:
+    """Keep apprise and the HTTP library under it from logging (QUIET_LOGGERS): above CRITICAL,
+    so not even a DEBUG root logger sees their records. Idempotent."""
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.CRITICAL + 1)
 
 
 COMMAND_ENV = ("PATH", "HOME")  # what a command takes from the web process's environment

@@ -151,5 +151,5 @@ def test_a_knob_every_profile_has_is_declared_once():
                 assert knob_of(f) is RUNTIME_KNOBS[f.name], f"{cls.__name__}.{f.name}"
                 assert f.default == getattr(config.DEFAULTS["standalone"], f.name)
                 shared += 1
-    assert shared == 9 + 11  # control, worker
+    assert shared == 11 + 11  # control, worker
     assert config.LIMITS["slots"] == (1, 256)

@@ -39,11 +39,13 @@ class Answer:
 class WebServer:
     """`qlactors [--home H | --config F] web --listen 127.0.0.1:PORT`, stopped by its pid."""
 
-    def __init__(self, tmp: Path, where: list[str], env: dict[str, str] | None = None) -> None:
+    def __init__(self, tmp: Path, where: list[str], env: dict[str, str] | None = None,
+                 args: tuple[str, ...] = ()) -> None:
+        """`args`: more of `web`'s own options (`--log-level DEBUG`)."""
         self.port = free_port()
         self.log_path = Path(tmp) / f"web-{self.port}.log"
         with open(self.log_path, "wb") as out:
-            self.proc = subprocess.Popen([*QLACTORS, *where, "web", "--listen", f"127.0.0.1:{self.port}"],
+            self.proc = subprocess.Popen([*QLACTORS, *where, "web", "--listen", f"127.0.0.1:{self.port}", *args],
                                          stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                          env=clean_env(**(env or {})))
         wait_until(self._answers, 30, lambda: f"qlactors web to answer; log:\n{self.log()}")

@@ -77,7 +77,7 @@ def test_claim_try_again_and_deliver(repo):
     assert [d.tries for d in again] == [1]
     assert notes.record_try(again[0], ok=True, detail="HTTP 204") == "delivered"
     shown = notes.of_run(run_id)
-    assert shown[0]["status"] == "delivered" and shown[0]["target"] == "http://127.0.0.1"
+    assert shown[0]["status"] == "delivered" and shown[0]["target"] == "http://127.0.0.1:9/…"
     assert [(t["number"], t["ok"]) for t in shown[0]["tries"]] == [(1, False), (2, True)]
 
 

@@ -3,7 +3,8 @@
 token), run event, server or runtime log line, nor the page's HTML/JS; `--json` and the API
 give each name with its size. `task show NAME --reveal KEY` prints one value to a terminal only
 (or with `--force`). A PATCH of `env` replaces the names it gives, `null` removes one, and the
-names it does not give are kept, so a task sent back as the API showed it keeps its values."""
+names it does not give are kept, so a task sent back as the API showed it keeps its values. The
+runtime and the web server log at DEBUG here, and neither log holds an API token either."""
 
 from __future__ import annotations
 
@@ -27,9 +28,9 @@ def test_an_environment_value_is_never_read_back_and_a_patch_keeps_what_it_does_
         # The job proves the value reached it without printing it (its length, in its exit code).
         home.main("task", "add", "secretive", "--env", f"COOKIE={SECRET}", "--env", "OTHER=plain",
                   "--", 'test "${#COOKIE}" -eq ' + str(len(SECRET)))
-        edge = home.start_edge()
+        edge = home.start_edge("--log-level", "DEBUG")
         admin, viewer = new_token(home, "admin"), new_token(home, "viewer", read_only=True)
-        server = WebServer(tmp_path, ["--home", str(home.path)])
+        server = WebServer(tmp_path, ["--home", str(home.path)], args=("--log-level", "DEBUG"))
         for args in (("task", "show", "secretive"), ("task", "show", "secretive", "--json"), ("task", "list"),
                      ("task", "list", "--json")):
             result = home.ok(*args)
@@ -77,9 +78,15 @@ def test_an_environment_value_is_never_read_back_and_a_patch_keeps_what_it_does_
         forced = home.ql("task", "show", "secretive", "--reveal", "COOKIE", "--force")
         assert (forced.returncode, forced.stdout) == (0, SECRET + "\n"), forced
 
-        seen += [edge.log(), server.log(), home.ok("task", "show", "secretive", "--json").stdout]
+        refused = server.request("GET", "/api/v1/tasks", token=admin + "x")  # a wrong token: 401
+        assert refused.status == 401, refused
+        logs = [edge.log(), server.log()]
+        assert all(" DEBUG " in text for text in logs), "both logged at DEBUG"
+        seen += [*logs, home.ok("task", "show", "secretive", "--json").stdout]
         leaked = [text[max(0, text.find(SECRET) - 200):text.find(SECRET) + 50] for text in seen if SECRET in text]
         assert not leaked, leaked
+        tokens = [t for t in (admin, viewer, admin + "x") if any(t in text for text in logs)]
+        assert not tokens, "an API token in a log"
     finally:
         if server is not None:
             server.stop()

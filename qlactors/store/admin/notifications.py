@@ -9,7 +9,8 @@ from typing import Any
 
 from sqlalchemy import and_, or_, select, update
 
-from ...domain.notify import DEFAULT_ON, RunFacts, check_on_states, check_target, lane, next_try_delay_ms
+from ...domain.notify import (DEFAULT_ON, RunFacts, check_on_states, check_target, lane, next_try_delay_ms,
+                              shown_target)
 from ...errors import NotFound
 from ...ids import new_id
 from ..engine import Store
@@ -156,22 +157,12 @@ class Notifications:
                 .where(notification_outbox.c.run_id == run_id).order_by(notification_outbox.c.created_at_ms)).all()
             tries = conn.execute(select(notification_deliveries).where(notification_deliveries.c.run_id == run_id)
                                  .order_by(notification_deliveries.c.try_number)).all()
-        return [{"id": r.id, "rule_id": r.rule_id, "state": r.state, "kind": r.kind, "target": _shown_target(r.kind, r.target),
+        return [{"id": r.id, "rule_id": r.rule_id, "state": r.state, "kind": r.kind,
+                 "target": shown_target(r.kind, r.target),
                  "status": r.status, "tries": [{"number": t.try_number, "ok": bool(t.ok), "detail": t.detail,
                                                  "at_ms": t.at_ms} for t in tries if t.outbox_id == r.id],
                  "next_try_at_ms": r.next_try_at_ms if r.status == "pending" else None,
                  "delivered_at_ms": r.delivered_at_ms} for r in rows]
-
-
-def _shown_target(kind: str, target: str) -> str:
-    """What `show` prints of a target: a command is the operator's own; a URL may hold a secret
-    (a bot token, a password): only its scheme and host."""
-    if kind == "command":
-        return "command"
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(target)
-    return f"{parts.scheme}://{parts.hostname or ''}"
 
 
 def _facts(conn, row, page_url: str | None) -> RunFacts:

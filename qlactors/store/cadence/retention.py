@@ -22,7 +22,12 @@ from sqlalchemy import and_, func, or_, select
 from sqlalchemy.engine import Connection
 
 from ...domain.retention import (
+    KEEP_AGE_MS_RANGE,
+    KEEP_RUNS_RANGE,
     MAX_PAGE,
+    REVOKED_TOKENS_MS,
+    SWEEP_EVERY_MS,
+    TASK_EVENTS_KEPT,
     Candidate,
     RetentionPolicies,
     RetentionPolicy,
@@ -35,6 +40,7 @@ from ...domain.states import RunStatus
 from ...errors import BadInput, Conflict, QlactorsError
 from ..engine import Store
 from ..plans import load_run
+from .retention_sweep import SweepReport, sweep
 from ..schema import (
     log_chunks,
     notification_deliveries,
@@ -82,6 +88,9 @@ class RetireReport:
     `log_error` (a log could not be deleted), `conflict` (changed meanwhile)."""
     logs_deleted: int = 0
     tombstones_purged: int = 0
+    swept: SweepReport = SweepReport()
+    """The other rows deleted: settled notifications whose run is gone, revoked tokens, old task
+    history (retention_sweep.py; at most once a minute, sooner while a batch was full)."""
     more: bool = False
     """True when the page budget ran out with due work left: call again soon, not at leisure."""
 
@@ -94,16 +103,26 @@ class Retention:
         retention deletes its local copies once their final offset was acknowledged)."""
         self.store = store
         self.local = local
+        self.swept_at_ms: int | None = None  # the last sweep of the other rows
+        self.sweep_more = False  # it filled a batch: the next call sweeps again
 
-    def retire_page(self, now_ms: int, *, max_age_ms: int, max_runs: int, page: int) -> RetireReport:
-        """Retire at most `page` due runs, oldest finished first, then prune at most `page` tombstones.
+    def retire_page(self, now_ms: int, *, max_age_ms: int, max_runs: int, page: int,
+                    revoked_tokens_ms: int = REVOKED_TOKENS_MS, task_events: int = TASK_EVENTS_KEPT) -> RetireReport:
+        """Retire at most `page` due runs, oldest finished first, then prune at most `page` tombstones,
+        and (at most once a minute) at most `page` of each of the other rows retention bounds.
 
         `max_age_ms` and `max_runs` are the global bounds; a task's own bounds replace them for it.
+        A revoked token's row goes `revoked_tokens_ms` after its revocation; each task keeps its
+        newest `task_events` history entries.
         """
         if type(now_ms) is not int or now_ms < 0:
             raise BadInput("now_ms must be a non-negative integer")
         if type(page) is not int or not 1 <= page <= MAX_PAGE:
             raise BadInput(f"a retention page holds 1 to {MAX_PAGE} runs")
+        for name, value, (lo, hi) in (("revoked_tokens_ms", revoked_tokens_ms, KEEP_AGE_MS_RANGE),
+                                      ("task_events", task_events, KEEP_RUNS_RANGE)):
+            if type(value) is not int or not lo <= value <= hi:
+                raise BadInput(f"{name} must be a whole number in {lo}..{hi}, got {value!r}")
         try:
             default = RetentionPolicy(max_age_ms=max_age_ms, max_runs=max_runs)
         except ValueError as err:
@@ -133,8 +152,24 @@ class Retention:
         # hurry: they wait for their journal row or receipt to clear.
         more = len(verdicts) < len(candidates) or (not scanned_all and retired > 0)
         purged, more_stones = self._purge_tombstones(policy, now_ms, page)
+        swept = self._sweep(now_ms, revoked_tokens_ms, task_events, page)
         return RetireReport(retired=retired, reasons=dict(reasons), skipped=dict(skipped),
-                            logs_deleted=logs_deleted, tombstones_purged=purged, more=more or more_stones)
+                            logs_deleted=logs_deleted, tombstones_purged=purged, swept=swept,
+                            more=more or more_stones or swept.more)
+
+    def _sweep(self, now_ms: int, revoked_tokens_ms: int, task_events: int, page: int) -> SweepReport:
+        """The other rows, once SWEEP_EVERY_MS (a clock set back counts as due), again at once
+        while a batch was full."""
+        last = self.swept_at_ms
+        if last is not None and not self.sweep_more and last <= now_ms < last + SWEEP_EVERY_MS:
+            return SweepReport()
+        swept = sweep(self.store, now_ms, revoked_tokens_ms=revoked_tokens_ms, task_events_kept=task_events,
+                      page=page)
+        self.swept_at_ms, self.sweep_more = now_ms, swept.more
+        if swept.notifications or swept.tokens or swept.task_events:
+            log.info("event=retention_swept notifications=%d tokens=%d task_events=%d", swept.notifications,
+                     swept.tokens, swept.task_events)
+        return swept
 
     # -- choosing -----------------------------------------------------------------------------
 
