@@ -66,11 +66,13 @@ class RunFacts:
     started_at_ms: int | None
     finished_at_ms: int | None
     url: str | None
+    attempt: int | None = None  # the number of the attempt that ended (or became lost); None: none ran
 
     def document(self) -> dict[str, Any]:
-        """The webhook's JSON body (docs/web.md "Notifications")."""
+        """The webhook's JSON body (docs/web.md "Notifications"): the facts as the transition left
+        them (copied into the outbox row with it), whatever became of the run since."""
         return {"event": "run.finished", "task": self.task, "run_id": self.run_id, "state": self.state,
-                "exit_code": self.exit_code, "error_code": self.error_code,
+                "attempt": self.attempt, "exit_code": self.exit_code, "error_code": self.error_code,
                 "created_at_ms": self.created_at_ms, "started_at_ms": self.started_at_ms,
                 "finished_at_ms": self.finished_at_ms, "url": self.url}
 

@@ -28,13 +28,14 @@ def test_targets():
 
 
 def test_the_document_and_environment_carry_the_facts_only():
-    facts = RunFacts("backup", "r1", "failed", 7, None, 1, 2, 3, "http://h/#run=r1")
+    facts = RunFacts("backup", "r1", "failed", 7, None, 1, 2, 3, "http://h/#run=r1", attempt=2)
     assert facts.document() == {"event": "run.finished", "task": "backup", "run_id": "r1", "state": "failed",
-                                "exit_code": 7, "error_code": None, "created_at_ms": 1, "started_at_ms": 2,
+                                "attempt": 2, "exit_code": 7, "error_code": None, "created_at_ms": 1, "started_at_ms": 2,
                                 "finished_at_ms": 3, "url": "http://h/#run=r1"}
     env = facts.environment()
     assert env["QLACTORS_NOTIFY_TASK"] == "backup" and env["QLACTORS_NOTIFY_EXIT_CODE"] == "7"
     assert env["QLACTORS_NOTIFY_ERROR_CODE"] == "" and "QLACTORS_NOTIFY_EVENT" not in env
+    assert env["QLACTORS_NOTIFY_ATTEMPT"] == "2"
     assert facts.title() == "qlactors: backup failed (exit 7)"
 
 

@@ -85,7 +85,8 @@ def test_a_failed_run_posts_exactly_the_documented_json(notified):
         attempt = ended["attempts"][-1]
         [outbox] = _notifications(home, run["id"])
         assert receiver.bodies == [{
-            "event": "run.finished", "task": "flaky", "run_id": run["id"], "state": "failed", "exit_code": 7,
+            "event": "run.finished", "task": "flaky", "run_id": run["id"], "state": "failed", "attempt": 1,
+            "exit_code": 7,
             "error_code": ended["error_code"], "created_at_ms": ended["created_at_ms"],
             "started_at_ms": ended["started_at_ms"], "finished_at_ms": ended["finished_at_ms"],
             "url": f"http://127.0.0.1:{server.port}/#run={run['id']}", "notification_id": outbox["id"]}]

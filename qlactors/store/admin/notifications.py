@@ -13,8 +13,7 @@ from ...domain.notify import DEFAULT_ON, RunFacts, check_on_states, check_target
 from ...errors import NotFound
 from ...ids import new_id
 from ..engine import Store
-from ..schema import (notification_deliveries, notification_outbox, notification_rules, run_attempts, runs,
-                      tasks)
+from ..schema import notification_deliveries, notification_outbox, notification_rules, tasks
 
 # A claimed row another deliverer may take again after this (its claimer died); well past the
 # longest try (web/notifier.py bounds each one), so a live try is never taken from under it.
@@ -175,16 +174,11 @@ def _shown_target(kind: str, target: str) -> str:
 
 
 def _facts(conn, row, page_url: str | None) -> RunFacts:
-    """The run's facts at delivery; a run retention deleted meanwhile still has its outbox row's."""
-    run = conn.execute(select(runs).where(runs.c.id == row.run_id)).first()
+    """The run's facts as its transition copied them into the outbox row (store/run_endings.py):
+    the same whether or not retention has deleted the run since, or a retry moved it on."""
     task = conn.execute(select(tasks.c.name).where(tasks.c.id == row.task_id)).scalar()
-    attempt = None if run is None else conn.execute(
-        select(run_attempts.c.exit_code).where(run_attempts.c.run_id == row.run_id)
-        .order_by(run_attempts.c.number.desc()).limit(1)).first()
-    return RunFacts(task=task or "?", run_id=row.run_id, state=row.state,
-                    exit_code=None if attempt is None else attempt.exit_code,
-                    error_code=None if run is None else run.error_code,
-                    created_at_ms=None if run is None else run.created_at_ms,
-                    started_at_ms=None if run is None else run.started_at_ms,
-                    finished_at_ms=None if run is None else run.finished_at_ms,
-                    url=None if page_url is None else f"{page_url.rstrip('/')}/#run={row.run_id}")
+    return RunFacts(task=task or "?", run_id=row.run_id, state=row.state, exit_code=row.exit_code,
+                    error_code=row.error_code, created_at_ms=row.run_created_at_ms,
+                    started_at_ms=row.started_at_ms, finished_at_ms=row.finished_at_ms,
+                    url=None if page_url is None else f"{page_url.rstrip('/')}/#run={row.run_id}",
+                    attempt=row.attempt_number)
