@@ -257,3 +257,20 @@ def test_schema_17_outbox_rows_upgrade_to_18_with_their_runs_facts(store, monkey
     assert (orphan.status, orphan.exit_code, orphan.attempt_number, orphan.error_code, orphan.finished_at_ms) == (
         "pending", None, None, None, None)
     assert (rule.id, rule.secret) == ("n1", None)
+    # A schema-18 deliverer honours a claim made under 17 until it runs out, then takes the row,
+    # which tells what its run's end did.
+    from qlactors.store.admin.notifications import Notifications
+
+    notes = Notifications(store)
+    notes.heartbeat("d1", host="here", pid=1)
+    with store.write() as conn:  # (the other row is not due: one lane, one row at a time)
+        now = store.now_ms(conn)
+        conn.execute(text("UPDATE notification_outbox SET claimed_until_ms = :until WHERE id = 'r1:n1:9'"),
+                     {"until": now + 600_000})
+        conn.execute(text("UPDATE notification_outbox SET next_try_at_ms = :later WHERE id = 'gone:n1:5'"),
+                     {"later": now + 3_600_000})
+    assert notes.claim_due(owner="d1", limit=4, page_url=None) == []
+    with store.write() as conn:
+        conn.execute(text("UPDATE notification_outbox SET claimed_until_ms = 1 WHERE id = 'r1:n1:9'"))
+    [due] = notes.claim_due(owner="d1", limit=4, page_url=None)
+    assert (due.id, due.facts.state, due.facts.attempt, due.facts.exit_code) == ("r1:n1:9", "failed", 2, 7)

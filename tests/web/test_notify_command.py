@@ -17,7 +17,7 @@ from qlactors.web import notifier
 def _due(target: str) -> Due:
     facts = RunFacts(task="nightly", run_id="r1", state="failed", exit_code=7, error_code="EXIT_NONZERO",
                      created_at_ms=1, started_at_ms=2, finished_at_ms=3, url=None)
-    return Due(id="o1", claimed_until_ms=0, run_id="r1", rule_id="n1", kind="command", target=target, tries=0,
+    return Due(id="o1", owner="d1", run_id="r1", rule_id="n1", kind="command", target=target, tries=0,
                facts=facts)
 
 
@@ -168,7 +168,7 @@ def test_a_notification_delivered_after_its_run_was_deleted_still_says_what_happ
         assert report.retired == 1, report
         with repo.store.read() as conn:
             assert conn.execute(select(runs).where(runs.c.id == run_id)).first() is None
-        [due] = notes.claim_due(limit=4, page_url=None)
+        [due] = notes.claim_due(owner="d1", limit=4, page_url=None)
         assert notifier.deliver(due) == (True, "HTTP 204")
     finally:
         server.shutdown()

@@ -7,6 +7,7 @@ command rule gets the facts in its environment."""
 from __future__ import annotations
 
 import json
+import signal
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -226,5 +227,30 @@ def test_one_hanging_endpoint_with_20_due_holds_up_no_other_rule(notified):
     finally:
         hanging.close()
         healthy.close()
+        if server is not None:
+            server.stop()
+
+
+def test_stopping_qlactors_web_releases_its_claims_at_once(notified):
+    """SIGTERM to `qlactors web` while a try hangs: its claim is released as it stops (another web
+    process takes the row at once, not after any claim's time), and its deliverer row is gone."""
+    home, _, admin, start_web = notified
+    hanging = Receiver(delay=60.0)
+    server = None
+    try:
+        home.main("notify", "add", "--task", "flaky", "--on", "failed", "--webhook", hanging.url)
+        run_id = home.main("run", "flaky").strip()
+        home.wait_terminal(run_id)
+        server = start_web()
+        claimed = wait_until(lambda: [r["claimed_by"] for r in home.query(
+            "SELECT claimed_by FROM notification_outbox WHERE claimed_by IS NOT NULL")], 30, "the web's claim")
+        assert home.query("SELECT id FROM notification_deliverers")[0]["id"] == claimed[0]
+        server.stop()
+        assert server.proc.returncode == -signal.SIGTERM, server.log()  # stopped by it, as before
+        assert [r["claimed_by"] for r in home.query("SELECT claimed_by FROM notification_outbox")] == [None]
+        assert home.query("SELECT id FROM notification_deliverers") == []
+        assert _notifications(home, run_id)[0]["status"] == "pending"
+    finally:
+        hanging.close()
         if server is not None:
             server.stop()
