@@ -9,12 +9,13 @@ are taken again 30 s later, not at some fixed claim's end."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import and_, exists, or_, select, update
 
-from ...domain.notify import DEFAULT_ON, RunFacts, check_on_states, check_target, lane, next_try_delay_ms
+from ...domain.notify import (DEFAULT_ON, RunFacts, check_on_states, check_secret, check_target, lane,
+                              next_try_delay_ms)
 from ...errors import NotFound
 from ...ids import new_id
 from ..engine import Store
@@ -37,10 +38,12 @@ class RuleView:
     target: str
     actor_name: str
     created_at_ms: int
+    signed: bool = False  # a webhook with a signing secret (the secret itself is never read back)
 
     def to_json(self) -> dict[str, Any]:
         return {"id": self.id, "task": self.task, "on": list(self.on_states), "kind": self.kind,
-                "target": self.target, "actor_name": self.actor_name, "created_at_ms": self.created_at_ms}
+                "target": self.target, "signed": self.signed, "actor_name": self.actor_name,
+                "created_at_ms": self.created_at_ms}
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +59,7 @@ class Due:
     target: str
     tries: int
     facts: RunFacts
+    secret: str | None = field(default=None, repr=False)  # the rule's webhook signing key: never shown
 
 
 class Notifications:
@@ -65,9 +69,13 @@ class Notifications:
 
     # -- rules -------------------------------------------------------------------------------
 
-    def add_rule(self, *, task: str | None, on: str | None, kind: str, target: str, actor_name: str) -> RuleView:
+    def add_rule(self, *, task: str | None, on: str | None, kind: str, target: str, actor_name: str,
+                 secret: str | None = None) -> RuleView:
+        """A new rule; `secret` (a webhook's only) signs each POST (docs/web.md "Signed webhooks")."""
         states = check_on_states(on) if on is not None else DEFAULT_ON
         check_target(kind, target)
+        if secret is not None:
+            check_secret(kind, secret)
         with self.store.write() as conn:
             task_id = None
             if task is not None:
@@ -78,8 +86,8 @@ class Notifications:
             rule_id, now = new_id(), self.store.now_ms(conn)
             conn.execute(notification_rules.insert().values(
                 id=rule_id, task_id=task_id, on_states=",".join(states), kind=kind, target=target,
-                actor_name=actor_name, created_at_ms=now))
-            return RuleView(rule_id, task, states, kind, target, actor_name, now)
+                actor_name=actor_name, created_at_ms=now, secret=secret))
+            return RuleView(rule_id, task, states, kind, target, actor_name, now, signed=secret is not None)
 
     def remove_rule(self, rule_id: str) -> None:
         """No more notifications by this rule; those already queued are still delivered."""
@@ -97,7 +105,7 @@ class Notifications:
                  .order_by(notification_rules.c.created_at_ms, notification_rules.c.id))
         with self.store.read() as conn:
             return [RuleView(r.id, r.task_name, tuple(r.on_states.split(",")), r.kind, r.target, r.actor_name,
-                             r.created_at_ms) for r in conn.execute(query)]
+                             r.created_at_ms, signed=r.secret is not None) for r in conn.execute(query)]
 
     # -- delivery ----------------------------------------------------------------------------
 
@@ -143,7 +151,8 @@ class Notifications:
             holder_alive = exists().where(and_(d.id == box.claimed_by, d.seen_at_ms > now - self.alive_ms))
             free = or_(and_(box.claimed_by.is_(None), or_(box.claimed_until_ms.is_(None), box.claimed_until_ms <= now)),
                        and_(box.claimed_by.is_not(None), ~holder_alive))
-            query = (select(notification_outbox, notification_rules.c.kind, notification_rules.c.target)
+            query = (select(notification_outbox, notification_rules.c.kind, notification_rules.c.target,
+                            notification_rules.c.secret)
                      .join(notification_rules, notification_rules.c.id == notification_outbox.c.rule_id)
                      .where(and_(box.status == "pending", box.next_try_at_ms <= now, free))
                      .order_by(notification_outbox.c.next_try_at_ms).limit(limit * CANDIDATES_PER_SLOT)
@@ -158,7 +167,7 @@ class Notifications:
                 conn.execute(update(notification_outbox).where(box.id.in_([row.id for row in rows]))
                              .values(claimed_by=owner, claimed_until_ms=None))
             return [Due(row.id, owner, row.run_id, row.rule_id, row.kind, row.target, row.tries,
-                        _facts(conn, row, page_url)) for row in rows]
+                        _facts(conn, row, page_url), secret=row.secret) for row in rows]
 
     def record_try(self, due: Due, *, ok: bool, detail: str) -> str | None:
         """Record one try: `delivered`, else pending again after the backoff, or `gave_up` after
