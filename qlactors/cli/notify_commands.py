@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
+from ..errors import BadInput
 from ..store.admin.notifications import Notifications, RuleView
 from ..store.repository import Repository
 from .common import operator_name
@@ -16,10 +18,26 @@ RULE_HEADER = ("ID", "TASK", "ON", "KIND", "CREATED", "BY")
 def notify_add(repo: Repository, args: argparse.Namespace) -> int:
     given = {"webhook": args.webhook, "apprise": args.apprise, "command": args.run_command}
     kind, target = next((k, v) for k, v in given.items() if v is not None)
+    secret = None if args.secret_file is None else _read_secret(args.secret_file)
     rule = Notifications(repo.store).add_rule(task=args.task, on=args.on, kind=kind, target=target,
-                                              actor_name=operator_name())
+                                              actor_name=operator_name(), secret=secret)
     print(rule.id)
     return 0
+
+
+def _read_secret(path: str) -> str:
+    """A webhook's signing secret from a file, or stdin for `-` (never from the command line, which
+    other users can read in `ps`), without its one trailing newline."""
+    try:
+        if path == "-":
+            text = sys.stdin.read()
+        else:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+    except (OSError, UnicodeDecodeError) as err:
+        raise BadInput(f"--secret-file {path}: cannot read it ({getattr(err, 'strerror', None) or type(err).__name__}); "
+                       "nothing was written") from None
+    return text.removesuffix("\n").removesuffix("\r")
 
 
 def notify_list(repo: Repository, args: argparse.Namespace) -> int:
@@ -32,7 +50,8 @@ def notify_list(repo: Repository, args: argparse.Namespace) -> int:
 
 
 def _row(r: RuleView) -> tuple[str, ...]:
-    return (r.id, r.task or "(every task)", ",".join(r.on_states), r.kind, when(r.created_at_ms), r.actor_name)
+    kind = f"{r.kind} (signed)" if r.signed else r.kind
+    return (r.id, r.task or "(every task)", ",".join(r.on_states), kind, when(r.created_at_ms), r.actor_name)
 
 
 def notify_rm(repo: Repository, args: argparse.Namespace) -> int:

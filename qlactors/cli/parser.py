@@ -221,6 +221,8 @@ def _notify_commands(sub) -> None:
                         help="send through apprise (tgram://, dingtalk://, wecombot://, bark://, mailto://...)")
     target.add_argument("--command", metavar="CMD", type=utf8, dest="run_command",
                         help="run CMD (sh -c) with the facts in QLACTORS_NOTIFY_* variables")
+    add.add_argument("--secret-file", metavar="FILE", type=utf8,
+                     help="sign each webhook POST with the secret in FILE (`-`: stdin), never shown again")
     lst = nsub.add_parser("list", help="the notification rules")
     lst.add_argument("--json", action="store_true")
     rm = nsub.add_parser("rm", help="remove rule ID")

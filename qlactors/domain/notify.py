@@ -1,9 +1,11 @@
 """Notifications, pure: which states a rule may name, the document a webhook receives (never a
-command, an environment value or output), the environment a notification command gets, and the
-backoff between tries of one delivery."""
+command, an environment value or output) and its signature, the environment a notification
+command gets, and the backoff between tries of one delivery."""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -20,6 +22,9 @@ DEFAULT_ON = ("failed", "timed_out", "lost")
 FIRST_RETRY_MS = 5_000
 MAX_RETRY_MS = 15 * 60_000
 MAX_TRIES = 20  # about 4 hours of tries in all, then the row is given up (and says so)
+MAX_SECRET_CHARS = 1024
+SIGNATURE_HEADER = "X-Qlactors-Signature"
+TIMESTAMP_HEADER = "X-Qlactors-Timestamp"
 
 
 def check_on_states(text: str) -> tuple[str, ...]:
@@ -52,6 +57,26 @@ def check_target(kind: str, target: str) -> str:
     return target
 
 
+def check_secret(kind: str, secret: str) -> str:
+    """A webhook's signing secret: 1..1024 characters, no NUL and no line break (it is read from a
+    file or stdin: one trailing newline is the caller's to strip); only a webhook is signed."""
+    if kind != "webhook":
+        raise BadInput(f"--secret-file signs a webhook only, not a {kind} rule; nothing was written")
+    if not secret or len(secret) > MAX_SECRET_CHARS or any(c in secret for c in "\0\r\n"):
+        raise BadInput(f"the signing secret must be 1 to {MAX_SECRET_CHARS} characters on one line "
+                       "(no NUL); nothing was written")
+    return secret
+
+
+def signature(secret: str, timestamp_s: int, body: bytes) -> str:
+    """The `X-Qlactors-Signature` value of a webhook POST sent at `timestamp_s` (its
+    `X-Qlactors-Timestamp`, whole Unix seconds): `sha256=` and the hex HMAC-SHA256, keyed by the
+    rule's secret (UTF-8), of the timestamp's decimal digits, a dot, and the exact body bytes. The
+    timestamp is signed so that a receiver can refuse an old POST replayed to it."""
+    mac = hmac.new(secret.encode("utf-8"), str(timestamp_s).encode("ascii") + b"." + body, hashlib.sha256)
+    return "sha256=" + mac.hexdigest()
+
+
 @dataclass(frozen=True, slots=True)
 class RunFacts:
     """What a notification tells about a run: nothing else ever leaves."""
@@ -65,11 +90,13 @@ class RunFacts:
     started_at_ms: int | None
     finished_at_ms: int | None
     url: str | None
+    attempt: int | None = None  # the number of the attempt that ended (or became lost); None: none ran
 
     def document(self) -> dict[str, Any]:
-        """The webhook's JSON body (docs/web.md "Notifications")."""
+        """The webhook's JSON body (docs/web.md "Notifications"): the facts as the transition left
+        them (copied into the outbox row with it), whatever became of the run since."""
         return {"event": "run.finished", "task": self.task, "run_id": self.run_id, "state": self.state,
-                "exit_code": self.exit_code, "error_code": self.error_code,
+                "attempt": self.attempt, "exit_code": self.exit_code, "error_code": self.error_code,
                 "created_at_ms": self.created_at_ms, "started_at_ms": self.started_at_ms,
                 "finished_at_ms": self.finished_at_ms, "url": self.url}
 

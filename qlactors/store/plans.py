@@ -203,8 +203,6 @@ def apply_plan(
     values.update(w_id=plan.run_id, w_version=plan.expected_version, w_status=plan.run_from.value)
     if conn.execute(_RUN_CAS, values).rowcount != 1:
         raise Conflict(f"run {plan.run_id} changed meanwhile (expected version {plan.expected_version})")
-    if plan.run_to.terminal or plan.run_to is RunStatus.LOST:
-        record_run_end(conn, plan.run_id, now_ms)  # its counters and notifications, in this transaction
     if plan.attempt_id is not None and plan.attempt_from is not None and (plan.changes_attempt or attempt_values):
         a_values: dict[str, Any] = {"status": plan.attempt_to.value, "updated_at_ms": now_ms}
         if plan.attempt_to.terminal and plan.changes_attempt:
@@ -219,6 +217,10 @@ def apply_plan(
             a_values["w_sequence"] = expected_callback_sequence
         if conn.execute(statement, a_values).rowcount != 1:
             raise Conflict(f"attempt {plan.attempt_id} changed meanwhile (expected {plan.attempt_from.value})")
+    if plan.run_to.terminal or plan.run_to is RunStatus.LOST:
+        # Its counters and notifications, in this transaction; after the attempt's update, whose
+        # exit code and error the outbox rows copy.
+        record_run_end(conn, plan.run_id, now_ms)
     append_events(conn, plan, now_ms, actor_type, actor_name=actor_name)
 
 

@@ -6,7 +6,9 @@ web/notifier.py). A rule on `recovered` asks about a success that follows a fail
 of the same task.
 
 The outbox rows are new rows (their id names the run, the rule and the run's version after the
-transition), inserted at once. The counters are rows many transactions update: they are written
+transition), inserted at once, with the run's facts as the transition leaves them (state, its
+latest attempt's number and exit code, error code, times): what a notification tells is never read
+from the run later, which retention may have deleted and a retry moved on. The counters are rows many transactions update: they are written
 last in the transaction (`engine.last_step`), in (task, state) order, so that the row locks they
 take on PostgreSQL cannot close a deadlock with the locks taken before them, and are held only
 until the commit that follows."""
@@ -35,12 +37,18 @@ _COUNT = text(
     "timed = run_outcome_counts.timed + excluded.timed, "
     "duration_ms_sum = run_outcome_counts.duration_ms_sum + excluded.duration_ms_sum, "
     + ", ".join(f"{c} = run_outcome_counts.{c} + excluded.{c}" for c in _BUCKETS))
+# The run's facts are copied by the same INSERT (no statement more on a run's end): its latest
+# attempt (the one that ended, or became lost) found through the (run_id, number) unique index,
+# read only for the rows a rule asks for.
 _NOTIFY = text(
     "INSERT INTO notification_outbox (id, run_id, rule_id, task_id, state, status, tries, next_try_at_ms, "
-    "created_at_ms) "
+    "created_at_ms, exit_code, error_code, attempt_number, run_created_at_ms, started_at_ms, finished_at_ms) "
     "SELECT r.id || ':' || n.id || ':' || CAST(r.version AS VARCHAR(12)), r.id, n.id, r.task_id, r.status, "
-    "'pending', 0, :now, :now "
+    "'pending', 0, :now, :now, a.exit_code, r.error_code, a.number, r.created_at_ms, r.started_at_ms, "
+    "r.finished_at_ms "
     "FROM runs r JOIN notification_rules n ON (n.task_id IS NULL OR n.task_id = r.task_id) "
+    "LEFT JOIN run_attempts a ON a.run_id = r.id "
+    "AND a.number = (SELECT max(b.number) FROM run_attempts b WHERE b.run_id = r.id) "
     "WHERE r.id = :run_id AND n.removed_at_ms IS NULL "
     "AND ((',' || n.on_states || ',') LIKE ('%,' || r.status || ',%') "
     "OR (r.status = 'succeeded' AND (',' || n.on_states || ',') LIKE '%,recovered,%' AND ("

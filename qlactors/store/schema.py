@@ -632,6 +632,9 @@ notification_rules = Table(
     Column("actor_name", String(128), nullable=False),
     Column("created_at_ms", MS, nullable=False),
     Column("removed_at_ms", MS),
+    # Schema 18: a webhook's HMAC key (docs/web.md "Signed webhooks"), written and never read back
+    # (a rule is shown as `signed` or not); NULL: unsigned.
+    Column("secret", Text),
     CheckConstraint(one_of("kind", ("webhook", "apprise", "command")), name="kind"),
     CheckConstraint("length(target) <= 4096", name="target_size"),
     *ms_nonneg("created_at_ms", "removed_at_ms"),
@@ -641,6 +644,12 @@ notification_rules = Table(
 # `lost`), written in that transition's transaction, delivered at least once by `qlactors web`
 # with backoff; each try recorded in notification_deliveries. Its id is
 # "<run id>:<rule id>:<run version after the transition>": a run lost twice is told of twice.
+# Schema 18: the run's facts at that transition are copied into the row by the same INSERT
+# (exit_code and attempt_number are its latest attempt's, the one that ended or became lost), so a
+# notification delivered after retention deleted the run, or after the run was retried, still says
+# what happened; and a claim names its deliverer (`claimed_by`, a notification_deliverers id): it
+# holds while that deliverer is alive. `claimed_until_ms` is a claim made by a schema-17 web
+# process, honoured until it runs out, never written since.
 notification_outbox = Table(
     "notification_outbox",
     metadata,
@@ -655,12 +664,34 @@ notification_outbox = Table(
     Column("claimed_until_ms", MS),
     Column("created_at_ms", MS, nullable=False),
     Column("delivered_at_ms", MS),
+    Column("claimed_by", ID),
+    Column("exit_code", Integer),
+    Column("error_code", String(64)),
+    Column("attempt_number", Integer),
+    Column("run_created_at_ms", MS),
+    Column("started_at_ms", MS),
+    Column("finished_at_ms", MS),
     CheckConstraint(one_of("status", ("pending", "delivered", "gave_up")), name="status"),
     *ms_nonneg("next_try_at_ms", "claimed_until_ms", "created_at_ms", "delivered_at_ms"),
 )
 Index("ix_notification_outbox_status_next_try_at_ms", notification_outbox.c.status,
       notification_outbox.c.next_try_at_ms)
 Index("ix_notification_outbox_run_id", notification_outbox.c.run_id)
+Index("ix_notification_outbox_claimed_by", notification_outbox.c.claimed_by)
+
+# Schema 18: the processes delivering the outbox (`qlactors web`), each refreshing `seen_at_ms`
+# (database time) every few seconds while it runs and deleting its row, its claims released, when
+# it stops; a claim whose deliverer has not been seen for 30 s is free (store/admin/notifications.py).
+notification_deliverers = Table(
+    "notification_deliverers",
+    metadata,
+    Column("id", ID, primary_key=True),
+    Column("host", String(255), nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("started_at_ms", MS, nullable=False),
+    Column("seen_at_ms", MS, nullable=False),
+    *ms_nonneg("started_at_ms", "seen_at_ms"),
+)
 
 notification_deliveries = Table(
     "notification_deliveries",

@@ -1,8 +1,11 @@
 """Web: delivering the notification outbox. `qlactors web` runs one Notifier thread: every
 second it claims the rows whose time has come (store/admin/notifications.py), delivers each on a
 small pool of its own (a slow or dead endpoint holds one delivery, never the others, never a
-run), and records every try. Delivery is at least once: a row claimed by a process that died is
-claimed again after its claim runs out.
+run), and records every try. Its claims name it (a deliverer id, its host and pid); it refreshes
+its row every REFRESH_S and releases its claims when it stops. Delivery is at least once: a row
+claimed by a process that died is claimed again once that process has not been seen for 30 s
+(store/admin/notifications.py ALIVE_MS); a try still in flight when its claim was released or
+taken is not recorded, and the row is sent again (with the same Idempotency-Key).
 
 A webhook is an HTTP POST of the run's facts as JSON (domain/notify.py `RunFacts.document`); an
 apprise URL goes through the `apprise` package (the chat and push services: Telegram, DingTalk,
@@ -28,10 +31,12 @@ import signal
 import socket
 import subprocess
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import unquote, urlsplit
 
-from ..domain.notify import lane, shown_target
+from ..domain.notify import SIGNATURE_HEADER, TIMESTAMP_HEADER, lane, shown_target, signature
+from ..ids import new_id
 from ..store.admin.notifications import Due, Notifications
 
 log = logging.getLogger("qlactors.notify")
@@ -44,11 +49,19 @@ CLAIM_BATCH = 16
 # Loggers of the libraries apprise sends through, which quote a target's URL (its path and query,
 # where a bot token lives) at DEBUG and in some warnings: never a record, at any level.
 QUIET_LOGGERS = ("apprise", "urllib3", "requests")
+REFRESH_S = 5.0  # how often a deliverer says it is alive (its claims hold 30 s past the last time)
+STOP_WAIT_S = 2.0  # at stop, how long the tries in flight may take to be recorded before the release
 
 
 class Notifier:
-    def __init__(self, notifications: Notifications, *, page_url: str | None, workers: int = 4) -> None:
+    def __init__(self, notifications: Notifications, *, page_url: str | None, workers: int = 4,
+                 refresh_s: float = REFRESH_S) -> None:
         self.notifications, self.page_url = notifications, page_url
+        self.owner, self.host, self.pid = new_id(), socket.gethostname(), os.getpid()
+        self.refresh_s, self.next_refresh = refresh_s, 0.0
+        self.registered = False  # its deliverer row was written at least once
+        self.inflight = 0
+        self.idle = threading.Condition()
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="qlactors-notify")
         self.stopping = threading.Event()
         self.busy = threading.Semaphore(workers * 2)  # claimed and not yet recorded: bounded
@@ -63,13 +76,36 @@ class Notifier:
         return self
 
     def stop(self) -> None:
+        """Stop claiming, let the tries in flight finish for up to STOP_WAIT_S (each is recorded),
+        then release every claim this deliverer still holds: another takes them at once."""
         self.stopping.set()
+        self.wake.set()
         self.thread.join(5)
         self.pool.shutdown(wait=False, cancel_futures=True)
+        with self.idle:
+            self.idle.wait_for(lambda: self.inflight == 0, STOP_WAIT_S)
+        try:
+            released = self.notifications.release(self.owner)
+        except Exception as err:  # the database is down: they pass to another 30 s after the last refresh
+            log.warning("event=notify_release_failed deliverer=%s error=%s", self.owner, type(err).__name__)
+        else:
+            log.info("event=notify_stopped deliverer=%s released=%d", self.owner, released)
+
+    def refresh(self) -> None:
+        """Say this deliverer is alive (its claims hold while it does), every `refresh_s`."""
+        if time.monotonic() < self.next_refresh:
+            return
+        seen = self.notifications.heartbeat(self.owner, host=self.host, pid=self.pid)
+        if not seen and self.registered:
+            log.warning("event=notify_deliverer_presumed_dead deliverer=%s: registered again; a claim it "
+                        "held may have passed to another deliverer (its try is then not recorded)", self.owner)
+        self.registered = True
+        self.next_refresh = time.monotonic() + self.refresh_s
 
     def _loop(self) -> None:
         while not self.stopping.is_set():
             try:
+                self.refresh()
                 claimed, asked = self.tick()
             except Exception as err:  # the database is down, say: try again next tick
                 log.warning("notifications: %s", type(err).__name__)
@@ -94,7 +130,7 @@ class Notifier:
         try:
             with self.lock:
                 busy = frozenset(self.lanes)
-            due = self.notifications.claim_due(limit=free, page_url=self.page_url, busy=busy)
+            due = self.notifications.claim_due(owner=self.owner, limit=free, page_url=self.page_url, busy=busy)
         except BaseException:
             due = []
             raise
@@ -108,6 +144,8 @@ class Notifier:
         return len(due), free
 
     def _deliver(self, due: Due) -> None:
+        with self.idle:
+            self.inflight += 1
         try:
             try:
                 ok, detail = deliver(due)
@@ -115,14 +153,18 @@ class Notifier:
                 ok, detail = False, f"not delivered: {type(err).__name__}"
             status = self.notifications.record_try(due, ok=ok, detail=detail)
             log.info("notification of run %s by rule %s to %s: %s (%s)", due.run_id, due.rule_id,
-                     shown_target(due.kind, due.target), status or "claim lost meanwhile, not recorded", detail)
-        except Exception as err:  # the database: not recorded; the claim runs out and it is tried again
+                     shown_target(due.kind, due.target), status or "claim released or taken meanwhile, not recorded",
+                     detail)
+        except Exception as err:  # the database: not recorded; it is tried again once the claim is free
             log.warning("notification of run %s: %s", due.run_id, type(err).__name__)
         finally:
             with self.lock:
                 self.lanes.discard(lane(due.kind, due.target))
             self.busy.release()
             self.wake.set()  # its lane and its slot are free: what waits for either is claimed now
+            with self.idle:
+                self.inflight -= 1
+                self.idle.notify_all()
 
 
 def deliver(due: Due) -> tuple[bool, str]:
@@ -139,13 +181,18 @@ def _webhook(due: Due) -> tuple[bool, str]:
     time holds nothing longer: the connection is shut at the deadline), no redirect followed (a
     3xx is a failed try: following it would turn the POST into an empty GET). The body and the
     `Idempotency-Key` header carry the outbox row's id, so a receiver can drop the duplicate a
-    crash between a delivery and its record may cause."""
+    crash between a delivery and its record may cause. A rule with a secret signs the exact body
+    bytes with the try's time (`domain.notify.signature`)."""
     body = json.dumps({**due.facts.document(), "notification_id": due.id}).encode()
     target = urlsplit(due.target)
     conn_class = http.client.HTTPSConnection if target.scheme == "https" else http.client.HTTPConnection
     conn = conn_class(target.hostname or "", target.port, timeout=SEND_TIMEOUT_S)
     path = (target.path or "/") + (f"?{target.query}" if target.query else "")
     headers = {"Content-Type": "application/json", "User-Agent": "qlactors", "Idempotency-Key": due.id}
+    if due.secret is not None:
+        timestamp = int(time.time())
+        headers[TIMESTAMP_HEADER] = str(timestamp)
+        headers[SIGNATURE_HEADER] = signature(due.secret, timestamp, body)
     if target.username is not None:
         token = base64.b64encode(f"{unquote(target.username)}:{unquote(target.password or '')}".encode())
         headers["Authorization"] = "Basic " + token.decode("ascii")

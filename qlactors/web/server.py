@@ -10,6 +10,8 @@ same host (the page's same-origin check then sees the scheme the browser used).
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import socket
 import sys
 
@@ -42,11 +44,27 @@ def serve(backend: Backend, settings: WebSettings, *, log_level: str = "INFO") -
     server = _quiet_server(uvicorn)(config)
     logging.getLogger("qlactors.web").info("qlactors web (%s) on http://%s/", backend.profile, listen)
     notifier = Notifier(Notifications(backend.repo.store), page_url=settings.public_url).start()
+    # uvicorn ends by raising the signal that stopped it again with the handler it found: with the
+    # default one the process dies there, before any `finally` below. So it finds ours, which only
+    # notes the signal (a second one, while the deliverer stops, exits at once); the signal is
+    # raised again once the notifier has released its claims, for the exit status to say it.
+    caught: list[int] = []
+
+    def noted(sig: int, frame) -> None:
+        if caught:
+            os._exit(128 + sig)
+        caught.append(sig)
+
+    previous = {sig: signal.signal(sig, noted) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         server.run(sockets=[sock])
     finally:
         notifier.stop()
         sock.close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    for sig in caught:
+        signal.raise_signal(sig)
     return 0 if server.started else 1
 
 

@@ -205,3 +205,72 @@ def test_schema_13_database_upgrades_to_14_keeping_its_sessions_with_no_note(sto
         conn.execute(insert(worker_sessions).values(session_id="s2", worker_id="w1", generation=2, status="online",
                                                     version=1, capacity=2, free_slots=2, created_at_ms=t,
                                                     updated_at_ms=t, note="duplicate"))
+
+
+def test_schema_17_outbox_rows_upgrade_to_18_with_their_runs_facts(store, monkeypatch):
+    """Schema 18 copies a run's facts into its outbox rows: a row queued under schema 17 is filled
+    from its run as it is at the upgrade (its latest attempt's exit code and number, the run's error
+    code and times); a row whose run retention already deleted keeps NULLs (what schema 17 would
+    have sent); a rule made before is unsigned; no row holds a schema-18 claim."""
+    import qlactors.store.migrations as migrations
+    from sqlalchemy import select
+
+    from qlactors.store.schema import notification_outbox, notification_rules
+
+    shipped = available(store.dialect_name)
+    monkeypatch.setattr(migrations, "available", lambda dialect: [m for m in shipped if m.version <= 17])
+    assert migrate(store) == 17
+    monkeypatch.undo()
+    t = 1_700_000_000_000
+    with store.write() as conn:  # as schema 17 wrote them: plain SQL, its columns only
+        for sql in (
+            "INSERT INTO tasks (id, name, current_revision, version, enabled, created_at_ms, updated_at_ms) "
+            f"VALUES ('t1', 'old', 1, 1, TRUE, {t}, {t})",
+            "INSERT INTO task_revisions (task_id, revision, command_json, env_json, timeout_ms, stop_grace_ms, "
+            "max_concurrent, retry_on_lost, max_attempts, safety, backoff_base_ms, backoff_max_ms, labels_json, "
+            "created_at_ms, keep_leftovers, max_queued, random_delay_ms) VALUES ('t1', 1, '{\"argv\": [\"false\"]}', "
+            f"'{{}}', NULL, 1000, 1, FALSE, 2, 'unknown', 1000, 300000, '[]', {t}, FALSE, 1, 0)",
+            "INSERT INTO runs (id, task_id, task_revision, trigger_type, status, version, event_sequence, "
+            "error_code, created_at_ms, queued_at_ms, started_at_ms, finished_at_ms, updated_at_ms) VALUES "
+            f"('r1', 't1', 1, 'manual', 'failed', 9, 4, 'EXIT_NONZERO', {t}, {t}, {t + 10}, {t + 500}, {t + 500})",
+            "INSERT INTO run_attempts (id, run_id, number, status, executor_type, callback_sequence, "
+            f"callback_token_hash, exit_code, created_at_ms, updated_at_ms) VALUES "
+            f"('a1', 'r1', 1, 'failed', 'local', 1, '{'0' * 64}', 3, {t}, {t}), "
+            f"('a2', 'r1', 2, 'failed', 'local', 1, '{'0' * 64}', 7, {t}, {t})",
+            "INSERT INTO notification_rules (id, task_id, on_states, kind, target, actor_name, created_at_ms) "
+            f"VALUES ('n1', 't1', 'failed', 'webhook', 'http://127.0.0.1:9/x', 'tester', {t})",
+            "INSERT INTO notification_outbox (id, run_id, rule_id, task_id, state, status, tries, next_try_at_ms, "
+            f"claimed_until_ms, created_at_ms) VALUES ('r1:n1:9', 'r1', 'n1', 't1', 'failed', 'pending', 1, {t}, "
+            f"{t + 600_000}, {t + 500}), ('gone:n1:5', 'gone', 'n1', 't1', 'failed', 'pending', 0, {t}, NULL, {t})",
+        ):
+            conn.execute(text(sql))
+    assert migrate(store) == latest_version(store.dialect_name) >= 18
+    with store.read() as conn:
+        rows = {r.id: r for r in conn.execute(select(notification_outbox))}
+        rule = conn.execute(select(notification_rules)).one()
+    kept = rows["r1:n1:9"]
+    assert (kept.state, kept.status, kept.tries, kept.claimed_until_ms, kept.claimed_by) == (
+        "failed", "pending", 1, t + 600_000, None)
+    assert (kept.exit_code, kept.attempt_number, kept.error_code) == (7, 2, "EXIT_NONZERO")
+    assert (kept.run_created_at_ms, kept.started_at_ms, kept.finished_at_ms) == (t, t + 10, t + 500)
+    orphan = rows["gone:n1:5"]
+    assert (orphan.status, orphan.exit_code, orphan.attempt_number, orphan.error_code, orphan.finished_at_ms) == (
+        "pending", None, None, None, None)
+    assert (rule.id, rule.secret) == ("n1", None)
+    # A schema-18 deliverer honours a claim made under 17 until it runs out, then takes the row,
+    # which tells what its run's end did.
+    from qlactors.store.admin.notifications import Notifications
+
+    notes = Notifications(store)
+    notes.heartbeat("d1", host="here", pid=1)
+    with store.write() as conn:  # (the other row is not due: one lane, one row at a time)
+        now = store.now_ms(conn)
+        conn.execute(text("UPDATE notification_outbox SET claimed_until_ms = :until WHERE id = 'r1:n1:9'"),
+                     {"until": now + 600_000})
+        conn.execute(text("UPDATE notification_outbox SET next_try_at_ms = :later WHERE id = 'gone:n1:5'"),
+                     {"later": now + 3_600_000})
+    assert notes.claim_due(owner="d1", limit=4, page_url=None) == []
+    with store.write() as conn:
+        conn.execute(text("UPDATE notification_outbox SET claimed_until_ms = 1 WHERE id = 'r1:n1:9'"))
+    [due] = notes.claim_due(owner="d1", limit=4, page_url=None)
+    assert (due.id, due.facts.state, due.facts.attempt, due.facts.exit_code) == ("r1:n1:9", "failed", 2, 7)

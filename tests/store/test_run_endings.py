@@ -61,19 +61,20 @@ def test_claim_try_again_and_deliver(repo):
     notes = Notifications(repo.store)
     notes.add_rule(task="job", on="cancelled", kind="webhook", target="http://127.0.0.1:9/x", actor_name="t")
     run_id = _ended_by_cancel(repo)
-    due = notes.claim_due(limit=10, page_url="https://tasks.example.org/")
+    assert notes.heartbeat("d1", host="here", pid=1) is False  # first seen
+    due = notes.claim_due(owner="d1", limit=10, page_url="https://tasks.example.org/")
     assert [d.run_id for d in due] == [run_id]
     assert due[0].facts.url == f"https://tasks.example.org/#run={run_id}" and due[0].facts.task == "job"
-    assert notes.claim_due(limit=10, page_url=None) == []  # claimed: nobody else takes it meanwhile
+    assert notes.claim_due(owner="d2", limit=10, page_url=None) == []  # claimed: nobody else takes it meanwhile
     assert notes.record_try(due[0], ok=False, detail="connection refused") == "pending"
-    assert notes.claim_due(limit=10, page_url=None) == []  # not before its backoff
+    assert notes.claim_due(owner="d1", limit=10, page_url=None) == []  # not before its backoff
     with repo.store.read() as conn:
         row = conn.execute(select(notification_outbox)).one()
-    assert row.tries == 1 and row.claimed_until_ms is None
+    assert row.tries == 1 and row.claimed_by is None
     assert row.next_try_at_ms >= row.created_at_ms + FIRST_RETRY_MS
     with repo.store.write() as conn:  # its time has come
         conn.execute(update(notification_outbox).values(next_try_at_ms=0))
-    again = notes.claim_due(limit=10, page_url=None)
+    again = notes.claim_due(owner="d1", limit=10, page_url=None)
     assert [d.tries for d in again] == [1]
     assert notes.record_try(again[0], ok=True, detail="HTTP 204") == "delivered"
     shown = notes.of_run(run_id)
@@ -88,9 +89,9 @@ def test_the_last_failed_try_gives_the_row_up(repo):
     _ended_by_cancel(repo)
     with repo.store.write() as conn:
         conn.execute(update(notification_outbox).values(tries=MAX_TRIES - 1))
-    due = notes.claim_due(limit=1, page_url=None)
+    due = notes.claim_due(owner="d1", limit=1, page_url=None)
     assert notes.record_try(due[0], ok=False, detail="exit 1") == "gave_up"
-    assert notes.claim_due(limit=1, page_url=None) == []
+    assert notes.claim_due(owner="d1", limit=1, page_url=None) == []
 
 
 def test_bad_rules_are_refused(repo):
@@ -144,3 +145,33 @@ def test_the_counters_of_a_failed_transaction_are_not_written_by_the_next(repo):
     _ended_by_cancel(repo)
     with repo.store.read() as conn:
         assert [(r.state, r.finished) for r in conn.execute(select(run_outcome_counts))] == [("cancelled", 1)]
+
+
+def test_a_late_lost_notification_names_its_own_attempt_not_the_retry_that_followed(repo):
+    """A run lost at attempt 1, then retried and succeeded by attempt 2 before the `lost`
+    notification went out: it still tells of attempt 1 and its exit (none), not attempt 2's 0."""
+    from qlactors.store.run_endings import record_run_end
+    from qlactors.store.schema import run_attempts
+
+    repo.tasks.add(spec("job"), actor_name="tester")
+    notes = Notifications(repo.store)
+    notes.add_rule(task="job", on="lost", kind="command", target="true", actor_name="t")
+    run_id = repo.runs.request("job", actor_name="tester").run.id
+
+    def attempt(number: int, status: str, exit_code: int | None) -> dict:
+        return dict(id=f"{run_id[:30]}-a{number}", run_id=run_id, number=number, status=status,
+                    executor_type="local", callback_sequence=0, callback_token_hash="0" * 64, exit_code=exit_code,
+                    created_at_ms=1, updated_at_ms=1)
+
+    with repo.store.write() as conn:  # the run's first attempt (made when it was admitted, if it was) is lost
+        if conn.execute(select(run_attempts.c.id).where(run_attempts.c.run_id == run_id)).first() is None:
+            conn.execute(run_attempts.insert().values(**attempt(1, "lost", None)))
+        conn.execute(update(run_attempts).where(run_attempts.c.run_id == run_id).values(status="lost"))
+        conn.execute(update(runs).where(runs.c.id == run_id).values(status="lost", version=50, error_code="LOST"))
+        record_run_end(conn, run_id, repo.store.now_ms(conn))
+    with repo.store.write() as conn:  # the retry: a second attempt that exits 0
+        conn.execute(run_attempts.insert().values(**attempt(2, "succeeded", 0)))
+        conn.execute(update(runs).where(runs.c.id == run_id).values(status="succeeded", version=60, error_code=None,
+                                                                         finished_at_ms=repo.store.now_ms(conn)))
+    [due] = notes.claim_due(owner="d1", limit=1, page_url=None)
+    assert (due.facts.state, due.facts.attempt, due.facts.exit_code, due.facts.error_code) == ("lost", 1, None, "LOST")

@@ -5,6 +5,7 @@ shell (issue 28)."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -16,7 +17,7 @@ from qlactors.web import notifier
 def _due(target: str) -> Due:
     facts = RunFacts(task="nightly", run_id="r1", state="failed", exit_code=7, error_code="EXIT_NONZERO",
                      created_at_ms=1, started_at_ms=2, finished_at_ms=3, url=None)
-    return Due(id="o1", claimed_until_ms=0, run_id="r1", rule_id="n1", kind="command", target=target, tries=0,
+    return Due(id="o1", owner="d1", run_id="r1", rule_id="n1", kind="command", target=target, tries=0,
                facts=facts)
 
 
@@ -60,7 +61,7 @@ def _serve(handler_body) -> tuple[str, object]:
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self):  # noqa: N802
-            self.rfile.read(int(self.headers["Content-Length"]))
+            self.body = self.rfile.read(int(self.headers["Content-Length"]))
             handler_body(self)
 
         def do_GET(self):  # noqa: N802
@@ -111,3 +112,69 @@ def test_a_receiver_that_drips_its_answer_holds_a_try_no_longer_than_its_deadlin
         server.server_close()
     assert not ok and "within 1 s" in detail, detail
     assert took < 5, took
+
+
+# -- the facts a notification carries ----------------------------------------------------------------
+
+def _failed_by_exit_3(repo, dispatch) -> str:
+    """A run of a fresh task `job` that ends failed by exit 3 the way a worker reports it."""
+    import secrets as random
+
+    from qlactors.domain.receipt import Receipt, token_hash
+    from qlactors.store.dispatch.completion import CompletionService
+
+    session = dispatch.sessions.register("edge", 8)
+    run_id = repo.runs.request("job").run.id
+    lease_hash = token_hash(random.token_urlsafe(32))
+    offer = dispatch.offers.one(session.worker_id, session.session_id, session.generation, random.token_hex(8),
+                                lease_hash, log_cap_bytes=0)
+    fence, token = offer.fence(lease_hash), random.token_urlsafe(32)
+    assert dispatch.reports.activate(fence, token_hash(token), "log").result == "applied"
+    assert dispatch.reports.started(fence, "boot", 100, 100, 5).result == "applied"
+    receipt = Receipt(schema_version=1, run_id=run_id, attempt_id=offer.attempt_id, callback_sequence=1,
+                      token=token, started_at_ms=1, finished_at_ms=2, exit_code=3, output_open=0)
+    assert CompletionService(repo.store).complete(run_id, offer.attempt_id, receipt, None).run_state == "failed"
+    return run_id
+
+
+def test_a_notification_delivered_after_its_run_was_deleted_still_says_what_happened(repo, dispatch):
+    """The run's facts are copied into the outbox row when the run ends (issue 28): retention
+    deleting the run before delivery leaves the webhook's body whole, not nulls."""
+    from sqlalchemy import select
+
+    from qlactors.store.admin.notifications import Notifications
+    from qlactors.store.cadence.retention import Retention
+    from qlactors.store.schema import runs
+    from store_helpers import spec
+
+    bodies: list[dict] = []
+
+    def record(h):
+        bodies.append(json.loads(h.body))
+        h.send_response(204)
+        h.end_headers()
+
+    url, server = _serve(record)
+    try:
+        repo.tasks.add(spec("job"), actor_name="tester")
+        notes = Notifications(repo.store)
+        notes.add_rule(task="job", on="failed", kind="webhook", target=url, actor_name="tester")
+        run_id = _failed_by_exit_3(repo, dispatch)
+        with repo.store.read() as conn:
+            ended = conn.execute(select(runs).where(runs.c.id == run_id)).one()
+        # Retention retires the run (older than 1 ms): its rows go, its pending notification stays.
+        report = Retention(repo.store, None).retire_page(ended.finished_at_ms + 60_000, max_age_ms=1, max_runs=1,
+                                                         page=10)
+        assert report.retired == 1, report
+        with repo.store.read() as conn:
+            assert conn.execute(select(runs).where(runs.c.id == run_id)).first() is None
+        [due] = notes.claim_due(owner="d1", limit=4, page_url=None)
+        assert notifier.deliver(due) == (True, "HTTP 204")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert ended.error_code is not None and ended.finished_at_ms is not None
+    assert bodies == [{"event": "run.finished", "task": "job", "run_id": run_id, "state": "failed", "attempt": 1,
+                       "exit_code": 3, "error_code": ended.error_code, "created_at_ms": ended.created_at_ms,
+                       "started_at_ms": ended.started_at_ms, "finished_at_ms": ended.finished_at_ms, "url": None,
+                       "notification_id": due.id}]

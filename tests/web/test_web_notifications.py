@@ -7,6 +7,7 @@ command rule gets the facts in its environment."""
 from __future__ import annotations
 
 import json
+import signal
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -25,13 +26,16 @@ class Receiver:
         self.port = port or free_port()
         self.bodies: list[dict] = []
         self.keys: list[str | None] = []  # each POST's Idempotency-Key
+        self.raw: list[tuple[bytes, dict[str, str]]] = []  # each POST's exact body and its headers
         self.delay = delay
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):  # noqa: N802 (http.server's name)
                 length = int(self.headers["Content-Length"])
-                body = json.loads(self.rfile.read(length))
+                raw = self.rfile.read(length)
+                body = json.loads(raw)
+                receiver.raw.append((raw, dict(self.headers.items())))
                 time.sleep(receiver.delay)
                 receiver.keys.append(self.headers.get("Idempotency-Key"))
                 receiver.bodies.append(body)
@@ -85,7 +89,8 @@ def test_a_failed_run_posts_exactly_the_documented_json(notified):
         attempt = ended["attempts"][-1]
         [outbox] = _notifications(home, run["id"])
         assert receiver.bodies == [{
-            "event": "run.finished", "task": "flaky", "run_id": run["id"], "state": "failed", "exit_code": 7,
+            "event": "run.finished", "task": "flaky", "run_id": run["id"], "state": "failed", "attempt": 1,
+            "exit_code": 7,
             "error_code": ended["error_code"], "created_at_ms": ended["created_at_ms"],
             "started_at_ms": ended["started_at_ms"], "finished_at_ms": ended["finished_at_ms"],
             "url": f"http://127.0.0.1:{server.port}/#run={run['id']}", "notification_id": outbox["id"]}]
@@ -228,3 +233,73 @@ def test_one_hanging_endpoint_with_20_due_holds_up_no_other_rule(notified):
         healthy.close()
         if server is not None:
             server.stop()
+
+
+def test_stopping_qlactors_web_releases_its_claims_at_once(notified):
+    """SIGTERM to `qlactors web` while a try hangs: its claim is released as it stops (another web
+    process takes the row at once, not after any claim's time), and its deliverer row is gone."""
+    home, _, admin, start_web = notified
+    hanging = Receiver(delay=60.0)
+    server = None
+    try:
+        home.main("notify", "add", "--task", "flaky", "--on", "failed", "--webhook", hanging.url)
+        run_id = home.main("run", "flaky").strip()
+        home.wait_terminal(run_id)
+        server = start_web()
+        claimed = wait_until(lambda: [r["claimed_by"] for r in home.query(
+            "SELECT claimed_by FROM notification_outbox WHERE claimed_by IS NOT NULL")], 30, "the web's claim")
+        assert home.query("SELECT id FROM notification_deliverers")[0]["id"] == claimed[0]
+        server.stop()
+        assert server.proc.returncode == -signal.SIGTERM, server.log()  # stopped by it, as before
+        assert [r["claimed_by"] for r in home.query("SELECT claimed_by FROM notification_outbox")] == [None]
+        assert home.query("SELECT id FROM notification_deliverers") == []
+        assert _notifications(home, run_id)[0]["status"] == "pending"
+    finally:
+        hanging.close()
+        if server is not None:
+            server.stop()
+
+
+def test_a_signed_webhook_is_verified_by_its_receiver_and_its_secret_never_shown(notified, tmp_path):
+    """`notify add --webhook URL --secret-file FILE`: each POST carries X-Qlactors-Timestamp and
+    X-Qlactors-Signature, `sha256=` + HMAC-SHA256(secret, timestamp + "." + body) as docs/web.md
+    says, which a receiver holding the secret verifies; the secret appears in no output, log or
+    API body (`notify list --json` says only `signed`)."""
+    import hashlib
+    import hmac
+
+    home, _, admin, start_web = notified
+    secret = "whsec-planted-7d1e0c93b5"
+    secret_file = tmp_path / "hook.secret"
+    secret_file.write_text(secret + "\n")
+    receiver = Receiver()
+    server = None
+    seen: list[str] = []
+    try:
+        refused = home.ql("notify", "add", "--command", "true", "--secret-file", str(secret_file))
+        assert refused.returncode == 2 and "webhook only" in refused.stderr, refused
+        added = home.ok("notify", "add", "--task", "flaky", "--webhook", receiver.url, "--secret-file", str(secret_file))
+        seen += [added.stdout, added.stderr, refused.stdout, refused.stderr]
+        server = start_web()
+        run = server.request("POST", "/api/v1/tasks/flaky/runs", token=admin).json()
+        wait_until(lambda: receiver.raw, 30, "the signed webhook")
+        raw, headers = receiver.raw[0]
+        timestamp = headers["X-Qlactors-Timestamp"]
+        expected = hmac.new(secret.encode(), timestamp.encode() + b"." + raw, hashlib.sha256).hexdigest()
+        assert hmac.compare_digest(headers["X-Qlactors-Signature"], "sha256=" + expected), headers
+        forged = hmac.new(b"another secret", timestamp.encode() + b"." + raw, hashlib.sha256).hexdigest()
+        assert headers["X-Qlactors-Signature"] != "sha256=" + forged
+        assert abs(int(timestamp) - time.time()) < 3600 and json.loads(raw)["run_id"] == run["id"]
+        rules = json.loads(home.ok("notify", "list", "--json").stdout)
+        assert [(r["kind"], r["signed"]) for r in rules] == [("webhook", True)] and "secret" not in rules[0]
+        assert "webhook (signed)" in home.ok("notify", "list").stdout
+        wait_until(lambda: _notifications(home, run["id"])[0]["status"] == "delivered", 10, "delivered recorded")
+        for args in (("notify", "list"), ("notify", "list", "--json"), ("show", run["id"]), ("show", run["id"], "--json")):
+            seen.append(home.ok(*args).stdout)
+        seen.append(server.request("GET", f"/api/v1/runs/{run['id']}", token=admin).body.decode())
+    finally:
+        receiver.close()
+        if server is not None:
+            server.stop()
+            seen.append(server.log())
+    assert not [text for text in seen if secret in text]
