@@ -52,7 +52,8 @@ def deliver(notes: Notifications, repo, *, ok: bool) -> None:
     per target host: claim until none is left)."""
     with repo.store.write() as conn:
         conn.execute(update(notification_outbox).values(next_try_at_ms=0))
-    while due := notes.claim_due(limit=16, page_url=None):
+    notes.heartbeat("sweep-test", host="here", pid=1)
+    while due := notes.claim_due(owner="sweep-test", limit=16, page_url=None):
         for one in due:
             notes.record_try(one, ok=ok, detail="HTTP 204" if ok else "HTTP 500")
 
