@@ -1,7 +1,9 @@
-"""`qlactors web` under bad clients (issue 28): a revoked token's open log stream ends."""
+"""`qlactors web` under bad clients (issue 28): a revoked token's open log stream ends, and a
+client that stalls in its headers or its body is cut off."""
 
 from __future__ import annotations
 
+import socket
 import time
 
 import pytest
@@ -48,4 +50,41 @@ def test_an_open_log_stream_ends_within_seconds_of_its_token_being_revoked(site)
         assert server.request("GET", f"/api/v1/runs/{run['id']}/logs/stream", token=watcher).status == 401
     finally:
         server.request("POST", f"/api/v1/runs/{run['id']}/cancel", token=admin)
+
+
+def _closed_within(sock: socket.socket, limit_s: float) -> float:
+    """Seconds until the server closed `sock` (read to EOF); fails past `limit_s`."""
+    sock.settimeout(limit_s)
+    start = time.monotonic()
+    try:
+        while sock.recv(4096):
+            pass
+    except socket.timeout:
+        raise AssertionError(f"the connection was still open after {limit_s} s") from None
+    except ConnectionResetError:
+        pass
+    return time.monotonic() - start
+
+
+def test_a_client_stalling_in_its_headers_or_its_body_is_cut_off(site):
+    """Half a header, or a tenth of a declared body, and then nothing: the server closes each
+    connection at its deadline (uvicorn alone kept both open for ever), and logs no error."""
+    from qlactors.web.server import BODY_TIMEOUT_S, HEADERS_TIMEOUT_S
+
+    home, server, admin = site
+    headers = socket.create_connection(("127.0.0.1", server.port))
+    body = socket.create_connection(("127.0.0.1", server.port))
+    try:
+        headers.sendall(b"GET /api/v1/status HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthori")
+        body.sendall(b"POST /api/v1/tasks HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer "
+                     + admin.encode() + b"\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+                     + b'{"name": "')
+        _closed_within(headers, HEADERS_TIMEOUT_S + 30)
+        _closed_within(body, BODY_TIMEOUT_S + 30)
+    finally:
+        headers.close()
+        body.close()
+    log = server.log()
+    assert " ERROR " not in log and "Traceback" not in log, log
+    assert server.request("GET", "/api/v1/status", token=admin).status == 200  # the server serves on
 
