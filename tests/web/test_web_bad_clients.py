@@ -1,5 +1,5 @@
-"""`qlactors web` under bad clients (issue 28): a revoked token's open log stream ends, and a
-client that stalls in its headers or its body is cut off."""
+"""`qlactors web` under bad clients (issue 28): a revoked token's open log stream ends, a client
+that stalls in its headers or its body is cut off, and a client gone mid-body is no error."""
 
 from __future__ import annotations
 
@@ -88,3 +88,18 @@ def test_a_client_stalling_in_its_headers_or_its_body_is_cut_off(site):
     assert " ERROR " not in log and "Traceback" not in log, log
     assert server.request("GET", "/api/v1/status", token=admin).status == 200  # the server serves on
 
+
+def test_a_client_gone_mid_body_is_no_error_in_the_log(site):
+    """Content-Length 1000, 10 bytes, then the socket closed: one INFO line, no ERROR, no traceback."""
+    from edge_harness import wait_until
+
+    home, server, admin = site
+    sock = socket.create_connection(("127.0.0.1", server.port))
+    sock.sendall(b"POST /api/v1/tasks HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer " + admin.encode()
+                 + b"\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n" + b'{"name": "')
+    sock.close()
+    wait_until(lambda: "client gone" in server.log() or "Traceback" in server.log(), 30,
+               lambda: f"the server to notice the client gone; log:\n{server.log()}")
+    log = server.log()
+    assert " ERROR " not in log and "Traceback" not in log, log
+    assert "INFO qlactors.web client gone before its request was read: POST /api/v1/tasks" in log, log
