@@ -20,10 +20,10 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 BENCHMARKS = ("throughput", "latency", "idle", "launcher", "disk", "recovery", "cron", "cluster", "control_plane", "web",
-              "renewals", "host_death", "recovery_cluster")
+              "web_status", "renewals", "host_death", "recovery_cluster")
 TIMEOUT_S = {"throughput": 900, "latency": 600, "idle": 300, "launcher": 300, "disk": 600, "recovery": 900,
              "cron": 900, "cluster": 1200, "control_plane": 900, "renewals": 600, "host_death": 600,
-             "recovery_cluster": 600, "web": 600}
+             "recovery_cluster": 600, "web": 600, "web_status": 300}
 
 sys.path.insert(0, str(HERE))
 import _common as c  # noqa: E402

@@ -163,23 +163,26 @@ class ClusterStatus:
     reasons: dict
 
 
-def cluster_status(repo: Repository, target, *, all_replicas: bool = False) -> ClusterStatus:
+def cluster_status(repo: Repository, target, *, all_replicas: bool = False, listed: bool = True) -> ClusterStatus:
+    """The cluster `status --json` report (also `GET /api/v1/status`; `listed` False: no
+    `active_run_list`, as `/metrics` needs none)."""
     from ..store.cadence.control import Control
 
     settings = target.settings
     cluster = read_cluster_status(repo.store, settings.cadence_tick_ms, recovery_grace_ms=settings.recovery_grace_ms,
                                   drain_grace_ms=settings.drain_grace_ms)
-    listed = Workers(repo.store).list()
-    counts = {k: v for k, v in Control.open(repo.store).status.counts().runs.items() if v}
+    workers = Workers(repo.store).list()
+    counts = {k: v for k, v in Control.open(repo.store).status.run_counts().items() if v}
     active = {k: v for k, v in sorted(counts.items()) if not RunStatus(k).terminal}
-    listing, reasons = active_with_reasons(repo, [(w.worker_id, w.labels) for w in listed.workers if w.serving])
+    listing, reasons = (active_with_reasons(repo, [(w.worker_id, w.labels) for w in workers.workers if w.serving])
+                        if listed else ([], {}))
     shown = cluster.replicas if all_replicas else cluster.current
     report = {"up": cluster.replicas_up > 0, "profile": "cluster", "database": target.describe(),
               "replicas": [r.to_json() for r in shown],
-              "workers": [w.to_json() for w in listed.workers], "runs": counts, "active_runs": active,
-              "active_run_list": [r.to_json(reasons[r.run_id]) for r in listing],
+              "workers": [w.to_json() for w in workers.workers], "runs": counts, "active_runs": active,
+              **({"active_run_list": [r.to_json(reasons[r.run_id]) for r in listing]} if listed else {}),
               "unresolved_recoveries": [w.to_json() for w in cluster.waiting]}
-    return ClusterStatus(report, cluster, listed, listing, reasons)
+    return ClusterStatus(report, cluster, workers, listing, reasons)
 
 
 def status(repo: Repository, args: argparse.Namespace) -> int:

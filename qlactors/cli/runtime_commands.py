@@ -221,20 +221,20 @@ class Follow:
         return status
 
 
-def edge_status(repo: Repository, cfg) -> tuple[dict, list, dict]:
+def edge_status(repo: Repository, cfg, *, listed: bool = True) -> tuple[dict, list, dict]:
     """The edge `status --json` report (also `GET /api/v1/status`), with the active runs and why
-    each waits, for the text form."""
+    each waits, for the text form (`listed` False: no `active_run_list`, as `/metrics` needs none)."""
     home = cfg.home
     up = runtime_is_up(home)
     from ..store.cadence.control import Control
     from .placement import active_with_reasons
 
-    counts = {k: v for k, v in Control.open(repo.store).status.counts().runs.items() if v}
+    counts = {k: v for k, v in Control.open(repo.store).status.run_counts().items() if v}
     active = {k: v for k, v in sorted(counts.items()) if not RunStatus(k).terminal}
-    listing, reasons = active_with_reasons(repo, None)
+    listing, reasons = active_with_reasons(repo, None) if listed else ([], {})
     report = {"up": up, "pid": holder_pid(home) if up else None, "home": str(home),
               "runs": counts, "active_runs": active,
-              "active_run_list": [r.to_json(reasons[r.run_id]) for r in listing],
+              **({"active_run_list": [r.to_json(reasons[r.run_id]) for r in listing]} if listed else {}),
               "unresolved_recoveries": read_recovery_status(home) if up else [],
               "quarantined_receipts": _count_quarantined(cfg.receipts_dir),
               # a file left by a runtime that died says nothing

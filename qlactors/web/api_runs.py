@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import time
 from typing import AsyncIterator, Callable
 
 from starlette.requests import Request
@@ -15,7 +16,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from ..errors import NotFound
 from ..ids import new_id
+from ..store.admin.api_tokens import ApiTokens
 from ..store.intent.runs import DEFAULT_PAGE
+from .auth import bearer_secret
 from .backend import MAX_LOG_READ, LogWindow
 from .errors import ApiError
 from .requests import backend, blocking, caller, query_int
@@ -28,6 +31,9 @@ STREAM_CHUNK = 64 * 1024
 # How long a stream waits, once its attempt has ended, for bytes the final offset says exist
 # (a cluster worker still shipping its tail) before it ends without them.
 END_WAIT_S = 60.0
+# How often an open stream checks its token again: a revoked token's stream ends within about this
+# long, not when the job does (one indexed read per stream per period).
+TOKEN_RECHECK_S = 5.0
 
 
 async def list_runs(request: Request) -> JSONResponse:
@@ -134,7 +140,9 @@ async def stream_log(request: Request) -> StreamingResponse:
     there, in the same attempt, without a gap or a repeated byte. The last event is `end`,
     `{"attempt": K, "offset": final, "state": ..., "complete": ...}`, sent once every byte up to
     the final offset went out (`complete` false: the attempt ended and the rest never arrived
-    within END_WAIT_S, a cluster worker that never shipped its tail)."""
+    within END_WAIT_S, a cluster worker that never shipped its tail). The token is checked again
+    every TOKEN_RECHECK_S: once it is revoked, the stream ends without an `end` event (a reconnect
+    gets 401)."""
     resume = request.headers.get("last-event-id")
     if resume is not None:
         number, offset = _event_id(resume)
@@ -148,9 +156,15 @@ async def stream_log(request: Request) -> StreamingResponse:
 
 async def _events(request: Request, run_id: str, attempt, offset: int) -> AsyncIterator[str]:
     source, number = backend(request), attempt.number
+    tokens, secret = ApiTokens(source.repo.store), bearer_secret(request.headers)
     yield f"retry: 2000\n: attempt {number}\n\n"
     quiet = stalled = 0.0
+    recheck_at = time.monotonic() + TOKEN_RECHECK_S
     while True:
+        if time.monotonic() >= recheck_at:
+            if await blocking(tokens.check, secret) is None:
+                return  # revoked since the stream began
+            recheck_at = time.monotonic() + TOKEN_RECHECK_S
         found = await blocking(source.read_log, run_id, attempt, offset, STREAM_CHUNK)
         if found.data:
             offset = found.end

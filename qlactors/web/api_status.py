@@ -11,16 +11,17 @@ from .backend import EdgeBackend
 from .requests import backend, blocking
 
 
-def status_report(request: Request) -> dict:
+def status_report(request: Request, *, listed: bool = True) -> dict:
+    """What `status --json` says (`listed` False: without the oldest active runs listed)."""
     found = backend(request)
     if isinstance(found, EdgeBackend):
         from ..cli.runtime_commands import edge_status
 
-        report = edge_status(found.repo, found.cfg)[0]
+        report = edge_status(found.repo, found.cfg, listed=listed)[0]
         return {"profile": "edge", **report}
     from ..cli.cluster_commands import cluster_status
 
-    return cluster_status(found.repo, found.target).report
+    return cluster_status(found.repo, found.target, listed=listed).report
 
 
 async def status(request: Request) -> JSONResponse:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import logging
 
 from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ..errors import QlactorsError
@@ -69,6 +69,13 @@ async def _not_found(request: Request, err: Exception) -> JSONResponse:
                                                  f"{getattr(err, 'detail', 'not found')}"))
 
 
+async def _gone(request: Request, _err: Exception) -> Response:
+    # The client left (or was cut off) before its body was read: not the server's failure, and
+    # no one is there to read an answer.
+    log.info("client gone before its request was read: %s %s", request.method, request.url.path)
+    return Response(status_code=400)
+
+
 async def _bug(request: Request, err: Exception) -> JSONResponse:
     # The traceback goes to the log: names of code, never a request's body or a job's output.
     log.error("%s %s failed: %s", request.method, request.url.path, type(err).__name__, exc_info=err)
@@ -80,7 +87,8 @@ def build_app(backend: Backend) -> Starlette:
     from starlette.exceptions import HTTPException
 
     app = Starlette(routes=routes(), exception_handlers={
-        ApiError: _refused, QlactorsError: _qlactors_error, HTTPException: _not_found, Exception: _bug})
+        ApiError: _refused, QlactorsError: _qlactors_error, HTTPException: _not_found,
+        ClientDisconnect: _gone, Exception: _bug})
     app.state.backend = backend
     app.add_middleware(TokenAuth, tokens=ApiTokens(backend.repo.store))
     app.add_middleware(SecurityHeaders)

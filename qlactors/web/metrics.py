@@ -89,7 +89,7 @@ def _scrape(request: Request) -> bytes:
     from prometheus_client.exposition import generate_latest
 
     items = families(read_figures(backend(request).repo.store), cluster=backend(request).profile == "cluster") \
-        + status_families(status_report(request))
+        + status_families(status_report(request, listed=False))
 
     class _Once:  # a registry of one collection: generate_latest asks it once
         def collect(self):

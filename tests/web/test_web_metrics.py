@@ -140,3 +140,35 @@ def test_every_active_state_and_every_tasks_counters_are_there_at_0_and_edge_has
     assert "qlactors_worker_sessions" not in text
     lines = [line for line in text.splitlines() if line.startswith("qlactors_runs_finished_total{")]
     assert len(lines) == len(set(line.rsplit(" ", 1)[0] for line in lines)) == 8, lines
+
+
+def test_a_task_name_used_again_after_task_rm_gives_no_two_series_with_the_same_labels(tmp_path):
+    """Add x, run it, remove it, add x again, run it: every series of the scrape has labels of its
+    own (a duplicate makes Prometheus refuse the whole scrape), and x's counters go on from the
+    first x's (issue 28)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    home = Home(tmp_path)
+    server = None
+    try:
+        home.main("task", "add", "x", "--", "true")
+        home.start_edge()
+        home.ok("run", "x", "--wait")
+        home.main("task", "rm", "x")
+        home.main("task", "add", "x", "--", "true")
+        home.ok("run", "x", "--wait")
+        token = new_token(home, "prometheus", read_only=True)
+        server = WebServer(tmp_path, ["--home", str(home.path)])
+        answer = server.request("GET", "/metrics", token=token)
+    finally:
+        if server is not None:
+            server.stop()
+        home.close()
+    assert answer.status == 200
+    keys = [(sample.name, tuple(sorted(sample.labels.items())))
+            for family in text_string_to_metric_families(answer.body.decode()) for sample in family.samples]
+    assert len(keys) == len(set(keys)), sorted(k for k in keys if keys.count(k) > 1)
+    samples = _parse(answer.body.decode())
+    x = (("state", "succeeded"), ("task", "x"))
+    assert samples[("qlactors_runs_finished_total", x)] == 2
+    assert samples[("qlactors_run_duration_seconds_count", x)] == 2

@@ -55,6 +55,12 @@ class ControlStatus:
             return conn.execute(select(func.count()).select_from(runs).where(
                 runs.c.status == _R.LOST.value)).scalar_one()
 
+    def run_counts(self) -> dict[str, int]:
+        """Runs by state, every state present (zero included): one GROUP BY over the status index."""
+        with self.store.read() as conn:
+            by_run = dict(conn.execute(select(runs.c.status, func.count()).group_by(runs.c.status)).all())
+        return {s.value: by_run.get(s.value, 0) for s in RunStatus}
+
     def counts(self) -> StatusCounts:
         """Runs by state (every state present, zero included) and live attempts by state."""
         with self.store.read() as conn:

@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, bindparam, func, select
+from sqlalchemy import and_, bindparam, func, select, union_all
 
 from ...domain.states import RunStatus
 from ..engine import Store
@@ -43,6 +43,16 @@ class ActiveRun:
                 "pid": self.pid, "labels": list(self.labels), "waiting": waiting}
 
 
+def _oldest_active(limit: int):
+    """The ids of the oldest `limit` runs not terminal: the oldest `limit` of each such state,
+    each a walk of the start of the `(status, created_at_ms, id)` index, so that the work does not
+    grow with the number of active runs (an `IN` over the states sorted every one of them)."""
+    per_state = [select(runs.c.id, runs.c.created_at_ms).where(runs.c.status == state)
+                 .order_by(runs.c.created_at_ms, runs.c.id).limit(limit).subquery() for state in _ACTIVE]
+    oldest = union_all(*[select(part.c.id, part.c.created_at_ms) for part in per_state]).subquery()
+    return select(oldest.c.id).order_by(oldest.c.created_at_ms, oldest.c.id).limit(limit)
+
+
 def active_runs(store: Store, limit: int = ACTIVE_SHOWN) -> list[ActiveRun]:
     """The oldest `limit` runs that are not terminal, in one read."""
     query = (select(runs.c.id, runs.c.status, runs.c.created_at_ms, tasks.c.name, task_revisions.c.labels_json,
@@ -52,7 +62,7 @@ def active_runs(store: Store, limit: int = ACTIVE_SHOWN) -> list[ActiveRun]:
              .join(task_revisions, and_(task_revisions.c.task_id == runs.c.task_id,
                                         task_revisions.c.revision == runs.c.task_revision))
              .outerjoin(run_attempts, and_(run_attempts.c.run_id == runs.c.id, run_attempts.c.number == _NEWEST))
-             .where(runs.c.status.in_(_ACTIVE))
+             .where(runs.c.id.in_(_oldest_active(limit)))
              .order_by(runs.c.created_at_ms, runs.c.id).limit(limit))
     with store.read() as conn:
         rows = conn.execute(query).all()
