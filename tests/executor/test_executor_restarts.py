@@ -130,6 +130,30 @@ def test_a_late_answer_to_the_old_sessions_heartbeat_does_not_end_the_new_sessio
     assert not rig.answer_heartbeat(beat2).session_ended
 
 
+@pytest.mark.xfail(strict=True, reason="only the last heartbeat's answer is acted on")
+def test_a_heartbeat_answered_after_the_next_was_sent_is_still_acted_on(make_rig, caplog):
+    """Found by the PostgreSQL seed search on a loaded machine (seeds 230037, 230130, 230136...):
+    when every answer takes longer than a heartbeat interval, each one answers a heartbeat older
+    than the last sent. Waiting only for the last one, the worker acted on none: it never learnt
+    that its session had ended (a Pull answered `session_expired` again and again), and never
+    registered anew. An answer to any heartbeat of the current session not yet superseded by an
+    answer acted on is acted on; older ones, and the old session's (item 3), are not."""
+    rig = make_rig()
+    s1 = rig.new_session()
+    rig.welcome_to(s1)
+    rig.peer.expect(m.Pull)
+    first = rig.heartbeat()
+    second = rig.heartbeat()  # sent before the first was answered
+    rig.new_session()  # the store ends s1 meanwhile (a newer generation)
+    late = rig.answer_heartbeat(first)
+    assert late.session_ended
+    register = rig.peer.expect(m.Register, strict=False)  # acted on: the worker registers anew
+    assert register.resume_session_id == s1.session_id
+    rig.peer.send(rig.control.heartbeat(second, rig.worker_id)[0])  # the second's answer: already acted on
+    rig.peer.quiet(0.5)
+    assert caplog.text.count("event=session_ended") == 1
+
+
 def test_a_start_failure_fenced_by_its_ended_session_still_ends_the_run_failed(make_rig, tmp_path):
     """Issue 26 item 5: the StartFailed of session 1 lands after that session ended. Re-made from
     the next session with its reason, it ends the run `failed` (EXECUTOR_START_FAILED) whatever
