@@ -31,6 +31,7 @@ from .slots import Local, Slots
 log = logging.getLogger("qlactors.executor")
 
 CUT_OFF_BEATS = 2  # heartbeat intervals without an answer: no replica is reachable (§7)
+WAITED_MAX = 64  # heartbeats waited for at once: an answer later than that many intervals is not acted on
 
 
 @dataclass(frozen=True)
@@ -57,9 +58,13 @@ class SessionReports:
         self.journal, self.bridge, self.me = journal, bridge, me
         self.current, self.slots, self.send, self.owed = current, slots, send, owed
         self.heartbeat_seq = 0
-        # The heartbeat whose answer is waited for: (request id, session id, generation). Only its
-        # own answer is acted on (SEMANTICS.md §9 Exchange), once.
-        self.waited: tuple[str, str, int] | None = None
+        # The heartbeats whose answer is waited for, oldest first, and the session they were sent
+        # from: an answer to one of them is acted on once, and the older ones are no longer waited
+        # for (SEMANTICS.md §9 Exchange). Not only the last one: when answers take longer than a
+        # heartbeat interval, each answers an earlier heartbeat than the last sent, and a worker
+        # waiting for the last alone would act on none (never learn its session ended).
+        self.waited: list[str] = []
+        self.waited_session: tuple[str, int] | None = None
         self.answered_at = time.monotonic()  # the last message from the control side (any replica)
 
     def schedule_heartbeat(self, *, now: bool = False) -> None:
@@ -89,7 +94,7 @@ class SessionReports:
                                lease_generation=l.lease.lease_generation, lease_token=l.lease.lease_token)
                     for l in self.slots if self.current.holds(l.lease)]
         request_id = new_id()
-        self.waited = (request_id, s.session_id, s.session_generation)
+        self._waits_for(request_id, (s.session_id, s.session_generation))
         self.send(m.Heartbeat(
             request_id=request_id, worker_id=self.current.worker_id, session_id=s.session_id,
             session_generation=s.session_generation, seq=self.heartbeat_seq,
@@ -97,6 +102,19 @@ class SessionReports:
             renewals=renewals))
         self.schedule_heartbeat()
         return Beat(activates_due=self._activates_due(), past_deadline=self._past_deadline())
+
+    def _waits_for(self, request_id: str, session: tuple[str, int]) -> None:
+        if session != self.waited_session:
+            self.waited, self.waited_session = [], session  # another session's are never acted on
+        self.waited = self.waited[-(WAITED_MAX - 1):] + [request_id]
+
+    def _answers(self, answer_to: str, session: tuple[str, int]) -> bool:
+        """Whether `answer_to` names a heartbeat still waited for, sent from `session`; if so it and
+        every older one are no longer waited for (each is acted on once, in order)."""
+        if session != self.waited_session or answer_to not in self.waited:
+            return False
+        self.waited = self.waited[self.waited.index(answer_to) + 1:]
+        return True
 
     def _past_deadline(self) -> list[Local]:
         """Cut off from every replica (nothing heard from any for `CUT_OFF_BEATS` heartbeat
@@ -170,9 +188,8 @@ class SessionReports:
         None: not the answer waited for, or one that asks for nothing more (no pull). Edge sends no
         heartbeat. `draining`: left by the drain (offline), no new session is registered."""
         s = self.current.welcome
-        if s is None or self.waited != (msg.answer_to, s.session_id, s.session_generation):
-            return None  # the answer to an earlier heartbeat, a second answer, or one of a session already left
-        self.waited = None
+        if s is None or not self._answers(msg.answer_to, (s.session_id, s.session_generation)):
+            return None  # a second answer, one older than an answer acted on, or one of a session already left
         if msg.last_seq is not None:  # `stale_seq`: numbered below the session's stored number
             log.warning("event=heartbeat_stale seq=%d stored=%d action=renumber", msg.seq, msg.last_seq)
             self.numbered_from(msg.last_seq)
@@ -180,6 +197,7 @@ class SessionReports:
             return None
         if msg.session_ended:
             log.warning("event=session_ended session=%s detail=%s", s.session_id, msg.detail)
+            self.waited = []  # the later heartbeats' answers can only say it again
             self.bridge.cancel_timer("heartbeat")
             if draining:  # left by the drain (offline): no new session now
                 return None
