@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from default_signals import default_signals
 from edge_harness import QLACTORS, TERMINAL, Home, clean_env, wait_until
 from cli_harness import assert_refused
 
@@ -40,7 +41,7 @@ class Waiter:
         with open(self.err_path, "wb") as err:
             self.proc = subprocess.Popen([*QLACTORS, "--home", str(home.path), "run", *args],
                                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err,
-                                         env=clean_env())
+                                         env=clean_env(), preexec_fn=default_signals)
         self.run_id = self.proc.stdout.readline().decode().strip()
         assert self.run_id, self.stderr()
 
@@ -168,7 +169,8 @@ def _follow_a_queued_run(tmp_path):
     err_path = tmp_path / "follow.err"
     with open(err_path, "wb") as err:
         follower = subprocess.Popen([*QLACTORS, "--home", str(home.path), "logs", run_id, "-f"],
-                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err, env=clean_env())
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=err, env=clean_env(),
+                                    preexec_fn=default_signals)
     try:
         wait_until(lambda: b"has not started yet" in err_path.read_bytes(), 15, "the follower's first line")
     except BaseException:

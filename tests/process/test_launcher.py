@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import pytest
 
 from qlactors.domain.receipt import Receipt, decode_receipt, encode_receipt
+from default_signals import default_signals
 from requires import unavailable
 from qlactors.process.identity import (
     parse_marker,
@@ -134,7 +135,7 @@ def launched(shell, launcher, argv, env, prefix: tuple[str, ...] = ()):
     try:
         proc = subprocess.Popen([*prefix, *shell, launcher, *argv], env=env, start_new_session=True,
                                 stdin=subprocess.DEVNULL, pass_fds=(TOKEN_FD,),
-                                preexec_fn=lambda: os.dup2(read_end, TOKEN_FD))
+                                preexec_fn=lambda: (default_signals(), os.dup2(read_end, TOKEN_FD)))
     finally:
         os.close(read_end)
     try:
