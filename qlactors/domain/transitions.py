@@ -3,6 +3,7 @@
 A plan names the new statuses, the events to append (one version and one event-sequence step
 each) and the error code; the store applies it with compare-and-set. Nothing here reads a clock
 or touches I/O: times and ids are passed in.
+Size: one planner per transition of a run, beside the one builder they share, read as a table.
 """
 
 from __future__ import annotations
@@ -345,21 +346,17 @@ def plan_evidence_withdrawn(run: RunSnapshot, attempt: AttemptSnapshot, payload:
 
 
 def plan_adopted(run: RunSnapshot, attempt: AttemptSnapshot, payload: Mapping[str, Any]) -> Plan:
-    """A process that outlived its session re-bound to the current one (a new lease generation):
-    `attempt.adopted` (its payload: the new generation, the worker and session), and when the
-    attempt was still `starting` (its Started never landed), the `running` a Started would have
-    recorded."""
-    if attempt.status is A.STARTING:
-        return transition(run, attempt, run_to=R.RUNNING, attempt_to=A.RUNNING, payload=payload,
-                          lead_events=(ATTEMPT_ADOPTED,))
-    if attempt.status is not A.RUNNING:
+    """A process that outlived its session re-bound to the current one: `attempt.adopted` (payload:
+    `adoption_payload`), and the `running` a Started would have recorded if it was `starting`."""
+    if attempt.status not in (A.STARTING, A.RUNNING):
         raise InvalidTransition(f"attempt is {attempt.status.value}: only a live one is adopted")
-    return transition(run, attempt, payload=payload, lead_events=(ATTEMPT_ADOPTED,))
+    return transition(run, attempt, run_to=R.RUNNING, attempt_to=A.RUNNING, payload=payload,
+                      lead_events=(ATTEMPT_ADOPTED,))
 
 
 def adoption_payload(generation: int, from_generation: int | None, worker_id: str, session_id: str) -> dict[str, Any]:
-    """What `attempt.adopted` says: the lease generation the process is bound to now, the one it
-    held before (None when none was live), and the worker and session that hold it."""
+    """The lease generation the process is bound to now, the one before (None: none was live), and
+    the worker and session that hold it."""
     return {"lease_generation": generation, "from_generation": from_generation, "worker_id": worker_id,
             "session_id": session_id}
 
