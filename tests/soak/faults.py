@@ -131,7 +131,13 @@ class Faults:
 
     def host_death(self) -> tuple[str, str]:
         """The worker and its jobs' process groups SIGKILLed (frozen first, so it launches
-        nothing between the read of its journal and the kill); started again a while later."""
+        nothing between the read of its journal and the kill); started again a while later.
+
+        The launchers die before their jobs: a job runs in a session of its own, so a host's
+        death is two kills here, and a launcher that outlived its job by a moment would publish
+        the receipt of a job killed by this fault (exit 137, recorded as the job's own failure:
+        the 20-minute soak of 2026-12-07, seed 26120702, found one such run). No real host
+        death leaves a launcher that time."""
         name = self._worker()
         proc = self.cluster.workers[name]
         proc.popen.send_signal(signal.SIGSTOP)
@@ -139,17 +145,17 @@ class Faults:
         launchers = self._launchers(name)
         self.cluster.stop(proc, signal.SIGKILL)
         at = now_ms()
+        for attempt_id, pid in launchers:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                continue
+            self.killed_at_ms[attempt_id] = at
         for attempt_id, pgid in groups:
             try:
                 os.killpg(pgid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-            self.killed_at_ms[attempt_id] = at
-        for attempt_id, pid in launchers:  # a launcher still publishing its job's receipt dies too
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                continue
             self.killed_at_ms.setdefault(attempt_id, at)
         down = self.rng.uniform(5, 20)
         time.sleep(down)
